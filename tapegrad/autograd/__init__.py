@@ -1,0 +1,4 @@
+"""``tapegrad.autograd``: torch.autograd's ``grad`` and ``backward`` over the flat tape."""
+from ._engine import backward, grad
+
+__all__ = ["grad", "backward"]

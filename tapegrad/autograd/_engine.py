@@ -1,0 +1,348 @@
+"""``grad`` and ``backward``: argument checks (torch's rules), then one reverse sweep."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..interpreters import cpu
+from ..ops import ARRAY, BY_NAME
+from ..tape import end_tape
+from ..tensor import Tensor, _pyfloat, _plain
+
+_LEAF = BY_NAME["leaf"].code
+_CONST = BY_NAME["const"].code
+
+_LATER = ("{what} is not implemented yet: it comes with tapegrad's higher-order derivatives "
+          "and batched gradients feature (create_graph, is_grads_batched). Until then compute "
+          "{how}.")
+
+
+def _tensors(x, name, allow_empty=True):
+    if isinstance(x, Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        for i, t in enumerate(x):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name}[{i}] must be a Tensor, got {type(t).__name__}")
+        return list(x)
+    raise TypeError(f"{name} must be a Tensor or a sequence of Tensors, got "
+                    f"{type(x).__name__}")
+
+
+def _grad_outputs(outputs, grad_outputs, name="grad_outputs"):
+    """Seeds (float or ndarray, one per output) from ``grad_outputs``, with torch's checks."""
+    if grad_outputs is None:
+        gos = [None] * len(outputs)
+    elif isinstance(grad_outputs, Tensor):
+        gos = [grad_outputs]
+    elif isinstance(grad_outputs, (list, tuple)):
+        gos = list(grad_outputs)
+    else:
+        raise TypeError(f"{name} must be a Tensor, None or a sequence of them, got "
+                        f"{type(grad_outputs).__name__}")
+    if len(gos) != len(outputs):
+        raise RuntimeError(f"got {len(outputs)} tensors and {len(gos)} gradients: pass one "
+                           f"{name} entry (or None) per output")
+    seeds = []
+    for i, (y, g) in enumerate(zip(outputs, gos)):
+        if g is None:
+            if y.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs "
+                                   f"(output {i} has shape {list(y.shape)}); pass "
+                                   f"{name}= with a tensor of that shape")
+            seeds.append(1.0 if y._d.__class__ is _pyfloat else np.ones(y.shape, y.dtype.np))
+            continue
+        if not isinstance(g, Tensor):
+            raise TypeError(f"{name}[{i}] must be a Tensor or None, got {type(g).__name__}")
+        if g.shape != y.shape:
+            raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "
+                               f"{list(g.shape)} and output[{i}] has a shape of "
+                               f"{list(y.shape)}.")
+        if g.dtype.is_complex:
+            raise RuntimeError(f"For complex Tensors, both grad_output and output are required "
+                               f"to have the same dtype. Mismatch in dtype: grad_output[{i}] "
+                               f"has a dtype of {g.dtype} and output[{i}] has a dtype of "
+                               f"{y.dtype}.")
+        gv = g._d
+        if y._d.__class__ is _pyfloat:
+            seeds.append(float(gv))
+        else:
+            seeds.append(np.asarray(gv, dtype=y.dtype.np))
+    return seeds
+
+
+def _check_outputs(outputs):
+    for i, y in enumerate(outputs):
+        if not y._rg:
+            raise RuntimeError(f"element {i} of tensors does not require grad and does not have "
+                               "a grad_fn")
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
+         only_inputs=True, allow_unused=None, is_grads_batched=False,
+         materialize_grads=False):
+    """Gradients of ``outputs`` with respect to ``inputs`` (a tuple, one per input).
+
+    Same signature, defaults, warnings and errors as ``torch.autograd.grad``.
+
+    Examples
+    --------
+    >>> import tapegrad
+    >>> x = tapegrad.tensor(3.0, requires_grad=True)
+    >>> tapegrad.autograd.grad(x * x, x)[0].item()
+    6.0
+    """
+    if materialize_grads and allow_unused is False:
+        raise ValueError("Expected allow_unused to be True or not passed when "
+                         "materialize_grads=True, but got: allow_unused=False.")
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    if not only_inputs:
+        warnings.warn("only_inputs argument is deprecated and is ignored now (defaults to "
+                      "True). To accumulate gradient for other parts of the graph, please use "
+                      "tapegrad.autograd.backward.", FutureWarning, stacklevel=2)
+    outs = _tensors(outputs, "outputs")
+    ins = _tensors(inputs, "inputs")
+    if not ins:
+        raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
+    if create_graph:
+        raise NotImplementedError(_LATER.format(
+            what="create_graph=True", how="first derivatives only"))
+    if is_grads_batched:
+        raise NotImplementedError(_LATER.format(
+            what="is_grads_batched=True", how="each row with its own grad() call"))
+    _check_outputs(outs)
+    for x in ins:
+        if not x._rg:
+            raise RuntimeError("One of the differentiated Tensors does not require grad")
+    seeds = _grad_outputs(outs, grad_outputs)
+    if retain_graph is None:
+        retain_graph = create_graph
+    results, used = _run(outs, seeds, ins, retain_graph)
+    out = []
+    for i, (x, r, u) in enumerate(zip(ins, results, used)):
+        if not u:
+            if not allow_unused:
+                raise RuntimeError(f"The differentiated Tensor at index {i} appears to not have "
+                                   "been used in the graph. Set allow_unused=True if this is "
+                                   "the desired behavior.")
+            out.append(_zeros_for(x) if materialize_grads else None)
+        else:
+            out.append(_as_tensor(r, x))
+    return tuple(out)
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
+             grad_variables=None, inputs=None):
+    """Accumulate the gradient of ``tensors`` into the ``.grad`` of the graph's leaves.
+
+    Same signature and behaviour as ``torch.autograd.backward``.
+
+    Examples
+    --------
+    >>> import tapegrad
+    >>> w = tapegrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> tapegrad.autograd.backward((w * w).sum())
+    >>> w.grad.tolist()
+    [2.0, 4.0]
+    """
+    if grad_variables is not None:
+        warnings.warn("'grad_variables' is deprecated. Use 'grad_tensors' instead.",
+                      FutureWarning, stacklevel=2)
+        if grad_tensors is not None:
+            raise RuntimeError("`grad_tensors` and `grad_variables` (deprecated) arguments both "
+                               "passed to `backward()`. Please only use `grad_tensors`.")
+        grad_tensors = grad_variables
+    outs = _tensors(tensors, "tensors")
+    if inputs is not None:
+        ins = _tensors(inputs, "inputs")
+        if not ins:
+            raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
+    else:
+        ins = None
+    if create_graph:
+        raise NotImplementedError(_LATER.format(
+            what="backward(create_graph=True)", how="first derivatives only"))
+    _check_outputs(outs)
+    seeds = _grad_outputs(outs, grad_tensors, "grad_tensors")
+    if retain_graph is None:
+        retain_graph = create_graph
+    if ins is not None:
+        for x in ins:
+            if not x._rg:
+                raise RuntimeError("One of the differentiated Tensors does not require grad")
+        results, used = _run(outs, seeds, ins, retain_graph)
+        targets = ins
+    else:
+        results, used, targets = _run(outs, seeds, None, retain_graph)
+    for x, r, u in zip(targets, results, used):
+        if u:
+            _accumulate(x, r)
+
+
+def _zeros_for(x):
+    return _plain(0.0) if x._d.__class__ is _pyfloat else _plain(np.zeros(x.shape, x.dtype.np))
+
+
+def _as_tensor(r, x):
+    if x._d.__class__ is _pyfloat:
+        return _plain(float(r))
+    return _plain(np.array(r, dtype=x.dtype.np, copy=True).reshape(x.shape))
+
+
+def _accumulate(x, r):
+    g = getattr(x, "_grad", None)
+    if g is None:
+        x._grad = _as_tensor(r, x)
+    elif g._d.__class__ is _pyfloat:
+        g._d = g._d + float(r)
+    else:
+        v = np.asarray(r, dtype=g.dtype.np).reshape(g.shape)
+        if g._d.flags.writeable:
+            np.add(g._d, v, out=g._d)
+            g._ver[0] += 1
+        else:
+            g._d = g._d + v
+
+
+def _run(outs, seeds, ins, retain_graph):
+    """One reverse sweep. With ``ins`` None (backward), the inputs are the graph's leaves
+    and retained non-leaves, returned as a third value."""
+    roots = []
+    for y in outs:
+        if y._tape is not None and all(y._tape is not r for r in roots):
+            roots.append(y._tape)
+    if not roots:
+        return _leaf_outputs_only(outs, seeds, ins)
+    tapes = cpu.order_tapes(roots)
+    graph = cpu.Graph(tapes)
+    n = graph.n
+    if ins is None:
+        ins, slot_lists = _graph_inputs(graph, outs)
+        collect = True
+    else:
+        slot_lists = [_slots_of(graph, x) for x in ins]
+        collect = False
+    is_input = np.zeros(n, dtype=np.bool_)
+    for sl in slot_lists:
+        is_input[sl] = True
+    is_output = np.zeros(n, dtype=np.bool_)
+    adj = np.zeros(n, dtype=np.float64)
+    adjd = {}
+    direct = {}
+    for y, s in zip(outs, seeds):
+        if y._tape is None:
+            direct[id(y)] = direct.get(id(y), 0.0) + s
+            continue
+        k = graph.slot(y._tape, y._slot)
+        is_output[k] = True
+        if graph.is_array(k):
+            adjd[k] = s if k not in adjd else adjd[k] + s
+        else:
+            adj[k] += s
+    need, reach = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+    cpu.check_not_freed(graph, need)
+    _check_versions(graph, need, reach)
+    cpu.sweep(graph, need, adj, adjd)
+    results, used = [], []
+    for x, sl in zip(ins, slot_lists):
+        total, u = None, False
+        for s in sl:
+            if reach[s]:
+                u = True
+                v = adjd.get(s) if graph.is_array(s) else adj[s]
+                if v is not None:
+                    total = v if total is None else total + v
+        if id(x) in direct:
+            u = True
+            total = direct[id(x)] if total is None else total + direct[id(x)]
+        if u and total is None:
+            total = 0.0 if x._d.__class__ is _pyfloat else np.zeros(x.shape, x.dtype.np)
+        results.append(total)
+        used.append(u)
+    if not retain_graph:
+        graph.free(need)
+        for t in tapes:
+            end_tape(t)
+    if collect:
+        return results, used, ins
+    return results, used
+
+
+def _slots_of(graph, x):
+    if x._tape is not None:
+        s = graph.slot(x._tape, x._slot)
+        return [] if s is None else [s]
+    out = []
+    for t in graph.tapes:
+        ks = t.leaves.get(id(x))
+        if ks:
+            off = graph.slot(t, 0)
+            out.extend(off + k for k in ks)
+    return out
+
+
+def _graph_inputs(graph, outs):
+    """Leaves of the graph (in entering order) and non-leaves that retain grad."""
+    ins, slots, seen = [], [], {}
+    for t in graph.tapes:
+        off = graph.slot(t, 0)
+        for key, ks in t.leaves.items():
+            leaf = t.aux[ks[0]][0]
+            if key not in seen:
+                seen[key] = len(ins)
+                ins.append(leaf)
+                slots.append([])
+            slots[seen[key]].extend(off + k for k in ks)
+        for k, ref in list(t.retained.items()):
+            x = ref()
+            if x is None or x._tape is not t or x._slot != k:
+                del t.retained[k]
+                continue
+            ins.append(x)
+            slots.append([off + k])
+    for y in outs:  # a leaf output (backward on a leaf itself)
+        if y._tape is None and id(y) not in seen:
+            seen[id(y)] = len(ins)
+            ins.append(y)
+            slots.append([])
+    return ins, slots
+
+
+def _leaf_outputs_only(outs, seeds, ins):
+    collect = ins is None
+    if collect:
+        ins = []
+        for y in outs:
+            if all(y is not x for x in ins):
+                ins.append(y)
+    results, used = [], []
+    for x in ins:
+        total = None
+        for y, s in zip(outs, seeds):
+            if y is x:
+                total = s if total is None else total + s
+        results.append(total)
+        used.append(total is not None)
+    return (results, used, ins) if collect else (results, used)
+
+
+def _check_versions(graph, need, reach):
+    """Raise when an array saved for this backward was changed in place since recording."""
+    rows = graph.rows
+    ops = rows[:, 0]
+    cand = np.nonzero(reach & ((ops == (_LEAF | ARRAY)) | (ops == (_CONST | ARRAY))))[0]
+    for s in cand:
+        s = int(s)
+        t, ver = graph.aux(s)
+        if t._ver[0] == ver:
+            continue
+        users = np.nonzero(need & ((rows[:, 1] == s) | (rows[:, 2] == s)))[0]
+        if any(cpu.SAVES[int(ops[u]) & ~ARRAY] for u in users) or not len(users):
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{t.dtype} {list(t.shape)}] is at version {t._ver[0]}; "
+                f"expected version {ver} instead. Hint: change the in-place operation to an "
+                "out-of-place one (x = x + y instead of x += y), or record the graph again "
+                "after the change.")

@@ -1,0 +1,7 @@
+"""Benchmark suite: the shared cases (``cases``) and the ``python -m tapegrad.bench`` runner.
+
+Run ``python -m tapegrad.bench`` (quick, under 2 minutes) or
+``python -m tapegrad.bench --full``; ``--only NAME``, ``--json PATH`` and
+``--plot PATH`` narrow and save the run, ``--list`` names the cases. The same
+cases run under pytest-benchmark with ``python -m pytest bench/ --benchmark-only``.
+"""

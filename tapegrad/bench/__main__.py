@@ -1,0 +1,467 @@
+"""``python -m tapegrad.bench``: time tapegrad against torch on the shared cases and print a table."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import gc
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from tapegrad.bench import cases
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How hard each mode works; quick must finish in under 2 minutes on 2 cores."""
+
+    mode: str
+    budget_s: float  # timing budget per case per library, after warm-up
+    min_repeats: int
+    max_repeats: int
+    warmups: int  # extra untimed calls after the first (compiling) one
+    import_warm_repeats: int
+    import_cold_repeats: int
+    rss_steps: int  # pendulum steps for the RSS memory probe
+
+
+MODES = {
+    "quick": Settings("quick", 0.5, 3, 100_000, 1, 3, 1, 50_000),
+    "full": Settings("full", 3.0, 10, 1_000_000, 2, 10, 3, 100_000),
+}
+
+
+@dataclass
+class Row:
+    case: str
+    kind: str  # "speed", "memory" or "startup"
+    unit: str  # "s" or "B/op"
+    target: str
+    tapegrad: float | None = None
+    torch: float | None = None
+    ratio: float | None = None  # torch / tapegrad
+    passed: bool | None = None
+    error: str | None = None
+    tapegrad_first_call_s: float | None = None
+    torch_first_call_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+MEMORY_CASE = "pendulum_euler_10k_memory"
+MEMORY_RSS_CASE = "pendulum_euler_10k_memory_rss"
+IMPORT_WARM_CASE = "import_to_first_grad_warm"
+IMPORT_COLD_CASE = "import_to_first_grad_cold"
+
+
+def all_case_names() -> list[str]:
+    names = list(cases.SPEED_CASES)
+    at = names.index("pendulum_euler_10k") + 1
+    names[at:at] = [MEMORY_CASE, MEMORY_RSS_CASE]
+    return names + [IMPORT_WARM_CASE, IMPORT_COLD_CASE]
+
+
+def select_cases(patterns: list[str] | None) -> list[str]:
+    """Case names matching any pattern: an exact name, a name prefix, or a glob."""
+    names = all_case_names()
+    if not patterns:
+        return names
+    chosen = []
+    for name in names:
+        for pattern in patterns:
+            if name == pattern or name.startswith(pattern) or fnmatch.fnmatchcase(name, pattern):
+                chosen.append(name)
+                break
+    return chosen
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# measuring
+
+
+@dataclass
+class Timing:
+    median_s: float
+    first_call_s: float
+    repeats: int
+    result: Any
+
+
+def measure(fn: Callable[[], Any], settings: Settings) -> Timing:
+    """Call once (compiles), warm up, then time calls until the budget is spent; median of the timed calls."""
+    gc.collect()
+    first_call_s, result = cases.timed(fn)
+    for _ in range(settings.warmups):
+        fn()
+    times = []
+    perf_counter = time.perf_counter
+    start = perf_counter()
+    while True:
+        t0 = perf_counter()
+        fn()
+        times.append(perf_counter() - t0)
+        if len(times) >= settings.min_repeats and (
+            perf_counter() - start >= settings.budget_s or len(times) >= settings.max_repeats
+        ):
+            break
+    return Timing(cases.median(times), first_call_s, len(times), result)
+
+
+def run_speed_case(name: str, settings: Settings, with_torch: bool) -> Row:
+    case = cases.SPEED_CASES[name]
+    row = Row(name, "speed", "s", f">= {case.target_speedup:g}x")
+    if case.ops:
+        row.extra["ops"] = case.ops
+    errors = []
+    for library in ("tapegrad", "torch") if with_torch else ("tapegrad",):
+        progress(f"running {name} ({library}) ...")
+        try:
+            timing = measure(case.make(library), settings)
+        except Exception as exc:  # report, keep going with the other cases
+            traceback.print_exc(file=sys.stderr)
+            errors.append(f"{library}: {type(exc).__name__}: {exc}")
+            continue
+        setattr(row, library, timing.median_s)
+        setattr(row, f"{library}_first_call_s", timing.first_call_s)
+        row.extra[f"{library}_repeats"] = timing.repeats
+        try:
+            row.extra[f"{library}_max_rel_err"] = cases.check_result(case, timing.result)
+        except AssertionError as exc:
+            errors.append(f"{library}: wrong gradient: {exc}")
+        progress(f"  {library}: median {format_value(timing.median_s, 's')} over {timing.repeats} calls")
+    if errors:
+        row.error = "; ".join(errors)
+    if row.tapegrad and row.torch:
+        row.ratio = row.torch / row.tapegrad
+        row.passed = row.ratio >= case.target_speedup and row.error is None
+    elif row.error is not None:
+        row.passed = False
+    return row
+
+
+def run_memory_cases(names: list[str], settings: Settings, with_torch: bool) -> list[Row]:
+    """Bytes per recorded op of the pendulum graph, for the requested memory rows.
+
+    ``pendulum_euler_10k_memory``: tapegrad by tracemalloc (what the brief of
+    the issue asks for) against torch by RSS growth. ``..._memory_rss``: both
+    by RSS growth in fresh processes, the like-for-like check (tracemalloc
+    cannot see memory that Numba's runtime or C code allocates).
+    """
+    traced_row = Row(MEMORY_CASE, "memory", "B/op", f">= {cases.MEMORY_TARGET_RATIO:g}x less")
+    rss_row = Row(MEMORY_RSS_CASE, "memory", "B/op", f">= {cases.MEMORY_TARGET_RATIO:g}x less")
+    errors: dict[str, list[str]] = {MEMORY_CASE: [], MEMORY_RSS_CASE: []}
+
+    if MEMORY_CASE in names:
+        progress(f"running {MEMORY_CASE} (tapegrad, tracemalloc, {cases.PENDULUM_STEPS} steps) ...")
+        try:
+            traced = cases.tapegrad_tracemalloc_bytes_per_op(cases.PENDULUM_STEPS)
+            traced_row.tapegrad = traced["bytes_per_op"]
+            traced_row.extra["tapegrad_tracemalloc"] = traced
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            errors[MEMORY_CASE].append(f"tapegrad: {type(exc).__name__}: {exc}")
+    if MEMORY_RSS_CASE in names:
+        progress(f"running {MEMORY_RSS_CASE} (tapegrad, RSS in a fresh process, {settings.rss_steps} steps) ...")
+        try:
+            rss = cases.rss_bytes_per_op("tapegrad", settings.rss_steps)
+            rss_row.tapegrad = rss["bytes_per_op"]
+            rss_row.extra["tapegrad_rss"] = rss
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            errors[MEMORY_RSS_CASE].append(f"tapegrad: {type(exc).__name__}: {exc}")
+    if with_torch:
+        progress(f"running pendulum_euler_10k memory (torch, RSS in a fresh process, {settings.rss_steps} steps) ...")
+        try:
+            rss = cases.rss_bytes_per_op("torch", settings.rss_steps)
+            for row in (traced_row, rss_row):
+                row.torch = rss["bytes_per_op"]
+                row.extra["torch_rss"] = rss
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            for key in errors:
+                errors[key].append(f"torch: {type(exc).__name__}: {exc}")
+
+    rows = []
+    for row in (traced_row, rss_row):
+        if row.case not in names:
+            continue
+        if errors[row.case]:
+            row.error = "; ".join(errors[row.case])
+        if row.tapegrad is not None and row.torch is not None:
+            row.ratio = row.torch / row.tapegrad if row.tapegrad > 0 else math.inf
+            row.passed = row.ratio >= cases.MEMORY_TARGET_RATIO and row.error is None
+        elif row.tapegrad is None:
+            row.passed = False
+        rows.append(row)
+    return rows
+
+
+def run_import_case(cold: bool, settings: Settings) -> Row:
+    name = IMPORT_COLD_CASE if cold else IMPORT_WARM_CASE
+    target_s = cases.IMPORT_COLD_TARGET_S if cold else cases.IMPORT_WARM_TARGET_S
+    repeats = settings.import_cold_repeats if cold else settings.import_warm_repeats
+    row = Row(name, "startup", "s", f"<= {target_s:g} s")
+    what = "empty NUMBA_CACHE_DIR" if cold else "warm Numba cache"
+    progress(f"running {name} ({_processes(repeats)}, {what}) ...")
+    try:
+        runs = cases.import_to_first_grad(cold=cold, repeats=repeats)
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        row.error = f"{type(exc).__name__}: {exc}"
+        row.passed = False
+        return row
+    row.tapegrad = cases.median([r["total_s"] for r in runs])
+    row.extra["import_s"] = cases.median([r["import_s"] for r in runs])
+    row.extra["first_grad_s"] = cases.median([r["first_grad_s"] for r in runs])
+    row.extra["runs"] = runs
+    row.passed = row.tapegrad <= target_s
+    progress(f"  tapegrad: median {format_value(row.tapegrad, 's')} over {_processes(len(runs))}")
+    return row
+
+
+# --------------------------------------------------------------------------
+# reporting
+
+
+def _processes(n: int) -> str:
+    return f"{n} fresh process" + ("" if n == 1 else "es")
+
+
+def format_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "B/op":
+        return f"{value:.0f} B/op" if abs(value) >= 10 else f"{value:.1f} B/op"
+    for scale, suffix in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")):
+        if abs(value) >= scale or scale == 1e-9:
+            shown = value / scale
+            return f"{shown:.3g} {suffix}" if shown < 100 else f"{shown:.0f} {suffix}"
+    return f"{value:g} {unit}"
+
+
+def format_ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    if math.isinf(ratio):
+        return "inf"
+    return f"{ratio:.3g}x" if ratio < 100 else f"{ratio:.0f}x"
+
+
+def format_pass(row: Row) -> str:
+    if row.error is not None:
+        return "ERROR"
+    if row.passed is None:
+        return "n/a"
+    return "pass" if row.passed else "FAIL"
+
+
+def render_table(rows: list[Row]) -> str:
+    header = ["case", "tapegrad", "torch", "speedup (torch/tapegrad)", "target", "pass/fail", "tapegrad 1st call"]
+    body = [
+        [
+            r.case,
+            format_value(r.tapegrad, r.unit),
+            format_value(r.torch, r.unit),
+            format_ratio(r.ratio),
+            r.target,
+            format_pass(r),
+            format_value(r.tapegrad_first_call_s, "s"),
+        ]
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    right = {1, 2, 3, 6}
+
+    def fmt(line):
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))]
+        return "  ".join(cells).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(header), rule, *(fmt(line) for line in body)])
+
+
+def render_notes(rows: list[Row], with_torch: bool) -> list[str]:
+    notes = [
+        "speedup = torch time / tapegrad time; for memory, torch bytes per op / tapegrad bytes per op.",
+        "times are medians per iteration (forward + autograd.grad), after a compiling first call and a warm-up.",
+    ]
+    for r in rows:
+        ops = r.extra.get("ops")
+        if r.kind == "speed" and ops and r.tapegrad:
+            line = f"{r.case}: {ops} recorded ops, tapegrad {format_value(r.tapegrad / ops, 's')}/op"
+            if r.torch:
+                line += f", torch {format_value(r.torch / ops, 's')}/op"
+            notes.append(line + " (forward + backward)")
+        elif r.kind == "memory":
+            traced = r.extra.get("tapegrad_tracemalloc")
+            if traced:
+                notes.append(
+                    f"{r.case}: tapegrad = tracemalloc bytes kept alive by a {traced['steps']}-step graph "
+                    f"after the forward pass / {traced['ops']} ops (peak during forward "
+                    f"{traced['peak_bytes_per_op']:.0f} B/op; {traced['left_after_free_bytes']} B left after dropping the loss)"
+                )
+            for library in ("tapegrad", "torch"):
+                rss = r.extra.get(f"{library}_rss")
+                if rss and rss.get("bytes_per_op") is not None and (library == "tapegrad" or r.case == MEMORY_RSS_CASE):
+                    notes.append(
+                        f"{r.case}: {library} = {rss['method']} growth in a fresh process while a "
+                        f"{rss['steps']}-step graph is alive / {rss['ops']} ops"
+                    )
+            if r.case == MEMORY_CASE and r.torch is not None:
+                notes.append(f"{r.case}: torch by RSS, because tracemalloc cannot see torch's C++ allocations")
+        elif r.kind == "startup" and r.tapegrad is not None:
+            notes.append(
+                f"{r.case}: import {format_value(r.extra['import_s'], 's')} + first grad "
+                f"{format_value(r.extra['first_grad_s'], 's')} (median of {_processes(len(r.extra['runs']))})"
+            )
+        if r.error:
+            notes.append(f"{r.case}: ERROR {r.error}")
+    if not with_torch:
+        notes.append("torch was not found: tapegrad times only (pip install torch==2.13.0 to compare).")
+    return notes
+
+
+def environment(settings: Settings, with_torch: bool) -> dict[str, Any]:
+    import numba
+
+    env = {
+        "mode": settings.mode,
+        "command": " ".join(["python -m tapegrad.bench", *sys.argv[1:]]),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "tapegrad": cases.library_version("tapegrad"),
+        "torch": cases.library_version("torch") if with_torch else None,
+    }
+    if with_torch:
+        import torch
+
+        env["torch_threads"] = torch.get_num_threads()
+    return env
+
+
+def write_plot(rows: list[Row], path: str) -> bool:
+    """Bar chart of the ratios against their targets; skipped silently without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    shown = [r for r in rows if r.ratio is not None and math.isfinite(r.ratio) and r.ratio > 0]
+    if not shown:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(shown) + 1.5))
+    labels = [r.case for r in shown]
+    ratios = [r.ratio for r in shown]
+    colors = ["tab:green" if r.passed else "tab:red" for r in shown]
+    ax.barh(labels, ratios, color=colors)
+    for i, r in enumerate(shown):
+        target = cases.MEMORY_TARGET_RATIO if r.kind == "memory" else cases.SPEED_CASES[r.case].target_speedup
+        ax.plot([target, target], [i - 0.4, i + 0.4], color="black", linewidth=2)
+    ax.set_xscale("log")
+    ax.set_xlabel("torch / tapegrad (higher is better; black bar = target)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+# --------------------------------------------------------------------------
+# entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tapegrad.bench",
+        description="Benchmark tapegrad against torch (when installed) and print a table of ratios.",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick", help="short run, under 2 minutes (default)")
+    mode.add_argument("--full", dest="mode", action="store_const", const="full", help="longer budgets and more repeats")
+    parser.set_defaults(mode="quick")
+    parser.add_argument(
+        "--only",
+        metavar="NAME",
+        action="append",
+        help="run only cases matching NAME (exact name, prefix or glob; comma-separated or repeated)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the case names and exit")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--plot", metavar="PATH", help="also save a bar chart to PATH (needs matplotlib; skipped without it)")
+    parser.add_argument("--strict", action="store_true", help="exit with status 1 when any target is missed")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(all_case_names()))
+        return 0
+    patterns = [p.strip() for item in args.only or [] for p in item.split(",") if p.strip()] or None
+    names = select_cases(patterns)
+    if not names:
+        parser.error(f"--only matched no case; the cases are: {', '.join(all_case_names())}")
+    settings = MODES[args.mode]
+
+    started = time.perf_counter()
+    with_torch = cases.library_available("torch")
+    if not with_torch:
+        progress("torch was not found: measuring tapegrad only")
+
+    rows: list[Row] = []
+    for name in names:
+        if name in cases.SPEED_CASES:
+            rows.append(run_speed_case(name, settings, with_torch))
+        elif name in (MEMORY_CASE, MEMORY_RSS_CASE):
+            if not any(r.kind == "memory" for r in rows):
+                rows.extend(run_memory_cases(names, settings, with_torch))
+        elif name == IMPORT_WARM_CASE:
+            rows.append(run_import_case(False, settings))
+        elif name == IMPORT_COLD_CASE:
+            rows.append(run_import_case(True, settings))
+    elapsed = time.perf_counter() - started
+
+    env = environment(settings, with_torch)
+    versions = f"python {env['python']}, numpy {env['numpy']}, numba {env['numba']}, tapegrad {env['tapegrad']}"
+    versions += f", torch {env['torch']} ({env['torch_threads']} threads)" if with_torch else ", torch not found"
+    print(f"tapegrad benchmark ({settings.mode}): {versions}, {env['cpu_count']} CPUs")
+    print()
+    print(render_table(rows))
+    print()
+    for note in render_notes(rows, with_torch):
+        print(f"  {note}")
+    print(f"\ntotal {elapsed:.1f} s; reproduce with: {env['command']}")
+
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"environment": env, "elapsed_s": elapsed, "results": [asdict(r) for r in rows]}, fh, indent=2, default=str)
+    if args.plot:
+        write_plot(rows, args.plot)
+
+    if any(r.error is not None for r in rows):
+        return 1
+    if args.strict and any(r.passed is False for r in rows):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,535 @@
+"""Benchmark cases shared by ``python -m tapegrad.bench`` and the pytest-benchmark suite in ``bench/``.
+
+Each case is written once against a library module (``tapegrad`` or
+``torch``) using only the names the two share, so both libraries run the same
+code. A case's ``make(library)`` builds the inputs and returns a zero-argument
+function that runs one iteration (record the forward pass, then
+``autograd.grad``) and returns the gradients; ``reference()`` gives the exact
+gradient in NumPy so results can be checked without either library.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+LIBRARIES = ("tapegrad", "torch")
+
+# The directory that holds the ``tapegrad`` package, so that child processes
+# import the same tapegrad as this one even when it is not installed.
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+# --------------------------------------------------------------------------
+# libraries
+
+
+def load_library(library: str):
+    """Import and return the module for ``library`` ("tapegrad" or "torch").
+
+    Raises ImportError when it is not installed.
+    """
+    if library == "tapegrad":
+        import tapegrad
+
+        return tapegrad
+    if library == "torch":
+        import torch
+
+        return torch
+    raise ValueError(f"unknown library {library!r}; expected one of {LIBRARIES}")
+
+
+def library_available(library: str) -> bool:
+    """True when ``library`` can be imported."""
+    try:
+        load_library(library)
+    except ImportError:
+        return False
+    return True
+
+
+def library_version(library: str) -> str | None:
+    """The library's ``__version__``, or None when it is not importable."""
+    try:
+        return str(getattr(load_library(library), "__version__", "unknown"))
+    except ImportError:
+        return None
+
+
+def grads_to_numpy(grads) -> np.ndarray:
+    """Flatten a tuple of gradient tensors (tapegrad or torch) into one float64 array."""
+    parts = []
+    for g in grads:
+        if g is None:
+            raise AssertionError("a gradient is None")
+        parts.append(np.asarray(g.detach().numpy(), dtype=np.float64).reshape(-1))
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+# --------------------------------------------------------------------------
+# the functions being differentiated (library-agnostic)
+
+
+def rosenbrock_scalar(x):
+    """Rosenbrock over a list of 0-d tensors, 8 scalar ops per term."""
+    f = 0.0
+    for i in range(len(x) - 1):
+        f = f + 100 * (x[i + 1] - x[i] ** 2) ** 2 + (1 - x[i]) ** 2
+    return f
+
+
+def rosenbrock_scalar_ops(n: int) -> int:
+    """Number of ops ``rosenbrock_scalar`` records for ``n`` inputs."""
+    return 8 * (n - 1)
+
+
+def rosenbrock_vec(x):
+    """Rosenbrock over a 1-d tensor."""
+    return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
+
+
+PENDULUM_DT = 0.001
+PENDULUM_PARAMS = (9.81, 1.0, 0.1, 0.5)  # g, L, b (damping), theta0
+PENDULUM_OPS_PER_STEP = 10
+PENDULUM_LOSS_OPS = 3
+
+
+def pendulum_euler(lib, g, L, b, theta0, steps: int, dt: float = PENDULUM_DT):
+    """Damped pendulum integrated with explicit Euler; returns theta_T**2 + omega_T**2.
+
+    Records exactly ``PENDULUM_OPS_PER_STEP`` ops per step plus
+    ``PENDULUM_LOSS_OPS`` for the loss (omega starts as the float 0.0, and
+    every op involving it still touches a tensor).
+    """
+    theta = theta0
+    omega = 0.0
+    sin = lib.sin
+    for _ in range(steps):
+        omega = omega + dt * (-(g / L) * sin(theta) - b * omega)
+        theta = theta + dt * omega
+    return theta**2 + omega**2
+
+
+def pendulum_ops(steps: int) -> int:
+    """Number of ops ``pendulum_euler`` records for ``steps`` steps."""
+    return steps * PENDULUM_OPS_PER_STEP + PENDULUM_LOSS_OPS
+
+
+# --------------------------------------------------------------------------
+# exact gradients in NumPy (the correctness check for every library)
+
+
+def rosenbrock_grad_reference(x0: np.ndarray) -> np.ndarray:
+    x = np.asarray(x0, dtype=np.float64)
+    g = np.zeros_like(x)
+    a = x[1:] - x[:-1] ** 2
+    g[:-1] += -400.0 * x[:-1] * a - 2.0 * (1.0 - x[:-1])
+    g[1:] += 200.0 * a
+    return g
+
+
+def pendulum_grad_reference(params=PENDULUM_PARAMS, steps: int = 10_000, dt: float = PENDULUM_DT) -> np.ndarray:
+    """Hand-written adjoint of ``pendulum_euler`` (same operation order), in floats."""
+    g, L, b, theta0 = (float(p) for p in params)
+    thetas = [theta0]
+    omegas = [0.0]
+    theta, omega = theta0, 0.0
+    for _ in range(steps):
+        omega = omega + dt * (-(g / L) * math.sin(theta) - b * omega)
+        theta = theta + dt * omega
+        thetas.append(theta)
+        omegas.append(omega)
+    l_theta, l_omega = 2.0 * theta, 2.0 * omega
+    d_g = d_L = d_b = 0.0
+    for k in range(steps - 1, -1, -1):
+        th, om = thetas[k], omegas[k]
+        # theta' = theta + dt * omega'
+        l_omega_new = l_omega + dt * l_theta
+        # omega' = omega + dt * a,  a = -(g/L) sin(theta) - b omega
+        l_a = dt * l_omega_new
+        s = math.sin(th)
+        d_g += l_a * (-s / L)
+        d_L += l_a * (g * s / (L * L))
+        d_b += l_a * (-om)
+        l_theta = l_theta + l_a * (-(g / L) * math.cos(th))
+        l_omega = l_omega_new + l_a * (-b)
+    return np.array([d_g, d_L, d_b, l_theta])
+
+
+# --------------------------------------------------------------------------
+# speed cases
+
+
+@dataclass(frozen=True)
+class SpeedCase:
+    """A timed case: one iteration is forward + ``autograd.grad``.
+
+    ``make(library)`` returns the iteration function; ``reference()`` the
+    exact gradient it must return (flattened, see ``grads_to_numpy``).
+    ``target_speedup`` is the least torch_time / tapegrad_time that passes.
+    """
+
+    name: str
+    description: str
+    make: Callable[[str], Callable[[], Any]]
+    reference: Callable[[], np.ndarray]
+    target_speedup: float
+    ops: int | None = None
+    rtol: float = 1e-9
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _scalar_leaves(lib, values):
+    return [lib.tensor(float(v), dtype=lib.float64, requires_grad=True) for v in values]
+
+
+def _rosenbrock_x0(n: int) -> np.ndarray:
+    return np.random.default_rng(n).uniform(-1.5, 1.5, n)
+
+
+def _make_rosenbrock_scalar(n: int):
+    def make(library: str):
+        lib = load_library(library)
+        xs = _scalar_leaves(lib, _rosenbrock_x0(n))
+        grad = lib.autograd.grad
+
+        def iteration():
+            f = rosenbrock_scalar(xs)
+            return grad(f, xs)
+
+        return iteration
+
+    return make
+
+
+def _make_rosenbrock_vec(n: int):
+    def make(library: str):
+        lib = load_library(library)
+        x = lib.tensor(_rosenbrock_x0(n), dtype=lib.float64, requires_grad=True)
+        grad = lib.autograd.grad
+
+        def iteration():
+            f = rosenbrock_vec(x)
+            return grad(f, (x,))
+
+        return iteration
+
+    return make
+
+
+def _make_pendulum(steps: int):
+    def make(library: str):
+        lib = load_library(library)
+        params = _scalar_leaves(lib, PENDULUM_PARAMS)
+        grad = lib.autograd.grad
+
+        def iteration():
+            loss = pendulum_euler(lib, *params, steps=steps)
+            return grad(loss, params)
+
+        return iteration
+
+    return make
+
+
+PENDULUM_STEPS = 10_000
+
+SPEED_CASES: dict[str, SpeedCase] = {
+    c.name: c
+    for c in [
+        SpeedCase(
+            "rosenbrock_scalar_n100",
+            "scalar Rosenbrock, list of 100 0-d tensors, forward + grad",
+            _make_rosenbrock_scalar(100),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(100)),
+            target_speedup=10.0,
+            ops=rosenbrock_scalar_ops(100),
+            tags=("scalar",),
+        ),
+        SpeedCase(
+            "rosenbrock_scalar_n1000",
+            "scalar Rosenbrock, list of 1000 0-d tensors, forward + grad",
+            _make_rosenbrock_scalar(1000),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(1000)),
+            target_speedup=10.0,
+            ops=rosenbrock_scalar_ops(1000),
+            tags=("scalar",),
+        ),
+        SpeedCase(
+            "pendulum_euler_10k",
+            "explicit-Euler pendulum, 10,000 steps of scalar ops, grad w.r.t. (g, L, b, theta0)",
+            _make_pendulum(PENDULUM_STEPS),
+            lambda: pendulum_grad_reference(PENDULUM_PARAMS, PENDULUM_STEPS),
+            target_speedup=10.0,
+            ops=pendulum_ops(PENDULUM_STEPS),
+            rtol=1e-8,
+            tags=("scalar",),
+        ),
+        SpeedCase(
+            "rosenbrock_vec_n10",
+            "vectorized Rosenbrock, 1-d tensor of 10, forward + grad",
+            _make_rosenbrock_vec(10),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(10)),
+            target_speedup=1.0,
+            tags=("vector",),
+        ),
+        SpeedCase(
+            "rosenbrock_vec_n1000",
+            "vectorized Rosenbrock, 1-d tensor of 1,000, forward + grad",
+            _make_rosenbrock_vec(1000),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(1000)),
+            target_speedup=1.0,
+            tags=("vector",),
+        ),
+        SpeedCase(
+            "rosenbrock_vec_n100000",
+            "vectorized Rosenbrock, 1-d tensor of 100,000, forward + grad",
+            _make_rosenbrock_vec(100_000),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(100_000)),
+            target_speedup=1.0,
+            tags=("vector",),
+        ),
+    ]
+}
+
+
+def check_result(case: SpeedCase, grads) -> float:
+    """Compare an iteration's gradients with the exact ones.
+
+    Returns the largest relative error; raises AssertionError when it is
+    above ``case.rtol``.
+    """
+    got = grads_to_numpy(grads)
+    want = case.reference()
+    if got.shape != want.shape:
+        raise AssertionError(f"{case.name}: gradient has shape {got.shape}, expected {want.shape}")
+    scale = np.maximum(np.abs(want), 1.0)
+    err = float(np.max(np.abs(got - want) / scale)) if want.size else 0.0
+    if not err <= case.rtol:
+        raise AssertionError(f"{case.name}: gradient differs from the exact one (max rel err {err:.3g} > {case.rtol:g})")
+    return err
+
+
+# --------------------------------------------------------------------------
+# memory per recorded op (pendulum)
+
+MEMORY_TARGET_RATIO = 10.0  # torch bytes/op divided by tapegrad bytes/op must reach this
+
+
+def tapegrad_tracemalloc_bytes_per_op(steps: int = PENDULUM_STEPS) -> dict:
+    """Bytes that the recorded pendulum graph keeps alive, per op, by tracemalloc.
+
+    Measures what is retained after the forward pass (the loss still alive,
+    before backward). NumPy buffers are traced too. Run a forward + grad
+    first so that one-time allocations (compiled kernels, caches) are not
+    counted.
+    """
+    tg = load_library("tapegrad")
+    params = _scalar_leaves(tg, PENDULUM_PARAMS)
+    tg.autograd.grad(pendulum_euler(tg, *params, steps=10), params)
+    gc.collect()
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        gc.collect()
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        loss = pendulum_euler(tg, *params, steps=steps)
+        gc.collect()
+        current, peak = tracemalloc.get_traced_memory()
+        del loss
+        gc.collect()
+        after_free = tracemalloc.get_traced_memory()[0]
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    ops = pendulum_ops(steps)
+    return {
+        "method": "tracemalloc",
+        "steps": steps,
+        "ops": ops,
+        "retained_bytes": current - base,
+        "bytes_per_op": (current - base) / ops,
+        "peak_bytes_per_op": (peak - base) / ops,
+        "left_after_free_bytes": after_free - base,
+    }
+
+
+def _rss_bytes() -> int | None:
+    try:
+        import psutil  # type: ignore[import-not-found]
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/self/statm") as fh:
+            resident_pages = int(fh.read().split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def rss_probe(library: str, steps: int) -> dict:
+    """In this process: RSS growth while a ``steps``-step pendulum graph is alive, per op.
+
+    Meant to run in a fresh child process (see ``rss_bytes_per_op``), where
+    freed memory of earlier work cannot hide the growth.
+    """
+    lib = load_library(library)
+    params = _scalar_leaves(lib, PENDULUM_PARAMS)
+    # one-time costs (lazy init, compiled kernels, allocator pools) first
+    lib.autograd.grad(pendulum_euler(lib, *params, steps=1000), params)
+    gc.collect()
+    before = _rss_bytes()
+    if before is None:
+        return {"method": "rss", "library": library, "steps": steps, "bytes_per_op": None}
+    loss = pendulum_euler(lib, *params, steps=steps)
+    gc.collect()
+    after = _rss_bytes()
+    del loss
+    ops = pendulum_ops(steps)
+    return {
+        "method": "psutil rss" if _has_psutil() else "/proc/self/statm rss",
+        "library": library,
+        "steps": steps,
+        "ops": ops,
+        "retained_bytes": after - before,
+        "bytes_per_op": (after - before) / ops,
+    }
+
+
+def _has_psutil() -> bool:
+    try:
+        import psutil  # noqa: F401  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    return True
+
+
+def _child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = _PACKAGE_PARENT + (os.pathsep + old if old else "")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _run_child_json(code: str, args=(), env=None, timeout: float = 600.0) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=env if env is not None else _child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child process failed (exit {proc.returncode}):\n{proc.stderr.strip()[-4000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"benchmark child process printed no result:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+_RSS_CHILD = """\
+import json, sys
+from tapegrad.bench.cases import rss_probe
+print(json.dumps(rss_probe(sys.argv[1], int(sys.argv[2]))))
+"""
+
+
+def rss_bytes_per_op(library: str, steps: int = 100_000) -> dict:
+    """RSS growth per recorded op of a ``steps``-step pendulum, measured in a fresh process.
+
+    This is the measure for torch, whose graph lives in C++ allocations that
+    tracemalloc cannot see.
+    """
+    return _run_child_json(_RSS_CHILD, (library, steps))
+
+
+# --------------------------------------------------------------------------
+# import to first gradient, in a fresh process
+
+IMPORT_WARM_TARGET_S = 1.0
+IMPORT_COLD_TARGET_S = 15.0
+
+_FIRST_GRAD_CHILD = """\
+import time
+t0 = time.perf_counter()
+import tapegrad
+t1 = time.perf_counter()
+x = tapegrad.tensor(0.5, requires_grad=True)
+y = x * x + tapegrad.sin(x)
+(g,) = tapegrad.autograd.grad(y, (x,))
+value = g.item()
+t2 = time.perf_counter()
+import json, math
+expected = 2 * 0.5 + math.cos(0.5)
+if abs(value - expected) > 1e-12 * abs(expected):
+    raise SystemExit(f"wrong first gradient: {value!r}, expected {expected!r}")
+print(json.dumps({"import_s": t1 - t0, "first_grad_s": t2 - t1, "total_s": t2 - t0}))
+"""
+
+
+def first_grad_in_fresh_process(numba_cache_dir: str | None = None) -> dict:
+    """Run ``import tapegrad`` and a first gradient in a new process; its own timings.
+
+    Returns ``{"import_s", "first_grad_s", "total_s"}``, timed inside the
+    child from just before ``import tapegrad`` (interpreter start-up is not
+    counted). ``numba_cache_dir`` sets ``NUMBA_CACHE_DIR`` for the child.
+    """
+    extra = {"NUMBA_CACHE_DIR": numba_cache_dir} if numba_cache_dir is not None else None
+    return _run_child_json(_FIRST_GRAD_CHILD, env=_child_env(extra))
+
+
+def import_to_first_grad(cold: bool, repeats: int = 1) -> list[dict]:
+    """Seconds from ``import tapegrad`` to the first gradient of x*x + sin(x), each in a fresh process.
+
+    ``cold=False``: the default Numba cache, warmed by one unmeasured run
+    first. ``cold=True``: ``NUMBA_CACHE_DIR`` points at a new empty directory
+    for every run, so everything Numba compiles is compiled again (Python's
+    own bytecode cache stays warm).
+    """
+    if not cold:
+        first_grad_in_fresh_process()
+        return [first_grad_in_fresh_process() for _ in range(repeats)]
+    results = []
+    for _ in range(repeats):
+        cache_dir = tempfile.mkdtemp(prefix="tapegrad-cold-numba-cache-")
+        try:
+            results.append(first_grad_in_fresh_process(cache_dir))
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    return results
+
+
+def median(values) -> float:
+    values = sorted(values)
+    n = len(values)
+    if n == 0:
+        return math.nan
+    mid = n // 2
+    return values[mid] if n % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Run ``fn`` once; return (seconds, result)."""
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out

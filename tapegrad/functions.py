@@ -1,0 +1,869 @@
+"""Public tensor functions (torch names) and the Tensor operators and methods that use them.
+
+Each function checks its arguments, computes the forward and records through the
+recorder in ``tensor.py``; nothing reaches the tape before the checks pass.
+"""
+from __future__ import annotations
+
+import builtins
+import collections
+import math
+import numbers
+
+import numpy as np
+
+from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
+from .ops.arrays import diag_index
+from .tape import STATE
+from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
+                     _to_dtype, _to_tensor, array_op, binary, result_dtype, tensor, unary)
+
+_O = BY_NAME
+_NUMBER = (float, int, bool)
+
+
+def _t(x, name="input"):
+    """Argument as a tensor; TypeError naming the argument otherwise."""
+    if isinstance(x, Tensor):
+        return x
+    raise TypeError(f"{name} must be a Tensor, not {type(x).__name__}")
+
+
+def _tn(x, name="input"):
+    """Tensor or Python number (for binary ops)."""
+    if isinstance(x, Tensor) or x.__class__ in _NUMBER or isinstance(x, numbers.Real):
+        return x if not isinstance(x, np.generic) else x.item()
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return _to_tensor(x)
+    raise TypeError(f"{name} must be a Tensor or a number, not {type(x).__name__}")
+
+
+# --- elementwise ----------------------------------------------------------------------------
+
+
+def _unary_fn(op):
+    def fn(input):
+        return unary(op, _t(input))
+    fn.__name__ = op.torch or op.name
+    fn.__doc__ = f"Elementwise ``{op.torch or op.name}`` (differentiable)."
+    return fn
+
+
+def _binary_fn(op):
+    def fn(input, other):
+        input, other = _tn(input), _tn(other, "other")
+        if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+            raise TypeError(f"{op.name}(): at least one argument must be a Tensor")
+        return binary(op, input, other)
+    fn.__name__ = op.torch or op.name
+    fn.__doc__ = f"Elementwise ``{op.torch or op.name}`` with broadcasting (differentiable)."
+    return fn
+
+
+exp, log, log1p, expm1, sqrt, rsqrt = (_unary_fn(_O[n]) for n in
+                                       ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt"))
+sin, cos, tan, asin, acos, atan = (_unary_fn(_O[n]) for n in
+                                   ("sin", "cos", "tan", "asin", "acos", "atan"))
+sinh, cosh, tanh, sigmoid, relu, erf = (_unary_fn(_O[n]) for n in
+                                        ("sinh", "cosh", "tanh", "sigmoid", "relu", "erf"))
+abs, sign, square, reciprocal, neg = (_unary_fn(_O[n]) for n in
+                                      ("abs", "sign", "square", "reciprocal", "neg"))
+add, sub, mul, div = (_binary_fn(_O[n]) for n in ("add", "sub", "mul", "div"))
+atan2, maximum, minimum = (_binary_fn(_O[n]) for n in ("atan2", "maximum", "minimum"))
+_pow2 = _binary_fn(_O["pow"])
+negative, subtract, multiply, divide, true_divide = neg, sub, mul, div, div
+arcsin, arccos, arctan, arctan2, absolute = asin, acos, atan, atan2, abs
+
+
+def pow(input, exponent):
+    """``input ** exponent`` (tensor or number on either side)."""
+    return _pow2(input, exponent)
+
+
+def clone(input):
+    """A copy that stays on the tape (gradient flows back to ``input``)."""
+    return unary(_O["clone"], _t(input))
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    """``log(1 + exp(beta * x)) / beta``, linear above ``threshold``."""
+    return unary(_O["softplus"], _t(input), float(beta), float(threshold))
+
+
+def clamp(input, min=None, max=None):
+    """Clamp to ``[min, max]``; the gradient passes at the bounds (torch's rule)."""
+    x = _t(input)
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        out = x
+        if min is not None:
+            out = binary(_O["clamp_min_t"], out, _tn(min, "min"))
+        if max is not None:
+            out = binary(_O["clamp_max_t"], out, _tn(max, "max"))
+        return out
+    for name, v in (("min", min), ("max", max)):
+        if v is not None and not isinstance(v, numbers.Real):
+            raise TypeError(f"clamp(): {name} must be a number or a Tensor, not "
+                            f"{type(v).__name__}")
+    lo = -math.inf if min is None else float(min)
+    hi = math.inf if max is None else float(max)
+    if x.dtype.np.kind != "f":
+        v = np.clip(np.asarray(x._d), min, max)
+        return _plain(v)
+    return unary(_O["clamp"], x, lo, hi)
+
+
+clip = clamp
+
+
+def clamp_min(input, min):
+    return clamp(input, min=min)
+
+
+def clamp_max(input, max):
+    return clamp(input, max=max)
+
+
+def where(condition, input, other):
+    """Pick ``input`` where ``condition`` holds, else ``other`` (broadcasting)."""
+    cond = np.asarray(condition._d if isinstance(condition, Tensor) else condition)
+    if cond.dtype != np.bool_:
+        raise RuntimeError(f"where expected condition to be a boolean tensor, but got a "
+                           f"tensor with dtype {cond.dtype}")
+    x, y = _tn(input), _tn(other, "other")
+    x = x if isinstance(x, Tensor) else tensor(x)
+    y = y if isinstance(y, Tensor) else tensor(y)
+    rd = result_dtype(x, y)
+    xv, yv = np.asarray(x._d), np.asarray(y._d)
+    try:
+        shape = np.broadcast_shapes(cond.shape, xv.shape, yv.shape)
+    except ValueError:
+        raise RuntimeError(f"where(): shapes {list(cond.shape)}, {list(xv.shape)} and "
+                           f"{list(yv.shape)} are not broadcastable") from None
+    v = np.where(cond, xv.astype(rd, copy=False), yv.astype(rd, copy=False))
+    c = np.broadcast_to(cond, shape)
+    return array_op(_O["where"], [x, y], v, (c,))
+
+
+# --- reductions -----------------------------------------------------------------------------
+
+
+def _dims(dim, ndim):
+    if dim is None:
+        return None
+    if isinstance(dim, (list, tuple)):
+        ds = tuple(_dim(d, ndim) for d in dim)
+        if len(set(ds)) != len(ds):
+            raise RuntimeError(f"dim {ds} appears multiple times in the list of dims")
+        return ds if ds else None
+    return (_dim(dim, ndim),)
+
+
+def _float_input(x, fname):
+    if x.dtype.np.kind != "f":
+        return _to_dtype(x, np.dtype(np.float64)) if x.dtype.np.kind in "iub" else x
+    return x
+
+
+def _reduce(op, npfn):
+    def fn(input, dim=None, keepdim=False, *, dtype=None):
+        x = _t(input)
+        if dtype is not None:
+            x = _to_dtype(x, _np_dtype(dtype))
+        if op.name == "mean":
+            if x.dtype.np.kind != "f":
+                raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be "
+                                   f"either a floating point or complex dtype. Got: "
+                                   f"{x.dtype.name.capitalize()}")
+        dims = _dims(dim, x.ndim)
+        a = np.asarray(x._d)
+        with _errstate:
+            v = npfn(a, axis=dims, keepdims=keepdim)
+        if op.name == "sum" and a.dtype.kind in "bui":
+            v = np.asarray(v).astype(np.int64)
+        else:
+            v = np.asarray(v).astype(a.dtype)
+        return array_op(op, [x], v, (dims, keepdim))
+    fn.__name__ = op.name
+    fn.__doc__ = f"``{op.name}`` over ``dim`` (all dims when None), ``keepdim`` as torch."
+    return fn
+
+
+sum = _reduce(_O["sum"], np.sum)
+mean = _reduce(_O["mean"], np.mean)
+
+
+def prod(input, dim=None, keepdim=False, *, dtype=None):
+    """Product of all elements, or along one ``dim``."""
+    x = _t(input)
+    if dtype is not None:
+        x = _to_dtype(x, _np_dtype(dtype))
+    if isinstance(dim, (tuple, list)):
+        raise TypeError("prod(): dim must be a single int")
+    dims = _dims(dim, x.ndim)
+    a = np.asarray(x._d)
+    v = np.prod(a, axis=dims, keepdims=keepdim)
+    v = np.asarray(v).astype(np.int64 if a.dtype.kind in "bui" else a.dtype)
+    return array_op(_O["prod"], [x], v, (dims, keepdim))
+
+
+_minmax = collections.namedtuple("return_types", ["values", "indices"])
+
+
+def _extreme(op, npfn, argfn, pair_op, name):
+    def fn(input, dim=None, keepdim=False, *, other=None):
+        x = _t(input)
+        if isinstance(dim, Tensor):
+            return binary(pair_op, x, dim)
+        if dim is None:
+            a = np.asarray(x._d)
+            if a.size == 0:
+                raise RuntimeError(f"{name}(): Expected reduction dim to be specified for "
+                                   "input.numel() == 0. Specify the reduction dim with the "
+                                   "'dim' argument.")
+            with _errstate:
+                v = npfn(a)
+            return array_op(op, [x], np.asarray(v, dtype=a.dtype), (None, False, None))
+        d = _dim(dim, x.ndim)
+        a = np.asarray(x._d)
+        if a.ndim == 0:
+            return _minmax(array_op(_O["clone"], [x], x._d, None) if False else
+                           unary(_O["clone"], x), _plain(np.asarray(0, dtype=np.int64)))
+        if a.shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+        idx = argfn(a, axis=d)
+        # NaN wins, like torch: argmax/argmin of a slice with NaN picks the first NaN
+        nan_any = np.isnan(a).any(axis=d) if a.dtype.kind == "f" else None
+        if nan_any is not None and nan_any.any():
+            idx = np.where(nan_any, np.argmax(np.isnan(a), axis=d), idx)
+        v = np.take_along_axis(a, np.expand_dims(idx, d), axis=d)
+        if not keepdim:
+            v = np.squeeze(v, axis=d)
+        ind = np.expand_dims(idx, d) if keepdim else idx
+        values = array_op(op, [x], v, ((d,), keepdim, idx))
+        return _minmax(values, _plain(np.asarray(ind, dtype=np.int64)))
+    fn.__name__ = name
+    fn.__doc__ = (f"``{name}(x)``: the {name}imum (ties share the gradient evenly); "
+                  f"``{name}(x, dim)``: (values, indices), gradient to the first index; "
+                  f"``{name}(x, other)``: elementwise.")
+    return fn
+
+
+max = _extreme(_O["amax"], np.max, np.argmax, _O["maximum"], "max")
+min = _extreme(_O["amin"], np.min, np.argmin, _O["minimum"], "min")
+
+
+def amax(input, dim=(), keepdim=False):
+    x = _t(input)
+    if dim == () or dim is None:
+        return max(x)
+    return max(x, dim, keepdim).values
+
+
+def amin(input, dim=(), keepdim=False):
+    x = _t(input)
+    if dim == () or dim is None:
+        return min(x)
+    return min(x, dim, keepdim).values
+
+
+def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
+    """Vector p-norm over ``dim`` (all elements when None); ``'fro'`` is the 2-norm."""
+    x = _float_input(_t(input), "norm")
+    if p == "fro" or p is None:
+        p = 2.0
+    if isinstance(p, str):
+        raise RuntimeError(f"norm(): p={p!r} is not supported; use a number, inf or 'fro'")
+    p = float(p)
+    dims = _dims(dim, x.ndim)
+    a = np.asarray(x._d)
+    aux = (dims, keepdim, p)
+    with _errstate:
+        v = BY_NAME["norm"].np(a, aux)
+    return array_op(_O["norm"], [x], np.asarray(v, dtype=a.dtype), aux)
+
+
+def logsumexp(input, dim, keepdim=False):
+    """``log(sum(exp(x), dim))``, computed stably."""
+    x = _float_input(_t(input), "logsumexp")
+    dims = _dims(dim, x.ndim)
+    a = np.asarray(x._d)
+    aux = (dims if dims is not None else tuple(range(a.ndim)), keepdim)
+    with _errstate:
+        v = BY_NAME["logsumexp"].np(a, aux)
+    return array_op(_O["logsumexp"], [x], np.asarray(v, dtype=a.dtype), aux)
+
+
+def _softmax_fn(op):
+    def fn(input, dim=None, dtype=None):
+        x = _t(input)
+        if dtype is not None:
+            x = _to_dtype(x, _np_dtype(dtype))
+        x = _float_input(x, op.name)
+        if dim is None:
+            raise TypeError(f"{op.name}() missing required argument 'dim'")
+        d = _dim(dim, x.ndim)
+        a = np.asarray(x._d)
+        with _errstate:
+            v = op.np(a, (d,)) if a.ndim else op.np(a.reshape(1), (0,)).reshape(())
+        return array_op(op, [x], np.asarray(v, dtype=a.dtype), (d if a.ndim else 0,))
+    fn.__name__ = op.name
+    fn.__doc__ = f"``{op.name}`` along ``dim``."
+    return fn
+
+
+softmax = _softmax_fn(_O["softmax"])
+log_softmax = _softmax_fn(_O["log_softmax"])
+
+# --- linear algebra ---------------------------------------------------------------------------
+
+
+def matmul(input, other):
+    """Matrix product with NumPy/torch rank rules (1-D, 2-D, batched with broadcasting)."""
+    x, y = _t(input), _t(other, "other")
+    a, b = np.asarray(x._d), np.asarray(y._d)
+    if a.ndim == 0 or b.ndim == 0:
+        raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are "
+                           f"{a.ndim}D and {b.ndim}D")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {x.dtype} != "
+                           f"{y.dtype}")
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
+                           f"({'x'.join(map(str, a.shape))} and "
+                           f"{'x'.join(map(str, b.shape))}): the inner sizes {ka} and {kb} "
+                           "differ")
+    try:
+        v = np.matmul(a, b)
+    except ValueError as e:
+        raise RuntimeError(f"matmul: batch dimensions do not broadcast: {e}") from None
+    return array_op(_O["matmul"], [x, y], v, None)
+
+
+def dot(input, other):
+    """Inner product of two 1-D tensors."""
+    x, y = _t(input), _t(other, "other")
+    if x.ndim != 1 or y.ndim != 1:
+        raise RuntimeError(f"1D tensors expected, but got {x.ndim}D and {y.ndim}D tensors")
+    if x.shape != y.shape:
+        raise RuntimeError(f"inconsistent tensor size, expected tensor [{x.shape[0]}] and src "
+                           f"[{y.shape[0]}] to have the same number of elements, but got "
+                           f"{x.shape[0]} and {y.shape[0]} elements respectively")
+    return matmul(x, y)
+
+
+inner = dot
+
+
+def outer(input, vec2):
+    """Outer product of two 1-D tensors."""
+    x, y = _t(input), _t(vec2, "vec2")
+    if x.ndim != 1 or y.ndim != 1:
+        raise RuntimeError(f"outer: expected 1-D tensors, got {x.ndim}D and {y.ndim}D")
+    if x.dtype is not y.dtype:
+        raise RuntimeError(f"expected both arguments to have the same dtype, got {x.dtype} "
+                           f"and {y.dtype}")
+    v = np.multiply.outer(np.asarray(x._d), np.asarray(y._d))
+    return array_op(_O["outer"], [x, y], v, None)
+
+
+ger = outer
+
+
+def diag(input, diagonal=0):
+    """1-D -> matrix with it on a diagonal; 2-D -> that diagonal."""
+    x = _t(input)
+    if x.ndim not in (1, 2):
+        raise RuntimeError(f"diag(): Supports 1D or 2D tensors. Got {x.ndim}D")
+    a = np.asarray(x._d)
+    v = np.diag(a, diagonal).copy()
+    return array_op(_O["diag"], [x], v, (int(diagonal),))
+
+
+# --- shapes -------------------------------------------------------------------------------------
+
+
+def _shape_arg(shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    return tuple(int(s) for s in shape)
+
+
+def reshape(input, *shape):
+    """Same elements, new shape (one dim may be -1)."""
+    x = _t(input)
+    shape = _shape_arg(shape)
+    a = np.asarray(x._d)
+    try:
+        v = a.reshape(shape)
+    except ValueError:
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {a.size}") \
+            from None
+    if v.shape == a.shape and x._rg and STATE.grad_enabled:
+        pass
+    return array_op(_O["reshape"], [x], v, (v.shape, a.shape))
+
+
+def flatten(input, start_dim=0, end_dim=-1):
+    x = _t(input)
+    if x.ndim == 0:
+        return reshape(x, 1)
+    s = _dim(start_dim, x.ndim)
+    e = _dim(end_dim, x.ndim)
+    shape = x.shape[:s] + (-1,) + x.shape[e + 1:]
+    return reshape(x, shape)
+
+
+def squeeze(input, dim=None):
+    x = _t(input)
+    shape = x.shape
+    if dim is None:
+        new = tuple(s for s in shape if s != 1)
+    else:
+        d = _dim(dim, x.ndim)
+        new = shape[:d] + shape[d + 1:] if x.ndim and shape[d] == 1 else shape
+    return reshape(x, new)
+
+
+def unsqueeze(input, dim):
+    x = _t(input)
+    d = _dim(dim, x.ndim + 1)
+    return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
+
+
+def transpose(input, dim0, dim1):
+    """Swap two dims."""
+    x = _t(input)
+    nd = x.ndim
+    d0, d1 = _dim(dim0, nd), _dim(dim1, nd)
+    a = np.asarray(x._d)
+    v = np.swapaxes(a, d0, d1) if nd else a
+    return array_op(_O["transpose"], [x], v, (d0, d1) if nd else (0, 0))
+
+
+swapaxes = swapdims = transpose
+
+
+def permute(input, *dims):
+    x = _t(input)
+    dims = _shape_arg(dims)
+    if len(dims) != x.ndim:
+        raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input "
+                           f"does not match the length of the desired ordering of dimensions "
+                           f"i.e. input.dim() = {x.ndim} is not equal to len(dims) = "
+                           f"{len(dims)}")
+    ds = tuple(_dim(d, x.ndim) for d in dims)
+    if sorted(ds) != list(range(x.ndim)):
+        raise RuntimeError(f"permute(): duplicate dims are not allowed: {dims}")
+    return array_op(_O["permute"], [x], np.transpose(np.asarray(x._d), ds), ds)
+
+
+def t(input):
+    x = _t(input)
+    if x.ndim > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
+    return transpose(x, 0, 1) if x.ndim == 2 else x
+
+
+def _seq(tensors, fname):
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{fname}(): argument 'tensors' must be a tuple or list of Tensors, "
+                        f"not {type(tensors).__name__}")
+    if not tensors:
+        raise RuntimeError(f"{fname}(): expected a non-empty list of Tensors")
+    for i, x in enumerate(tensors):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{fname}(): expected Tensor as element {i} in argument 0, but got "
+                            f"{type(x).__name__}")
+    return list(tensors)
+
+
+def stack(tensors, dim=0):
+    """Join same-shape tensors along a new ``dim``."""
+    ts = _seq(tensors, "stack")
+    shape0 = ts[0].shape
+    for i, x in enumerate(ts):
+        if x.shape != shape0:
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got "
+                               f"{list(shape0)} at entry 0 and {list(x.shape)} at entry {i}")
+    d = _dim(dim, len(shape0) + 1)
+    rd = result_dtype(*ts)
+    v = np.stack([np.asarray(x._d, dtype=rd) for x in ts], axis=d)
+    return array_op(_O["stack"], ts, v, (d,))
+
+
+def cat(tensors, dim=0):
+    """Join tensors along an existing ``dim``."""
+    ts = _seq(tensors, "cat")
+    nd = ts[0].ndim
+    if nd == 0:
+        raise RuntimeError("zero-dimensional tensor (at position 0) cannot be concatenated")
+    d = _dim(dim, nd)
+    for i, x in enumerate(ts):
+        if x.ndim != nd:
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {nd} and "
+                               f"{x.ndim}")
+        s0, s1 = list(ts[0].shape), list(x.shape)
+        s0[d] = s1[d] = 0
+        if s0 != s1:
+            raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected "
+                               f"size {ts[0].shape} but got size {x.shape} for tensor number "
+                               f"{i} in the list.")
+    rd = result_dtype(*ts)
+    v = np.concatenate([np.asarray(x._d, dtype=rd) for x in ts], axis=d)
+    return array_op(_O["cat"], ts, v, (d,))
+
+
+concat = concatenate = cat
+
+
+def broadcast_to(input, size):
+    x = _t(input)
+    shape = _shape_arg((size,))
+    a = np.asarray(x._d)
+    try:
+        v = np.broadcast_to(a, shape)
+    except ValueError:
+        raise RuntimeError(f"The expanded size of the tensor must match the existing size: "
+                           f"cannot expand {list(a.shape)} to {list(shape)}") from None
+    return array_op(_O["expand"], [x], v, (v.shape, a.shape))
+
+
+# --- indexing ------------------------------------------------------------------------------
+
+
+def _index(idx):
+    """A NumPy index from a torch-style one (tensors become arrays)."""
+    if isinstance(idx, tuple):
+        return tuple(_index_item(i) for i in idx)
+    return _index_item(idx)
+
+
+def _index_item(i):
+    if isinstance(i, Tensor):
+        a = np.asarray(i._d)
+        if a.dtype.kind == "f":
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        return a
+    if isinstance(i, list):
+        a = np.asarray(i)
+        if a.dtype.kind == "f":
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        return a
+    if isinstance(i, float):
+        raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or byte "
+                         "Variables are valid indices (got float)")
+    return i
+
+
+def getitem(x, idx):
+    d = x._d
+    if d.__class__ is _pyfloat:
+        d = np.asarray(d)
+    if d.ndim == 0 and idx not in ((), Ellipsis, None):
+        raise IndexError("invalid index of a 0-dim tensor. Use `tensor.item()` in Python or "
+                         "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number")
+    nidx = _index(idx)
+    try:
+        v = d[nidx]
+    except IndexError as e:
+        raise IndexError(str(e).replace("axis", "dimension")) from None
+    if not (x._rg and STATE.grad_enabled):
+        t = _plain(_norm_value(v))
+        if isinstance(v, np.ndarray) and np.shares_memory(v, d):
+            t._ver = x._ver  # a view: in-place writes through it bump the base's version
+        return t
+    return array_op(_O["getitem"], [x], np.array(v, copy=True), (nidx, d.shape))
+
+
+def setitem(x, idx, value):
+    d = x._d
+    if d.__class__ is _pyfloat:
+        raise IndexError("tapegrad cannot assign into a 0-d float64 tensor by index; rebind "
+                         "the name instead")
+    nidx = _index(idx)
+    v = value if isinstance(value, Tensor) else _tn(value, "value")
+    vt = v if isinstance(v, Tensor) else None
+    vv = np.asarray(v._d if vt is not None else v)
+    try:
+        target = d[nidx]
+        np.broadcast_to(vv, np.shape(target))
+    except IndexError as e:
+        raise IndexError(str(e).replace("axis", "dimension")) from None
+    except ValueError:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(vv.shape)} cannot be "
+                           f"broadcast to indexing result of shape {list(np.shape(target))}") \
+            from None
+    grad = STATE.grad_enabled and (x._rg or (vt is not None and vt._rg))
+    if grad:
+        if x._rg and x._tape is None:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an "
+                               "in-place operation (index assignment). Assign into a clone "
+                               "(y = x.clone(); y[...] = v) or wrap it in tapegrad.no_grad().")
+        out = np.array(d, copy=True)
+        out[nidx] = vv.astype(d.dtype, copy=False)
+        mask = np.zeros(d.shape, dtype=np.bool_)
+        mask[nidx] = True
+        vt = vt if vt is not None else _plain(_norm_value(vv.astype(d.dtype)))
+        if vt.dtype.np != d.dtype:
+            vt = _to_dtype(vt, d.dtype)
+        res = array_op(_O["setitem"], [x, vt], out, (nidx, mask))
+        _rebind(x, res)
+        return
+    _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
+
+
+def _rebind(x, res):
+    """Make tensor ``x`` the result of an in-place op recorded out of place."""
+    x._d = res._d
+    x._rg = res._rg
+    x._tape = res._tape
+    x._sid = res._sid
+    x._slot = res._slot
+    if res._d.__class__ is not _pyfloat:
+        x._ver = getattr(x, "_ver", None) or [0]
+        x._ver[0] += 1
+
+
+def _inplace_write(x, write):
+    """Modify ``x``'s array in place (no recording): copy-on-write when a tape holds it."""
+    d = x._d
+    if x._tape is not None or not d.flags.writeable:
+        d = np.array(d, copy=True)
+        write(d)
+        x._d = d
+        x._ver = getattr(x, "_ver", None) or [0]
+    else:
+        write(d)
+    x._ver[0] += 1
+    x._sid = -1
+
+
+def _inplace(op_fn):
+    def method(self, other):
+        other = _tn(other, "other")
+        grad = STATE.grad_enabled and (self._rg or (isinstance(other, Tensor) and other._rg))
+        if grad and self._rg and self._tape is None:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an "
+                               "in-place operation. Use an out-of-place op (x = x + y), or "
+                               "update it inside tapegrad.no_grad().")
+        res = op_fn(self, other)
+        if res.shape != self.shape:
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
+                               f"broadcast shape {list(res.shape)}")
+        if grad:
+            if res.dtype is not self.dtype:
+                res = _to_dtype(res, self.dtype.np)
+            _rebind(self, res)
+            return self
+        v = res._d
+        if self._d.__class__ is _pyfloat:
+            self._d = v if v.__class__ is _pyfloat else float(v)
+            self._sid = -1
+            return self
+        if np.asarray(v).dtype != self._d.dtype and np.asarray(v).dtype.kind == "f" \
+                and self._d.dtype.kind in "biu":
+            raise RuntimeError(f"result type Float can't be cast to the desired output type "
+                               f"{self.dtype.name.capitalize()}")
+        _inplace_write(self, lambda arr: np.copyto(arr, v, casting="unsafe"))
+        return self
+    return method
+
+
+# --- Tensor operators and methods ----------------------------------------------------------------
+
+_ADD, _SUB, _MUL, _DIV, _POW = _O["add"], _O["sub"], _O["mul"], _O["div"], _O["pow"]
+_NEG, _ABS = _O["neg"], _O["abs"]
+
+
+def _binop(op):
+    def f(self, other):
+        if other.__class__ is Tensor or other.__class__ in _NUMBER:
+            return binary(op, self, other)
+        try:
+            other = _tn(other, "other")
+        except TypeError:
+            return NotImplemented
+        return binary(op, self, other)
+
+    def r(self, other):
+        if other.__class__ in _NUMBER:
+            return binary(op, other, self)
+        try:
+            other = _tn(other, "other")
+        except TypeError:
+            return NotImplemented
+        return binary(op, other, self)
+    return f, r
+
+
+Tensor.__add__, Tensor.__radd__ = _binop(_ADD)
+Tensor.__sub__, Tensor.__rsub__ = _binop(_SUB)
+Tensor.__mul__, Tensor.__rmul__ = _binop(_MUL)
+Tensor.__truediv__, Tensor.__rtruediv__ = _binop(_DIV)
+Tensor.__pow__, Tensor.__rpow__ = _binop(_POW)
+Tensor.__neg__ = lambda self: unary(_NEG, self)
+Tensor.__pos__ = lambda self: self
+Tensor.__abs__ = lambda self: unary(_ABS, self)
+Tensor.__matmul__ = lambda self, other: matmul(self, _to_tensor(other))
+Tensor.__rmatmul__ = lambda self, other: matmul(_to_tensor(other), self)
+Tensor.__iadd__ = _inplace(lambda s, o: binary(_ADD, s, o))
+Tensor.__isub__ = _inplace(lambda s, o: binary(_SUB, s, o))
+Tensor.__imul__ = _inplace(lambda s, o: binary(_MUL, s, o))
+Tensor.__itruediv__ = _inplace(lambda s, o: binary(_DIV, s, o))
+Tensor.add_ = Tensor.__iadd__
+Tensor.sub_ = Tensor.__isub__
+Tensor.mul_ = Tensor.__imul__
+Tensor.div_ = Tensor.__itruediv__
+Tensor.pow_ = _inplace(lambda s, o: binary(_POW, s, o))
+Tensor.copy_ = _inplace(lambda s, o: binary(_ADD, s * 0.0, o) if isinstance(o, Tensor)
+                        else _plain(np.broadcast_to(np.asarray(o), s.shape)))
+Tensor.zero_ = lambda self: _inplace(lambda s, o: s * 0.0)(self, 0.0)
+Tensor.fill_ = lambda self, v: _inplace(lambda s, o: s * 0.0 + o)(self, v)
+Tensor.__getitem__ = getitem
+Tensor.__setitem__ = setitem
+
+
+def _compare(npop, name):
+    def f(self, other):
+        if other.__class__ is Tensor:
+            o = other._d
+        elif other.__class__ in _NUMBER or isinstance(other, (numbers.Number, np.ndarray,
+                                                                list)):
+            o = other if not isinstance(other, list) else np.asarray(other)
+        else:
+            return NotImplemented
+        try:
+            v = npop(np.asarray(self._d), o)
+        except ValueError:
+            raise RuntimeError(f"The size of tensor a ({list(self.shape)}) must match the size "
+                               f"of tensor b ({list(np.shape(o))}) in comparison {name}") \
+                from None
+        return _plain(np.asarray(v))
+    return f
+
+
+Tensor.__eq__ = _compare(np.equal, "eq")
+Tensor.__ne__ = _compare(np.not_equal, "ne")
+Tensor.__lt__ = _compare(np.less, "lt")
+Tensor.__le__ = _compare(np.less_equal, "le")
+Tensor.__gt__ = _compare(np.greater, "gt")
+Tensor.__ge__ = _compare(np.greater_equal, "ge")
+Tensor.__hash__ = lambda self: id(self)
+Tensor.eq, Tensor.ne, Tensor.lt = Tensor.__eq__, Tensor.__ne__, Tensor.__lt__
+Tensor.le, Tensor.gt, Tensor.ge = Tensor.__le__, Tensor.__gt__, Tensor.__ge__
+
+
+def _logical(npop):
+    def f(self, other=None):
+        o = other._d if isinstance(other, Tensor) else other
+        v = npop(np.asarray(self._d)) if other is None and npop is np.logical_not \
+            else npop(np.asarray(self._d), o)
+        return _plain(np.asarray(v))
+    return f
+
+
+Tensor.__invert__ = lambda self: _plain(np.asarray(~np.asarray(self._d)))
+Tensor.__and__ = _logical(np.logical_and)
+Tensor.__or__ = _logical(np.logical_or)
+Tensor.__xor__ = _logical(np.logical_xor)
+Tensor.logical_not = _logical(np.logical_not)
+Tensor.any = lambda self, dim=None, keepdim=False: _plain(np.asarray(
+    np.any(np.asarray(self._d), axis=dim, keepdims=keepdim)))
+Tensor.all = lambda self, dim=None, keepdim=False: _plain(np.asarray(
+    np.all(np.asarray(self._d), axis=dim, keepdims=keepdim)))
+Tensor.isnan = lambda self: _plain(np.asarray(np.isnan(self._d)))
+Tensor.isfinite = lambda self: _plain(np.asarray(np.isfinite(self._d)))
+Tensor.argmax = lambda self, dim=None, keepdim=False: _plain(np.asarray(
+    np.argmax(np.asarray(self._d), axis=dim, keepdims=keepdim), dtype=np.int64))
+Tensor.argmin = lambda self, dim=None, keepdim=False: _plain(np.asarray(
+    np.argmin(np.asarray(self._d), axis=dim, keepdims=keepdim), dtype=np.int64))
+
+
+def _method(fn):
+    def m(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    m.__name__ = fn.__name__
+    m.__doc__ = fn.__doc__
+    return m
+
+
+for _name, _fn in [("exp", exp), ("log", log), ("log1p", log1p), ("expm1", expm1),
+                   ("sqrt", sqrt), ("rsqrt", rsqrt), ("sin", sin), ("cos", cos), ("tan", tan),
+                   ("asin", asin), ("acos", acos), ("atan", atan), ("sinh", sinh),
+                   ("cosh", cosh), ("tanh", tanh), ("sigmoid", sigmoid), ("relu", relu),
+                   ("erf", erf), ("abs", abs), ("sign", sign), ("square", square),
+                   ("reciprocal", reciprocal), ("neg", neg), ("negative", neg),
+                   ("add", add), ("sub", sub), ("mul", mul), ("div", div),
+                   ("atan2", atan2), ("maximum", maximum), ("minimum", minimum), ("pow", pow),
+                   ("clamp", clamp), ("clip", clamp), ("clamp_min", clamp_min),
+                   ("clamp_max", clamp_max), ("softplus", softplus), ("clone", clone),
+                   ("sum", sum), ("mean", mean), ("prod", prod), ("max", max), ("min", min),
+                   ("amax", amax), ("amin", amin), ("norm", norm), ("logsumexp", logsumexp),
+                   ("softmax", softmax), ("log_softmax", log_softmax), ("matmul", matmul),
+                   ("dot", dot), ("outer", outer), ("diag", diag), ("transpose", transpose),
+                   ("permute", _method(permute)), ("flatten", flatten), ("squeeze", squeeze),
+                   ("unsqueeze", unsqueeze), ("t", t), ("broadcast_to", broadcast_to),
+                   ("expand_as", lambda s, o: broadcast_to(s, o.shape))]:
+    setattr(Tensor, _name, _method(_fn))
+
+
+def _reshape_method(self, *shape):
+    return reshape(self, *shape)
+
+
+Tensor.reshape = _reshape_method
+Tensor.view = _reshape_method
+Tensor.view_as = lambda self, other: reshape(self, other.shape)
+Tensor.reshape_as = Tensor.view_as
+Tensor.expand = lambda self, *size: broadcast_to(self, tuple(
+    s if n == -1 else n for n, s in zip(_shape_arg(size), (1,) * (len(_shape_arg(size)) -
+                                                                 self.ndim) + self.shape)))
+Tensor.T = property(lambda self: self if self.ndim < 2 else permute(
+    self, tuple(range(self.ndim - 1, -1, -1))))
+Tensor.mT = property(lambda self: transpose(self, -2, -1))
+
+
+def _cast(nd):
+    return lambda self: _to_dtype(self, np.dtype(nd))
+
+
+Tensor.double = _cast(np.float64)
+Tensor.float = _cast(np.float32)
+Tensor.long = _cast(np.int64)
+Tensor.int = _cast(np.int32)
+Tensor.bool = _cast(np.bool_)
+
+
+def _to(self, *args, dtype=None, **kwargs):
+    for a in args:
+        if not isinstance(a, str):
+            dtype = a
+    return self if dtype is None else _to_dtype(self, _np_dtype(dtype))
+
+
+Tensor.to = _to
+Tensor.type = lambda self, dtype=None: self.dtype if dtype is None else _to(self, dtype)
+Tensor.cpu = lambda self: self
+Tensor.contiguous = lambda self: self
+Tensor.abs_ = _inplace(lambda s, o: abs(s))
+Tensor.clamp_ = lambda self, min=None, max=None: _inplace(
+    lambda s, o: clamp(s, min, max))(self, 0.0)
+Tensor.sqrt_ = _inplace(lambda s, o: sqrt(s))
+Tensor.exp_ = _inplace(lambda s, o: exp(s))
+Tensor.neg_ = _inplace(lambda s, o: neg(s))
+del _name, _fn
+
+__all__ = [n for n in ("exp log log1p expm1 sqrt rsqrt sin cos tan asin acos atan atan2 sinh "
+                       "cosh tanh sigmoid relu softplus erf abs sign pow square reciprocal "
+                       "maximum minimum clamp clip clamp_min clamp_max where sum mean prod max "
+                       "min amax amin norm logsumexp softmax log_softmax dot matmul outer "
+                       "reshape transpose permute flatten squeeze unsqueeze stack cat concat "
+                       "diag clone add sub mul div neg t broadcast_to").split()]
+_unused = (builtins, OPS, UNARY, UNARY_C, ARRAY, diag_index)

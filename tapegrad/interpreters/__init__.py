@@ -1,0 +1,1 @@
+"""Interpreters: functions over tape data, one per target. They never import Tensor."""

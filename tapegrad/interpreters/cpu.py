@@ -1,0 +1,264 @@
+"""The CPU reverse sweep: combine the tapes a backward needs, mark the entries between
+outputs and inputs, sweep scalar runs compiled and array entries with NumPy.
+"""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+from numba import njit
+
+from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF
+from ..ops.arrays import sum_to
+from ..tape import IMPORT
+from . import _generated_cpu
+
+SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
+_NO_INT = np.zeros(0, dtype=np.int64)
+
+
+@njit(cache=True, nogil=True)
+def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
+    """``need``: entries that depend on an input and reach an output; ``reach``: slots an
+    output reaches through needed entries (an input with ``reach`` False is unused)."""
+    n = rows.shape[0]
+    dep = is_input.copy()
+    need = np.zeros(n, dtype=np.bool_)
+    j = 0
+    for k in range(n):
+        a = int(rows[k, 1])
+        b = int(rows[k, 2])
+        d = (a >= 0 and dep[a]) or (b >= 0 and dep[b])
+        if j < nx_entries.shape[0] and nx_entries[j] == k:
+            for p in range(nx_ptr[j], nx_ptr[j + 1]):
+                if dep[nx_idx[p]]:
+                    d = True
+            j += 1
+        if d:
+            need[k] = True
+            dep[k] = True
+    reach = is_output.copy()
+    j = nx_entries.shape[0] - 1
+    for k in range(n - 1, -1, -1):
+        nary = j >= 0 and nx_entries[j] == k
+        if reach[k] and need[k]:
+            a = int(rows[k, 1])
+            b = int(rows[k, 2])
+            if a >= 0:
+                reach[a] = True
+            if b >= 0:
+                reach[b] = True
+            if nary:
+                for p in range(nx_ptr[j], nx_ptr[j + 1]):
+                    reach[nx_idx[p]] = True
+        else:
+            need[k] = False
+        if nary:
+            j -= 1
+    return need, reach
+
+
+def order_tapes(roots):
+    """The tapes reachable from ``roots`` through imports, each after the tapes it imports."""
+    order, state = [], {}
+    for root in roots:
+        if state.get(root) == 2:
+            continue
+        stack = [(root, False)]
+        while stack:
+            tape, done = stack.pop()
+            if done:
+                state[tape] = 2
+                order.append(tape)
+                continue
+            if state.get(tape) == 2:
+                continue
+            if state.get(tape) == 1:
+                raise RuntimeError(
+                    "tapes recorded by two threads import from each other; tapegrad cannot "
+                    "order them for one backward. Record each graph within one thread.")
+            state[tape] = 1
+            stack.append((tape, True))
+            for k, aux in tape.aux.items():
+                if type(aux) is tuple and len(aux) == 2 and hasattr(aux[0], "sid") \
+                        and int(tape.code[k * 5]) & ~ARRAY == IMPORT:
+                    if state.get(aux[0]) != 2:
+                        stack.append((aux[0], False))
+    return order
+
+
+class Graph:
+    """The tapes of one backward laid end to end, with slots renumbered to match."""
+
+    def __init__(self, tapes):
+        self.tapes = tapes
+        self.index = {id(t): i for i, t in enumerate(tapes)}
+        self.offsets = [0]
+        for t in tapes:
+            self.offsets.append(self.offsets[-1] + len(t.vals))
+        self.n = self.offsets[-1]
+        if len(tapes) == 1:
+            t = tapes[0]
+            self.rows = t.rows()
+            self.vals = np.array(t.vals, dtype=np.float64)
+        else:
+            parts = []
+            for t, off in zip(tapes, self.offsets):
+                r = t.rows().copy()
+                if off:
+                    cols = r[:, 1:3]
+                    cols[cols >= 0] += off
+                for k, aux in t.aux.items():
+                    if int(r[k, 0]) & ~ARRAY == IMPORT:
+                        r[k, 1] = self.slot(aux[0], aux[1])
+                parts.append(r)
+            self.rows = np.concatenate(parts) if parts else np.zeros((0, 5))
+            self.vals = np.concatenate([np.array(t.vals, dtype=np.float64) for t in tapes])
+        self._nary()
+
+    def _nary(self):
+        ents, ptr, idx = [], [0], []
+        for i, t in enumerate(self.tapes):
+            off = self.offsets[i]
+            for k, aux in t.aux.items():
+                op = int(t.code[k * 5])
+                if op & ARRAY and OPS[op & ~ARRAY].nary:
+                    ents.append(k + off)
+        ents.sort()
+        for e in ents:
+            idx.extend(self.nary_inputs(e))
+            ptr.append(len(idx))
+        self.nx = (np.array(ents, dtype=np.int64), np.array(ptr, dtype=np.int64),
+                   np.array(idx, dtype=np.int64))
+
+    def slot(self, tape, k):
+        """Combined slot of entry ``k`` of ``tape``, or None when the tape is not here."""
+        i = self.index.get(id(tape))
+        return None if i is None else self.offsets[i] + k
+
+    def locate(self, s):
+        i = bisect.bisect_right(self.offsets, s) - 1
+        return self.tapes[i], s - self.offsets[i]
+
+    def value(self, s):
+        tape, k = self.locate(s)
+        v = tape.arrays.get(k, tape)
+        return tape.vals[k] if v is tape else v
+
+    def is_array(self, s):
+        tape, k = self.locate(s)
+        return k in tape.arrays
+
+    def aux(self, s):
+        tape, k = self.locate(s)
+        return tape.aux.get(k)
+
+    def nary_inputs(self, s):
+        tape, k = self.locate(s)
+        off = s - k
+        return [off + x for x in tape.aux[k][0]]
+
+    def freed_mask(self):
+        if all(t.freed is None for t in self.tapes):
+            return None
+        out = np.zeros(self.n, dtype=np.bool_)
+        for t, off in zip(self.tapes, self.offsets):
+            if t.freed is not None:
+                f = np.frombuffer(t.freed, dtype=np.uint8).astype(np.bool_)
+                out[off:off + len(f)] = f
+        return out
+
+    def free(self, need):
+        """Mark the swept entries freed; release a tape's arrays once all of it is freed."""
+        for t, off in zip(self.tapes, self.offsets):
+            n = len(t.vals)
+            sub = need[off:off + n]
+            if not sub.any():
+                continue
+            if t.freed is None:
+                t.freed = bytearray(n)
+            elif len(t.freed) < n:
+                t.freed.extend(bytes(n - len(t.freed)))
+            f = np.frombuffer(t.freed, dtype=np.uint8)
+            f[np.nonzero(sub)[0]] = 1
+            if f.all():
+                for k in t.arrays:
+                    t.arrays[k] = None
+
+
+def check_not_freed(graph, need):
+    freed = graph.freed_mask()
+    if freed is None:
+        return
+    ops = graph.rows[:, 0].astype(np.int64)
+    bad = need & freed & SAVES[ops & ~ARRAY]
+    if bad.any():
+        k = int(np.nonzero(bad)[0][-1])
+        op = OPS[int(ops[k]) & ~ARRAY]
+        raise RuntimeError(
+            "Trying to backward through the graph a second time (or directly access saved "
+            "tensors after they have already been freed). Saved intermediate values of the "
+            "graph are freed when you call .backward() or autograd.grad(). Specify "
+            "retain_graph=True if you need to backward through the graph a second time or if "
+            "you need to access saved tensors after calling backward. (The freed values were "
+            f"needed by op '{op.name}' ({backward_name(op)}), tape entry %{k}.)")
+
+
+def backward_name(op):
+    return "".join(p.capitalize() for p in op.name.rstrip("_").split("_")) + "Backward0"
+
+
+def sweep(graph, need, adj, adjd):
+    """Run the reverse sweep over the needed entries; scalar runs go to the compiled sweep."""
+    rows = graph.rows
+    arr = np.nonzero(need & (rows[:, 0] >= ARRAY))[0]
+    hi = graph.n
+    vals = graph.vals
+    with np.errstate(all="ignore"):
+        for k in arr[::-1]:
+            k = int(k)
+            if hi - k > 1:
+                _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
+            array_vjp(graph, k, adj, adjd)
+            hi = k
+        if hi > 0:
+            _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
+
+
+def array_vjp(graph, k, adj, adjd):
+    """Run entry ``k``'s rule on NumPy values and accumulate into its inputs."""
+    rows = graph.rows
+    op = OPS[int(rows[k, 0]) & ~ARRAY]
+    out = graph.value(k)
+    if graph.is_array(k):
+        g = adjd.get(k)
+        if g is None:
+            g = np.zeros_like(out)
+    else:
+        g = adj[k]
+    a, b = int(rows[k, 1]), int(rows[k, 2])
+    kind = op.kind
+    if kind == UNARY or op.name == "import_":
+        inputs = (a,)
+        grads = op.vjp(NpF, g, graph.value(a), out)
+    elif kind == UNARY_C:
+        inputs = (a,)
+        grads = op.vjp(NpF, g, graph.value(a), out, rows[k, 3], rows[k, 4])
+    elif kind == BINARY:
+        inputs = (a, b)
+        grads = op.vjp(NpF, g, graph.value(a), graph.value(b), out)
+    else:
+        assert kind == ARRAY_OP
+        inputs = graph.nary_inputs(k) if op.nary else tuple(x for x in (a, b) if x >= 0)
+        grads = op.vjp(NpF, g, [graph.value(s) for s in inputs], out, graph.aux(k))
+    for s, gr in zip(inputs, grads):
+        if gr is None:
+            continue
+        if graph.is_array(s):
+            v = graph.value(s)
+            gr = sum_to(gr, v.shape)
+            gr = np.asarray(gr, dtype=v.dtype)
+            prev = adjd.get(s)
+            adjd[s] = gr if prev is None else prev + gr
+        else:
+            adj[s] += float(np.sum(gr))

@@ -1,0 +1,102 @@
+"""Backends that derivative rules are written against: generated Numba source and NumPy.
+
+A rule is ``vjp(F, g, ...)``: it calls ``F.<op>`` for registered ops, ``F.where`` and
+``F.zeros_like``, and uses Python operators. ``SymF`` turns it into source text for the
+generated interpreter; ``NpF`` runs it on NumPy values.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._registry import ARRAY_OP, BINARY, OPS, UNARY, UNARY_C
+
+
+def _src(x):
+    if isinstance(x, Sym):
+        return x.s
+    if isinstance(x, bool):
+        return "True" if x else "False"
+    x = float(x)
+    if math.isnan(x):
+        return "math.nan"
+    if math.isinf(x):
+        return "math.inf" if x > 0 else "(-math.inf)"
+    return repr(x)
+
+
+class Sym:
+    """A scalar expression under construction (source text)."""
+
+    __slots__ = ("s",)
+
+    def __init__(self, s):
+        self.s = s
+
+    def __repr__(self):
+        return f"Sym({self.s})"
+
+    def _bin(op):
+        def f(self, other):
+            return Sym(f"({self.s} {op} {_src(other)})")
+
+        def r(self, other):
+            return Sym(f"({_src(other)} {op} {self.s})")
+        return f, r
+
+    __add__, __radd__ = _bin("+")
+    __sub__, __rsub__ = _bin("-")
+    __mul__, __rmul__ = _bin("*")
+    __truediv__, __rtruediv__ = _bin("/")
+    __pow__, __rpow__ = _bin("**")
+    __gt__, _ = _bin(">")
+    __ge__, _ = _bin(">=")
+    __lt__, _ = _bin("<")
+    __le__, _ = _bin("<=")
+    __eq__, _ = _bin("==")
+    __ne__, _ = _bin("!=")
+    __and__, __rand__ = _bin("and")
+    __or__, __ror__ = _bin("or")
+    del _bin, _
+
+    def __neg__(self):
+        return Sym(f"(-{self.s})")
+
+    def __invert__(self):
+        return Sym(f"(not {self.s})")
+
+    __hash__ = None
+
+
+class _Namespace:
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return f"<rule backend {self._name}>"
+
+
+def _sym_call(op):
+    names = {UNARY: ("a",), UNARY_C: ("a", "c0", "c1"), BINARY: ("a", "b")}[op.kind]
+
+    def call(*args):
+        return Sym(op.nb.format(**{n: _src(v) for n, v in zip(names, args)}))
+    call.__name__ = op.name
+    return call
+
+
+def build_backends():
+    """(SymF, NpF) with one function per registered elementwise op."""
+    SymF, NpF = _Namespace("sym"), _Namespace("numpy")
+    for op in OPS:
+        if op.kind in (UNARY, UNARY_C, BINARY):
+            setattr(SymF, op.name, _sym_call(op))
+            setattr(NpF, op.name, op.np)
+        elif op.kind == ARRAY_OP:
+            setattr(NpF, op.name, op.np)
+    SymF.where = lambda c, x, y: Sym(f"({_src(x)} if {_src(c)} else {_src(y)})")
+    SymF.zeros_like = lambda x: Sym("0.0")
+    NpF.where = np.where
+    NpF.zeros_like = np.zeros_like
+    return SymF, NpF

@@ -1,0 +1,77 @@
+"""The one ops registry: each op's opcode, forward kernels and derivative rule, side by side.
+
+An op is declared once with:
+
+* ``py``  -- forward on Python floats (the 0-d float64 fast path of eager mode),
+* ``np``  -- forward on NumPy arrays (array entries, eager and sweep),
+* ``nb``  -- forward as a Numba scalar expression template (the compiled interpreters),
+* ``vjp`` -- the derivative rule, written once against a backend namespace ``F`` and
+  Python operators, so the same rule becomes generated Numba source (``SymF``), runs on
+  NumPy arrays (``NpF``) and, later, re-records onto a tape (tensor ops).
+
+Elementwise ops have a scalar opcode swept by the compiled interpreter; when an entry
+works on arrays its opcode carries the ``ARRAY`` flag and the array interpreter runs the
+same rule on NumPy values.
+"""
+from __future__ import annotations
+
+import enum
+
+ARRAY = 256          # opcode flag: the entry is swept by the array interpreter
+ROW = 5              # tape row: opcode, a, b, c0, c1
+
+#: kinds of op
+SPECIAL = "special"  # tape bookkeeping (leaf, constant, import)
+UNARY = "unary"      # elementwise f(a)
+UNARY_C = "unary_c"  # elementwise f(a; c0, c1) with float constants
+BINARY = "binary"    # elementwise f(a, b), broadcasting
+ARRAY_OP = "array"   # array-only op with a Python ``aux`` (shape, axis, index...)
+
+OPS: list["Op"] = []
+BY_NAME: dict[str, "Op"] = {}
+
+
+class Op:
+    """One registered op. Fields are documented in the module docstring."""
+
+    __slots__ = ("name", "code", "kind", "py", "np", "nb", "vjp", "saves", "torch",
+                 "nary", "doc")
+
+    def __init__(self, name, kind, *, py=None, np=None, nb=None, vjp=None, saves=True,
+                 torch=None, nary=False, doc=""):
+        self.name = name
+        self.kind = kind
+        self.py = py
+        self.np = np
+        self.nb = nb
+        self.vjp = vjp
+        # whether a backward through this entry needs values that retain_graph=False frees
+        self.saves = saves
+        # name of the torch function this op mirrors (for the registry-driven tests)
+        self.torch = torch
+        # N-ary: the entry's inputs are listed in its aux (``aux[0]`` is the slot list)
+        self.nary = nary
+        self.doc = doc
+        self.code = len(OPS)
+
+    @property
+    def scalar(self):
+        """Whether the compiled scalar interpreter sweeps this op."""
+        return self.kind in (UNARY, UNARY_C, BINARY) or self.name == "import_"
+
+    def __repr__(self):
+        return f"<op {self.name} #{self.code}>"
+
+
+def register(name, kind, **kw):
+    if name in BY_NAME:
+        raise ValueError(f"op {name!r} registered twice")
+    op = Op(name, kind, **kw)
+    OPS.append(op)
+    BY_NAME[name] = op
+    return op
+
+
+def opcode_enum():
+    """The ``Opcode`` IntEnum: UPPER_CASE member per registered op."""
+    return enum.IntEnum("Opcode", {op.name.upper().rstrip("_"): op.code for op in OPS})

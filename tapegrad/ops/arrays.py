@@ -1,0 +1,314 @@
+"""Array-only ops (reductions, shapes, linear algebra, indexing): NumPy forward, rule in F.
+
+Forward: ``np(*values, aux)``; rule: ``vjp(F, g, values, out, aux)`` returning one gradient
+(or None) per tensor input. ``aux`` holds the entry's non-float constants (shapes, dims,
+index arrays), everything needed to run the forward again. Rules call other registered
+ops through ``F`` so that a later re-recording backend can run them on tensors.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._registry import ARRAY_OP, UNARY, register
+
+A = ARRAY_OP
+
+
+def _keep(g, dims, keepdim, in_ndim):
+    """Shape of a reduction's output with the reduced dims kept (for broadcasting g back)."""
+    if keepdim or dims is None and np.ndim(g) == in_ndim:
+        return g
+    shape = list(np.shape(g))
+    for d in sorted(range(in_ndim) if dims is None else dims):
+        shape.insert(d, 1)
+    return tuple(shape)
+
+
+def _kshape(out_shape, dims, keepdim, in_ndim):
+    if keepdim:
+        return tuple(out_shape)
+    shape = list(out_shape)
+    for d in sorted(range(in_ndim) if dims is None else dims):
+        shape.insert(d, 1)
+    return tuple(shape)
+
+
+def _gk(F, g, a, aux):
+    """g reshaped so that it broadcasts against the reduction's input."""
+    dims, keepdim = aux[0], aux[1]
+    ks = _kshape(np.shape(g), dims, keepdim, np.ndim(a))
+    return g if ks == np.shape(g) else F.reshape(g, (ks, np.shape(g)))
+
+
+# --- shapes -----------------------------------------------------------------------------------
+register("clone", UNARY, py=lambda a: a, np=lambda a: np.array(a, copy=True), nb="{a}",
+         torch="clone", vjp=lambda F, g, a, out: (g,), saves=False)
+register("reshape", A, np=lambda a, aux: np.reshape(a, aux[0]), torch="reshape", saves=False,
+         vjp=lambda F, g, v, out, aux: (F.reshape(g, (aux[1], aux[0])),))
+register("expand", A, np=lambda a, aux: np.broadcast_to(a, aux[0]), saves=False,
+         vjp=lambda F, g, v, out, aux: (F.sum_to(g, (aux[1], aux[0])),))
+register("sum_to", A, saves=False,
+         np=lambda a, aux: sum_to(a, aux[0]),
+         vjp=lambda F, g, v, out, aux: (F.expand(g, (aux[1], aux[0])),))
+register("transpose", A, np=lambda a, aux: np.swapaxes(a, aux[0], aux[1]), torch="transpose",
+         saves=False, vjp=lambda F, g, v, out, aux: (F.transpose(g, aux),))
+register("permute", A, np=lambda a, aux: np.transpose(a, aux), torch="permute", saves=False,
+         vjp=lambda F, g, v, out, aux: (F.permute(g, tuple(np.argsort(aux))),))
+register("cast", A, np=lambda a, aux: np.asarray(a, dtype=aux[0]), saves=False,
+         vjp=lambda F, g, v, out, aux: (F.cast(g, (aux[1], aux[0])),))
+
+
+def _stack_vjp(F, g, vals, out, aux):
+    dim = aux[1]
+    return tuple(F.getitem(g, ((slice(None),) * dim + (i,), np.shape(g)))
+                 for i in range(len(vals)))
+
+
+def _cat_vjp(F, g, vals, out, aux):
+    dim, grads, start = aux[1], [], 0
+    for v in vals:
+        n = np.shape(v)[dim]
+        grads.append(F.getitem(g, ((slice(None),) * dim + (slice(start, start + n),),
+                                   np.shape(g))))
+        start += n
+    return tuple(grads)
+
+
+register("stack", A, nary=True, torch="stack", saves=False,
+         np=lambda *a: np.stack(a[:-1], axis=a[-1][1]), vjp=_stack_vjp)
+register("cat", A, nary=True, torch="cat", saves=False,
+         np=lambda *a: np.concatenate(a[:-1], axis=a[-1][1]), vjp=_cat_vjp)
+
+
+def _diag_np(a, aux):
+    return np.diag(a, aux[0])
+
+
+def _diag_vjp(F, g, v, out, aux):
+    a = v[0]
+    if np.ndim(a) == 1:
+        return (F.diag(g, (aux[0],)),)
+    return (F.index_scatter(g, (diag_index(np.shape(a), aux[0]), np.shape(a))),)
+
+
+def diag_index(shape, k):
+    n = len(np.diag(np.empty(shape, dtype=np.bool_), k))
+    rows = np.arange(n) + max(-k, 0)
+    return (rows, rows + k)
+
+
+register("diag", A, np=_diag_np, torch="diag", saves=False, vjp=_diag_vjp)
+
+# --- indexing -----------------------------------------------------------------------------------
+
+
+def _index_scatter(g, aux):
+    index, shape = aux[0], aux[1]
+    z = np.zeros(shape, dtype=np.result_type(g))
+    np.add.at(z, index, g)
+    return z
+
+
+register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,
+         vjp=lambda F, g, v, out, aux: (F.index_scatter(g, (aux[0], np.shape(v[0]))),))
+register("index_scatter", A, np=_index_scatter, saves=False,
+         vjp=lambda F, g, v, out, aux: (F.getitem(g, (aux[0], aux[1])),))
+
+
+def _setitem_np(a, b, aux):
+    out = np.array(a, copy=True)
+    out[aux[0]] = b
+    return out
+
+
+def _setitem_vjp(F, g, v, out, aux):
+    index, mask = aux[0], aux[1]
+    return (F.where(mask, F.zeros_like(g), g),
+            F.sum_to(F.getitem(g, (index, np.shape(g))), (np.shape(v[1]), np.shape(g))))
+
+
+register("setitem", A, np=_setitem_np, saves=False, vjp=_setitem_vjp)
+register("where", A, np=lambda a, b, aux: np.where(aux[0], a, b), torch="where", saves=False,
+         vjp=lambda F, g, v, out, aux: (F.where(aux[0], g, F.zeros_like(g)),
+                                        F.where(aux[0], F.zeros_like(g), g)))
+
+# --- reductions -----------------------------------------------------------------------------
+
+
+def _sum_vjp(F, g, v, out, aux):
+    return (F.expand(_gk(F, g, v[0], aux), (np.shape(v[0]), None)),)
+
+
+def _mean_vjp(F, g, v, out, aux):
+    n = np.size(v[0]) // max(np.size(out), 1) if np.size(v[0]) else 0
+    return (F.expand(_gk(F, g, v[0], aux), (np.shape(v[0]), None)) / float(n),)
+
+
+def _prod_np(a, aux):
+    return np.prod(a, axis=aux[0], keepdims=aux[1])
+
+
+def _prod_vjp(F, g, v, out, aux):
+    a = v[0]
+    return (_gk(F, g, a, aux) * F.prod_others(a, aux),)
+
+
+def _prod_others(a, aux):
+    """Product of all other elements along the reduced dims, exact when zeros are present."""
+    a = np.asarray(a)
+    dims = aux[0]
+    if dims is None:
+        flat = a.reshape(-1)
+        return _excl(flat).reshape(a.shape)
+    d = dims[0]
+    moved = np.moveaxis(a, d, -1)
+    return np.moveaxis(_excl(moved), -1, d)
+
+
+def _excl(x):
+    ones = np.ones_like(x[..., :1])
+    left = np.cumprod(np.concatenate([ones, x[..., :-1]], axis=-1), axis=-1)
+    right = np.cumprod(np.concatenate([ones, x[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
+    return left * right
+
+
+register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
+         saves=False, vjp=_sum_vjp)
+register("mean", A, np=lambda a, aux: np.mean(a, axis=aux[0], keepdims=aux[1]), torch="mean",
+         saves=False, vjp=_mean_vjp)
+register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp)
+register("prod_others", A, np=_prod_others, vjp=None)
+
+
+def _extreme_np(fn):
+    return lambda a, aux: fn(a, axis=aux[0], keepdims=aux[1])
+
+
+def _extreme_vjp(F, g, v, out, aux):
+    """Full reductions split g evenly over ties; dim reductions give it to the first index."""
+    a = v[0]
+    if aux[0] is None:
+        mask = np.asarray(a == out)
+        return (F.where(mask, g / float(mask.sum()), F.zeros_like(a)),)
+    dim, index = aux[0][0], aux[2]
+    picked = np.expand_dims(index, dim) if not aux[1] else index
+    full = np.zeros(np.shape(a), dtype=np.bool_)
+    np.put_along_axis(full, picked, True, axis=dim)
+    return (F.where(full, F.expand(_gk(F, g, a, aux), (np.shape(a), None)), F.zeros_like(a)),)
+
+
+register("amax", A, np=_extreme_np(np.max), torch="max", vjp=_extreme_vjp)
+register("amin", A, np=_extreme_np(np.min), torch="min", vjp=_extreme_vjp)
+
+
+def _norm_np(a, aux):
+    p, dims, keepdim = aux[2], aux[0], aux[1]
+    x = np.abs(a)
+    if p == 2:
+        return np.sqrt(np.sum(x * x, axis=dims, keepdims=keepdim))
+    if p == np.inf:
+        return np.max(x, axis=dims, keepdims=keepdim)
+    if p == -np.inf:
+        return np.min(x, axis=dims, keepdims=keepdim)
+    if p == 0:
+        return np.sum(x != 0, axis=dims, keepdims=keepdim).astype(np.result_type(a))
+    if p == 1:
+        return np.sum(x, axis=dims, keepdims=keepdim)
+    return np.sum(x ** p, axis=dims, keepdims=keepdim) ** (1.0 / p)
+
+
+def _norm_vjp(F, g, v, out, aux):
+    a, p = v[0], aux[2]
+    gk = _gk(F, g, a, aux)
+    ok = _gk(F, out, a, aux)
+    if p == 2:
+        return (F.where(ok == 0.0, F.zeros_like(a), a * (gk / ok)),)
+    if p == 1:
+        return (F.sign(a) * gk,)
+    if p == 0:
+        return (F.zeros_like(a),)
+    if p in (np.inf, -np.inf):
+        mask = np.abs(a) == ok
+        cnt = np.sum(mask, axis=aux[0], keepdims=True)
+        return (F.where(mask, F.sign(a) * gk / cnt, F.zeros_like(a)),)
+    x = np.abs(a)
+    return (F.where(ok == 0.0, F.zeros_like(a),
+                    F.sign(a) * x ** (p - 1.0) * gk / ok ** (p - 1.0)),)
+
+
+register("norm", A, np=_norm_np, torch="norm", vjp=_norm_vjp)
+
+
+def _lse_np(a, aux):
+    dims, keepdim = aux[0], aux[1]
+    m = np.max(a, axis=dims, keepdims=True) if np.size(a) else np.zeros_like(a, shape=())
+    m = np.where(np.isfinite(m), m, 0.0)
+    s = np.log(np.sum(np.exp(a - m), axis=dims, keepdims=True)) + m
+    return s if keepdim else np.squeeze(s, axis=dims)
+
+
+register("logsumexp", A, np=_lse_np, torch="logsumexp",
+         vjp=lambda F, g, v, out, aux: (
+             _gk(F, g, v[0], aux) * F.exp(v[0] - _gk(F, out, v[0], aux)),))
+
+
+def _softmax_np(a, aux):
+    d = aux[0]
+    m = np.max(a, axis=d, keepdims=True)
+    e = np.exp(a - np.where(np.isfinite(m), m, 0.0))
+    return e / np.sum(e, axis=d, keepdims=True)
+
+
+def _log_softmax_np(a, aux):
+    return a - _lse_np(a, ((aux[0],), True))
+
+
+register("softmax", A, np=_softmax_np, torch="softmax",
+         vjp=lambda F, g, v, out, aux: (
+             out * (g - F.sum(g * out, ((aux[0],), True))),))
+register("log_softmax", A, np=_log_softmax_np, torch="log_softmax",
+         vjp=lambda F, g, v, out, aux: (
+             g - F.exp(out) * F.sum(g, ((aux[0],), True)),))
+
+# --- linear algebra ------------------------------------------------------------------------
+
+
+def _matmul_vjp(F, g, v, out, aux):
+    a, b = v
+    na, nb = np.ndim(a), np.ndim(b)
+    if na == 1 and nb == 1:
+        return g * b, g * a
+    a2 = a if na > 1 else F.reshape(a, ((1,) + np.shape(a), np.shape(a)))
+    b2 = b if nb > 1 else F.reshape(b, (np.shape(b) + (1,), np.shape(b)))
+    g2 = g
+    if na == 1:
+        g2 = F.reshape(g2, (np.shape(g2)[:-1] + (1,) + np.shape(g2)[-1:], np.shape(g2)))
+    if nb == 1:
+        g2 = F.reshape(g2, (np.shape(g2) + (1,), np.shape(g2)))
+    ga = F.matmul(g2, F.transpose(b2, (-1, -2)), None)
+    gb = F.matmul(F.transpose(a2, (-1, -2)), g2, None)
+    ga = F.sum_to(ga, (np.shape(a2), np.shape(ga)))
+    gb = F.sum_to(gb, (np.shape(b2), np.shape(gb)))
+    if na == 1:
+        ga = F.reshape(ga, (np.shape(a), np.shape(ga)))
+    if nb == 1:
+        gb = F.reshape(gb, (np.shape(b), np.shape(gb)))
+    return ga, gb
+
+
+register("matmul", A, np=lambda a, b, aux: np.matmul(a, b), torch="matmul", vjp=_matmul_vjp)
+register("outer", A, np=lambda a, b, aux: np.multiply.outer(a, b), torch="outer",
+         vjp=lambda F, g, v, out, aux: (F.matmul(g, v[1], None), F.matmul(v[0], g, None)))
+
+
+def sum_to(g, shape):
+    """Sum a broadcast gradient back to ``shape`` (NumPy broadcasting in reverse)."""
+    shape = tuple(shape)
+    gs = np.shape(g)
+    if gs == shape:
+        return g
+    lead = len(gs) - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        i + lead for i, n in enumerate(shape) if n == 1 and gs[i + lead] != 1)
+    r = np.sum(g, axis=axes, keepdims=True) if axes else g
+    return np.reshape(r, shape)

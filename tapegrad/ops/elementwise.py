@@ -1,0 +1,274 @@
+"""Elementwise ops: one scalar opcode each, swept compiled; arrays reuse the same rule."""
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from ._registry import BINARY, SPECIAL, UNARY, UNARY_C, register
+
+inf, nan = math.inf, math.nan
+
+# --- Python-float forwards with torch's IEEE results instead of Python exceptions --------
+
+
+def _guard(fn, on_error):
+    def f(*args):
+        try:
+            return fn(*args)
+        except (ValueError, OverflowError, ZeroDivisionError):
+            return on_error(*args)
+    f.__name__ = fn.__name__
+    return f
+
+
+def _log_err(a):
+    return -inf if a == 0 else nan
+
+
+def _div_err(a, b):
+    if a != a or a == 0:
+        return nan
+    return math.copysign(inf, a) * math.copysign(1.0, b)
+
+
+def _is_odd_int(b):
+    return b == b and math.isfinite(b) and b == int(b) and int(b) % 2 == 1
+
+
+def _pow_err(a, b):
+    if a == 0:  # 0 ** negative
+        return math.copysign(inf, a) if _is_odd_int(b) else inf
+    if a != a or b != b:
+        return nan
+    if a < 0 and b != int(b):
+        return nan
+    # overflow
+    if abs(a) > 1:
+        mag = inf if b > 0 else 0.0
+    else:
+        mag = 0.0 if b > 0 else inf
+    return -mag if (a < 0 and _is_odd_int(b)) else mag
+
+
+def _py_pow(a, b):
+    try:
+        return math.pow(a, b)
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return _pow_err(a, b)
+
+
+def _py_sigmoid(a):
+    if a >= 0:
+        return 1.0 / (1.0 + math.exp(-a))
+    e = math.exp(a)
+    return e / (1.0 + e)
+
+
+def _np_sigmoid(a):
+    return 1.0 / (1.0 + np.exp(-a))
+
+
+def _py_relu(a):
+    return 0.0 if a <= 0 else a
+
+
+def _np_relu(a):
+    return np.where(a <= 0, np.zeros_like(a), a)
+
+
+def _py_sign(a):
+    return float((a > 0) - (a < 0))  # sign(nan) is 0, as in torch
+
+
+def _py_softplus(a, beta, threshold):
+    if a * beta > threshold:
+        return a
+    return math.log1p(math.exp(a * beta)) / beta
+
+
+def _np_softplus(a, beta, threshold):
+    z = a * beta
+    return np.where(z > threshold, a, np.log1p(np.exp(np.minimum(z, threshold))) / beta)
+
+
+def _py_clamp(a, lo, hi):
+    if a < lo:
+        a = lo
+    if a > hi:
+        a = hi
+    return a
+
+
+def _np_clamp(a, lo, hi):
+    return np.minimum(np.maximum(a, lo), hi)
+
+
+def _py_maximum(a, b):
+    return a if (a > b or a != a) else b
+
+
+def _py_minimum(a, b):
+    return a if (a < b or a != a) else b
+
+
+_np_erf = None
+
+
+def _np_erf_fn(a):
+    global _np_erf
+    if _np_erf is None:  # compiled on first use only
+        import numba
+        _np_erf = numba.vectorize(["float64(float64)", "float32(float32)"],
+                                  cache=True)(lambda x: math.erf(x))
+    return _np_erf(a)
+
+
+def _safe(fn, err):
+    return _guard(fn, err)
+
+
+# --- bookkeeping entries ---------------------------------------------------------------------
+# leaf: a tensor that requires grad, entered into this tape; const: a value that does not;
+# import_: a value living on another tape (aux holds (tape, slot)); its rule is the identity.
+register("leaf", SPECIAL, saves=False, doc="a leaf that requires grad")
+register("const", SPECIAL, saves=False, doc="a value that does not require grad")
+register("import_", SPECIAL, nb="{a}", vjp=lambda F, g, a, out: (g,), saves=False,
+         doc="a value from another tape")
+
+# --- unary -------------------------------------------------------------------------------------
+U = UNARY
+register("neg", U, py=operator.neg, np=np.negative, nb="(-{a})", torch="neg",
+         vjp=lambda F, g, a, out: (-g,), saves=False)
+register("exp", U, py=_safe(math.exp, lambda a: inf), np=np.exp, nb="math.exp({a})",
+         torch="exp", vjp=lambda F, g, a, out: (g * out,))
+register("log", U, py=_safe(math.log, _log_err), np=np.log, nb="math.log({a})", torch="log",
+         vjp=lambda F, g, a, out: (g / a,))
+register("log1p", U, py=_safe(math.log1p, lambda a: -inf if a == -1 else nan), np=np.log1p,
+         nb="math.log1p({a})", torch="log1p", vjp=lambda F, g, a, out: (g / (a + 1.0),))
+register("expm1", U, py=_safe(math.expm1, lambda a: inf), np=np.expm1, nb="math.expm1({a})",
+         torch="expm1", vjp=lambda F, g, a, out: (g * (out + 1.0),))
+register("sqrt", U, py=_safe(math.sqrt, lambda a: nan), np=np.sqrt, nb="math.sqrt({a})",
+         torch="sqrt", vjp=lambda F, g, a, out: (g / (2.0 * out),))
+register("rsqrt", U, py=_safe(lambda a: 1.0 / math.sqrt(a),
+                              lambda a: math.copysign(inf, a) if a == 0 else nan),
+         np=lambda a: 1.0 / np.sqrt(a), nb="(1.0 / math.sqrt({a}))", torch="rsqrt",
+         vjp=lambda F, g, a, out: (-0.5 * g * out * out * out,))
+register("sin", U, py=_safe(math.sin, lambda a: nan), np=np.sin, nb="math.sin({a})",
+         torch="sin", vjp=lambda F, g, a, out: (g * F.cos(a),))
+register("cos", U, py=_safe(math.cos, lambda a: nan), np=np.cos, nb="math.cos({a})",
+         torch="cos", vjp=lambda F, g, a, out: (-g * F.sin(a),))
+register("tan", U, py=_safe(math.tan, lambda a: nan), np=np.tan, nb="math.tan({a})",
+         torch="tan", vjp=lambda F, g, a, out: (g * (1.0 + out * out),))
+register("asin", U, py=_safe(math.asin, lambda a: nan), np=np.arcsin, nb="math.asin({a})",
+         torch="asin", vjp=lambda F, g, a, out: (g / F.sqrt(1.0 - a * a),))
+register("acos", U, py=_safe(math.acos, lambda a: nan), np=np.arccos, nb="math.acos({a})",
+         torch="acos", vjp=lambda F, g, a, out: (-g / F.sqrt(1.0 - a * a),))
+register("atan", U, py=math.atan, np=np.arctan, nb="math.atan({a})", torch="atan",
+         vjp=lambda F, g, a, out: (g / (1.0 + a * a),))
+register("sinh", U, py=_safe(math.sinh, lambda a: math.copysign(inf, a)), np=np.sinh,
+         nb="math.sinh({a})", torch="sinh", vjp=lambda F, g, a, out: (g * F.cosh(a),))
+register("cosh", U, py=_safe(math.cosh, lambda a: inf), np=np.cosh, nb="math.cosh({a})",
+         torch="cosh", vjp=lambda F, g, a, out: (g * F.sinh(a),))
+register("tanh", U, py=math.tanh, np=np.tanh, nb="math.tanh({a})", torch="tanh",
+         vjp=lambda F, g, a, out: (g * (1.0 - out * out),))
+register("sigmoid", U, py=_py_sigmoid, np=_np_sigmoid,
+         nb="(1.0 / (1.0 + math.exp(-{a})))", torch="sigmoid",
+         vjp=lambda F, g, a, out: (g * (1.0 - out) * out,))
+register("relu", U, py=_py_relu, np=_np_relu, nb="(0.0 if {a} <= 0.0 else {a})",
+         torch="relu", vjp=lambda F, g, a, out: (F.where(a <= 0.0, F.zeros_like(g), g),))
+register("erf", U, py=math.erf, np=_np_erf_fn, nb="math.erf({a})", torch="erf",
+         vjp=lambda F, g, a, out: (g * (2.0 / math.sqrt(math.pi)) * F.exp(-(a * a)),))
+register("abs", U, py=abs, np=np.abs, nb="abs({a})", torch="abs",
+         vjp=lambda F, g, a, out: (g * F.sign(a),))
+register("sign", U, py=_py_sign, np=lambda a: np.where(a != a, np.zeros_like(a), np.sign(a)),
+         nb="((1.0 if {a} > 0.0 else 0.0) - (1.0 if {a} < 0.0 else 0.0))",
+         torch="sign", vjp=lambda F, g, a, out: (F.zeros_like(g),), saves=False)
+register("square", U, py=lambda a: a * a, np=np.square, nb="({a} * {a})", torch="square",
+         vjp=lambda F, g, a, out: (g * 2.0 * a,))
+register("reciprocal", U, py=_safe(lambda a: 1.0 / a, lambda a: math.copysign(inf, a)),
+         np=np.reciprocal, nb="(1.0 / {a})", torch="reciprocal",
+         vjp=lambda F, g, a, out: (-g * (out * out),))
+
+# --- unary with float constants (c0, c1) ------------------------------------------------------
+C = UNARY_C
+register("addc", C, py=lambda a, c0, c1: a + c0, np=lambda a, c0, c1: a + c0, nb="({a} + {c0})",
+         vjp=lambda F, g, a, out, c0, c1: (g,), saves=False)
+register("mulc", C, py=lambda a, c0, c1: a * c0, np=lambda a, c0, c1: a * c0, nb="({a} * {c0})",
+         vjp=lambda F, g, a, out, c0, c1: (g * c0,))
+register("rsubc", C, py=lambda a, c0, c1: c0 - a, np=lambda a, c0, c1: c0 - a,
+         nb="({c0} - {a})", vjp=lambda F, g, a, out, c0, c1: (-g,), saves=False)
+register("divc", C, py=_safe(lambda a, c0, c1: a / c0, lambda a, c0, c1: _div_err(a, c0)),
+         np=lambda a, c0, c1: a / c0, nb="({a} / {c0})",
+         vjp=lambda F, g, a, out, c0, c1: (g / c0,))
+register("rdivc", C, py=_safe(lambda a, c0, c1: c0 / a, lambda a, c0, c1: _div_err(c0, a)),
+         np=lambda a, c0, c1: c0 / a, nb="({c0} / {a})",
+         vjp=lambda F, g, a, out, c0, c1: (-g * c0 / (a * a),))
+register("powc", C, py=lambda a, c0, c1: _py_pow(a, c0), np=lambda a, c0, c1: np.power(a, c0),
+         nb="({a} ** {c0})", torch="pow",
+         vjp=lambda F, g, a, out, c0, c1: (
+             F.where(c0 == 0.0, F.zeros_like(g), g * c0 * a ** (c0 - 1.0)),))
+register("rpowc", C, py=lambda a, c0, c1: _py_pow(c0, a), np=lambda a, c0, c1: np.power(c0, a),
+         nb="({c0} ** {a})",
+         vjp=lambda F, g, a, out, c0, c1: (
+             F.where((a >= 0.0) & (c0 == 0.0), F.zeros_like(g), g * out * F.log(c0)),))
+register("clamp", C, py=_py_clamp, np=_np_clamp,
+         nb="min(max({a}, {c0}), {c1}) if {a} == {a} else {a}", torch="clamp",
+         vjp=lambda F, g, a, out, c0, c1: (
+             F.where((a >= c0) & (a <= c1), g, F.zeros_like(g)),))
+register("softplus", C, py=_py_softplus, np=_np_softplus,
+         nb="({a} if {a} * {c0} > {c1} else math.log1p(math.exp({a} * {c0})) / {c0})",
+         torch="softplus",
+         vjp=lambda F, g, a, out, c0, c1: (
+             F.where(a * c0 > c1, g, g * F.sigmoid(a * c0)),))
+
+# --- binary ---------------------------------------------------------------------------------
+B = BINARY
+
+
+def _pow_vjp(F, g, a, b, out):
+    ga = F.where(b == 0.0, F.zeros_like(g), g * b * a ** (b - 1.0))
+    gb = F.where((a == 0.0) & (b >= 0.0), F.zeros_like(g), g * out * F.log(a))
+    return ga, gb
+
+
+def _atan2_vjp(F, g, a, b, out):
+    d = a * a + b * b
+    return (F.where(d == 0.0, F.zeros_like(g), g * b / d),
+            F.where(d == 0.0, F.zeros_like(g), -g * a / d))
+
+
+def _max_vjp(F, g, a, b, out):
+    return (F.where(a == b, g / 2.0, F.where(a < b, F.zeros_like(g), g)),
+            F.where(a == b, g / 2.0, F.where(b < a, F.zeros_like(g), g)))
+
+
+def _min_vjp(F, g, a, b, out):
+    return (F.where(a == b, g / 2.0, F.where(a > b, F.zeros_like(g), g)),
+            F.where(a == b, g / 2.0, F.where(b > a, F.zeros_like(g), g)))
+
+
+register("add", B, py=operator.add, np=np.add, nb="({a} + {b})", torch="add",
+         vjp=lambda F, g, a, b, out: (g, g), saves=False)
+register("sub", B, py=operator.sub, np=np.subtract, nb="({a} - {b})", torch="sub",
+         vjp=lambda F, g, a, b, out: (g, -g), saves=False)
+register("mul", B, py=operator.mul, np=np.multiply, nb="({a} * {b})", torch="mul",
+         vjp=lambda F, g, a, b, out: (g * b, g * a))
+register("div", B, py=_safe(operator.truediv, _div_err), np=np.true_divide, nb="({a} / {b})",
+         torch="div", vjp=lambda F, g, a, b, out: (g / b, -g * a / (b * b)))
+register("pow", B, py=_py_pow, np=np.power, nb="({a} ** {b})", torch="pow", vjp=_pow_vjp)
+register("atan2", B, py=math.atan2, np=np.arctan2, nb="math.atan2({a}, {b})", torch="atan2",
+         vjp=_atan2_vjp)
+register("maximum", B, py=_py_maximum, np=np.maximum,
+         nb="({a} if ({a} > {b} or {a} != {a}) else {b})", torch="maximum", vjp=_max_vjp)
+register("minimum", B, py=_py_minimum, np=np.minimum,
+         nb="({a} if ({a} < {b} or {a} != {a}) else {b})", torch="minimum", vjp=_min_vjp)
+register("clamp_min_t", B, py=lambda a, b: b if a < b else a,
+         np=lambda a, b: np.where(a < b, b, a), nb="({b} if {a} < {b} else {a})",
+         vjp=lambda F, g, a, b, out: (F.where(a >= b, g, F.zeros_like(g)),
+                                      F.where(a < b, g, F.zeros_like(g))))
+register("clamp_max_t", B, py=lambda a, b: b if a > b else a,
+         np=lambda a, b: np.where(a > b, b, a), nb="({b} if {a} > {b} else {a})",
+         vjp=lambda F, g, a, b, out: (F.where(a <= b, g, F.zeros_like(g)),
+                                      F.where(a > b, g, F.zeros_like(g))))

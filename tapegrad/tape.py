@@ -1,0 +1,156 @@
+"""Flat Wengert tapes: the entry arrays, the per-thread recorder state, and a readable dump.
+
+A tape is data. Entry ``k`` is row ``k`` of a flat list of ``ROW`` numbers
+``(opcode, a, b, c0, c1)`` and it produces slot ``k``: ``a``/``b`` are the slots of its
+inputs on the same tape (-1 when absent), ``c0``/``c1`` its float constants. Scalar
+outputs' values sit in ``vals[k]``; array outputs in ``arrays[k]``; non-float constants
+(shapes, dims, index arrays, N-ary input lists, imported tapes) in ``aux[k]``.
+Everything needed to run an entry's forward again is in the tape.
+
+Each thread records onto its own current tape. A tape lives while a tensor that can reach
+it lives: non-leaf tensors hold their tape, and a tape holds the tapes it imported values
+from. The recorder starts a new tape when the current one is long, so a loop of forward
+passes whose outputs are dropped keeps memory flat.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+
+import numpy as np
+
+from .ops import ARRAY, OPS, ROW, BY_NAME
+
+ROLLOVER = 1 << 16  # entries per tape before the recorder starts a new one
+
+LEAF = BY_NAME["leaf"].code
+CONST = BY_NAME["const"].code
+IMPORT = BY_NAME["import_"].code
+
+_sids = itertools.count(1)
+
+
+class Tape:
+    """One flat tape (see the module docstring)."""
+
+    __slots__ = ("sid", "code", "vals", "arrays", "aux", "leaves", "freed", "retained",
+                 "_cache", "__weakref__")
+
+    def __init__(self):
+        self.sid = next(_sids)
+        self.code = []
+        self.vals = []
+        self.arrays = {}
+        self.aux = {}
+        self.leaves = {}      # id(leaf tensor) -> entries that entered it
+        self.freed = None     # bytearray: entry freed by a backward without retain_graph
+        self.retained = {}    # entry -> weakref to a non-leaf tensor that retains grad
+        self._cache = None    # (n, float matrix) of the rows converted so far
+
+    def __len__(self):
+        return len(self.vals)
+
+    def __repr__(self):
+        return f"<Tape #{self.sid}: {len(self.vals)} entries>"
+
+    def append(self, op, a, b, c0, c1, value, aux=None):
+        """Append one entry; returns its slot. ``value`` is a float or an array."""
+        k = len(self.vals)
+        if value.__class__ is float:
+            self.vals.append(value)
+        else:
+            self.vals.append(math.nan)
+            self.arrays[k] = value
+        self.code += (op, a, b, c0, c1)
+        if aux is not None:
+            self.aux[k] = aux
+        return k
+
+    def enter(self, t):
+        """Slot of tensor ``t`` on this tape, entering it (leaf, constant or import) if new."""
+        value = t._d
+        src = t._tape
+        if src is not None and src is not self:
+            return self.append(IMPORT if value.__class__ is float else IMPORT | ARRAY,
+                               -1, -1, 0.0, 0.0, value, (src, t._slot))
+        # leaves and constants keep (tensor, version): a backward checks the version to
+        # catch in-place changes to an array it saved
+        ver = None if value.__class__ is float else t._ver[0]
+        if t._rg:
+            k = self.append(LEAF if ver is None else LEAF | ARRAY, -1, -1, 0.0, 0.0, value,
+                            (t, ver))
+            self.leaves.setdefault(id(t), []).append(k)
+        else:
+            k = self.append(CONST if value.__class__ is float else CONST | ARRAY,
+                            -1, -1, 0.0, 0.0, value, (t, ver))
+        t._sid = self.sid
+        t._slot = k
+        return k
+
+    def rows(self):
+        """The entries as an (n, ROW) float64 matrix (converted once, extended as it grows)."""
+        n = len(self.vals)
+        c = self._cache
+        if c is not None and c[0] == n:
+            return c[1]
+        if c is None or c[0] == 0:
+            m = np.array(self.code, dtype=np.float64).reshape(n, ROW)
+        else:
+            tail = np.array(self.code[c[0] * ROW:n * ROW], dtype=np.float64).reshape(-1, ROW)
+            m = np.concatenate([c[1], tail])
+        self._cache = (n, m)
+        return m
+
+    def is_freed(self, k):
+        f = self.freed
+        return f is not None and k < len(f) and f[k]
+
+    def dump(self, limit=None):
+        """A readable listing of the entries, one per line."""
+        lines = [repr(self)]
+        code = self.code
+        n = len(self.vals) if limit is None else min(limit, len(self.vals))
+        for k in range(n):
+            op, a, b, c0, c1 = code[k * ROW:(k + 1) * ROW]
+            name = OPS[int(op) & ~ARRAY].name
+            kind = "A" if int(op) & ARRAY else "S"
+            args = [f"%{int(x)}" for x in (a, b) if x >= 0]
+            if c0 or c1:
+                args += [f"c0={c0!r}", f"c1={c1!r}"]
+            if k in self.aux and name not in ("leaf",):
+                args.append(f"aux={_short(self.aux[k])}")
+            shape = np.shape(self.arrays[k]) if k in self.arrays else ()
+            lines.append(f"%{k:<4} = {kind} {name}({', '.join(args)})  {list(shape)}")
+        return "\n".join(lines)
+
+
+def _short(x):
+    s = repr(x) if not isinstance(x, tuple) else "(" + ", ".join(_short(i) for i in x) + ")"
+    return s if len(s) < 40 else s[:37] + "..."
+
+
+class _State(threading.local):
+    """Per-thread recorder state: the current tape and the grad mode."""
+
+    def __init__(self):
+        self.tape = None
+        self.grad_enabled = True
+        self.inference = False
+
+
+STATE = _State()
+
+
+def current_tape():
+    """This thread's tape to record onto (a new one when none or the current one is long)."""
+    tape = STATE.tape
+    if tape is None or len(tape.vals) >= ROLLOVER:
+        tape = STATE.tape = Tape()
+    return tape
+
+
+def end_tape(tape):
+    """Stop recording onto ``tape`` (after a backward freed it)."""
+    if STATE.tape is tape:
+        STATE.tape = None

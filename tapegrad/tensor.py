@@ -1,0 +1,949 @@
+"""Tensor, dtypes, factories, grad modes, and the recorder that puts ops on the tape."""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+import warnings
+
+import numpy as np
+
+from .ops import ARRAY, BY_NAME, UNARY_C
+from .tape import ROLLOVER, STATE, current_tape
+
+# ---------------------------------------------------------------------------------------
+# dtypes
+
+
+class dtype:
+    """A tensor element type (wraps a NumPy dtype; prints like torch's)."""
+
+    __slots__ = ("name", "np", "is_floating_point", "is_complex", "itemsize")
+
+    def __init__(self, name, np_dtype):
+        self.name = name
+        self.np = np.dtype(np_dtype)
+        self.is_floating_point = self.np.kind == "f"
+        self.is_complex = self.np.kind == "c"
+        self.itemsize = self.np.itemsize
+
+    def __repr__(self):
+        return f"tapegrad.{self.name}"
+
+    def __reduce__(self):
+        return (_dtype_by_name, (self.name,))
+
+
+float16 = dtype("float16", np.float16)
+float32 = dtype("float32", np.float32)
+float64 = dtype("float64", np.float64)
+complex64 = dtype("complex64", np.complex64)
+complex128 = dtype("complex128", np.complex128)
+uint8 = dtype("uint8", np.uint8)
+int8 = dtype("int8", np.int8)
+int16 = dtype("int16", np.int16)
+int32 = dtype("int32", np.int32)
+int64 = dtype("int64", np.int64)
+bool_ = dtype("bool", np.bool_)
+
+_DTYPES = {d.np: d for d in (float16, float32, float64, complex64, complex128, uint8, int8,
+                             int16, int32, int64, bool_)}
+_pyfloat, _pyint, _pybool = type(0.0), type(0), type(True)
+_F64 = np.dtype(np.float64)
+
+
+def _dtype_by_name(name):
+    return _DTYPES[np.dtype(name)]
+
+
+def _np_dtype(d):
+    """NumPy dtype for a tapegrad/NumPy/Python dtype argument, or a TypeError."""
+    if d is None:
+        return None
+    if isinstance(d, dtype):
+        nd = d.np
+    else:
+        try:
+            nd = np.dtype(d)
+        except TypeError:
+            raise TypeError(f"dtype must be a tapegrad dtype such as tapegrad.float64, "
+                            f"got {d!r}") from None
+    if nd not in _DTYPES:
+        raise TypeError(f"tapegrad does not support dtype {nd}; use float64, float32, an "
+                        "integer type or bool")
+    if nd.kind == "c":
+        raise TypeError("complex tensors are not supported by tapegrad yet; use float64 or "
+                        "float32 (complex support is planned)")
+    return nd
+
+
+def _tg_dtype(nd):
+    return _DTYPES[nd]
+
+
+# ---------------------------------------------------------------------------------------
+# grad modes (thread-local, like torch's)
+
+
+def is_grad_enabled():
+    """Whether ops record onto the tape in this thread."""
+    return STATE.grad_enabled
+
+
+def is_inference_mode_enabled():
+    return STATE.inference
+
+
+class _GradMode:
+    """Base for grad-mode context managers; each is also a function decorator."""
+
+    def _enter_mode(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._prev = (STATE.grad_enabled, STATE.inference)
+        self._enter_mode()
+        return self
+
+    def __exit__(self, *exc):
+        STATE.grad_enabled, STATE.inference = self._prev
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self.__class__(*self._args()):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    def _args(self):
+        return ()
+
+    def clone(self):
+        return self.__class__(*self._args())
+
+
+class no_grad(_GradMode):
+    """Context manager / decorator: ops in it do not record."""
+
+    def _enter_mode(self):
+        STATE.grad_enabled = False
+
+
+class enable_grad(_GradMode):
+    """Context manager / decorator: ops in it record (inside ``no_grad`` too)."""
+
+    def _enter_mode(self):
+        STATE.grad_enabled = True
+
+
+class set_grad_enabled(_GradMode):
+    """Sets grad mode at once (as a function), or for a ``with`` block."""
+
+    def __init__(self, mode):
+        if not isinstance(mode, _pybool):
+            raise TypeError(f"set_grad_enabled expects a bool, got {type(mode).__name__}")
+        self.mode = mode
+        self._prev = (STATE.grad_enabled, STATE.inference)
+        STATE.grad_enabled = mode
+
+    def _enter_mode(self):
+        STATE.grad_enabled = self.mode
+
+    def __enter__(self):
+        return self
+
+    def _args(self):
+        return (self.mode,)
+
+
+class inference_mode(_GradMode):
+    """Like ``no_grad`` (tapegrad has no separate inference tensors)."""
+
+    def __init__(self, mode=True):
+        self.mode = mode
+
+    def _enter_mode(self):
+        if self.mode:
+            STATE.grad_enabled = False
+            STATE.inference = True
+
+    def _args(self):
+        return (self.mode,)
+
+
+# ---------------------------------------------------------------------------------------
+# Tensor
+
+
+class _GradFn:
+    """What ``Tensor.grad_fn`` returns: names the op that recorded the tensor."""
+
+    __slots__ = ("_tape", "_slot")
+
+    def __init__(self, tape, slot):
+        self._tape, self._slot = tape, slot
+
+    def name(self):
+        from .interpreters.cpu import backward_name
+        from .ops import OPS
+        op = int(self._tape.code[self._slot * 5]) & ~ARRAY
+        return backward_name(OPS[op])
+
+    def __repr__(self):
+        return f"<{self.name()} object (tape entry %{self._slot})>"
+
+    def __eq__(self, other):
+        return (isinstance(other, _GradFn) and other._tape is self._tape
+                and other._slot == self._slot)
+
+    def __hash__(self):
+        return hash((id(self._tape), self._slot))
+
+
+class Tensor:
+    """A value that may sit on the tape. NumPy-backed; 0-d float64 values are Python floats.
+
+    Examples
+    --------
+    >>> import tapegrad
+    >>> x = tapegrad.tensor(2.0, requires_grad=True)
+    >>> (x * x).backward()
+    >>> x.grad.item()
+    4.0
+    """
+
+    # _d: value (Python float for 0-d float64, else ndarray); _rg: requires grad;
+    # _tape/_slot: the tape entry that made a non-leaf (None/-1 for leaves);
+    # _sid: sid of the tape whose slot _slot is valid (leaves: cache of their entering);
+    # _ver: [version] shared with views (arrays only)
+    __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains",
+                 "__weakref__")
+    __array_priority__ = 1000
+
+    def __init__(self, data=None, *args, **kwargs):
+        raise TypeError("create tensors with tapegrad.tensor(data, dtype=None, "
+                        "requires_grad=False) or a factory such as tapegrad.zeros")
+
+    # -- basic properties ----------------------------------------------------------------
+    @property
+    def shape(self):
+        d = self._d
+        return () if d.__class__ is _pyfloat else d.shape
+
+    def size(self, dim=None):
+        s = self.shape
+        return s if dim is None else s[_dim(dim, len(s))]
+
+    def numel(self):
+        d = self._d
+        return 1 if d.__class__ is _pyfloat else d.size
+
+    nelement = numel
+
+    @property
+    def ndim(self):
+        d = self._d
+        return 0 if d.__class__ is _pyfloat else d.ndim
+
+    def dim(self):
+        return self.ndim
+
+    @property
+    def dtype(self):
+        d = self._d
+        return float64 if d.__class__ is _pyfloat else _DTYPES[d.dtype]
+
+    @property
+    def device(self):
+        return "cpu"
+
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
+    def is_complex(self):
+        return False
+
+    @property
+    def requires_grad(self):
+        return self._rg
+
+    @requires_grad.setter
+    def requires_grad(self, value):
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad=True):
+        if not isinstance(requires_grad, _pybool):
+            raise TypeError("requires_grad must be a bool")
+        if self._tape is not None:
+            if not requires_grad:
+                raise RuntimeError(
+                    "you can only change requires_grad flags of leaf variables. If you want to "
+                    "use a computed variable in a subgraph that doesn't require differentiation "
+                    "use var_no_grad = var.detach().")
+            return self
+        if requires_grad and not self.dtype.is_floating_point:
+            raise RuntimeError("only Tensors of floating point and complex dtype can require "
+                               f"gradients (this tensor is {self.dtype}); convert it first, "
+                               "e.g. t.double().requires_grad_()")
+        self._rg = requires_grad
+        self._sid = -1
+        return self
+
+    @property
+    def is_leaf(self):
+        return self._tape is None
+
+    @property
+    def grad_fn(self):
+        return None if self._tape is None else _GradFn(self._tape, self._slot)
+
+    @property
+    def grad(self):
+        if self._tape is not None and not getattr(self, "_retains", False):
+            warnings.warn(
+                "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. "
+                "Its .grad attribute won't be populated during autograd.backward(). If you "
+                "indeed want the .grad field to be populated for a non-leaf Tensor, use "
+                ".retain_grad() on the non-leaf Tensor. If you access the non-leaf Tensor by "
+                "mistake, make sure you access the leaf Tensor instead.", UserWarning,
+                stacklevel=2)
+        return getattr(self, "_grad", None)
+
+    @grad.setter
+    def grad(self, value):
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad expected to be a Tensor or None but got grad "
+                                f"of type {type(value).__name__}")
+            if value.shape != self.shape:
+                raise RuntimeError(f"assigned grad has data of a different size: grad shape "
+                                   f"{list(value.shape)}, tensor shape {list(self.shape)}")
+            if value.dtype is not self.dtype:
+                raise RuntimeError(f"assigned grad has data of a different type: grad is "
+                                   f"{value.dtype}, tensor is {self.dtype}")
+        self._grad = value
+
+    @grad.deleter
+    def grad(self):
+        self._grad = None
+
+    @property
+    def retains_grad(self):
+        return self._tape is not None and getattr(self, "_retains", False)
+
+    def retain_grad(self):
+        if not self._rg:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        if self._tape is not None and not getattr(self, "_retains", False):
+            import weakref
+            self._retains = True
+            self._tape.retained[self._slot] = weakref.ref(self)
+
+    @property
+    def data(self):
+        return self.detach()
+
+    @data.setter
+    def data(self, value):
+        if not isinstance(value, Tensor):
+            raise TypeError("Tensor.data must be set to a Tensor")
+        self._set_value(value._d if value._d.__class__ is _pyfloat else value._d)
+
+    def detach(self):
+        d = self._d
+        if d.__class__ is _pyfloat:
+            return _plain(d)
+        t = _plain(d)
+        t._ver = self._ver  # shares memory, and so the version counter
+        return t
+
+    def detach_(self):
+        if self._tape is not None and getattr(self, "_retains", False):
+            self._tape.retained.pop(self._slot, None)
+        self._tape = None
+        self._rg = False
+        self._sid = -1
+        self._slot = -1
+        return self
+
+    # -- conversion ---------------------------------------------------------------------
+    def item(self):
+        d = self._d
+        if d.__class__ is _pyfloat:
+            return d
+        if d.size != 1:
+            raise RuntimeError(f"a Tensor with {d.size} elements cannot be converted to Scalar")
+        return d.reshape(()).item()
+
+    def numpy(self, *, force=False):
+        if self._rg and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
+                               "tensor.detach().numpy() instead.")
+        d = self._d
+        return np.array(d) if d.__class__ is _pyfloat else d
+
+    def tolist(self):
+        d = self._d
+        return d if d.__class__ is _pyfloat else d.tolist()
+
+    def __array__(self, dtype=None, copy=None):
+        d = self._d
+        a = np.array(d) if d.__class__ is _pyfloat else d
+        if dtype is not None:
+            a = a.astype(dtype)
+        return a
+
+    def __float__(self):
+        return _pyfloat(self.item())
+
+    def __int__(self):
+        return _pyint(self.item())
+
+    def __index__(self):
+        if self.dtype.is_floating_point or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an "
+                            "index")
+        return _pyint(self.item())
+
+    def __bool__(self):
+        d = self._d
+        if d.__class__ is _pyfloat:
+            return d != 0.0
+        if d.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with more than one value is "
+                               f"ambiguous ({d.size} elements); use .any() or .all()")
+        return _pybool(d.reshape(()).item())
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __hash__(self):
+        return id(self)
+
+    def __repr__(self):
+        d = self._d
+        a = np.asarray(d)
+        body = np.array2string(a, precision=4, separator=", ", prefix="tensor(",
+                               floatmode="maxprec_equal")
+        extra = []
+        if a.dtype != _F64 and not (a.dtype == np.int64 and a.size):
+            extra.append(f"dtype={self.dtype}")
+        if a.size == 0:
+            extra.append(f"size={tuple(a.shape)}")
+        if self._tape is not None:
+            extra.append(f"grad_fn=<{self.grad_fn.name()}>")
+        elif self._rg:
+            extra.append("requires_grad=True")
+        return "tensor(" + ", ".join([body] + extra) + ")"
+
+    def __reduce__(self):
+        return (tensor, (self.tolist(), self.dtype, self._rg))
+
+    # -- internal -----------------------------------------------------------------------
+    def _set_value(self, value):
+        """Replace the value in place (no recording); invalidates cached tape entries."""
+        if value.__class__ is not _pyfloat:
+            value = np.asarray(value)
+            if value.shape == () and value.dtype == _F64:
+                value = _pyfloat(value)
+        self._d = value
+        self._sid = -1
+        if value.__class__ is not _pyfloat:
+            ver = getattr(self, "_ver", None)
+            if ver is None:
+                self._ver = [0]
+            else:
+                ver[0] += 1
+
+
+_new = object.__new__
+
+
+def _plain(value):
+    """A tensor that does not require grad, holding ``value`` (float or ndarray)."""
+    t = _new(Tensor)
+    t._d = value
+    t._rg = False
+    t._tape = None
+    t._sid = -1
+    t._slot = -1
+    if value.__class__ is not _pyfloat:
+        t._ver = [0]
+    return t
+
+
+def _leaf(value, requires_grad):
+    t = _plain(value)
+    if requires_grad:
+        if value.__class__ is not _pyfloat and value.dtype.kind != "f":
+            raise RuntimeError("Only Tensors of floating point and complex dtype can require "
+                               f"gradients (got {_DTYPES[value.dtype]}); create the tensor with "
+                               "a floating dtype, e.g. dtype=tapegrad.float64")
+        t._rg = True
+    return t
+
+
+def _norm_value(v):
+    """0-d float64 results become Python floats; NumPy scalars become arrays."""
+    c = v.__class__
+    if c is _pyfloat:
+        return v
+    if c is np.float64:
+        return _pyfloat(v)
+    v = np.asarray(v)
+    if v.ndim == 0 and v.dtype == _F64:
+        return _pyfloat(v)
+    return v
+
+
+# ---------------------------------------------------------------------------------------
+# the recorder
+
+
+def _record(code, x, y, c0, c1, value, aux=None):
+    """Append one entry (inputs ``x``, ``y`` or None) and return its output tensor."""
+    tape = STATE.tape
+    if tape is None or len(tape.vals) >= ROLLOVER:
+        tape = current_tape()
+    sid = tape.sid
+    a = x._slot if x._sid == sid else tape.enter(x)
+    if y is None:
+        b = -1
+    else:
+        b = y._slot if y._sid == sid else tape.enter(y)
+    if value.__class__ is _pyfloat:
+        vals = tape.vals
+        k = len(vals)
+        vals.append(value)
+        tape.code += (code, a, b, c0, c1)
+        if aux is not None:
+            tape.aux[k] = aux
+    else:
+        k = tape.append(code, a, b, c0, c1, value, aux)
+    t = _new(Tensor)
+    t._d = value
+    t._rg = True
+    t._tape = tape
+    t._sid = sid
+    t._slot = k
+    if value.__class__ is not _pyfloat:
+        t._ver = [0]
+    return t
+
+
+def _record_nary(op, inputs, value, aux_rest):
+    tape = current_tape()
+    sid = tape.sid
+    slots = [t._slot if t._sid == sid else tape.enter(t) for t in inputs]
+    k = tape.append(op.code | ARRAY, -1, -1, 0.0, 0.0, value, (slots,) + aux_rest)
+    t = _new(Tensor)
+    t._d, t._rg, t._tape, t._sid, t._slot = value, True, tape, sid, k
+    if value.__class__ is not _pyfloat:
+        t._ver = [0]
+    return t
+
+
+_errstate = np.errstate(all="ignore")
+
+
+def unary(op, x, c0=0.0, c1=0.0):
+    """Apply elementwise ``op`` to tensor ``x`` (constants ``c0``, ``c1`` for unary_c ops)."""
+    d = x._d
+    if d.__class__ is _pyfloat:
+        v = op.py(d, c0, c1) if op.kind == UNARY_C else op.py(d)
+        if x._rg and STATE.grad_enabled:
+            return _record(op.code, x, None, c0, c1, v)
+        return _plain(v)
+    if d.dtype.kind != "f":
+        if op.name in ("neg", "abs", "sign", "square", "clone", "addc", "mulc", "rsubc",
+                       "clamp", "relu") and d.dtype.kind in "iu":
+            pass
+        elif d.dtype.kind == "b" and op.name == "clone":
+            pass
+        else:
+            d = d.astype(np.float64)
+    with _errstate:
+        v = op.np(d, c0, c1) if op.kind == UNARY_C else op.np(d)
+    v = _norm_value(v)
+    if v.__class__ is not _pyfloat and v.dtype != d.dtype and d.dtype.kind == "f":
+        v = v.astype(d.dtype)
+    if x._rg and STATE.grad_enabled:
+        return _record(op.code | ARRAY, x, None, c0, c1, v)
+    return _plain(v)
+
+
+def array_op(op, inputs, value, aux):
+    """Wrap ``value``, the forward of array op ``op`` on ``inputs``, recording when needed."""
+    value = _norm_value(value)
+    if STATE.grad_enabled:
+        for t in inputs:
+            if t._rg:
+                if op.nary:
+                    return _record_nary(op, inputs, value, aux)
+                return _record(op.code | ARRAY, inputs[0],
+                               inputs[1] if len(inputs) > 1 else None, 0.0, 0.0, value, aux)
+    return _plain(value)
+
+
+# binary ops with a float-constant variant: name -> (x op c, c op x) as (op, sign of c)
+_CONST_FORMS = {
+    "add": (("addc", 1.0), ("addc", 1.0)),
+    "sub": (("addc", -1.0), ("rsubc", 1.0)),
+    "mul": (("mulc", 1.0), ("mulc", 1.0)),
+    "div": (("divc", 1.0), ("rdivc", 1.0)),
+    "pow": (("powc", 1.0), ("rpowc", 1.0)),
+}
+_CONST_OPS = {name: ((BY_NAME[r[0]], r[1]), (BY_NAME[lft[0]], lft[1]))
+              for name, (r, lft) in _CONST_FORMS.items()}
+_NUMBER = (_pyfloat, _pyint, _pybool)
+
+
+def _cat(nd):
+    k = nd.kind
+    return 0 if k == "b" else 1 if k in "iu" else 2
+
+
+def result_dtype(*operands):
+    """torch's type promotion: dimensioned tensors win over 0-d ones and Python numbers of
+    the same category; a higher category promotes to the default dtype (float64)."""
+    dims, zeros, num_cat = [], [], -1
+    for o in operands:
+        if o.__class__ is Tensor:
+            d = o._d
+            if d.__class__ is _pyfloat:
+                zeros.append(_F64)
+            elif d.ndim:
+                dims.append(d.dtype)
+            else:
+                zeros.append(d.dtype)
+        elif isinstance(o, _pybool):
+            num_cat = max(num_cat, 0)
+        elif isinstance(o, numbers.Integral):
+            num_cat = max(num_cat, 1)
+        else:
+            num_cat = max(num_cat, 2)
+    r = np.result_type(*dims) if dims else None
+    if zeros:
+        z = np.result_type(*zeros)
+        if r is None or _cat(z) > _cat(r):
+            r = z
+    if num_cat >= 0 and (r is None or num_cat > _cat(r)):
+        r = (np.dtype(np.bool_), np.dtype(np.int64), _F64)[num_cat]
+    return r
+
+
+def _to_tensor(y, like=None):
+    if y.__class__ is Tensor or isinstance(y, Tensor):
+        return y
+    if isinstance(y, (np.ndarray, list, tuple)) or isinstance(y, np.generic):
+        return tensor(y)
+    raise TypeError(f"unsupported operand type: {type(y).__name__}; expected a Tensor, a "
+                    "Python number or a NumPy array")
+
+
+_FLOAT_ONLY = frozenset(("div", "pow", "atan2"))
+
+
+def binary(op, x, y):
+    """Apply elementwise binary ``op`` (x, y: tensors or Python numbers; one a tensor)."""
+    xc, yc = x.__class__, y.__class__
+    if xc is Tensor and yc is Tensor:
+        xd, yd = x._d, y._d
+        if xd.__class__ is _pyfloat and yd.__class__ is _pyfloat:
+            v = op.py(xd, yd)
+            if STATE.grad_enabled:
+                if x._rg:
+                    if y._rg:
+                        return _record(op.code, x, y, 0.0, 0.0, v)
+                    forms = _CONST_OPS.get(op.name)
+                    if forms is not None:
+                        cop, sgn = forms[0]
+                        return _record(cop.code, x, None, sgn * yd, 0.0, v)
+                    return _record(op.code, x, y, 0.0, 0.0, v)
+                if y._rg:
+                    forms = _CONST_OPS.get(op.name)
+                    if forms is not None:
+                        cop, sgn = forms[1]
+                        return _record(cop.code, y, None, sgn * xd, 0.0, v)
+                    return _record(op.code, x, y, 0.0, 0.0, v)
+            return _plain(v)
+    elif xc is Tensor and yc in _NUMBER:
+        xd = x._d
+        if xd.__class__ is _pyfloat:
+            v = op.py(xd, _pyfloat(y))
+            if x._rg and STATE.grad_enabled:
+                forms = _CONST_OPS.get(op.name)
+                if forms is not None:
+                    cop, sgn = forms[0]
+                    return _record(cop.code, x, None, sgn * y, 0.0, v)
+                return _record(op.code, x, _plain(_pyfloat(y)), 0.0, 0.0, v)
+            return _plain(v)
+    elif yc is Tensor and xc in _NUMBER:
+        yd = y._d
+        if yd.__class__ is _pyfloat:
+            v = op.py(_pyfloat(x), yd)
+            if y._rg and STATE.grad_enabled:
+                forms = _CONST_OPS.get(op.name)
+                if forms is not None:
+                    cop, sgn = forms[1]
+                    return _record(cop.code, y, None, sgn * x, 0.0, v)
+                return _record(op.code, _plain(_pyfloat(x)), y, 0.0, 0.0, v)
+            return _plain(v)
+    return _binary_general(op, x, y)
+
+
+def _binary_general(op, x, y):
+    if x.__class__ not in _NUMBER:
+        x = _to_tensor(x)
+    if y.__class__ not in _NUMBER:
+        y = _to_tensor(y)
+    rd = result_dtype(x, y)
+    if op.name in _FLOAT_ONLY and rd.kind != "f" and not (op.name == "pow" and rd.kind in "iu"):
+        rd = _F64
+    if op.name == "pow" and rd.kind in "iu":
+        yv = y._d if y.__class__ is Tensor else y
+        if np.any(np.asarray(yv) < 0):
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+    if rd.kind == "c":
+        raise TypeError("complex tensors are not supported by tapegrad yet")
+    xv = x._d if x.__class__ is Tensor else x
+    yv = y._d if y.__class__ is Tensor else y
+    if xv.__class__ is not _pyfloat and isinstance(xv, np.ndarray) and xv.dtype != rd:
+        xv = xv.astype(rd)
+    if yv.__class__ is not _pyfloat and isinstance(yv, np.ndarray) and yv.dtype != rd:
+        yv = yv.astype(rd)
+    if rd != _F64 and (xv.__class__ is _pyfloat or yv.__class__ is _pyfloat):
+        # a float64 scalar beside a float32 array keeps float32, like torch's 0-d rule
+        xv = np.asarray(xv, dtype=rd) if xv.__class__ is _pyfloat and x.__class__ is Tensor \
+            else xv
+        yv = np.asarray(yv, dtype=rd) if yv.__class__ is _pyfloat and y.__class__ is Tensor \
+            else yv
+    try:
+        with _errstate:
+            v = op.np(xv, yv)
+    except ValueError as e:
+        raise RuntimeError(
+            f"The size of tensor a ({list(np.shape(xv))}) must match the size of tensor b "
+            f"({list(np.shape(yv))}) for op '{op.name}': the shapes are not broadcastable "
+            f"({e})") from None
+    v = _norm_value(v)
+    if v.__class__ is not _pyfloat and v.dtype != rd:
+        v = v.astype(rd)
+        v = _norm_value(v)
+    xr = x.__class__ is Tensor and x._rg
+    yr = y.__class__ is Tensor and y._rg
+    if not ((xr or yr) and STATE.grad_enabled):
+        return _plain(v)
+    forms = _CONST_OPS.get(op.name)
+    if not yr and forms is not None and y.__class__ in _NUMBER:
+        cop, sgn = forms[0]
+        return _record(cop.code | ARRAY, x, None, sgn * _pyfloat(y), 0.0, v)
+    if not xr and forms is not None and x.__class__ in _NUMBER:
+        cop, sgn = forms[1]
+        return _record(cop.code | ARRAY, y, None, sgn * _pyfloat(x), 0.0, v)
+    if x.__class__ in _NUMBER:
+        x = _plain(_pyfloat(x))
+    if y.__class__ in _NUMBER:
+        y = _plain(_pyfloat(y))
+    return _record(op.code | ARRAY, x, y, 0.0, 0.0, v)
+
+
+# ---------------------------------------------------------------------------------------
+# factories
+
+
+def _infer_np(data, nd):
+    if isinstance(data, Tensor):
+        return np.array(data._d, dtype=nd)
+    if isinstance(data, (list, tuple)):
+        data = [d.tolist() if isinstance(d, Tensor) else d for d in data]
+    try:
+        a = np.array(data, dtype=nd)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"tapegrad.tensor could not make a tensor from {type(data).__name__}: "
+                        f"{e}") from None
+    if a.dtype == object:
+        raise TypeError(f"tapegrad.tensor could not make a tensor from {data!r}: elements "
+                        "must be numbers (nested lists must be rectangular)")
+    if a.dtype.kind in "US":
+        raise TypeError(f"tapegrad.tensor expects numbers, got strings: {data!r}")
+    return a
+
+
+def _finish(a, requires_grad):
+    """ndarray -> leaf tensor (0-d float64 becomes a Python float)."""
+    if not isinstance(requires_grad, _pybool):
+        raise TypeError(f"requires_grad must be a bool, got {type(requires_grad).__name__}")
+    if a.dtype.kind == "c":
+        raise TypeError("complex tensors are not supported by tapegrad yet; use float64 or "
+                        "float32 (complex support is planned)")
+    if a.dtype not in _DTYPES:
+        if a.dtype.kind == "f":
+            a = a.astype(np.float64)
+        elif a.dtype.kind in "iu":
+            a = a.astype(np.int64)
+        else:
+            raise TypeError(f"tapegrad does not support dtype {a.dtype}")
+    v = _pyfloat(a) if (a.ndim == 0 and a.dtype == _F64) else a
+    return _leaf(v, requires_grad)
+
+
+def tensor(data, dtype=None, requires_grad=False, device=None):
+    """Make a leaf tensor from a number, (nested) list, NumPy array or tensor (copies).
+
+    Examples
+    --------
+    >>> import tapegrad
+    >>> tapegrad.tensor([1.0, 2.0], requires_grad=True).shape
+    (2,)
+    """
+    nd = _np_dtype(dtype)
+    if isinstance(data, Tensor):
+        warnings.warn("To copy construct from a tensor, it is recommended to use "
+                      "sourceTensor.clone().detach() or "
+                      "sourceTensor.clone().detach().requires_grad_(True), rather than "
+                      "tapegrad.tensor(sourceTensor).", UserWarning, stacklevel=2)
+    if data.__class__ is _pyfloat and nd is None:
+        return _leaf(data, requires_grad) if isinstance(requires_grad, _pybool) \
+            else _finish(np.array(data), requires_grad)
+    a = _infer_np(data, nd)
+    if nd is None and a.dtype.kind == "f" and a.dtype != _F64 and not isinstance(
+            data, (np.ndarray, np.generic, Tensor)):
+        a = a.astype(np.float64)
+    return _finish(np.array(a, copy=True), requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """Like ``tensor`` but shares memory with a NumPy array or tensor where it can."""
+    nd = _np_dtype(dtype)
+    if isinstance(data, Tensor):
+        if nd is None or data.dtype.np == nd:
+            return data
+        return _to_dtype(data, nd)
+    if isinstance(data, np.ndarray):
+        return _finish(data if nd is None else data.astype(nd, copy=False), False)
+    return tensor(data, dtype=dtype)
+
+
+def from_numpy(ndarray):
+    """A tensor sharing memory with ``ndarray``."""
+    if not isinstance(ndarray, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(ndarray).__name__})")
+    if ndarray.dtype not in _DTYPES or ndarray.dtype.kind == "c":
+        raise TypeError(f"can't convert np.ndarray of type {ndarray.dtype}. The only supported "
+                        "types are: float64, float32, float16, int64, int32, int16, int8, "
+                        "uint8, and bool.")
+    return _finish(ndarray, False)
+
+
+def _size_args(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    for s in size:
+        if not isinstance(s, (_pyint, np.integer)) or isinstance(s, _pybool):
+            raise TypeError(f"size must be a sequence of ints, got {size!r}")
+        if s < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {size!r}")
+    return tuple(_pyint(s) for s in size)
+
+
+def _factory(fill):
+    def make(*size, dtype=None, requires_grad=False, device=None):
+        shape = _size_args(size)
+        nd = _np_dtype(dtype) or _F64
+        return _finish(fill(shape, nd), requires_grad)
+    return make
+
+
+zeros = _factory(lambda shape, nd: np.zeros(shape, dtype=nd))
+ones = _factory(lambda shape, nd: np.ones(shape, dtype=nd))
+zeros.__doc__ = "Tensor of zeros: ``zeros(2, 3)`` or ``zeros((2, 3))``."
+ones.__doc__ = "Tensor of ones: ``ones(2, 3)`` or ``ones((2, 3))``."
+
+_rng = np.random.default_rng()
+
+
+def manual_seed(seed):
+    """Seed the generator behind ``rand`` and ``randn``."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+
+
+rand = _factory(lambda shape, nd: _rng.random(shape).astype(nd))
+randn = _factory(lambda shape, nd: _rng.standard_normal(shape).astype(nd))
+rand.__doc__ = "Uniform samples on [0, 1)."
+randn.__doc__ = "Standard normal samples."
+
+
+def full(size, fill_value, dtype=None, requires_grad=False, device=None):
+    shape = _size_args((size,) if not isinstance(size, (tuple, list)) else (tuple(size),))
+    nd = _np_dtype(dtype)
+    if nd is None:
+        nd = _F64 if isinstance(fill_value, _pyfloat) else (
+            np.dtype(np.bool_) if isinstance(fill_value, _pybool) else np.dtype(np.int64))
+    return _finish(np.full(shape, fill_value, dtype=nd), requires_grad)
+
+
+def _like(fill):
+    def make(input, dtype=None, requires_grad=False, device=None):
+        if not isinstance(input, Tensor):
+            raise TypeError(f"expected a Tensor, got {type(input).__name__}")
+        nd = _np_dtype(dtype) or input.dtype.np
+        return _finish(fill(input.shape, nd), requires_grad)
+    return make
+
+
+zeros_like = _like(lambda shape, nd: np.zeros(shape, dtype=nd))
+ones_like = _like(lambda shape, nd: np.ones(shape, dtype=nd))
+
+
+def arange(start, end=None, step=1, dtype=None, requires_grad=False, device=None):
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    nd = _np_dtype(dtype)
+    if nd is None:
+        nd = np.dtype(np.int64) if all(isinstance(v, (_pyint, np.integer))
+                                       for v in (start, end, step)) else _F64
+    return _finish(np.arange(start, end, step, dtype=nd), requires_grad)
+
+
+def linspace(start, end, steps, dtype=None, requires_grad=False, device=None):
+    if not isinstance(steps, (_pyint, np.integer)) or steps < 0:
+        raise RuntimeError("number of steps must be non-negative")
+    nd = _np_dtype(dtype) or _F64
+    return _finish(np.linspace(start, end, steps, dtype=nd), requires_grad)
+
+
+def eye(n, m=None, dtype=None, requires_grad=False, device=None):
+    nd = _np_dtype(dtype) or _F64
+    return _finish(np.eye(n, m, dtype=nd), requires_grad)
+
+
+def _to_dtype(x, nd):
+    if x.dtype.np == nd:
+        return x
+    d = x._d
+    if x._rg and nd.kind != "f":
+        return _plain(np.asarray(d).astype(nd))
+    v = np.asarray(d).astype(nd)
+    return array_op(BY_NAME["cast"], [x], v, (nd, np.asarray(d).dtype))
+
+
+def _dim(d, ndim):
+    if not isinstance(d, (_pyint, np.integer)) or isinstance(d, _pybool):
+        raise TypeError(f"dim must be an int, got {type(d).__name__}")
+    lo, hi = (-ndim, ndim - 1) if ndim else (-1, 0)
+    if not lo <= d <= hi:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], "
+                         f"but got {d})")
+    return d % ndim if ndim else 0
