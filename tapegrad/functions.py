@@ -178,7 +178,7 @@ def _reduce(op, npfn):
                                    f"{x.dtype.name.capitalize()}")
         dims = _dims(dim, x.ndim)
         a = np.asarray(x._d)
-        with _errstate:
+        with _errstate():
             v = npfn(a, axis=dims, keepdims=keepdim)
         if op.name == "sum" and a.dtype.kind in "bui":
             v = np.asarray(v).astype(np.int64)
@@ -222,7 +222,7 @@ def _extreme(op, npfn, argfn, pair_op, name):
                 raise RuntimeError(f"{name}(): Expected reduction dim to be specified for "
                                    "input.numel() == 0. Specify the reduction dim with the "
                                    "'dim' argument.")
-            with _errstate:
+            with _errstate():
                 v = npfn(a)
             return array_op(op, [x], np.asarray(v, dtype=a.dtype), (None, False, None))
         d = _dim(dim, x.ndim)
@@ -279,7 +279,7 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
     dims = _dims(dim, x.ndim)
     a = np.asarray(x._d)
     aux = (dims, keepdim, p)
-    with _errstate:
+    with _errstate():
         v = BY_NAME["norm"].np(a, aux)
     return array_op(_O["norm"], [x], np.asarray(v, dtype=a.dtype), aux)
 
@@ -290,7 +290,7 @@ def logsumexp(input, dim, keepdim=False):
     dims = _dims(dim, x.ndim)
     a = np.asarray(x._d)
     aux = (dims if dims is not None else tuple(range(a.ndim)), keepdim)
-    with _errstate:
+    with _errstate():
         v = BY_NAME["logsumexp"].np(a, aux)
     return array_op(_O["logsumexp"], [x], np.asarray(v, dtype=a.dtype), aux)
 
@@ -305,7 +305,7 @@ def _softmax_fn(op):
             raise TypeError(f"{op.name}() missing required argument 'dim'")
         d = _dim(dim, x.ndim)
         a = np.asarray(x._d)
-        with _errstate:
+        with _errstate():
             v = op.np(a, (d,)) if a.ndim else op.np(a.reshape(1), (0,)).reshape(())
         return array_op(op, [x], np.asarray(v, dtype=a.dtype), (d if a.ndim else 0,))
     fn.__name__ = op.name

@@ -551,7 +551,8 @@ def _record_nary(op, inputs, value, aux_rest):
     return t
 
 
-_errstate = np.errstate(all="ignore")
+def _errstate():
+    return np.errstate(all="ignore")
 
 
 def unary(op, x, c0=0.0, c1=0.0):
@@ -570,7 +571,7 @@ def unary(op, x, c0=0.0, c1=0.0):
             pass
         else:
             d = d.astype(np.float64)
-    with _errstate:
+    with _errstate():
         v = op.np(d, c0, c1) if op.kind == UNARY_C else op.np(d)
     v = _norm_value(v)
     if v.__class__ is not _pyfloat and v.dtype != d.dtype and d.dtype.kind == "f":
@@ -727,7 +728,7 @@ def _binary_general(op, x, y):
         yv = np.asarray(yv, dtype=rd) if yv.__class__ is _pyfloat and y.__class__ is Tensor \
             else yv
     try:
-        with _errstate:
+        with _errstate():
             v = op.np(xv, yv)
     except ValueError as e:
         raise RuntimeError(
