@@ -16,7 +16,8 @@ from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE
 from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
-                     _to_dtype, _to_tensor, array_op, binary, result_dtype, tensor, unary)
+                     _to_dtype, _to_tensor, array_op, binary, operator_methods, result_dtype,
+                     tensor, unary)
 
 _O = BY_NAME
 _NUMBER = (float, int, bool)
@@ -682,25 +683,16 @@ _ADD, _SUB, _MUL, _DIV, _POW = _O["add"], _O["sub"], _O["mul"], _O["div"], _O["p
 _NEG, _ABS = _O["neg"], _O["abs"]
 
 
-def _binop(op):
-    def f(self, other):
-        if other.__class__ is Tensor or other.__class__ in _NUMBER:
-            return binary(op, self, other)
-        try:
-            other = _tn(other, "other")
-        except TypeError:
-            return NotImplemented
-        return binary(op, self, other)
+def _binop_fallback(op, x, y):
+    try:
+        x, y = _tn(x), _tn(y, "other")
+    except TypeError:
+        return NotImplemented
+    return binary(op, x, y)
 
-    def r(self, other):
-        if other.__class__ in _NUMBER:
-            return binary(op, other, self)
-        try:
-            other = _tn(other, "other")
-        except TypeError:
-            return NotImplemented
-        return binary(op, other, self)
-    return f, r
+
+def _binop(op):
+    return operator_methods(op, _binop_fallback)
 
 
 Tensor.__add__, Tensor.__radd__ = _binop(_ADD)

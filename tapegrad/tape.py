@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import weakref
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class Tape:
     """One flat tape (see the module docstring)."""
 
     __slots__ = ("sid", "code", "vals", "arrays", "aux", "leaves", "freed", "retained",
-                 "_cache", "__weakref__")
+                 "imports", "nary", "_cache", "__weakref__")
 
     def __init__(self):
         self.sid = next(_sids)
@@ -46,6 +47,8 @@ class Tape:
         self.leaves = {}      # id(leaf tensor) -> entries that entered it
         self.freed = None     # bytearray: entry freed by a backward without retain_graph
         self.retained = {}    # entry -> weakref to a non-leaf tensor that retains grad
+        self.imports = []     # entries that import a value from another tape
+        self.nary = []        # entries whose inputs are listed in their aux
         self._cache = None    # (n, float matrix) of the rows converted so far
 
     def __len__(self):
@@ -72,8 +75,10 @@ class Tape:
         value = t._d
         src = t._tape
         if src is not None and src is not self:
-            return self.append(IMPORT if value.__class__ is float else IMPORT | ARRAY,
-                               -1, -1, 0.0, 0.0, value, (src, t._slot))
+            k = self.append(IMPORT if value.__class__ is float else IMPORT | ARRAY,
+                            -1, -1, 0.0, 0.0, value, (src, t._slot))
+            self.imports.append(k)
+            return k
         # leaves and constants keep (tensor, version): a backward checks the version to
         # catch in-place changes to an array it saved
         ver = None if value.__class__ is float else t._ver[0]
@@ -130,11 +135,17 @@ def _short(x):
     return s if len(s) < 40 else s[:37] + "..."
 
 
+def _no_tape():
+    return None
+
+
 class _State(threading.local):
-    """Per-thread recorder state: the current tape and the grad mode."""
+    """Per-thread recorder state: the current tape (held weakly: the tensors recorded on
+    it keep it alive, so a forward pass whose outputs are dropped leaves nothing) and the
+    grad mode."""
 
     def __init__(self):
-        self.tape = None
+        self.tape = _no_tape
         self.grad_enabled = True
         self.inference = False
 
@@ -144,13 +155,14 @@ STATE = _State()
 
 def current_tape():
     """This thread's tape to record onto (a new one when none or the current one is long)."""
-    tape = STATE.tape
+    tape = STATE.tape()
     if tape is None or len(tape.vals) >= ROLLOVER:
-        tape = STATE.tape = Tape()
+        tape = Tape()
+        STATE.tape = weakref.ref(tape)
     return tape
 
 
 def end_tape(tape):
     """Stop recording onto ``tape`` (after a backward freed it)."""
-    if STATE.tape is tape:
-        STATE.tape = None
+    if STATE.tape() is tape:
+        STATE.tape = _no_tape

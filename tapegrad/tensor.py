@@ -367,6 +367,11 @@ class Tensor:
         self._slot = -1
         return self
 
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Accumulate d(self)/d(leaf) into the leaves' ``.grad`` (``autograd.backward``)."""
+        from .autograd import backward
+        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
     # -- conversion ---------------------------------------------------------------------
     def item(self):
         d = self._d
@@ -510,7 +515,7 @@ def _norm_value(v):
 
 def _record(code, x, y, c0, c1, value, aux=None):
     """Append one entry (inputs ``x``, ``y`` or None) and return its output tensor."""
-    tape = STATE.tape
+    tape = STATE.tape()
     if tape is None or len(tape.vals) >= ROLLOVER:
         tape = current_tape()
     sid = tape.sid
@@ -544,6 +549,7 @@ def _record_nary(op, inputs, value, aux_rest):
     sid = tape.sid
     slots = [t._slot if t._sid == sid else tape.enter(t) for t in inputs]
     k = tape.append(op.code | ARRAY, -1, -1, 0.0, 0.0, value, (slots,) + aux_rest)
+    tape.nary.append(k)
     t = _new(Tensor)
     t._d, t._rg, t._tape, t._sid, t._slot = value, True, tape, sid, k
     if value.__class__ is not _pyfloat:
@@ -648,6 +654,88 @@ def _to_tensor(y, like=None):
         return tensor(y)
     raise TypeError(f"unsupported operand type: {type(y).__name__}; expected a Tensor, a "
                     "Python number or a NumPy array")
+
+
+def _plain_s(v):
+    t = _new(Tensor)
+    t._d = v
+    t._rg = False
+    t._tape = None
+    t._sid = -1
+    t._slot = -1
+    return t
+
+
+def _rec_s(code, x, y, c0, v):
+    """``_record`` for the hot path: scalar entry, float value, no aux."""
+    tape = STATE.tape()
+    if tape is None or len(tape.vals) >= ROLLOVER:
+        tape = current_tape()
+    sid = tape.sid
+    a = x._slot if x._sid == sid else tape.enter(x)
+    b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+    vals = tape.vals
+    k = len(vals)
+    vals.append(v)
+    tape.code += (code, a, b, c0, 0.0)
+    t = _new(Tensor)
+    t._d = v
+    t._rg = True
+    t._tape = tape
+    t._sid = sid
+    t._slot = k
+    return t
+
+
+def operator_methods(op, fallback):
+    """(``__op__``, ``__rop__``) for binary ``op``: the 0-d float64 path inline, the rest
+    through ``fallback(op, x, y)``."""
+    py, code = op.py, op.code
+    forms = _CONST_OPS.get(op.name)
+    rc, rs = (forms[0][0].code, forms[0][1]) if forms else (-1, 0.0)
+    lc, ls = (forms[1][0].code, forms[1][1]) if forms else (-1, 0.0)
+
+    def method(self, other):
+        d = self._d
+        oc = other.__class__
+        if d.__class__ is _pyfloat:
+            if oc is Tensor:
+                e = other._d
+                if e.__class__ is _pyfloat:
+                    v = py(d, e)
+                    if (self._rg or other._rg) and STATE.grad_enabled:
+                        if not other._rg and rc >= 0:
+                            return _rec_s(rc, self, None, rs * e, v)
+                        if not self._rg and lc >= 0:
+                            return _rec_s(lc, other, None, ls * d, v)
+                        return _rec_s(code, self, other, 0.0, v)
+                    return _plain_s(v)
+            elif oc is _pyfloat or oc is _pyint:
+                e = other + 0.0
+                v = py(d, e)
+                if self._rg and STATE.grad_enabled:
+                    if rc >= 0:
+                        return _rec_s(rc, self, None, rs * e, v)
+                    return _rec_s(code, self, _plain_s(e), 0.0, v)
+                return _plain_s(v)
+        return fallback(op, self, other)
+
+    def rmethod(self, other):
+        oc = other.__class__
+        d = self._d
+        if d.__class__ is _pyfloat and (oc is _pyfloat or oc is _pyint):
+            e = other + 0.0
+            v = py(e, d)
+            if self._rg and STATE.grad_enabled:
+                if lc >= 0:
+                    return _rec_s(lc, self, None, ls * e, v)
+                return _rec_s(code, _plain_s(e), self, 0.0, v)
+            return _plain_s(v)
+        return fallback(op, other, self)
+
+    method.__name__ = f"__{op.name}__"
+    rmethod.__name__ = f"__r{op.name}__"
+    return method, rmethod
 
 
 _FLOAT_ONLY = frozenset(("div", "pow", "atan2"))

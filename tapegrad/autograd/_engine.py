@@ -8,7 +8,7 @@ import numpy as np
 from ..interpreters import cpu
 from ..ops import ARRAY, BY_NAME
 from ..tape import end_tape
-from ..tensor import Tensor, _pyfloat, _plain
+from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 
 _LEAF = BY_NAME["leaf"].code
 _CONST = BY_NAME["const"].code
@@ -128,6 +128,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                                    "been used in the graph. Set allow_unused=True if this is "
                                    "the desired behavior.")
             out.append(_zeros_for(x) if materialize_grads else None)
+        elif x._d.__class__ is _pyfloat:
+            out.append(_plain_s(float(r)))
         else:
             out.append(_as_tensor(r, x))
     return tuple(out)
@@ -187,7 +189,7 @@ def _zeros_for(x):
 
 def _as_tensor(r, x):
     if x._d.__class__ is _pyfloat:
-        return _plain(float(r))
+        return _plain_s(float(r))
     return _plain(np.array(r, dtype=x.dtype.np, copy=True).reshape(x.shape))
 
 
@@ -222,11 +224,16 @@ def _run(outs, seeds, ins, retain_graph):
         ins, slot_lists = _graph_inputs(graph, outs)
         collect = True
     else:
-        slot_lists = [_slots_of(graph, x) for x in ins]
+        if len(tapes) == 1:
+            leaves, tape0 = tapes[0].leaves, tapes[0]
+            slot_lists = [leaves.get(id(x), ()) if x._tape is None else
+                          ([x._slot] if x._tape is tape0 else []) for x in ins]
+        else:
+            slot_lists = [_slots_of(graph, x) for x in ins]
         collect = False
+    flat = [s for sl in slot_lists for s in sl]
     is_input = np.zeros(n, dtype=np.bool_)
-    for sl in slot_lists:
-        is_input[sl] = True
+    is_input[flat] = True
     is_output = np.zeros(n, dtype=np.bool_)
     adj = np.zeros(n, dtype=np.float64)
     adjd = {}
@@ -245,16 +252,22 @@ def _run(outs, seeds, ins, retain_graph):
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
     cpu.sweep(graph, need, adj, adjd)
+    reach_l = reach.tolist()
+    adj_l = adj.tolist()
+    if len(tapes) == 1:
+        is_array = tapes[0].arrays.__contains__
+    else:
+        is_array = graph.is_array
     results, used = [], []
     for x, sl in zip(ins, slot_lists):
         total, u = None, False
         for s in sl:
-            if reach[s]:
+            if reach_l[s]:
                 u = True
-                v = adjd.get(s) if graph.is_array(s) else adj[s]
+                v = adjd.get(s) if is_array(s) else adj_l[s]
                 if v is not None:
                     total = v if total is None else total + v
-        if id(x) in direct:
+        if direct and id(x) in direct:
             u = True
             total = direct[id(x)] if total is None else total + direct[id(x)]
         if u and total is None:
@@ -271,6 +284,9 @@ def _run(outs, seeds, ins, retain_graph):
 
 
 def _slots_of(graph, x):
+    if len(graph.tapes) == 1 and x._tape is None:
+        ks = graph.tapes[0].leaves.get(id(x))
+        return ks if ks is not None else []
     if x._tape is not None:
         s = graph.slot(x._tape, x._slot)
         return [] if s is None else [s]

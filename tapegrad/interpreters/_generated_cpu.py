@@ -97,7 +97,7 @@ def sweep(rows, vals, adj, need, hi, lo):
         elif op == 22:  # abs
             ia = int(rows[k, 1])
             a = vals[ia]
-            adj[ia] += (g * (a if a != a else ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0))))
+            adj[ia] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
         elif op == 23:  # sign
             ia = int(rows[k, 1])
             adj[ia] += 0.0

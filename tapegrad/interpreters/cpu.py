@@ -10,7 +10,6 @@ from numba import njit
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF
 from ..ops.arrays import sum_to
-from ..tape import IMPORT
 from . import _generated_cpu
 
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
@@ -79,11 +78,10 @@ def order_tapes(roots):
                     "order them for one backward. Record each graph within one thread.")
             state[tape] = 1
             stack.append((tape, True))
-            for k, aux in tape.aux.items():
-                if type(aux) is tuple and len(aux) == 2 and hasattr(aux[0], "sid") \
-                        and int(tape.code[k * 5]) & ~ARRAY == IMPORT:
-                    if state.get(aux[0]) != 2:
-                        stack.append((aux[0], False))
+            for k in tape.imports:
+                src = tape.aux[k][0]
+                if state.get(src) != 2:
+                    stack.append((src, False))
     return order
 
 
@@ -108,9 +106,9 @@ class Graph:
                 if off:
                     cols = r[:, 1:3]
                     cols[cols >= 0] += off
-                for k, aux in t.aux.items():
-                    if int(r[k, 0]) & ~ARRAY == IMPORT:
-                        r[k, 1] = self.slot(aux[0], aux[1])
+                for k in t.imports:
+                    src, ks = t.aux[k]
+                    r[k, 1] = self.slot(src, ks)
                 parts.append(r)
             self.rows = np.concatenate(parts) if parts else np.zeros((0, 5))
             self.vals = np.concatenate([np.array(t.vals, dtype=np.float64) for t in tapes])
@@ -120,11 +118,7 @@ class Graph:
         ents, ptr, idx = [], [0], []
         for i, t in enumerate(self.tapes):
             off = self.offsets[i]
-            for k, aux in t.aux.items():
-                op = int(t.code[k * 5])
-                if op & ARRAY and OPS[op & ~ARRAY].nary:
-                    ents.append(k + off)
-        ents.sort()
+            ents.extend(k + off for k in t.nary)
         for e in ents:
             idx.extend(self.nary_inputs(e))
             ptr.append(len(idx))
@@ -146,6 +140,8 @@ class Graph:
         return tape.vals[k] if v is tape else v
 
     def is_array(self, s):
+        if len(self.tapes) == 1:
+            return s in self.tapes[0].arrays
         tape, k = self.locate(s)
         return k in tape.arrays
 
