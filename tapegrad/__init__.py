@@ -1,4 +1,11 @@
 """tapegrad: a JIT-compiled tape autograd on Numba with torch.autograd's API."""
+import warnings as _warnings
+
+# torch returns inf/nan silently; NumPy warns. Silence NumPy's floating-point warnings
+# raised from tapegrad's own frames only (the user's NumPy code still warns).
+_warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"tapegrad(\.|$)",
+                         message=r"(divide by zero|invalid value|overflow|underflow) "
+                                 r"encountered")
 from . import autograd
 from .functions import (abs, absolute, acos, add, amax, amin, arccos, arcsin, arctan, arctan2,
                         asin, atan, atan2, broadcast_to, cat, clamp, clamp_max, clamp_min, clip,

@@ -16,7 +16,7 @@ from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE
 from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
-                     _to_dtype, _to_tensor, array_op, binary, operator_methods, result_dtype,
+                     _binary_general, _to_dtype, _to_tensor, array_op, binary, operator_methods, result_dtype,
                      tensor, unary)
 
 _O = BY_NAME
@@ -684,6 +684,9 @@ _NEG, _ABS = _O["neg"], _O["abs"]
 
 
 def _binop_fallback(op, x, y):
+    if (x.__class__ is Tensor or x.__class__ in _NUMBER) and \
+            (y.__class__ is Tensor or y.__class__ in _NUMBER):
+        return _binary_general(op, x, y)
     try:
         x, y = _tn(x), _tn(y, "other")
     except TypeError:

@@ -577,8 +577,7 @@ def unary(op, x, c0=0.0, c1=0.0):
             pass
         else:
             d = d.astype(np.float64)
-    with _errstate():
-        v = op.np(d, c0, c1) if op.kind == UNARY_C else op.np(d)
+    v = op.np(d, c0, c1) if op.kind == UNARY_C else op.np(d)
     v = _norm_value(v)
     if v.__class__ is not _pyfloat and v.dtype != d.dtype and d.dtype.kind == "f":
         v = v.astype(d.dtype)
@@ -789,7 +788,47 @@ def binary(op, x, y):
     return _binary_general(op, x, y)
 
 
+_ND = np.ndarray
+
+
 def _binary_general(op, x, y):
+    xv = x._d if x.__class__ is Tensor else x
+    yv = y._d if y.__class__ is Tensor else y
+    xc, yc = xv.__class__, yv.__class__
+    # fast path: float arrays of one dtype, or a float64 array beside a Python number
+    if xc is _ND and xv.dtype.kind == "f" and (
+            (yc is _ND and yv.dtype is xv.dtype)
+            or (yc in _NUMBER and (xv.dtype is _F64 or y.__class__ is not Tensor))) \
+            or yc is _ND and yv.dtype.kind == "f" and xc in _NUMBER and (
+                yv.dtype is _F64 or x.__class__ is not Tensor):
+        try:
+            v = op.np(xv, yv)
+        except ValueError:
+            return _binary_slow(op, x, y)
+        if v.ndim == 0:
+            return _binary_slow(op, x, y)
+        xr = x.__class__ is Tensor and x._rg
+        yr = y.__class__ is Tensor and y._rg
+        if not ((xr or yr) and STATE.grad_enabled):
+            t = _plain_s(v)
+            t._ver = [0]
+            return t
+        forms = _CONST_OPS.get(op.name)
+        if not yr and forms is not None and yc in _NUMBER:
+            cop, sgn = forms[0]
+            return _record(cop.code | ARRAY, x, None, sgn * _pyfloat(yv), 0.0, v)
+        if not xr and forms is not None and xc in _NUMBER:
+            cop, sgn = forms[1]
+            return _record(cop.code | ARRAY, y, None, sgn * _pyfloat(xv), 0.0, v)
+        return _record(op.code | ARRAY, _as_operand(x), _as_operand(y), 0.0, 0.0, v)
+    return _binary_slow(op, x, y)
+
+
+def _as_operand(x):
+    return _plain_s(_pyfloat(x)) if x.__class__ in _NUMBER else x
+
+
+def _binary_slow(op, x, y):
     if x.__class__ not in _NUMBER:
         x = _to_tensor(x)
     if y.__class__ not in _NUMBER:
@@ -816,8 +855,7 @@ def _binary_general(op, x, y):
         yv = np.asarray(yv, dtype=rd) if yv.__class__ is _pyfloat and y.__class__ is Tensor \
             else yv
     try:
-        with _errstate():
-            v = op.np(xv, yv)
+        v = op.np(xv, yv)
     except ValueError as e:
         raise RuntimeError(
             f"The size of tensor a ({list(np.shape(xv))}) must match the size of tensor b "

@@ -86,6 +86,12 @@ def _sym_call(op):
     return call
 
 
+def _np_where(c, x, y):
+    if c is True or c is False:  # a condition on constants only
+        return x if c else y
+    return np.where(c, x, y)
+
+
 def build_backends():
     """(SymF, NpF) with one function per registered elementwise op."""
     SymF, NpF = _Namespace("sym"), _Namespace("numpy")
@@ -97,6 +103,6 @@ def build_backends():
             setattr(NpF, op.name, op.np)
     SymF.where = lambda c, x, y: Sym(f"({_src(x)} if {_src(c)} else {_src(y)})")
     SymF.zeros_like = lambda x: Sym("0.0")
-    NpF.where = np.where
+    NpF.where = _np_where
     NpF.zeros_like = np.zeros_like
     return SymF, NpF

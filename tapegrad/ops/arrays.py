@@ -102,10 +102,20 @@ register("diag", A, np=_diag_np, torch="diag", saves=False, vjp=_diag_vjp)
 # --- indexing -----------------------------------------------------------------------------------
 
 
+def _basic(index):
+    """Whether ``index`` is basic (ints, slices, None, Ellipsis): no element repeats."""
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
+               for i in items)
+
+
 def _index_scatter(g, aux):
     index, shape = aux[0], aux[1]
     z = np.zeros(shape, dtype=np.result_type(g))
-    np.add.at(z, index, g)
+    if _basic(index):
+        z[index] = g
+    else:
+        np.add.at(z, index, g)  # repeated indices accumulate
     return z
 
 
