@@ -36,7 +36,7 @@ class Tape:
     """One flat tape (see the module docstring)."""
 
     __slots__ = ("sid", "code", "vals", "arrays", "aux", "leaves", "freed", "retained",
-                 "imports", "nary", "_cache", "__weakref__")
+                 "imports", "nary", "versioned", "_cache", "__weakref__")
 
     def __init__(self):
         self.sid = next(_sids)
@@ -45,10 +45,11 @@ class Tape:
         self.arrays = {}
         self.aux = {}
         self.leaves = {}      # id(leaf tensor) -> entries that entered it
-        self.freed = None     # bytearray: entry freed by a backward without retain_graph
+        self.freed = None     # bool array: entry freed by a backward without retain_graph
         self.retained = {}    # entry -> weakref to a non-leaf tensor that retains grad
         self.imports = []     # entries that import a value from another tape
         self.nary = []        # entries whose inputs are listed in their aux
+        self.versioned = []   # array leaf/constant entries: aux (tensor, version) to check
         self._cache = None    # (n, float matrix) of the rows converted so far
 
     def __len__(self):
@@ -89,6 +90,8 @@ class Tape:
         else:
             k = self.append(CONST if value.__class__ is float else CONST | ARRAY,
                             -1, -1, 0.0, 0.0, value, (t, ver))
+        if ver is not None:
+            self.versioned.append(k)
         t._sid = self.sid
         t._slot = k
         return k
@@ -106,10 +109,6 @@ class Tape:
             m = np.concatenate([c[1], tail])
         self._cache = (n, m)
         return m
-
-    def is_freed(self, k):
-        f = self.freed
-        return f is not None and k < len(f) and f[k]
 
     def dump(self, limit=None):
         """A readable listing of the entries, one per line."""

@@ -6,12 +6,10 @@ import warnings
 import numpy as np
 
 from ..interpreters import cpu
-from ..ops import ARRAY, BY_NAME
+from ..ops import ARRAY
 from ..tape import end_tape
 from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 
-_LEAF = BY_NAME["leaf"].code
-_CONST = BY_NAME["const"].code
 
 _LATER = ("{what} is not implemented yet: it comes with tapegrad's higher-order derivatives "
           "and batched gradients feature (create_graph, is_grads_batched). Until then compute "
@@ -346,19 +344,22 @@ def _leaf_outputs_only(outs, seeds, ins):
 
 def _check_versions(graph, need, reach):
     """Raise when an array saved for this backward was changed in place since recording."""
+    for t in graph.tapes:
+        for k in t.versioned:
+            x, ver = t.aux[k]
+            if x._ver[0] != ver:
+                _version_error(graph, need, reach, graph.slot(t, k), x, ver)
+
+
+def _version_error(graph, need, reach, s, x, ver):
     rows = graph.rows
-    ops = rows[:, 0]
-    cand = np.nonzero(reach & ((ops == (_LEAF | ARRAY)) | (ops == (_CONST | ARRAY))))[0]
-    for s in cand:
-        s = int(s)
-        t, ver = graph.aux(s)
-        if t._ver[0] == ver:
-            continue
-        users = np.nonzero(need & ((rows[:, 1] == s) | (rows[:, 2] == s)))[0]
-        if any(cpu.SAVES[int(ops[u]) & ~ARRAY] for u in users) or not len(users):
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [{t.dtype} {list(t.shape)}] is at version {t._ver[0]}; "
-                f"expected version {ver} instead. Hint: change the in-place operation to an "
-                "out-of-place one (x = x + y instead of x += y), or record the graph again "
-                "after the change.")
+    if not reach[s]:
+        return
+    users = np.nonzero(need & ((rows[:, 1] == s) | (rows[:, 2] == s)))[0]
+    if any(cpu.SAVES[int(rows[u, 0]) & ~ARRAY] for u in users) or not len(users):
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{x.dtype} {list(x.shape)}] is at version {x._ver[0]}; "
+            f"expected version {ver} instead. Hint: change the in-place operation to an "
+            "out-of-place one (x = x + y instead of x += y), or record the graph again "
+            "after the change.")

@@ -8,7 +8,7 @@ import bisect
 import numpy as np
 from numba import njit
 
-from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF
+from ..ops import ARRAY, BINARY, OPS, SPECIAL, UNARY, UNARY_C, NpF
 from ..ops.arrays import sum_to
 from . import _generated_cpu
 
@@ -99,6 +99,10 @@ class Graph:
             t = tapes[0]
             self.rows = t.rows()
             self.vals = np.array(t.vals, dtype=np.float64)
+            arrays, vals, code = t.arrays, t.vals, t.code
+            self.value = lambda s: arrays[s] if s in arrays else vals[s]
+            self.is_array = arrays.__contains__
+            self.row = lambda k: code[k * 5:k * 5 + 5]
         else:
             parts = []
             for t, off in zip(tapes, self.offsets):
@@ -134,14 +138,15 @@ class Graph:
         i = bisect.bisect_right(self.offsets, s) - 1
         return self.tapes[i], s - self.offsets[i]
 
+    def row(self, k):
+        return self.rows[k].tolist()
+
     def value(self, s):
         tape, k = self.locate(s)
         v = tape.arrays.get(k, tape)
         return tape.vals[k] if v is tape else v
 
     def is_array(self, s):
-        if len(self.tapes) == 1:
-            return s in self.tapes[0].arrays
         tape, k = self.locate(s)
         return k in tape.arrays
 
@@ -160,8 +165,7 @@ class Graph:
         out = np.zeros(self.n, dtype=np.bool_)
         for t, off in zip(self.tapes, self.offsets):
             if t.freed is not None:
-                f = np.frombuffer(t.freed, dtype=np.uint8).astype(np.bool_)
-                out[off:off + len(f)] = f
+                out[off:off + len(t.freed)] = t.freed
         return out
 
     def free(self, need):
@@ -169,15 +173,14 @@ class Graph:
         for t, off in zip(self.tapes, self.offsets):
             n = len(t.vals)
             sub = need[off:off + n]
-            if not sub.any():
-                continue
-            if t.freed is None:
-                t.freed = bytearray(n)
-            elif len(t.freed) < n:
-                t.freed.extend(bytes(n - len(t.freed)))
-            f = np.frombuffer(t.freed, dtype=np.uint8)
-            f[np.nonzero(sub)[0]] = 1
-            if f.all():
+            f = t.freed
+            if f is None:
+                f = t.freed = sub.copy()
+            else:
+                if len(f) < n:
+                    f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
+                f |= sub
+            if t.arrays and f.all():
                 for k in t.arrays:
                     t.arrays[k] = None
 
@@ -223,38 +226,44 @@ def sweep(graph, need, adj, adjd):
 
 def array_vjp(graph, k, adj, adjd):
     """Run entry ``k``'s rule on NumPy values and accumulate into its inputs."""
-    rows = graph.rows
-    op = OPS[int(rows[k, 0]) & ~ARRAY]
-    out = graph.value(k)
-    if graph.is_array(k):
+    code, a, b, c0, c1 = graph.row(k)
+    op = OPS[int(code) & ~ARRAY]
+    value, is_array = graph.value, graph.is_array
+    out = value(k)
+    if is_array(k):
         g = adjd.get(k)
         if g is None:
             g = np.zeros_like(out)
     else:
         g = adj[k]
-    a, b = int(rows[k, 1]), int(rows[k, 2])
     kind = op.kind
-    if kind == UNARY or op.name == "import_":
+    if kind is UNARY or kind is SPECIAL:
         inputs = (a,)
-        grads = op.vjp(NpF, g, graph.value(a), out)
-    elif kind == UNARY_C:
+        grads = op.vjp(NpF, g, value(a), out)
+    elif kind is UNARY_C:
         inputs = (a,)
-        grads = op.vjp(NpF, g, graph.value(a), out, rows[k, 3], rows[k, 4])
-    elif kind == BINARY:
+        grads = op.vjp(NpF, g, value(a), out, c0, c1)
+    elif kind is BINARY:
         inputs = (a, b)
-        grads = op.vjp(NpF, g, graph.value(a), graph.value(b), out)
+        grads = op.vjp(NpF, g, value(a), value(b), out)
     else:
-        assert kind == ARRAY_OP
-        inputs = graph.nary_inputs(k) if op.nary else tuple(x for x in (a, b) if x >= 0)
-        grads = op.vjp(NpF, g, [graph.value(s) for s in inputs], out, graph.aux(k))
+        inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
+        grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
     for s, gr in zip(inputs, grads):
         if gr is None:
             continue
-        if graph.is_array(s):
-            v = graph.value(s)
-            gr = sum_to(gr, v.shape)
-            gr = np.asarray(gr, dtype=v.dtype)
+        s = int(s)
+        if is_array(s):
+            v = value(s)
+            if gr.__class__ is not np.ndarray:
+                gr = np.broadcast_to(np.asarray(gr, dtype=v.dtype), v.shape)
+            elif gr.shape != v.shape:
+                gr = sum_to(gr, v.shape)
+            if gr.dtype != v.dtype:
+                gr = gr.astype(v.dtype)
             prev = adjd.get(s)
             adjd[s] = gr if prev is None else prev + gr
+        elif gr.__class__ is float:
+            adj[s] += gr
         else:
             adj[s] += float(np.sum(gr))

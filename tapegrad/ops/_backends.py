@@ -104,5 +104,5 @@ def build_backends():
     SymF.where = lambda c, x, y: Sym(f"({_src(x)} if {_src(c)} else {_src(y)})")
     SymF.zeros_like = lambda x: Sym("0.0")
     NpF.where = _np_where
-    NpF.zeros_like = np.zeros_like
+    NpF.zeros_like = lambda x: 0.0  # broadcasts; the sweep widens it to the input's shape
     return SymF, NpF

@@ -36,6 +36,8 @@ def _kshape(out_shape, dims, keepdim, in_ndim):
 def _gk(F, g, a, aux):
     """g reshaped so that it broadcasts against the reduction's input."""
     dims, keepdim = aux[0], aux[1]
+    if keepdim or dims is None and np.ndim(g) == 0:
+        return g
     ks = _kshape(np.shape(g), dims, keepdim, np.ndim(a))
     return g if ks == np.shape(g) else F.reshape(g, (ks, np.shape(g)))
 
