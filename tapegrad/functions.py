@@ -12,12 +12,12 @@ import numbers
 
 import numpy as np
 
+from . import _generated_eager as _eager
 from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE
 from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
-                     _binary_general, _to_dtype, _to_tensor, array_op, binary, operator_methods, result_dtype,
-                     tensor, unary)
+                     _to_dtype, _to_tensor, array_op, binary, result_dtype, tensor, unary)
 
 _O = BY_NAME
 _NUMBER = (float, int, bool)
@@ -42,14 +42,6 @@ def _tn(x, name="input"):
 # --- elementwise ----------------------------------------------------------------------------
 
 
-def _unary_fn(op):
-    def fn(input):
-        return unary(op, _t(input))
-    fn.__name__ = op.torch or op.name
-    fn.__doc__ = f"Elementwise ``{op.torch or op.name}`` (differentiable)."
-    return fn
-
-
 def _binary_fn(op):
     def fn(input, other):
         input, other = _tn(input), _tn(other, "other")
@@ -61,14 +53,14 @@ def _binary_fn(op):
     return fn
 
 
-exp, log, log1p, expm1, sqrt, rsqrt = (_unary_fn(_O[n]) for n in
-                                       ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt"))
-sin, cos, tan, asin, acos, atan = (_unary_fn(_O[n]) for n in
-                                   ("sin", "cos", "tan", "asin", "acos", "atan"))
-sinh, cosh, tanh, sigmoid, relu, erf = (_unary_fn(_O[n]) for n in
-                                        ("sinh", "cosh", "tanh", "sigmoid", "relu", "erf"))
-abs, sign, square, reciprocal, neg = (_unary_fn(_O[n]) for n in
-                                      ("abs", "sign", "square", "reciprocal", "neg"))
+exp, log, log1p, expm1, sqrt, rsqrt = (_eager.exp, _eager.log, _eager.log1p, _eager.expm1,
+                                       _eager.sqrt, _eager.rsqrt)
+sin, cos, tan, asin, acos, atan = (_eager.sin, _eager.cos, _eager.tan, _eager.asin,
+                                   _eager.acos, _eager.atan)
+sinh, cosh, tanh, sigmoid, relu, erf = (_eager.sinh, _eager.cosh, _eager.tanh, _eager.sigmoid,
+                                        _eager.relu, _eager.erf)
+abs, sign, square, reciprocal, neg = (_eager.abs, _eager.sign, _eager.square,
+                                      _eager.reciprocal, _eager.neg)
 add, sub, mul, div = (_binary_fn(_O[n]) for n in ("add", "sub", "mul", "div"))
 atan2, maximum, minimum = (_binary_fn(_O[n]) for n in ("atan2", "maximum", "minimum"))
 _pow2 = _binary_fn(_O["pow"])
@@ -683,19 +675,9 @@ _ADD, _SUB, _MUL, _DIV, _POW = _O["add"], _O["sub"], _O["mul"], _O["div"], _O["p
 _NEG, _ABS = _O["neg"], _O["abs"]
 
 
-def _binop_fallback(op, x, y):
-    if (x.__class__ is Tensor or x.__class__ in _NUMBER) and \
-            (y.__class__ is Tensor or y.__class__ in _NUMBER):
-        return _binary_general(op, x, y)
-    try:
-        x, y = _tn(x), _tn(y, "other")
-    except TypeError:
-        return NotImplemented
-    return binary(op, x, y)
-
-
 def _binop(op):
-    return operator_methods(op, _binop_fallback)
+    name = op.name
+    return getattr(_eager, f"__{name}__"), getattr(_eager, f"__r{name}__")
 
 
 Tensor.__add__, Tensor.__radd__ = _binop(_ADD)
@@ -703,7 +685,7 @@ Tensor.__sub__, Tensor.__rsub__ = _binop(_SUB)
 Tensor.__mul__, Tensor.__rmul__ = _binop(_MUL)
 Tensor.__truediv__, Tensor.__rtruediv__ = _binop(_DIV)
 Tensor.__pow__, Tensor.__rpow__ = _binop(_POW)
-Tensor.__neg__ = lambda self: unary(_NEG, self)
+Tensor.__neg__ = _eager.neg
 Tensor.__pos__ = lambda self: self
 Tensor.__abs__ = lambda self: unary(_ABS, self)
 Tensor.__matmul__ = lambda self, other: matmul(self, _to_tensor(other))

@@ -300,7 +300,8 @@ class Tensor:
 
     @property
     def grad(self):
-        if self._tape is not None and not getattr(self, "_retains", False):
+        g = getattr(self, "_grad", None)
+        if g is None and self._tape is not None and not getattr(self, "_retains", False):
             warnings.warn(
                 "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. "
                 "Its .grad attribute won't be populated during autograd.backward(). If you "
@@ -308,7 +309,7 @@ class Tensor:
                 ".retain_grad() on the non-leaf Tensor. If you access the non-leaf Tensor by "
                 "mistake, make sure you access the leaf Tensor instead.", UserWarning,
                 stacklevel=2)
-        return getattr(self, "_grad", None)
+        return g
 
     @grad.setter
     def grad(self, value):
@@ -686,57 +687,6 @@ def _rec_s(code, x, y, c0, v):
     return t
 
 
-def operator_methods(op, fallback):
-    """(``__op__``, ``__rop__``) for binary ``op``: the 0-d float64 path inline, the rest
-    through ``fallback(op, x, y)``."""
-    py, code = op.py, op.code
-    forms = _CONST_OPS.get(op.name)
-    rc, rs = (forms[0][0].code, forms[0][1]) if forms else (-1, 0.0)
-    lc, ls = (forms[1][0].code, forms[1][1]) if forms else (-1, 0.0)
-
-    def method(self, other):
-        d = self._d
-        oc = other.__class__
-        if d.__class__ is _pyfloat:
-            if oc is Tensor:
-                e = other._d
-                if e.__class__ is _pyfloat:
-                    v = py(d, e)
-                    if (self._rg or other._rg) and STATE.grad_enabled:
-                        if not other._rg and rc >= 0:
-                            return _rec_s(rc, self, None, rs * e, v)
-                        if not self._rg and lc >= 0:
-                            return _rec_s(lc, other, None, ls * d, v)
-                        return _rec_s(code, self, other, 0.0, v)
-                    return _plain_s(v)
-            elif oc is _pyfloat or oc is _pyint:
-                e = other + 0.0
-                v = py(d, e)
-                if self._rg and STATE.grad_enabled:
-                    if rc >= 0:
-                        return _rec_s(rc, self, None, rs * e, v)
-                    return _rec_s(code, self, _plain_s(e), 0.0, v)
-                return _plain_s(v)
-        return fallback(op, self, other)
-
-    def rmethod(self, other):
-        oc = other.__class__
-        d = self._d
-        if d.__class__ is _pyfloat and (oc is _pyfloat or oc is _pyint):
-            e = other + 0.0
-            v = py(e, d)
-            if self._rg and STATE.grad_enabled:
-                if lc >= 0:
-                    return _rec_s(lc, self, None, ls * e, v)
-                return _rec_s(code, _plain_s(e), self, 0.0, v)
-            return _plain_s(v)
-        return fallback(op, other, self)
-
-    method.__name__ = f"__{op.name}__"
-    rmethod.__name__ = f"__r{op.name}__"
-    return method, rmethod
-
-
 _FLOAT_ONLY = frozenset(("div", "pow", "atan2"))
 
 
@@ -822,6 +772,35 @@ def _binary_general(op, x, y):
             return _record(cop.code | ARRAY, y, None, sgn * _pyfloat(xv), 0.0, v)
         return _record(op.code | ARRAY, _as_operand(x), _as_operand(y), 0.0, 0.0, v)
     return _binary_slow(op, x, y)
+
+
+def binary_fallback(op, x, y):
+    """Binary ``op`` on anything but two 0-d float64 values (NotImplemented for foreign
+    types, so Python can try the reflected operator)."""
+    if (x.__class__ is Tensor or x.__class__ in _NUMBER) and \
+            (y.__class__ is Tensor or y.__class__ in _NUMBER):
+        return _binary_general(op, x, y)
+    try:
+        x = x if isinstance(x, Tensor) or x.__class__ in _NUMBER else _operand(x)
+        y = y if isinstance(y, Tensor) or y.__class__ in _NUMBER else _operand(y)
+    except TypeError:
+        return NotImplemented
+    return binary(op, x, y)
+
+
+def _operand(x):
+    if isinstance(x, numbers.Real):
+        return x.item() if isinstance(x, np.generic) else _pyfloat(x)
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return _to_tensor(x)
+    raise TypeError(f"unsupported operand type: {type(x).__name__}")
+
+
+def unary_fallback(op, x):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op.torch or op.name}(): argument 'input' must be a Tensor, not "
+                        f"{type(x).__name__}")
+    return unary(op, x)
 
 
 def _as_operand(x):

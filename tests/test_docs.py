@@ -1,0 +1,30 @@
+"""The docs' Python examples run, top to bottom, and their asserts hold."""
+import pathlib
+import re
+
+import pytest
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+FENCE = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def _blocks(name):
+    return FENCE.findall((DOCS / name).read_text())
+
+
+@pytest.mark.parametrize("i", range(len(_blocks("getting-started.md"))))
+def test_getting_started_block_runs(i):
+    block = _blocks("getting-started.md")[i]
+    exec(compile(block, f"getting-started.md[block {i}]", "exec"), {"__name__": "__docs__"})
+
+
+def test_getting_started_has_examples():
+    assert len(_blocks("getting-started.md")) >= 3
+
+
+def test_readme_example_runs():
+    readme = (DOCS.parent / "README.md").read_text()
+    blocks = FENCE.findall(readme)
+    assert blocks
+    for b in blocks:
+        exec(compile(b, "README.md", "exec"), {"__name__": "__docs__"})
