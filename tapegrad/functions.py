@@ -234,7 +234,7 @@ def _extreme(op, npfn, argfn, pair_op, name):
         if not keepdim:
             v = np.squeeze(v, axis=d)
         ind = np.expand_dims(idx, d) if keepdim else idx
-        values = array_op(op, [x], v, ((d,), keepdim, idx))
+        values = array_op(op, [x], v, ((d,), keepdim, idx))  # idx: reduced shape
         return _minmax(values, _plain(np.asarray(ind, dtype=np.int64)))
     fn.__name__ = name
     fn.__doc__ = (f"``{name}(x)``: the {name}imum (ties share the gradient evenly); "
@@ -247,18 +247,23 @@ max = _extreme(_O["amax"], np.max, np.argmax, _O["maximum"], "max")
 min = _extreme(_O["amin"], np.min, np.argmin, _O["minimum"], "min")
 
 
-def amax(input, dim=(), keepdim=False):
-    x = _t(input)
-    if dim == () or dim is None:
-        return max(x)
-    return max(x, dim, keepdim).values
+def _amax_amin(op, npfn):
+    def fn(input, dim=(), keepdim=False):
+        """Maximum (minimum) over ``dim`` (all dims when empty); ties share the gradient."""
+        x = _t(input)
+        dims = None if dim == () or dim is None else _dims(dim, x.ndim)
+        a = np.asarray(x._d)
+        if a.size == 0:
+            raise IndexError(f"{op.name}(): Expected reduction dim to be specified for "
+                             "input.numel() == 0.")
+        v = npfn(a, axis=dims, keepdims=keepdim)
+        return array_op(op, [x], np.asarray(v, dtype=a.dtype), (dims, keepdim, None))
+    fn.__name__ = op.name
+    return fn
 
 
-def amin(input, dim=(), keepdim=False):
-    x = _t(input)
-    if dim == () or dim is None:
-        return min(x)
-    return min(x, dim, keepdim).values
+amax = _amax_amin(_O["amax"], np.max)
+amin = _amax_amin(_O["amin"], np.min)
 
 
 def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
@@ -280,6 +285,9 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
 def logsumexp(input, dim, keepdim=False):
     """``log(sum(exp(x), dim))``, computed stably."""
     x = _float_input(_t(input), "logsumexp")
+    if x.ndim == 0:  # torch treats a 0-d input as one element
+        _dims(dim, 0)
+        return reshape(logsumexp(reshape(x, (1,)), 0), ())
     dims = _dims(dim, x.ndim)
     a = np.asarray(x._d)
     aux = (dims if dims is not None else tuple(range(a.ndim)), keepdim)
@@ -297,10 +305,12 @@ def _softmax_fn(op):
         if dim is None:
             raise TypeError(f"{op.name}() missing required argument 'dim'")
         d = _dim(dim, x.ndim)
+        if x.ndim == 0:  # torch treats a 0-d input as one element
+            return reshape(fn(reshape(x, (1,)), 0), ())
         a = np.asarray(x._d)
         with _errstate():
-            v = op.np(a, (d,)) if a.ndim else op.np(a.reshape(1), (0,)).reshape(())
-        return array_op(op, [x], np.asarray(v, dtype=a.dtype), (d if a.ndim else 0,))
+            v = op.np(a, (d,))
+        return array_op(op, [x], np.asarray(v, dtype=a.dtype), (d,))
     fn.__name__ = op.name
     fn.__doc__ = f"``{op.name}`` along ``dim``."
     return fn
@@ -620,8 +630,7 @@ def _rebind(x, res):
     x._sid = res._sid
     x._slot = res._slot
     if res._d.__class__ is not _pyfloat:
-        x._ver = getattr(x, "_ver", None) or [0]
-        x._ver[0] += 1
+        x._ver = [0]  # a new array: what a tape saved of the old one is unchanged
 
 
 def _inplace_write(x, write):
@@ -631,10 +640,10 @@ def _inplace_write(x, write):
         d = np.array(d, copy=True)
         write(d)
         x._d = d
-        x._ver = getattr(x, "_ver", None) or [0]
+        x._ver = [0]  # a new array: what a tape saved of the old one is unchanged
     else:
         write(d)
-    x._ver[0] += 1
+        x._ver[0] += 1
     x._sid = -1
 
 

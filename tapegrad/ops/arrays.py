@@ -199,11 +199,13 @@ def _extreme_np(fn):
 def _extreme_vjp(F, g, v, out, aux):
     """Full reductions split g evenly over ties; dim reductions give it to the first index."""
     a = v[0]
-    if aux[0] is None:
-        mask = np.asarray(a == out)
-        return (F.where(mask, g / float(mask.sum()), F.zeros_like(a)),)
+    if aux[2] is None:  # over dims (all when None): ties share evenly
+        ok = _gk(F, out, a, aux)
+        mask = np.asarray(a == ok)
+        count = np.sum(mask, axis=aux[0], keepdims=True)
+        return (F.where(mask, _gk(F, g, a, aux) / count, F.zeros_like(a)),)
     dim, index = aux[0][0], aux[2]
-    picked = np.expand_dims(index, dim) if not aux[1] else index
+    picked = np.expand_dims(index, dim)
     full = np.zeros(np.shape(a), dtype=np.bool_)
     np.put_along_axis(full, picked, True, axis=dim)
     return (F.where(full, F.expand(_gk(F, g, a, aux), (np.shape(a), None)), F.zeros_like(a)),)

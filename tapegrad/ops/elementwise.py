@@ -120,7 +120,7 @@ def _np_erf_fn(a):
     global _np_erf
     if _np_erf is None:  # compiled on first use only
         import numba
-        _np_erf = numba.vectorize(["float64(float64)", "float32(float32)"],
+        _np_erf = numba.vectorize(["float32(float32)", "float64(float64)"],
                                   cache=True)(lambda x: math.erf(x))
     return _np_erf(a)
 
