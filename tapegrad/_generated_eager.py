@@ -107,7 +107,7 @@ def __add__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other + 0.0
+            e = other if oc is _float else _float(other)
             v = d + e
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 26, e
@@ -142,7 +142,7 @@ def __radd__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other + 0.0
+        e = other if oc is _float else _float(other)
         v = e + d
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 26, e
@@ -213,7 +213,7 @@ def __sub__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other + 0.0
+            e = other if oc is _float else _float(other)
             v = d - e
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 26, -e
@@ -248,7 +248,7 @@ def __rsub__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other + 0.0
+        e = other if oc is _float else _float(other)
         v = e - d
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 28, e
@@ -319,7 +319,7 @@ def __mul__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other + 0.0
+            e = other if oc is _float else _float(other)
             v = d * e
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 27, e
@@ -354,7 +354,7 @@ def __rmul__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other + 0.0
+        e = other if oc is _float else _float(other)
         v = e * d
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 27, e
@@ -425,7 +425,7 @@ def __div__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other + 0.0
+            e = other if oc is _float else _float(other)
             v = _py_div(d, e)
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 29, e
@@ -460,7 +460,7 @@ def __rdiv__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other + 0.0
+        e = other if oc is _float else _float(other)
         v = _py_div(e, d)
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 30, e
@@ -531,7 +531,7 @@ def __pow__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other + 0.0
+            e = other if oc is _float else _float(other)
             v = _py_pow(d, e)
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 31, e
@@ -566,7 +566,7 @@ def __rpow__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other + 0.0
+        e = other if oc is _float else _float(other)
         v = _py_pow(e, d)
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 32, e

@@ -145,6 +145,10 @@ def where(condition, input, other):
 def _dims(dim, ndim):
     if dim is None:
         return None
+    if ndim == 0:  # torch accepts dim 0 or -1 on a 0-d tensor: the whole (single) element
+        for d in (dim if isinstance(dim, (list, tuple)) else (dim,)):
+            _dim(d, 0)
+        return None
     if isinstance(dim, (list, tuple)):
         ds = tuple(_dim(d, ndim) for d in dim)
         if len(set(ds)) != len(ds):
@@ -217,7 +221,7 @@ def _extreme(op, npfn, argfn, pair_op, name):
                                    "'dim' argument.")
             with _errstate():
                 v = npfn(a)
-            return array_op(op, [x], np.asarray(v, dtype=a.dtype), (None, False, None))
+            return array_op(op, [x], np.asarray(v, dtype=a.dtype), (None, False, "even"))
         d = _dim(dim, x.ndim)
         a = np.asarray(x._d)
         if a.ndim == 0:
@@ -582,14 +586,23 @@ def getitem(x, idx):
         if isinstance(v, np.ndarray) and np.shares_memory(v, d):
             t._ver = x._ver  # a view: in-place writes through it bump the base's version
         return t
-    return array_op(_O["getitem"], [x], np.array(v, copy=True), (nidx, d.shape))
+    res = array_op(_O["getitem"], [x], np.array(v, copy=True), (nidx, d.shape))
+    if _basic_index(nidx):
+        res._view = (x, nidx)
+    return res
+
+
+def _basic_index(index):
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
+               for i in items)
 
 
 def setitem(x, idx, value):
     d = x._d
-    if d.__class__ is _pyfloat:
-        raise IndexError("tapegrad cannot assign into a 0-d float64 tensor by index; rebind "
-                         "the name instead")
+    scalar = d.__class__ is _pyfloat
+    if scalar:
+        d = np.asarray(d)
     nidx = _index(idx)
     v = value if isinstance(value, Tensor) else _tn(value, "value")
     vt = v if isinstance(v, Tensor) else None
@@ -618,6 +631,12 @@ def setitem(x, idx, value):
             vt = _to_dtype(vt, d.dtype)
         res = array_op(_O["setitem"], [x, vt], out, (nidx, mask))
         _rebind(x, res)
+        return
+    if scalar:
+        out = np.array(d, copy=True)
+        out[nidx] = vv
+        x._d = _pyfloat(out)
+        x._sid = -1
         return
     _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
 
@@ -655,6 +674,11 @@ def _inplace(op_fn):
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
                                "in-place operation. Use an out-of-place op (x = x + y), or "
                                "update it inside tapegrad.no_grad().")
+        view = getattr(self, "_view", None) if grad else None
+        if view is not None and view[0]._rg and view[0]._tape is None:
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
+                               "an in-place operation. Use an out-of-place op, or update it "
+                               "inside tapegrad.no_grad().")
         res = op_fn(self, other)
         if res.shape != self.shape:
             raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
@@ -663,6 +687,8 @@ def _inplace(op_fn):
             if res.dtype is not self.dtype:
                 res = _to_dtype(res, self.dtype.np)
             _rebind(self, res)
+            if view is not None:  # write through to the base, as torch's views do
+                setitem(view[0], view[1], self)
             return self
         v = res._d
         if self._d.__class__ is _pyfloat:

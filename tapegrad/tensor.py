@@ -217,7 +217,7 @@ class Tensor:
     # _tape/_slot: the tape entry that made a non-leaf (None/-1 for leaves);
     # _sid: sid of the tape whose slot _slot is valid (leaves: cache of their entering);
     # _ver: [version] shared with views (arrays only)
-    __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains",
+    __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains", "_view",
                  "__weakref__")
     __array_priority__ = 1000
 
@@ -394,6 +394,9 @@ class Tensor:
         return d if d.__class__ is _pyfloat else d.tolist()
 
     def __array__(self, dtype=None, copy=None):
+        if self._rg:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
+                               "tensor.detach().numpy() instead.")
         d = self._d
         a = np.array(d) if d.__class__ is _pyfloat else d
         if dtype is not None:
@@ -873,7 +876,10 @@ def _infer_np(data, nd):
         data = [d.tolist() if isinstance(d, Tensor) else d for d in data]
     try:
         a = np.array(data, dtype=nd)
-    except (ValueError, TypeError) as e:
+    except ValueError as e:
+        raise ValueError(f"tapegrad.tensor could not make a tensor from {type(data).__name__}: "
+                         f"{e} (nested sequences must be rectangular)") from None
+    except TypeError as e:
         raise TypeError(f"tapegrad.tensor could not make a tensor from {type(data).__name__}: "
                         f"{e}") from None
     if a.dtype == object:
@@ -884,8 +890,8 @@ def _infer_np(data, nd):
     return a
 
 
-def _finish(a, requires_grad):
-    """ndarray -> leaf tensor (0-d float64 becomes a Python float)."""
+def _finish(a, requires_grad, share=False):
+    """ndarray -> leaf tensor (0-d float64 becomes a Python float unless ``share``)."""
     if not isinstance(requires_grad, _pybool):
         raise TypeError(f"requires_grad must be a bool, got {type(requires_grad).__name__}")
     if a.dtype.kind == "c":
@@ -898,7 +904,7 @@ def _finish(a, requires_grad):
             a = a.astype(np.int64)
         else:
             raise TypeError(f"tapegrad does not support dtype {a.dtype}")
-    v = _pyfloat(a) if (a.ndim == 0 and a.dtype == _F64) else a
+    v = _pyfloat(a) if (a.ndim == 0 and a.dtype == _F64 and not share) else a
     return _leaf(v, requires_grad)
 
 
@@ -935,7 +941,7 @@ def as_tensor(data, dtype=None, device=None):
             return data
         return _to_dtype(data, nd)
     if isinstance(data, np.ndarray):
-        return _finish(data if nd is None else data.astype(nd, copy=False), False)
+        return _finish(data if nd is None else data.astype(nd, copy=False), False, share=True)
     return tensor(data, dtype=dtype)
 
 
@@ -947,7 +953,7 @@ def from_numpy(ndarray):
         raise TypeError(f"can't convert np.ndarray of type {ndarray.dtype}. The only supported "
                         "types are: float64, float32, float16, int64, int32, int16, int8, "
                         "uint8, and bool.")
-    return _finish(ndarray, False)
+    return _finish(ndarray, False, share=True)
 
 
 def _size_args(size):

@@ -162,7 +162,8 @@ def _binary_methods(op):
     src += f"                        x, y, op, c = self, other, {op.code}, 0.0\n"
     src += _ind(_RECORD, 20)
     src += _ind(_PLAIN, 16)
-    src += "        elif oc is _float or oc is _int:\n            e = other + 0.0\n"
+    src += "        elif oc is _float or oc is _int:\n"
+    src += "            e = other if oc is _float else _float(other)\n"
     src += _ind(_fwd(op, "d", "e"), 12)
     src += "            if self._rg and STATE.grad_enabled:\n"
     src += f"                x, y, op, c = self, None, {rc}, {rs}e\n"
@@ -171,7 +172,8 @@ def _binary_methods(op):
     src += f"    return binary_fallback(_{n.upper()}, self, other)\n"
     src += f"\n\ndef __r{n}__(self, other):\n"
     src += "    d = self._d\n    oc = other.__class__\n"
-    src += "    if d.__class__ is _float and (oc is _float or oc is _int):\n        e = other + 0.0\n"
+    src += "    if d.__class__ is _float and (oc is _float or oc is _int):\n"
+    src += "        e = other if oc is _float else _float(other)\n"
     src += _ind(_fwd(op, "e", "d"), 8)
     src += "        if self._rg and STATE.grad_enabled:\n"
     src += f"            x, y, op, c = self, None, {lc}, {ls}e\n"

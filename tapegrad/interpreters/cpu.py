@@ -139,7 +139,8 @@ class Graph:
         return self.tapes[i], s - self.offsets[i]
 
     def row(self, k):
-        return self.rows[k].tolist()
+        op, a, b, c0, c1 = self.rows[k].tolist()
+        return int(op), int(a), int(b), c0, c1
 
     def value(self, s):
         tape, k = self.locate(s)

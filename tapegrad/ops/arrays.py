@@ -162,19 +162,23 @@ def _prod_np(a, aux):
 
 def _prod_vjp(F, g, v, out, aux):
     a = v[0]
-    return (_gk(F, g, a, aux) * F.prod_others(a, aux),)
+    return (_gk(F, g, a, aux) * F.prod_others(a, aux + (out,)),)
 
 
 def _prod_others(a, aux):
-    """Product of all other elements along the reduced dims, exact when zeros are present."""
+    """Product of all other elements along the reduced dims: ``out / a`` like torch where a
+    slice has no zero, the exact exclusive product where it has one."""
     a = np.asarray(a)
-    dims = aux[0]
+    dims, out = aux[0], np.asarray(aux[-1])
     if dims is None:
-        flat = a.reshape(-1)
-        return _excl(flat).reshape(a.shape)
+        if not (a == 0).any():
+            return out / a
+        return _excl(a.reshape(-1)).reshape(a.shape)
     d = dims[0]
-    moved = np.moveaxis(a, d, -1)
-    return np.moveaxis(_excl(moved), -1, d)
+    ok = out if aux[1] else np.expand_dims(out, d)
+    zero = (a == 0).any(axis=d, keepdims=True)
+    excl = np.moveaxis(_excl(np.moveaxis(a, d, -1)), -1, d)
+    return np.where(zero, excl, ok / np.where(a == 0, 1.0, a))
 
 
 def _excl(x):
@@ -199,11 +203,14 @@ def _extreme_np(fn):
 def _extreme_vjp(F, g, v, out, aux):
     """Full reductions split g evenly over ties; dim reductions give it to the first index."""
     a = v[0]
-    if aux[2] is None:  # over dims (all when None): ties share evenly
+    even = isinstance(aux[2], str)  # max()/min() over everything
+    if aux[2] is None or even:  # ties share evenly
         ok = _gk(F, out, a, aux)
         mask = np.asarray(a == ok)
+        if even:  # a NaN result goes to the NaNs, as torch's evenly_distribute_backward
+            mask = mask | (np.isnan(a) & np.isnan(ok))
         count = np.sum(mask, axis=aux[0], keepdims=True)
-        return (F.where(mask, _gk(F, g, a, aux) / count, F.zeros_like(a)),)
+        return (mask * (_gk(F, g, a, aux) / count),)  # torch's form: all-NaN when count is 0
     dim, index = aux[0][0], aux[2]
     picked = np.expand_dims(index, dim)
     full = np.zeros(np.shape(a), dtype=np.bool_)
@@ -246,7 +253,8 @@ def _norm_vjp(F, g, v, out, aux):
         cnt = np.sum(mask, axis=aux[0], keepdims=True)
         return (F.where(mask, F.sign(a) * gk / cnt, F.zeros_like(a)),)
     x = np.abs(a)
-    return (F.where(ok == 0.0, F.zeros_like(a),
+    ok = np.asarray(ok, dtype=np.result_type(a))
+    return (F.where((ok == 0.0) | (a == 0.0), F.zeros_like(a),
                     F.sign(a) * x ** (p - 1.0) * gk / ok ** (p - 1.0)),)
 
 
@@ -274,7 +282,10 @@ def _softmax_np(a, aux):
 
 
 def _log_softmax_np(a, aux):
-    return a - _lse_np(a, ((aux[0],), True))
+    d = aux[0]
+    m = np.max(a, axis=d, keepdims=True)
+    z = a - np.where(np.isfinite(m), m, 0.0)
+    return z - np.log(np.sum(np.exp(z), axis=d, keepdims=True))
 
 
 register("softmax", A, np=_softmax_np, torch="softmax",
