@@ -3,7 +3,7 @@
 Eager fast paths: the 0-d float64 case of each operator and elementwise function, inline.
 """
 from .ops import BY_NAME
-from .tape import ROLLOVER, STATE, current_tape
+from .tape import STATE, current_tape
 from .tensor import Tensor, _new, binary_fallback, unary_fallback
 
 _float, _int = float, int
@@ -83,7 +83,7 @@ def __add__(self, other):
                     else:
                         x, y, op, c = self, other, 35, 0.0
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= ROLLOVER:
+                    if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
                     a = x._slot if x._sid == sid else tape.enter(x)
@@ -112,7 +112,7 @@ def __add__(self, other):
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 26, e
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -147,7 +147,7 @@ def __radd__(self, other):
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 26, e
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= ROLLOVER:
+            if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
             a = x._slot if x._sid == sid else tape.enter(x)
@@ -189,7 +189,7 @@ def __sub__(self, other):
                     else:
                         x, y, op, c = self, other, 36, 0.0
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= ROLLOVER:
+                    if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
                     a = x._slot if x._sid == sid else tape.enter(x)
@@ -218,7 +218,7 @@ def __sub__(self, other):
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 26, -e
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -253,7 +253,7 @@ def __rsub__(self, other):
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 28, e
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= ROLLOVER:
+            if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
             a = x._slot if x._sid == sid else tape.enter(x)
@@ -295,7 +295,7 @@ def __mul__(self, other):
                     else:
                         x, y, op, c = self, other, 37, 0.0
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= ROLLOVER:
+                    if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
                     a = x._slot if x._sid == sid else tape.enter(x)
@@ -324,7 +324,7 @@ def __mul__(self, other):
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 27, e
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -359,7 +359,7 @@ def __rmul__(self, other):
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 27, e
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= ROLLOVER:
+            if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
             a = x._slot if x._sid == sid else tape.enter(x)
@@ -401,7 +401,7 @@ def __div__(self, other):
                     else:
                         x, y, op, c = self, other, 38, 0.0
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= ROLLOVER:
+                    if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
                     a = x._slot if x._sid == sid else tape.enter(x)
@@ -430,7 +430,7 @@ def __div__(self, other):
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 29, e
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -465,7 +465,7 @@ def __rdiv__(self, other):
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 30, e
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= ROLLOVER:
+            if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
             a = x._slot if x._sid == sid else tape.enter(x)
@@ -507,7 +507,7 @@ def __pow__(self, other):
                     else:
                         x, y, op, c = self, other, 39, 0.0
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= ROLLOVER:
+                    if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
                     a = x._slot if x._sid == sid else tape.enter(x)
@@ -536,7 +536,7 @@ def __pow__(self, other):
             if self._rg and STATE.grad_enabled:
                 x, y, op, c = self, None, 31, e
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -571,7 +571,7 @@ def __rpow__(self, other):
         if self._rg and STATE.grad_enabled:
             x, y, op, c = self, None, 32, e
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= ROLLOVER:
+            if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
             a = x._slot if x._sid == sid else tape.enter(x)
@@ -605,7 +605,7 @@ def neg(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 3, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -639,7 +639,7 @@ def exp(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 4, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -673,7 +673,7 @@ def log(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 5, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -707,7 +707,7 @@ def log1p(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 6, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -741,7 +741,7 @@ def expm1(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 7, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -775,7 +775,7 @@ def sqrt(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 8, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -809,7 +809,7 @@ def rsqrt(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 9, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -843,7 +843,7 @@ def sin(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 10, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -877,7 +877,7 @@ def cos(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 11, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -911,7 +911,7 @@ def tan(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 12, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -945,7 +945,7 @@ def asin(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 13, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -979,7 +979,7 @@ def acos(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 14, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1013,7 +1013,7 @@ def atan(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 15, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1047,7 +1047,7 @@ def sinh(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 16, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1081,7 +1081,7 @@ def cosh(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 17, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1115,7 +1115,7 @@ def tanh(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 18, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1149,7 +1149,7 @@ def sigmoid(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 19, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1183,7 +1183,7 @@ def relu(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 20, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1217,7 +1217,7 @@ def erf(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 21, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1251,7 +1251,7 @@ def abs(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 22, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1285,7 +1285,7 @@ def sign(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 23, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1319,7 +1319,7 @@ def square(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 24, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1353,7 +1353,7 @@ def reciprocal(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 25, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)
@@ -1387,7 +1387,7 @@ def clone(input):
             if input._rg and STATE.grad_enabled:
                 x, y, op, c = input, None, 45, 0.0
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= ROLLOVER:
+                if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
                 a = x._slot if x._sid == sid else tape.enter(x)

@@ -643,6 +643,8 @@ def setitem(x, idx, value):
 
 def _rebind(x, res):
     """Make tensor ``x`` the result of an in-place op recorded out of place."""
+    if x._tape is not None:  # entries before this op that saved x's old value now see a
+        x._tape.dirty[x._slot] = res._slot if res._tape is x._tape else len(x._tape)
     x._d = res._d
     x._rg = res._rg
     x._tape = res._tape
@@ -658,6 +660,8 @@ def _inplace_write(x, write):
     if x._tape is not None or not d.flags.writeable:
         d = np.array(d, copy=True)
         write(d)
+        if x._tape is not None:
+            x._tape.dirty[x._slot] = len(x._tape)
         x._d = d
         x._ver = [0]  # a new array: what a tape saved of the old one is unchanged
     else:
@@ -679,10 +683,15 @@ def _inplace(op_fn):
             raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
                                "an in-place operation. Use an out-of-place op, or update it "
                                "inside tapegrad.no_grad().")
-        res = op_fn(self, other)
-        if res.shape != self.shape:
+        oshape = other.shape if isinstance(other, Tensor) else np.shape(other)
+        try:
+            bshape = np.broadcast_shapes(self.shape, oshape)
+        except ValueError:
+            bshape = None
+        if bshape != self.shape:  # checked before anything is recorded
             raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
-                               f"broadcast shape {list(res.shape)}")
+                               f"broadcast shape {list(bshape or oshape)}")
+        res = op_fn(self, other)
         if grad:
             if res.dtype is not self.dtype:
                 res = _to_dtype(res, self.dtype.np)
@@ -694,6 +703,11 @@ def _inplace(op_fn):
         if self._d.__class__ is _pyfloat:
             self._d = v if v.__class__ is _pyfloat else float(v)
             self._sid = -1
+            box = getattr(self, "_ver", None)
+            if box is not None:
+                box[0] += 1
+            if self._tape is not None:
+                self._tape.dirty[self._slot] = len(self._tape)
             return self
         if np.asarray(v).dtype != self._d.dtype and np.asarray(v).dtype.kind == "f" \
                 and self._d.dtype.kind in "biu":

@@ -23,7 +23,8 @@ import numpy as np
 
 from .ops import ARRAY, OPS, ROW, BY_NAME
 
-ROLLOVER = 1 << 16  # entries per tape before the recorder starts a new one
+ROLLOVER = 1 << 13  # entries per tape before the recorder starts a new one
+MAX_BYTES = 1 << 25  # bytes of saved arrays per tape before the recorder starts a new one
 
 LEAF = BY_NAME["leaf"].code
 CONST = BY_NAME["const"].code
@@ -36,7 +37,8 @@ class Tape:
     """One flat tape (see the module docstring)."""
 
     __slots__ = ("sid", "code", "vals", "arrays", "aux", "leaves", "freed", "retained",
-                 "imports", "nary", "versioned", "_cache", "__weakref__")
+                 "imports", "nary", "versioned", "dirty", "limit", "nbytes", "_cache",
+                 "__weakref__")
 
     def __init__(self):
         self.sid = next(_sids)
@@ -49,8 +51,11 @@ class Tape:
         self.retained = {}    # entry -> weakref to a non-leaf tensor that retains grad
         self.imports = []     # entries that import a value from another tape
         self.nary = []        # entries whose inputs are listed in their aux
-        self.versioned = []   # array leaf/constant entries: aux (tensor, version) to check
+        self.versioned = []   # leaf/constant entries: aux (tensor, version) to check
+        self.dirty = {}       # slot -> entry of the in-place op that replaced its tensor
         self._cache = None    # (n, float matrix) of the rows converted so far
+        self.limit = ROLLOVER  # the recorder moves on once len(self) reaches this
+        self.nbytes = 0
 
     def __len__(self):
         return len(self.vals)
@@ -66,6 +71,9 @@ class Tape:
         else:
             self.vals.append(math.nan)
             self.arrays[k] = value
+            self.nbytes += value.nbytes
+            if self.nbytes > MAX_BYTES:
+                self.limit = 0
         self.code += (op, a, b, c0, c1)
         if aux is not None:
             self.aux[k] = aux
@@ -76,22 +84,27 @@ class Tape:
         value = t._d
         src = t._tape
         if src is not None and src is not self:
+            # seal the source: whoever records next on it starts a new tape, so tapes
+            # importing from each other always form an order (threads taking turns)
+            src.limit = 0
             k = self.append(IMPORT if value.__class__ is float else IMPORT | ARRAY,
                             -1, -1, 0.0, 0.0, value, (src, t._slot))
             self.imports.append(k)
             return k
         # leaves and constants keep (tensor, version): a backward checks the version to
-        # catch in-place changes to an array it saved
-        ver = None if value.__class__ is float else t._ver[0]
+        # catch in-place changes to a value it saved
+        box = getattr(t, "_ver", None)
+        if box is None:
+            box = t._ver = [0]
+        ver = box[0]
         if t._rg:
-            k = self.append(LEAF if ver is None else LEAF | ARRAY, -1, -1, 0.0, 0.0, value,
-                            (t, ver))
+            k = self.append(LEAF if value.__class__ is float else LEAF | ARRAY, -1, -1, 0.0,
+                            0.0, value, (t, ver))
             self.leaves.setdefault(id(t), []).append(k)
         else:
             k = self.append(CONST if value.__class__ is float else CONST | ARRAY,
                             -1, -1, 0.0, 0.0, value, (t, ver))
-        if ver is not None:
-            self.versioned.append(k)
+        self.versioned.append(k)
         t._sid = self.sid
         t._slot = k
         return k
@@ -155,7 +168,7 @@ STATE = _State()
 def current_tape():
     """This thread's tape to record onto (a new one when none or the current one is long)."""
     tape = STATE.tape()
-    if tape is None or len(tape.vals) >= ROLLOVER:
+    if tape is None or len(tape.vals) >= tape.limit:
         tape = Tape()
         STATE.tape = weakref.ref(tape)
     return tape

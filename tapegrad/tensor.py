@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 import warnings
@@ -9,7 +10,7 @@ import warnings
 import numpy as np
 
 from .ops import ARRAY, BY_NAME, UNARY_C
-from .tape import ROLLOVER, STATE, current_tape
+from .tape import STATE, current_tape
 
 # ---------------------------------------------------------------------------------------
 # dtypes
@@ -95,7 +96,13 @@ def is_inference_mode_enabled():
 
 
 class _GradMode:
-    """Base for grad-mode context managers; each is also a function decorator."""
+    """Base for grad-mode context managers; each is also a function decorator (with or
+    without parentheses, generators included)."""
+
+    def __new__(cls, *args, **kwargs):
+        if len(args) == 1 and callable(args[0]) and not isinstance(args[0], _pybool):
+            return cls()(args[0])  # used as @decorator without parentheses
+        return super().__new__(cls)
 
     def _enter_mode(self):
         raise NotImplementedError
@@ -110,9 +117,34 @@ class _GradMode:
         return False
 
     def __call__(self, fn):
+        make = self.clone
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def generator(*args, **kwargs):
+                gen = fn(*args, **kwargs)
+                with make():
+                    value = next(gen)
+                while True:
+                    try:
+                        sent = yield value
+                    except GeneratorExit:
+                        with make():
+                            gen.close()
+                        raise
+                    except BaseException as e:  # noqa: BLE001  thrown into the generator
+                        with make():
+                            value = gen.throw(e)
+                    else:
+                        try:
+                            with make():
+                                value = gen.send(sent)
+                        except StopIteration as stop:
+                            return stop.value
+            return generator
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with self.__class__(*self._args()):
+            with make():
                 return fn(*args, **kwargs)
         return wrapper
 
@@ -138,7 +170,11 @@ class enable_grad(_GradMode):
 
 
 class set_grad_enabled(_GradMode):
-    """Sets grad mode at once (as a function), or for a ``with`` block."""
+    """Sets grad mode at once (as a function), or for a ``with`` block or a decorated
+    function (decorating restores the mode it had before)."""
+
+    def __new__(cls, mode):
+        return object.__new__(cls)
 
     def __init__(self, mode):
         if not isinstance(mode, _pybool):
@@ -153,8 +189,26 @@ class set_grad_enabled(_GradMode):
     def __enter__(self):
         return self
 
+    def __call__(self, fn):
+        STATE.grad_enabled, STATE.inference = self._prev
+        return super().__call__(fn)
+
+    def clone(self):
+        return _SetGradMode(self.mode)
+
     def _args(self):
         return (self.mode,)
+
+
+class _SetGradMode(_GradMode):
+    def __new__(cls, mode):
+        return object.__new__(cls)
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def _enter_mode(self):
+        STATE.grad_enabled = self.mode
 
 
 class inference_mode(_GradMode):
@@ -520,7 +574,7 @@ def _norm_value(v):
 def _record(code, x, y, c0, c1, value, aux=None):
     """Append one entry (inputs ``x``, ``y`` or None) and return its output tensor."""
     tape = STATE.tape()
-    if tape is None or len(tape.vals) >= ROLLOVER:
+    if tape is None or len(tape.vals) >= tape.limit:
         tape = current_tape()
     sid = tape.sid
     a = x._slot if x._sid == sid else tape.enter(x)
@@ -581,7 +635,8 @@ def unary(op, x, c0=0.0, c1=0.0):
             pass
         else:
             d = d.astype(np.float64)
-    v = op.np(d, c0, c1) if op.kind == UNARY_C else op.np(d)
+    with np.errstate(all="ignore"):
+        v = op.np(d, c0, c1) if op.kind == UNARY_C else op.np(d)
     v = _norm_value(v)
     if v.__class__ is not _pyfloat and v.dtype != d.dtype and d.dtype.kind == "f":
         v = v.astype(d.dtype)
@@ -672,7 +727,7 @@ def _plain_s(v):
 def _rec_s(code, x, y, c0, v):
     """``_record`` for the hot path: scalar entry, float value, no aux."""
     tape = STATE.tape()
-    if tape is None or len(tape.vals) >= ROLLOVER:
+    if tape is None or len(tape.vals) >= tape.limit:
         tape = current_tape()
     sid = tape.sid
     a = x._slot if x._sid == sid else tape.enter(x)
@@ -755,7 +810,11 @@ def _binary_general(op, x, y):
             or yc is _ND and yv.dtype.kind == "f" and xc in _NUMBER and (
                 yv.dtype is _F64 or x.__class__ is not Tensor):
         try:
-            v = op.np(xv, yv)
+            if op.name in _FLOAT_ONLY:
+                with np.errstate(all="ignore"):
+                    v = op.np(xv, yv)
+            else:
+                v = op.np(xv, yv)
         except ValueError:
             return _binary_slow(op, x, y)
         if v.ndim == 0:
@@ -837,7 +896,8 @@ def _binary_slow(op, x, y):
         yv = np.asarray(yv, dtype=rd) if yv.__class__ is _pyfloat and y.__class__ is Tensor \
             else yv
     try:
-        v = op.np(xv, yv)
+        with np.errstate(all="ignore"):
+            v = op.np(xv, yv)
     except ValueError as e:
         raise RuntimeError(
             f"The size of tensor a ({list(np.shape(xv))}) must match the size of tensor b "

@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 
 from ..interpreters import cpu
-from ..ops import ARRAY
+from ..ops import ARRAY, OPS
 from ..tape import end_tape
 from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 
@@ -169,6 +169,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     if retain_graph is None:
         retain_graph = create_graph
     if ins is not None:
+        ins = list({id(x): x for x in ins}.values())
         for x in ins:
             if not x._rg:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
@@ -343,23 +344,37 @@ def _leaf_outputs_only(outs, seeds, ins):
 
 
 def _check_versions(graph, need, reach):
-    """Raise when an array saved for this backward was changed in place since recording."""
+    """Raise, as torch does, when a value saved for this backward was changed in place
+    after it was recorded."""
     for t in graph.tapes:
         for k in t.versioned:
             x, ver = t.aux[k]
             if x._ver[0] != ver:
-                _version_error(graph, need, reach, graph.slot(t, k), x, ver)
+                s = graph.slot(t, k)
+                if reach[s] and _read_by(graph, need, s, len(graph.rows)):
+                    _version_error(x, x._ver[0], ver)
+        for k, until in t.dirty.items():
+            s = graph.slot(t, k)
+            op = OPS[int(graph.rows[s, 0]) & ~ARRAY]
+            if (need[s] and "out" in op.uses) or _read_by(graph, need, s, graph.slot(t, until)):
+                _version_error(None, 1, 0)
 
 
-def _version_error(graph, need, reach, s, x, ver):
-    rows = graph.rows
-    if not reach[s]:
-        return
-    users = np.nonzero(need & ((rows[:, 1] == s) | (rows[:, 2] == s)))[0]
-    if any(cpu.SAVES[int(rows[u, 0]) & ~ARRAY] for u in users) or not len(users):
-        raise RuntimeError(
-            "one of the variables needed for gradient computation has been modified by an "
-            f"inplace operation: [{x.dtype} {list(x.shape)}] is at version {x._ver[0]}; "
-            f"expected version {ver} instead. Hint: change the in-place operation to an "
-            "out-of-place one (x = x + y instead of x += y), or record the graph again "
-            "after the change.")
+def _read_by(graph, need, s, until):
+    """Whether a needed entry before ``until`` reads slot ``s``'s saved value."""
+    rows = graph.rows[:until]
+    users = np.nonzero(need[:until] & ((rows[:, 1] == s) | (rows[:, 2] == s)))[0]
+    for u in users:
+        op = OPS[int(rows[u, 0]) & ~ARRAY]
+        if ("a" in op.uses and int(rows[u, 1]) == s) or ("b" in op.uses and int(rows[u, 2]) == s):
+            return True
+    return False
+
+
+def _version_error(x, now, ver):
+    what = f"[{x.dtype} {list(x.shape)}]" if x is not None else "a tensor"
+    raise RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: {what} is at version {now}; expected version {ver} instead. "
+        "Hint: change the in-place operation to an out-of-place one (x = x + y instead of "
+        "x += y), or record the graph again after the change.")

@@ -13,6 +13,7 @@ from ..ops.arrays import sum_to
 from . import _generated_cpu
 
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
+_LAST_SPECIAL = max(op.code for op in OPS if op.kind == SPECIAL)
 _NO_INT = np.zeros(0, dtype=np.int64)
 
 
@@ -170,7 +171,7 @@ class Graph:
         return out
 
     def free(self, need):
-        """Mark the swept entries freed; release a tape's arrays once all of it is freed."""
+        """Mark the swept entries freed and drop the saved arrays no live entry reads."""
         for t, off in zip(self.tapes, self.offsets):
             n = len(t.vals)
             sub = need[off:off + n]
@@ -181,9 +182,25 @@ class Graph:
                 if len(f) < n:
                     f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
                 f |= sub
-            if t.arrays and f.all():
-                for k in t.arrays:
-                    t.arrays[k] = None
+            if t.arrays and sub.any():
+                _release(t, f)
+
+
+def _release(tape, freed):
+    """Drop arrays whose producing entry is freed (or is bookkeeping) and that no unfreed
+    entry reads; a tensor that holds such a value keeps its own reference."""
+    rows = tape.rows()
+    ops = rows[:, 0].astype(np.int64) & ~ARRAY
+    live = ~freed & (ops > _LAST_SPECIAL)
+    read = set(rows[live, 1].astype(np.int64).tolist())
+    read.update(rows[live, 2].astype(np.int64).tolist())
+    for k in tape.nary:
+        if live[k]:
+            read.update(tape.aux[k][0])
+    arrays = tape.arrays
+    for k in list(arrays):
+        if arrays[k] is not None and (freed[k] or ops[k] <= _LAST_SPECIAL) and k not in read:
+            arrays[k] = None
 
 
 def check_not_freed(graph, need):

@@ -7,5 +7,26 @@ from ._registry import (ARRAY, ARRAY_OP, BINARY, BY_NAME, OPS, ROW, SPECIAL, UNA
 Opcode = opcode_enum()
 SymF, NpF = build_backends()
 
+
+def _rule_uses(op):
+    """Names among a, b, out that an elementwise rule reads (from its generated source)."""
+    import re
+    names = ("g", "a", "b", "out", "c0", "c1")
+    sym = {n: Sym(n) for n in names}
+    if op.kind == UNARY:
+        grads = op.vjp(SymF, sym["g"], sym["a"], sym["out"])
+    elif op.kind == UNARY_C:
+        grads = op.vjp(SymF, sym["g"], sym["a"], sym["out"], sym["c0"], sym["c1"])
+    else:
+        grads = op.vjp(SymF, sym["g"], sym["a"], sym["b"], sym["out"])
+    text = " ".join(x.s if isinstance(x, Sym) else "" for x in grads)
+    return frozenset(n for n in ("a", "b", "out") if re.search(rf"\b{n}\b", text))
+
+
+for _op in OPS:
+    if _op.kind in (UNARY, UNARY_C, BINARY):
+        _op.uses = _rule_uses(_op)
+del _op
+
 __all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "OPS", "ROW", "SPECIAL", "UNARY",
            "UNARY_C", "Op", "Opcode", "Sym", "SymF", "NpF"]

@@ -35,7 +35,7 @@ class Op:
     """One registered op. Fields are documented in the module docstring."""
 
     __slots__ = ("name", "code", "kind", "py", "np", "nb", "vjp", "saves", "torch",
-                 "nary", "doc")
+                 "nary", "doc", "uses")
 
     def __init__(self, name, kind, *, py=None, np=None, nb=None, vjp=None, saves=True,
                  torch=None, nary=False, doc=""):
@@ -53,6 +53,8 @@ class Op:
         self.nary = nary
         self.doc = doc
         self.code = len(OPS)
+        # which of the entry's values (a, b, out) its rule reads; filled in by ops/__init__
+        self.uses = frozenset(("a", "b", "out")) if saves else frozenset()
 
     @property
     def scalar(self):
