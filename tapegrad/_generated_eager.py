@@ -76,12 +76,7 @@ def __add__(self, other):
             if e.__class__ is _float:
                 v = d + e
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    if not other._rg:
-                        x, y, op, c = self, None, 26, e
-                    elif not self._rg:
-                        x, y, op, c = other, None, 26, d
-                    else:
-                        x, y, op, c = self, other, 35, 0.0
+                    x, y, op, c = self, other, 35, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
@@ -182,12 +177,7 @@ def __sub__(self, other):
             if e.__class__ is _float:
                 v = d - e
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    if not other._rg:
-                        x, y, op, c = self, None, 26, -e
-                    elif not self._rg:
-                        x, y, op, c = other, None, 28, d
-                    else:
-                        x, y, op, c = self, other, 36, 0.0
+                    x, y, op, c = self, other, 36, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
@@ -288,12 +278,7 @@ def __mul__(self, other):
             if e.__class__ is _float:
                 v = d * e
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    if not other._rg:
-                        x, y, op, c = self, None, 27, e
-                    elif not self._rg:
-                        x, y, op, c = other, None, 27, d
-                    else:
-                        x, y, op, c = self, other, 37, 0.0
+                    x, y, op, c = self, other, 37, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
@@ -394,12 +379,7 @@ def __div__(self, other):
             if e.__class__ is _float:
                 v = _py_div(d, e)
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    if not other._rg:
-                        x, y, op, c = self, None, 29, e
-                    elif not self._rg:
-                        x, y, op, c = other, None, 30, d
-                    else:
-                        x, y, op, c = self, other, 38, 0.0
+                    x, y, op, c = self, other, 38, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
@@ -500,12 +480,7 @@ def __pow__(self, other):
             if e.__class__ is _float:
                 v = _py_pow(d, e)
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    if not other._rg:
-                        x, y, op, c = self, None, 31, e
-                    elif not self._rg:
-                        x, y, op, c = other, None, 32, d
-                    else:
-                        x, y, op, c = self, other, 39, 0.0
+                    x, y, op, c = self, other, 39, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()

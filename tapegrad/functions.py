@@ -15,7 +15,7 @@ import numpy as np
 from . import _generated_eager as _eager
 from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
-from .tape import STATE
+from .tape import STATE, bump
 from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
                      _to_dtype, _to_tensor, array_op, binary, result_dtype, tensor, unary)
 
@@ -89,11 +89,21 @@ def clamp(input, min=None, max=None):
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
+        lo = None if min is None else _tn(min, "min")  # both checked before recording
+        hi = None if max is None else _tn(max, "max")
+        for b in (lo, hi):
+            if b is not None:
+                try:
+                    np.broadcast_shapes(x.shape, np.shape(b._d if isinstance(b, Tensor)
+                                                          else b))
+                except ValueError:
+                    raise RuntimeError(f"clamp: bound of shape {list(np.shape(b._d))} does "
+                                       f"not broadcast to {list(x.shape)}") from None
         out = x
-        if min is not None:
-            out = binary(_O["clamp_min_t"], out, _tn(min, "min"))
-        if max is not None:
-            out = binary(_O["clamp_max_t"], out, _tn(max, "max"))
+        if lo is not None:
+            out = binary(_O["clamp_min_t"], out, lo)
+        if hi is not None:
+            out = binary(_O["clamp_max_t"], out, hi)
         return out
     for name, v in (("min", min), ("max", max)):
         if v is not None and not isinstance(v, numbers.Real):
@@ -166,6 +176,7 @@ def _float_input(x, fname):
 def _reduce(op, npfn):
     def fn(input, dim=None, keepdim=False, *, dtype=None):
         x = _t(input)
+        _dims(dim, x.ndim)  # checked before anything is recorded
         if dtype is not None:
             x = _to_dtype(x, _np_dtype(dtype))
         if op.name == "mean":
@@ -194,11 +205,11 @@ mean = _reduce(_O["mean"], np.mean)
 def prod(input, dim=None, keepdim=False, *, dtype=None):
     """Product of all elements, or along one ``dim``."""
     x = _t(input)
-    if dtype is not None:
-        x = _to_dtype(x, _np_dtype(dtype))
     if isinstance(dim, (tuple, list)):
         raise TypeError("prod(): dim must be a single int")
     dims = _dims(dim, x.ndim)
+    if dtype is not None:
+        x = _to_dtype(x, _np_dtype(dtype))
     a = np.asarray(x._d)
     v = np.prod(a, axis=dims, keepdims=keepdim)
     v = np.asarray(v).astype(np.int64 if a.dtype.kind in "bui" else a.dtype)
@@ -303,12 +314,12 @@ def logsumexp(input, dim, keepdim=False):
 def _softmax_fn(op):
     def fn(input, dim=None, dtype=None):
         x = _t(input)
-        if dtype is not None:
-            x = _to_dtype(x, _np_dtype(dtype))
-        x = _float_input(x, op.name)
         if dim is None:
             raise TypeError(f"{op.name}() missing required argument 'dim'")
         d = _dim(dim, x.ndim)
+        if dtype is not None:
+            x = _to_dtype(x, _np_dtype(dtype))
+        x = _float_input(x, op.name)
         if x.ndim == 0:  # torch treats a 0-d input as one element
             return reshape(fn(reshape(x, (1,)), 0), ())
         a = np.asarray(x._d)
@@ -666,7 +677,7 @@ def _inplace_write(x, write):
         x._ver = [0]  # a new array: what a tape saved of the old one is unchanged
     else:
         write(d)
-        x._ver[0] += 1
+        bump(x._ver)
     x._sid = -1
 
 
@@ -705,7 +716,7 @@ def _inplace(op_fn):
             self._sid = -1
             box = getattr(self, "_ver", None)
             if box is not None:
-                box[0] += 1
+                bump(box)
             if self._tape is not None:
                 self._tape.dirty[self._slot] = len(self._tape)
             return self

@@ -32,13 +32,23 @@ IMPORT = BY_NAME["import_"].code
 
 _sids = itertools.count(1)
 
+#: bumped by every in-place change to a tensor's value; a tape made after the last bump
+#: has nothing to re-check for in-place changes
+INPLACE = [0]
+
+
+def bump(box):
+    """Count an in-place change of the value whose version box is ``box``."""
+    box[0] += 1
+    INPLACE[0] += 1
+
 
 class Tape:
     """One flat tape (see the module docstring)."""
 
     __slots__ = ("sid", "code", "vals", "arrays", "aux", "leaves", "freed", "retained",
-                 "imports", "nary", "versioned", "dirty", "limit", "nbytes", "_cache",
-                 "__weakref__")
+                 "imports", "nary", "versioned", "dirty", "limit", "nbytes", "epoch",
+                 "_cache", "__weakref__")
 
     def __init__(self):
         self.sid = next(_sids)
@@ -55,6 +65,7 @@ class Tape:
         self.dirty = {}       # slot -> entry of the in-place op that replaced its tensor
         self._cache = None    # (n, float matrix) of the rows converted so far
         self.limit = ROLLOVER  # the recorder moves on once len(self) reaches this
+        self.epoch = INPLACE[0]
         self.nbytes = 0
 
     def __len__(self):

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 
 from .ops import ARRAY, BY_NAME, UNARY_C
-from .tape import STATE, current_tape
+from .tape import STATE, bump, current_tape
 
 # ---------------------------------------------------------------------------------------
 # dtypes
@@ -524,7 +524,7 @@ class Tensor:
             if ver is None:
                 self._ver = [0]
             else:
-                ver[0] += 1
+                bump(ver)
 
 
 _new = object.__new__
@@ -755,21 +755,8 @@ def binary(op, x, y):
         xd, yd = x._d, y._d
         if xd.__class__ is _pyfloat and yd.__class__ is _pyfloat:
             v = op.py(xd, yd)
-            if STATE.grad_enabled:
-                if x._rg:
-                    if y._rg:
-                        return _record(op.code, x, y, 0.0, 0.0, v)
-                    forms = _CONST_OPS.get(op.name)
-                    if forms is not None:
-                        cop, sgn = forms[0]
-                        return _record(cop.code, x, None, sgn * yd, 0.0, v)
-                    return _record(op.code, x, y, 0.0, 0.0, v)
-                if y._rg:
-                    forms = _CONST_OPS.get(op.name)
-                    if forms is not None:
-                        cop, sgn = forms[1]
-                        return _record(cop.code, y, None, sgn * xd, 0.0, v)
-                    return _record(op.code, x, y, 0.0, 0.0, v)
+            if STATE.grad_enabled and (x._rg or y._rg):
+                return _record(op.code, x, y, 0.0, 0.0, v)
             return _plain(v)
     elif xc is Tensor and yc in _NUMBER:
         xd = x._d
@@ -826,10 +813,10 @@ def _binary_general(op, x, y):
             t._ver = [0]
             return t
         forms = _CONST_OPS.get(op.name)
-        if not yr and forms is not None and yc in _NUMBER:
+        if not yr and forms is not None and y.__class__ in _NUMBER:
             cop, sgn = forms[0]
             return _record(cop.code | ARRAY, x, None, sgn * _pyfloat(yv), 0.0, v)
-        if not xr and forms is not None and xc in _NUMBER:
+        if not xr and forms is not None and x.__class__ in _NUMBER:
             cop, sgn = forms[1]
             return _record(cop.code | ARRAY, y, None, sgn * _pyfloat(xv), 0.0, v)
         return _record(op.code | ARRAY, _as_operand(x), _as_operand(y), 0.0, 0.0, v)

@@ -1,13 +1,14 @@
 """``grad`` and ``backward``: argument checks (torch's rules), then one reverse sweep."""
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
 
 from ..interpreters import cpu
 from ..ops import ARRAY, OPS
-from ..tape import end_tape
+from ..tape import INPLACE, bump, end_tape
 from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 
 
@@ -173,7 +174,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
         for x in ins:
             if not x._rg:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
-        results, used = _run(outs, seeds, ins, retain_graph)
+        results, used = _run(outs, seeds, ins, retain_graph, {id(x) for x in ins})
         targets = ins
     else:
         results, used, targets = _run(outs, seeds, None, retain_graph)
@@ -192,7 +193,15 @@ def _as_tensor(r, x):
     return _plain(np.array(r, dtype=x.dtype.np, copy=True).reshape(x.shape))
 
 
+_ACCUMULATE = threading.Lock()  # threads may run backward into the same leaves
+
+
 def _accumulate(x, r):
+    with _ACCUMULATE:
+        _accumulate_locked(x, r)
+
+
+def _accumulate_locked(x, r):
     g = getattr(x, "_grad", None)
     if g is None:
         x._grad = _as_tensor(r, x)
@@ -202,12 +211,12 @@ def _accumulate(x, r):
         v = np.asarray(r, dtype=g.dtype.np).reshape(g.shape)
         if g._d.flags.writeable:
             np.add(g._d, v, out=g._d)
-            g._ver[0] += 1
+            bump(g._ver)
         else:
             g._d = g._d + v
 
 
-def _run(outs, seeds, ins, retain_graph):
+def _run(outs, seeds, ins, retain_graph, skip_retained=()):
     """One reverse sweep. With ``ins`` None (backward), the inputs are the graph's leaves
     and retained non-leaves, returned as a third value."""
     roots = []
@@ -221,6 +230,7 @@ def _run(outs, seeds, ins, retain_graph):
     n = graph.n
     if ins is None:
         ins, slot_lists = _graph_inputs(graph, outs)
+        skip_retained = {id(x) for x in ins}
         collect = True
     else:
         if len(tapes) == 1:
@@ -259,6 +269,19 @@ def _run(outs, seeds, ins, retain_graph):
         is_array = graph.is_array
     results, used = [], []
     for x, sl in zip(ins, slot_lists):
+        if len(sl) == 1 and not direct:  # the common case: one slot per input
+            s = sl[0]
+            if not reach_l[s]:
+                results.append(None)
+                used.append(False)
+            elif is_array(s):
+                v = adjd.get(s)
+                results.append(v if v is not None else np.zeros(x.shape, x.dtype.np))
+                used.append(True)
+            else:
+                results.append(adj_l[s])
+                used.append(True)
+            continue
         total, u = None, False
         for s in sl:
             if reach_l[s]:
@@ -273,6 +296,7 @@ def _run(outs, seeds, ins, retain_graph):
             total = 0.0 if x._d.__class__ is _pyfloat else np.zeros(x.shape, x.dtype.np)
         results.append(total)
         used.append(u)
+    _fill_retained(graph, need, reach, is_output, adj, adjd, skip_retained)
     if not retain_graph:
         graph.free(need)
         for t in tapes:
@@ -280,6 +304,26 @@ def _run(outs, seeds, ins, retain_graph):
     if collect:
         return results, used, ins
     return results, used
+
+
+def _fill_retained(graph, need, reach, is_output, adj, adjd, skip):
+    """retain_grad is a hook, as in torch: every sweep that computes a retaining non-leaf's
+    gradient accumulates it into that tensor's ``.grad`` (grad() included)."""
+    for t in graph.tapes:
+        if not t.retained:
+            continue
+        off = graph.slot(t, 0)
+        for k, ref in list(t.retained.items()):
+            x = ref()
+            if x is None or x._tape is not t or x._slot != k:
+                del t.retained[k]
+                continue
+            if id(x) in skip:  # backward() accumulates into it as an input already
+                continue
+            s = off + k
+            if reach[s] and (need[s] or is_output[s]):
+                v = adjd.get(s) if graph.is_array(s) else adj[s]
+                _accumulate(x, v if v is not None else np.zeros(x.shape, x.dtype.np))
 
 
 def _slots_of(graph, x):
@@ -310,13 +354,6 @@ def _graph_inputs(graph, outs):
                 ins.append(leaf)
                 slots.append([])
             slots[seen[key]].extend(off + k for k in ks)
-        for k, ref in list(t.retained.items()):
-            x = ref()
-            if x is None or x._tape is not t or x._slot != k:
-                del t.retained[k]
-                continue
-            ins.append(x)
-            slots.append([off + k])
     for y in outs:  # a leaf output (backward on a leaf itself)
         if y._tape is None and id(y) not in seen:
             seen[id(y)] = len(ins)
@@ -347,6 +384,8 @@ def _check_versions(graph, need, reach):
     """Raise, as torch does, when a value saved for this backward was changed in place
     after it was recorded."""
     for t in graph.tapes:
+        if t.epoch == INPLACE[0]:  # nothing changed in place since this tape began
+            continue
         for k in t.versioned:
             x, ver = t.aux[k]
             if x._ver[0] != ver:

@@ -154,12 +154,9 @@ def _binary_methods(op):
     src += "        if oc is Tensor:\n            e = other._d\n            if e.__class__ is _float:\n"
     src += _ind(_fwd(op, "d", "e"), 16)
     src += "                if STATE.grad_enabled and (self._rg or other._rg):\n"
-    src += "                    if not other._rg:\n"
-    src += f"                        x, y, op, c = self, None, {rc}, {rs}e\n"
-    src += "                    elif not self._rg:\n"
-    src += f"                        x, y, op, c = other, None, {lc}, {ls}d\n"
-    src += "                    else:\n"
-    src += f"                        x, y, op, c = self, other, {op.code}, 0.0\n"
+    # a tensor that does not require grad is entered as a constant (its version is
+    # checked at backward, as torch does); only Python numbers become c0
+    src += f"                    x, y, op, c = self, other, {op.code}, 0.0\n"
     src += _ind(_RECORD, 20)
     src += _ind(_PLAIN, 16)
     src += "        elif oc is _float or oc is _int:\n"

@@ -187,8 +187,8 @@ class Graph:
 
 
 def _release(tape, freed):
-    """Drop arrays whose producing entry is freed (or is bookkeeping) and that no unfreed
-    entry reads; a tensor that holds such a value keeps its own reference."""
+    """Drop the data of arrays whose producing entry is freed (or is bookkeeping) and that no
+    unfreed entry reads; a tensor that holds such a value keeps its own reference."""
     rows = tape.rows()
     ops = rows[:, 0].astype(np.int64) & ~ARRAY
     live = ~freed & (ops > _LAST_SPECIAL)
@@ -198,9 +198,11 @@ def _release(tape, freed):
         if live[k]:
             read.update(tape.aux[k][0])
     arrays = tape.arrays
-    for k in list(arrays):
-        if arrays[k] is not None and (freed[k] or ops[k] <= _LAST_SPECIAL) and k not in read:
-            arrays[k] = None
+    for k, v in arrays.items():
+        if v.strides and (freed[k] or ops[k] <= _LAST_SPECIAL) and k not in read \
+                and any(v.strides):
+            # keep shape and dtype (rules that save nothing still need them), not the data
+            arrays[k] = np.broadcast_to(np.zeros((), v.dtype), v.shape)
 
 
 def check_not_freed(graph, need):
