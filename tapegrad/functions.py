@@ -597,8 +597,9 @@ def getitem(x, idx):
         if isinstance(v, np.ndarray) and np.shares_memory(v, d):
             t._ver = x._ver  # a view: in-place writes through it bump the base's version
         return t
-    res = array_op(_O["getitem"], [x], np.array(v, copy=True), (nidx, d.shape))
-    if _basic_index(nidx):
+    basic = _basic_index(nidx)
+    res = array_op(_O["getitem"], [x], np.array(v, copy=True), (nidx, d.shape, basic))
+    if basic:
         res._view = (x, nidx)
     return res
 

@@ -280,9 +280,9 @@ def _spy_mark(monkeypatch):
     real = cpu.mark
 
     def spy(*args):
-        need, reach = real(*args)
+        need, reach, arr = real(*args)
         calls.append((need.copy(), reach.copy()))
-        return need, reach
+        return need, reach, arr
     monkeypatch.setattr(cpu, "mark", spy)
     return calls
 
@@ -358,7 +358,7 @@ def test_mark_directly_on_a_tape(fresh_tape):
     is_output = np.zeros(n, dtype=np.bool_)
     is_input[h._slot] = True
     is_output[y._slot] = True
-    need, reach = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+    need, reach, _ = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
     assert np.nonzero(need)[0].tolist() == [2, 4]
     assert reach[1] and reach[2] and not reach[3] and not reach[0]
     # input x, output q: %1 and %3
@@ -366,7 +366,7 @@ def test_mark_directly_on_a_tape(fresh_tape):
     is_output[:] = False
     is_input[0] = True
     is_output[q._slot] = True
-    need, reach = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+    need, reach, _ = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
     assert np.nonzero(need)[0].tolist() == [1, 3]
     assert reach[0]
     # an input that the output does not depend on is not reached
@@ -374,7 +374,7 @@ def test_mark_directly_on_a_tape(fresh_tape):
     is_output[p._slot] = True
     is_input[:] = False
     is_input[q._slot] = True
-    need, reach = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+    need, reach, _ = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
     assert not need.any() and not reach[q._slot]
 
 
@@ -391,7 +391,7 @@ def test_mark_follows_nary_inputs(fresh_tape):
     is_output = np.zeros(graph.n, dtype=np.bool_)
     is_input[0] = True
     is_output[y._slot] = True
-    need, reach = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+    need, reach, _ = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
     assert np.nonzero(need)[0].tolist() == [a._slot, s._slot, y._slot]
     assert reach[0] and reach[a._slot] and not reach[2]
 

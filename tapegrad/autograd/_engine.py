@@ -257,10 +257,10 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=()):
             adjd[k] = s if k not in adjd else adjd[k] + s
         else:
             adj[k] += s
-    need, reach = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+    need, reach, arr = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
-    cpu.sweep(graph, need, adj, adjd)
+    cpu.sweep(graph, need, adj, adjd, arr)
     reach_l = reach.tolist()
     adj_l = adj.tolist()
     if len(tapes) == 1:

@@ -8,19 +8,22 @@ import bisect
 import numpy as np
 from numba import njit
 
-from ..ops import ARRAY, BINARY, OPS, SPECIAL, UNARY, UNARY_C, NpF
+from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C, NpF
 from ..ops.arrays import sum_to
 from . import _generated_cpu
 
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
 _LAST_SPECIAL = max(op.code for op in OPS if op.kind == SPECIAL)
+#: opcodes whose ``b`` column is an input slot
+BSLOT = np.array([op.kind in (BINARY, ARRAY_OP) for op in OPS], dtype=np.bool_)
 _NO_INT = np.zeros(0, dtype=np.int64)
 
 
 @njit(cache=True, nogil=True)
 def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
     """``need``: entries that depend on an input and reach an output; ``reach``: slots an
-    output reaches through needed entries (an input with ``reach`` False is unused)."""
+    output reaches through needed entries (an input with ``reach`` False is unused);
+    the needed array entries, last first."""
     n = rows.shape[0]
     dep = is_input.copy()
     need = np.zeros(n, dtype=np.bool_)
@@ -39,6 +42,8 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
             dep[k] = True
     reach = is_output.copy()
     j = nx_entries.shape[0] - 1
+    n_arr = 0
+    arr = np.empty(n, dtype=np.int64)
     for k in range(n - 1, -1, -1):
         nary = j >= 0 and nx_entries[j] == k
         if reach[k] and need[k]:
@@ -51,15 +56,20 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
             if nary:
                 for p in range(nx_ptr[j], nx_ptr[j + 1]):
                     reach[nx_idx[p]] = True
+            if rows[k, 0] >= 256:
+                arr[n_arr] = k
+                n_arr += 1
         else:
             need[k] = False
         if nary:
             j -= 1
-    return need, reach
+    return need, reach, arr[:n_arr]
 
 
 def order_tapes(roots):
     """The tapes reachable from ``roots`` through imports, each after the tapes it imports."""
+    if len(roots) == 1 and not roots[0].imports:
+        return roots
     order, state = [], {}
     for root in roots:
         if state.get(root) == 2:
@@ -186,23 +196,30 @@ class Graph:
                 _release(t, f)
 
 
+_RELEASE_BYTES = 1 << 16  # smaller saved arrays are not worth the bookkeeping
+
+
 def _release(tape, freed):
-    """Drop the data of arrays whose producing entry is freed (or is bookkeeping) and that no
-    unfreed entry reads; a tensor that holds such a value keeps its own reference."""
+    """Drop the data of large arrays whose producing entry is freed (or is bookkeeping) and
+    that no unfreed entry reads; a tensor that holds such a value keeps its own reference."""
+    big = [k for k, v in tape.arrays.items() if v.nbytes >= _RELEASE_BYTES and any(v.strides)]
+    if not big:
+        return
     rows = tape.rows()
     ops = rows[:, 0].astype(np.int64) & ~ARRAY
     live = ~freed & (ops > _LAST_SPECIAL)
     read = set(rows[live, 1].astype(np.int64).tolist())
-    read.update(rows[live, 2].astype(np.int64).tolist())
+    read.update(rows[live & BSLOT[ops], 2].astype(np.int64).tolist())
     for k in tape.nary:
         if live[k]:
             read.update(tape.aux[k][0])
     arrays = tape.arrays
-    for k, v in arrays.items():
-        if v.strides and (freed[k] or ops[k] <= _LAST_SPECIAL) and k not in read \
-                and any(v.strides):
+    for k in big:
+        if (freed[k] or ops[k] <= _LAST_SPECIAL) and k not in read:
+            v = arrays[k]
             # keep shape and dtype (rules that save nothing still need them), not the data
-            arrays[k] = np.broadcast_to(np.zeros((), v.dtype), v.shape)
+            arrays[k] = np.ndarray(v.shape, v.dtype, buffer=np.zeros(1, v.dtype),
+                                   strides=(0,) * v.ndim)
 
 
 def check_not_freed(graph, need):
@@ -227,15 +244,14 @@ def backward_name(op):
     return "".join(p.capitalize() for p in op.name.rstrip("_").split("_")) + "Backward0"
 
 
-def sweep(graph, need, adj, adjd):
-    """Run the reverse sweep over the needed entries; scalar runs go to the compiled sweep."""
+def sweep(graph, need, adj, adjd, arr):
+    """Run the reverse sweep over the needed entries (``arr``: the array ones, last first);
+    scalar runs go to the compiled sweep, array entries to their rules on NumPy values."""
     rows = graph.rows
-    arr = np.nonzero(need & (rows[:, 0] >= ARRAY))[0]
     hi = graph.n
     vals = graph.vals
     with np.errstate(all="ignore"):
-        for k in arr[::-1]:
-            k = int(k)
+        for k in arr.tolist():
             if hi - k > 1:
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
             array_vjp(graph, k, adj, adjd)

@@ -47,7 +47,15 @@ register("clone", UNARY, py=lambda a: a, np=lambda a: np.array(a, copy=True), nb
          torch="clone", vjp=lambda F, g, a, out: (g,), saves=False)
 register("reshape", A, np=lambda a, aux: np.reshape(a, aux[0]), torch="reshape", saves=False,
          vjp=lambda F, g, v, out, aux: (F.reshape(g, (aux[1], aux[0])),))
-register("expand", A, np=lambda a, aux: np.broadcast_to(a, aux[0]), saves=False,
+def _expand(a, aux):
+    shape = aux[0]
+    if np.ndim(a) == 0:  # the common case (a full reduction's gradient): a zero-stride view
+        a = np.asarray(a)
+        return np.ndarray(shape, a.dtype, buffer=a.reshape(1), strides=(0,) * len(shape))
+    return np.broadcast_to(a, shape)
+
+
+register("expand", A, np=_expand, saves=False,
          vjp=lambda F, g, v, out, aux: (F.sum_to(g, (aux[1], aux[0])),))
 register("sum_to", A, saves=False,
          np=lambda a, aux: sum_to(a, aux[0]),
@@ -114,7 +122,7 @@ def _basic(index):
 def _index_scatter(g, aux):
     index, shape = aux[0], aux[1]
     z = np.zeros(shape, dtype=np.result_type(g))
-    if _basic(index):
+    if (aux[2] if len(aux) > 2 else _basic(index)):
         z[index] = g
     else:
         np.add.at(z, index, g)  # repeated indices accumulate
@@ -122,7 +130,8 @@ def _index_scatter(g, aux):
 
 
 register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,
-         vjp=lambda F, g, v, out, aux: (F.index_scatter(g, (aux[0], np.shape(v[0]))),))
+         vjp=lambda F, g, v, out, aux: (
+             F.index_scatter(g, (aux[0], np.shape(v[0])) + tuple(aux[2:])),))
 register("index_scatter", A, np=_index_scatter, saves=False,
          vjp=lambda F, g, v, out, aux: (F.getitem(g, (aux[0], aux[1])),))
 
