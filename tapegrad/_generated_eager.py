@@ -86,7 +86,7 @@ def __add__(self, other):
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, a, b, c, 0.0)
+                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -115,7 +115,7 @@ def __add__(self, other):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -150,7 +150,7 @@ def __radd__(self, other):
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, a, b, c, 0.0)
+            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -187,7 +187,7 @@ def __sub__(self, other):
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, a, b, c, 0.0)
+                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -216,7 +216,7 @@ def __sub__(self, other):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -251,7 +251,7 @@ def __rsub__(self, other):
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, a, b, c, 0.0)
+            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -288,7 +288,7 @@ def __mul__(self, other):
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, a, b, c, 0.0)
+                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -317,7 +317,7 @@ def __mul__(self, other):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -352,7 +352,7 @@ def __rmul__(self, other):
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, a, b, c, 0.0)
+            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -389,7 +389,7 @@ def __div__(self, other):
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, a, b, c, 0.0)
+                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -418,7 +418,7 @@ def __div__(self, other):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -453,7 +453,7 @@ def __rdiv__(self, other):
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, a, b, c, 0.0)
+            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -490,7 +490,7 @@ def __pow__(self, other):
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, a, b, c, 0.0)
+                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -519,7 +519,7 @@ def __pow__(self, other):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -554,7 +554,7 @@ def __rpow__(self, other):
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, a, b, c, 0.0)
+            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -588,7 +588,7 @@ def neg(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -622,7 +622,7 @@ def exp(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -656,7 +656,7 @@ def log(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -690,7 +690,7 @@ def log1p(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -724,7 +724,7 @@ def expm1(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -758,7 +758,7 @@ def sqrt(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -792,7 +792,7 @@ def rsqrt(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -826,7 +826,7 @@ def sin(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -860,7 +860,7 @@ def cos(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -894,7 +894,7 @@ def tan(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -928,7 +928,7 @@ def asin(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -962,7 +962,7 @@ def acos(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -996,7 +996,7 @@ def atan(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1030,7 +1030,7 @@ def sinh(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1064,7 +1064,7 @@ def cosh(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1098,7 +1098,7 @@ def tanh(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1132,7 +1132,7 @@ def sigmoid(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1166,7 +1166,7 @@ def relu(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1200,7 +1200,7 @@ def erf(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1234,7 +1234,7 @@ def abs(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1268,7 +1268,7 @@ def sign(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1302,7 +1302,7 @@ def square(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1336,7 +1336,7 @@ def reciprocal(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1370,7 +1370,7 @@ def clone(input):
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, a, b, c, 0.0)
+                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True

@@ -1,8 +1,10 @@
 """Flat Wengert tapes: the entry arrays, the per-thread recorder state, and a readable dump.
 
 A tape is data. Entry ``k`` is row ``k`` of a flat list of ``ROW`` numbers
-``(opcode, a, b, c0, c1)`` and it produces slot ``k``: ``a``/``b`` are the slots of its
-inputs on the same tape (-1 when absent), ``c0``/``c1`` its float constants. Scalar
+``(opcode, k - a, k - b, c0, c1)`` and it produces slot ``k``: ``a``/``b`` are the slots
+of its inputs on the same tape, stored relative to ``k`` (0 when absent: small offsets are
+Python's cached ints, which keeps a recorded op near 100 bytes), ``c0``/``c1`` its float
+constants. ``Tape.rows()`` gives the matrix with absolute slots (-1 when absent). Scalar
 outputs' values sit in ``vals[k]``; array outputs in ``arrays[k]``; non-float constants
 (shapes, dims, index arrays, N-ary input lists, imported tapes) in ``aux[k]``.
 Everything needed to run an entry's forward again is in the tape.
@@ -85,7 +87,7 @@ class Tape:
             self.nbytes += value.nbytes
             if self.nbytes > MAX_BYTES:
                 self.limit = 0
-        self.code += (op, a, b, c0, c1)
+        self.code += (op, k - a if a >= 0 else 0, k - b if b >= 0 else 0, c0, c1)
         if aux is not None:
             self.aux[k] = aux
         return k
@@ -126,21 +128,28 @@ class Tape:
         c = self._cache
         if c is not None and c[0] == n:
             return c[1]
-        if c is None or c[0] == 0:
-            m = np.array(self.code, dtype=np.float64).reshape(n, ROW)
-        else:
-            tail = np.array(self.code[c[0] * ROW:n * ROW], dtype=np.float64).reshape(-1, ROW)
-            m = np.concatenate([c[1], tail])
+        start = 0 if c is None else c[0]
+        m = np.array(self.code[start * ROW:n * ROW], dtype=np.float64).reshape(-1, ROW)
+        k = np.arange(start, n, dtype=np.float64)
+        for col in (1, 2):  # relative -> absolute slots (0 marks an absent input)
+            d = m[:, col]
+            m[:, col] = np.where(d > 0, k - d, -1.0)
+        if start:
+            m = np.concatenate([c[1], m])
         self._cache = (n, m)
         return m
+
+    def entry(self, k):
+        """Row ``k`` as (opcode, a, b, c0, c1) with absolute slots."""
+        op, da, db, c0, c1 = self.code[k * ROW:k * ROW + ROW]
+        return op, k - da if da else -1, k - db if db else -1, c0, c1
 
     def dump(self, limit=None):
         """A readable listing of the entries, one per line."""
         lines = [repr(self)]
-        code = self.code
         n = len(self.vals) if limit is None else min(limit, len(self.vals))
         for k in range(n):
-            op, a, b, c0, c1 = code[k * ROW:(k + 1) * ROW]
+            op, a, b, c0, c1 = self.entry(k)
             name = OPS[int(op) & ~ARRAY].name
             kind = "A" if int(op) & ARRAY else "S"
             args = [f"%{int(x)}" for x in (a, b) if x >= 0]

@@ -241,7 +241,7 @@ class _GradFn:
     def name(self):
         from .interpreters.cpu import backward_name
         from .ops import OPS
-        op = int(self._tape.code[self._slot * 5]) & ~ARRAY
+        op = int(self._tape.entry(self._slot)[0]) & ~ARRAY
         return backward_name(OPS[op])
 
     def __repr__(self):
@@ -586,7 +586,7 @@ def _record(code, x, y, c0, c1, value, aux=None):
         vals = tape.vals
         k = len(vals)
         vals.append(value)
-        tape.code += (code, a, b, c0, c1)
+        tape.code += (code, k - a, 0 if b < 0 else k - b, c0, c1)
         if aux is not None:
             tape.aux[k] = aux
     else:
@@ -735,7 +735,7 @@ def _rec_s(code, x, y, c0, v):
     vals = tape.vals
     k = len(vals)
     vals.append(v)
-    tape.code += (code, a, b, c0, 0.0)
+    tape.code += (code, k - a, 0 if b < 0 else k - b, c0, 0.0)
     t = _new(Tensor)
     t._d = v
     t._rg = True

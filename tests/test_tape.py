@@ -92,8 +92,12 @@ def test_entries_of_a_small_scalar_program(fresh_tape):
     assert rows.shape == (len(expected), ROW)
     assert rows.dtype == np.float64
     np.testing.assert_array_equal(rows, np.array(expected, dtype=np.float64))
-    # the flat list behind the rows holds the same numbers
-    np.testing.assert_array_equal(np.array(tape.code, dtype=np.float64).reshape(-1, ROW), rows)
+    # the flat list behind the rows holds the same numbers, with slots relative to the entry
+    np.testing.assert_array_equal(np.array([tape.entry(k) for k in range(len(tape))]), rows)
+    flat = np.array(tape.code, dtype=np.float64).reshape(-1, ROW)
+    for col in (1, 2):
+        np.testing.assert_array_equal(
+            np.where(flat[:, col] > 0, np.arange(len(tape)) - flat[:, col], -1), rows[:, col])
     # each tensor knows its entry, and the entry holds its value
     for name, slot in zip("abcdefg", range(2, 9)):
         assert p[name]._slot == slot
@@ -132,7 +136,7 @@ def test_rows_follow_a_growing_tape(fresh_tape):
     rows = tape.rows()
     assert rows.shape == (len(tape), ROW)
     np.testing.assert_array_equal(rows[:len(first)], first)
-    np.testing.assert_array_equal(rows, np.array(tape.code, dtype=np.float64).reshape(-1, ROW))
+    np.testing.assert_array_equal(rows, np.array([tape.entry(k) for k in range(len(tape))]))
     assert tape.rows() is rows or np.array_equal(tape.rows(), rows)
 
 

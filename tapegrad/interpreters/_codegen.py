@@ -110,7 +110,7 @@ b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
 vals = tape.vals
 k = len(vals)
 vals.append(v)
-tape.code += (op, a, b, c, 0.0)
+tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
 t = _new(Tensor)
 t._d = v
 t._rg = True

@@ -110,10 +110,10 @@ class Graph:
             t = tapes[0]
             self.rows = t.rows()
             self.vals = np.array(t.vals, dtype=np.float64)
-            arrays, vals, code = t.arrays, t.vals, t.code
+            arrays, vals = t.arrays, t.vals
             self.value = lambda s: arrays[s] if s in arrays else vals[s]
             self.is_array = arrays.__contains__
-            self.row = lambda k: code[k * 5:k * 5 + 5]
+            self.row = t.entry
         else:
             parts = []
             for t, off in zip(tapes, self.offsets):
