@@ -149,6 +149,13 @@ class Graph:
         i = bisect.bisect_right(self.offsets, s) - 1
         return self.tapes[i], s - self.offsets[i]
 
+    def arrays_at(self, slots):
+        """Whether any of ``slots`` holds an array."""
+        if len(self.tapes) == 1:
+            arrays = self.tapes[0].arrays
+            return bool(arrays) and any([s in arrays for s in slots])
+        return any([self.is_array(s) for s in slots])
+
     def row(self, k):
         op, a, b, c0, c1 = self.rows[k].tolist()
         return int(op), int(a), int(b), c0, c1
