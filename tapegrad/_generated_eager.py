@@ -76,17 +76,16 @@ def __add__(self, other):
             if e.__class__ is _float:
                 v = d + e
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    x, y, op, c = self, other, 35, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
-                    a = x._slot if x._sid == sid else tape.enter(x)
-                    b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    b = other._slot if other._sid == sid else tape.enter(other)
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                    tape.code += (35, k - a, k - b, 0.0, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -105,17 +104,15 @@ def __add__(self, other):
             e = other if oc is _float else _float(other)
             v = d + e
             if self._rg and STATE.grad_enabled:
-                x, y, op, c = self, None, 26, e
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = self._slot if self._sid == sid else tape.enter(self)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (26, k - a, 0, e, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -140,17 +137,15 @@ def __radd__(self, other):
         e = other if oc is _float else _float(other)
         v = e + d
         if self._rg and STATE.grad_enabled:
-            x, y, op, c = self, None, 26, e
             tape = STATE.tape()
             if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
-            a = x._slot if x._sid == sid else tape.enter(x)
-            b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+            a = self._slot if self._sid == sid else tape.enter(self)
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+            tape.code += (26, k - a, 0, e, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -177,17 +172,16 @@ def __sub__(self, other):
             if e.__class__ is _float:
                 v = d - e
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    x, y, op, c = self, other, 36, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
-                    a = x._slot if x._sid == sid else tape.enter(x)
-                    b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    b = other._slot if other._sid == sid else tape.enter(other)
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                    tape.code += (36, k - a, k - b, 0.0, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -206,17 +200,15 @@ def __sub__(self, other):
             e = other if oc is _float else _float(other)
             v = d - e
             if self._rg and STATE.grad_enabled:
-                x, y, op, c = self, None, 26, -e
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = self._slot if self._sid == sid else tape.enter(self)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (26, k - a, 0, -e, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -241,17 +233,15 @@ def __rsub__(self, other):
         e = other if oc is _float else _float(other)
         v = e - d
         if self._rg and STATE.grad_enabled:
-            x, y, op, c = self, None, 28, e
             tape = STATE.tape()
             if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
-            a = x._slot if x._sid == sid else tape.enter(x)
-            b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+            a = self._slot if self._sid == sid else tape.enter(self)
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+            tape.code += (28, k - a, 0, e, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -278,17 +268,16 @@ def __mul__(self, other):
             if e.__class__ is _float:
                 v = d * e
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    x, y, op, c = self, other, 37, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
-                    a = x._slot if x._sid == sid else tape.enter(x)
-                    b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    b = other._slot if other._sid == sid else tape.enter(other)
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                    tape.code += (37, k - a, k - b, 0.0, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -307,17 +296,15 @@ def __mul__(self, other):
             e = other if oc is _float else _float(other)
             v = d * e
             if self._rg and STATE.grad_enabled:
-                x, y, op, c = self, None, 27, e
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = self._slot if self._sid == sid else tape.enter(self)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (27, k - a, 0, e, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -342,17 +329,15 @@ def __rmul__(self, other):
         e = other if oc is _float else _float(other)
         v = e * d
         if self._rg and STATE.grad_enabled:
-            x, y, op, c = self, None, 27, e
             tape = STATE.tape()
             if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
-            a = x._slot if x._sid == sid else tape.enter(x)
-            b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+            a = self._slot if self._sid == sid else tape.enter(self)
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+            tape.code += (27, k - a, 0, e, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -379,17 +364,16 @@ def __div__(self, other):
             if e.__class__ is _float:
                 v = _py_div(d, e)
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    x, y, op, c = self, other, 38, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
-                    a = x._slot if x._sid == sid else tape.enter(x)
-                    b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    b = other._slot if other._sid == sid else tape.enter(other)
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                    tape.code += (38, k - a, k - b, 0.0, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -408,17 +392,15 @@ def __div__(self, other):
             e = other if oc is _float else _float(other)
             v = _py_div(d, e)
             if self._rg and STATE.grad_enabled:
-                x, y, op, c = self, None, 29, e
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = self._slot if self._sid == sid else tape.enter(self)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (29, k - a, 0, e, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -443,17 +425,15 @@ def __rdiv__(self, other):
         e = other if oc is _float else _float(other)
         v = _py_div(e, d)
         if self._rg and STATE.grad_enabled:
-            x, y, op, c = self, None, 30, e
             tape = STATE.tape()
             if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
-            a = x._slot if x._sid == sid else tape.enter(x)
-            b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+            a = self._slot if self._sid == sid else tape.enter(self)
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+            tape.code += (30, k - a, 0, e, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -480,17 +460,16 @@ def __pow__(self, other):
             if e.__class__ is _float:
                 v = _py_pow(d, e)
                 if STATE.grad_enabled and (self._rg or other._rg):
-                    x, y, op, c = self, other, 39, 0.0
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
                         tape = current_tape()
                     sid = tape.sid
-                    a = x._slot if x._sid == sid else tape.enter(x)
-                    b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    b = other._slot if other._sid == sid else tape.enter(other)
                     vals = tape.vals
                     k = len(vals)
                     vals.append(v)
-                    tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                    tape.code += (39, k - a, k - b, 0.0, 0.0)
                     t = _new(Tensor)
                     t._d = v
                     t._rg = True
@@ -509,17 +488,15 @@ def __pow__(self, other):
             e = other if oc is _float else _float(other)
             v = _py_pow(d, e)
             if self._rg and STATE.grad_enabled:
-                x, y, op, c = self, None, 31, e
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = self._slot if self._sid == sid else tape.enter(self)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (31, k - a, 0, e, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -544,17 +521,15 @@ def __rpow__(self, other):
         e = other if oc is _float else _float(other)
         v = _py_pow(e, d)
         if self._rg and STATE.grad_enabled:
-            x, y, op, c = self, None, 32, e
             tape = STATE.tape()
             if tape is None or len(tape.vals) >= tape.limit:
                 tape = current_tape()
             sid = tape.sid
-            a = x._slot if x._sid == sid else tape.enter(x)
-            b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+            a = self._slot if self._sid == sid else tape.enter(self)
             vals = tape.vals
             k = len(vals)
             vals.append(v)
-            tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+            tape.code += (32, k - a, 0, e, 0.0)
             t = _new(Tensor)
             t._d = v
             t._rg = True
@@ -578,17 +553,15 @@ def neg(input):
         if d.__class__ is _float:
             v = _py_neg(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 3, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (3, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -612,17 +585,15 @@ def exp(input):
         if d.__class__ is _float:
             v = _py_exp(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 4, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (4, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -646,17 +617,15 @@ def log(input):
         if d.__class__ is _float:
             v = _py_log(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 5, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (5, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -680,17 +649,15 @@ def log1p(input):
         if d.__class__ is _float:
             v = _py_log1p(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 6, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (6, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -714,17 +681,15 @@ def expm1(input):
         if d.__class__ is _float:
             v = _py_expm1(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 7, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (7, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -748,17 +713,15 @@ def sqrt(input):
         if d.__class__ is _float:
             v = _py_sqrt(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 8, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (8, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -782,17 +745,15 @@ def rsqrt(input):
         if d.__class__ is _float:
             v = _py_rsqrt(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 9, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (9, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -816,17 +777,15 @@ def sin(input):
         if d.__class__ is _float:
             v = _py_sin(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 10, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (10, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -850,17 +809,15 @@ def cos(input):
         if d.__class__ is _float:
             v = _py_cos(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 11, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (11, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -884,17 +841,15 @@ def tan(input):
         if d.__class__ is _float:
             v = _py_tan(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 12, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (12, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -918,17 +873,15 @@ def asin(input):
         if d.__class__ is _float:
             v = _py_asin(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 13, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (13, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -952,17 +905,15 @@ def acos(input):
         if d.__class__ is _float:
             v = _py_acos(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 14, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (14, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -986,17 +937,15 @@ def atan(input):
         if d.__class__ is _float:
             v = _py_atan(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 15, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (15, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1020,17 +969,15 @@ def sinh(input):
         if d.__class__ is _float:
             v = _py_sinh(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 16, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (16, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1054,17 +1001,15 @@ def cosh(input):
         if d.__class__ is _float:
             v = _py_cosh(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 17, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (17, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1088,17 +1033,15 @@ def tanh(input):
         if d.__class__ is _float:
             v = _py_tanh(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 18, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (18, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1122,17 +1065,15 @@ def sigmoid(input):
         if d.__class__ is _float:
             v = _py_sigmoid(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 19, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (19, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1156,17 +1097,15 @@ def relu(input):
         if d.__class__ is _float:
             v = _py_relu(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 20, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (20, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1190,17 +1129,15 @@ def erf(input):
         if d.__class__ is _float:
             v = _py_erf(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 21, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (21, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1224,17 +1161,15 @@ def abs(input):
         if d.__class__ is _float:
             v = _py_abs(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 22, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (22, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1258,17 +1193,15 @@ def sign(input):
         if d.__class__ is _float:
             v = _py_sign(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 23, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (23, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1292,17 +1225,15 @@ def square(input):
         if d.__class__ is _float:
             v = _py_square(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 24, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (24, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1326,17 +1257,15 @@ def reciprocal(input):
         if d.__class__ is _float:
             v = _py_reciprocal(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 25, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (25, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True
@@ -1360,17 +1289,15 @@ def clone(input):
         if d.__class__ is _float:
             v = _py_clone(d)
             if input._rg and STATE.grad_enabled:
-                x, y, op, c = input, None, 45, 0.0
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:
                     tape = current_tape()
                 sid = tape.sid
-                a = x._slot if x._sid == sid else tape.enter(x)
-                b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
+                a = input._slot if input._sid == sid else tape.enter(input)
                 vals = tape.vals
                 k = len(vals)
                 vals.append(v)
-                tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+                tape.code += (45, k - a, 0, 0.0, 0.0)
                 t = _new(Tensor)
                 t._d = v
                 t._rg = True

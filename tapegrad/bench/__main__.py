@@ -119,20 +119,54 @@ def measure(fn: Callable[[], Any], settings: Settings) -> Timing:
     return Timing(cases.median(times), first_call_s, len(times), result)
 
 
+def measure_interleaved(fns: dict[str, Callable[[], Any]], settings: Settings) -> dict[str, Timing]:
+    """Like ``measure`` for several libraries at once: after each one's compiling first call
+    and warm-up, their timed calls alternate, so a busy moment of a shared machine slows
+    both alike and the ratio of medians stays fair."""
+    gc.collect()
+    first, results = {}, {}
+    for lib, fn in fns.items():
+        first[lib], results[lib] = cases.timed(fn)
+        for _ in range(settings.warmups):
+            fn()
+    times = {lib: [] for lib in fns}
+    perf_counter = time.perf_counter
+    start = perf_counter()
+    while True:
+        for lib, fn in fns.items():
+            t0 = perf_counter()
+            fn()
+            times[lib].append(perf_counter() - t0)
+        n = len(times[next(iter(fns))])
+        if n >= settings.min_repeats and (
+            perf_counter() - start >= settings.budget_s * len(fns) or n >= settings.max_repeats
+        ):
+            break
+    return {lib: Timing(cases.median(times[lib]), first[lib], len(times[lib]), results[lib])
+            for lib in fns}
+
+
 def run_speed_case(name: str, settings: Settings, with_torch: bool) -> Row:
     case = cases.SPEED_CASES[name]
     row = Row(name, "speed", "s", f">= {case.target_speedup:g}x")
     if case.ops:
         row.extra["ops"] = case.ops
     errors = []
+    fns = {}
     for library in ("tapegrad", "torch") if with_torch else ("tapegrad",):
-        progress(f"running {name} ({library}) ...")
         try:
-            timing = measure(case.make(library), settings)
+            fns[library] = case.make(library)
         except Exception as exc:  # report, keep going with the other cases
             traceback.print_exc(file=sys.stderr)
             errors.append(f"{library}: {type(exc).__name__}: {exc}")
-            continue
+    progress(f"running {name} ({', '.join(fns)}, interleaved) ...")
+    try:
+        timings = measure_interleaved(fns, settings) if fns else {}
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        errors.append(f"{type(exc).__name__}: {exc}")
+        timings = {}
+    for library, timing in timings.items():
         setattr(row, library, timing.median_s)
         setattr(row, f"{library}_first_call_s", timing.first_call_s)
         row.extra[f"{library}_repeats"] = timing.repeats

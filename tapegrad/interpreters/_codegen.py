@@ -101,23 +101,27 @@ from .tensor import Tensor, _new, binary_fallback, unary_fallback
 _float, _int = float, int
 '''
 
-_RECORD = '''tape = STATE.tape()
+def _record(x, y, op, c):
+    """Source that records entry ``op`` with inputs ``x`` (and ``y``, or the float ``c``)."""
+    b = "" if y is None else f"b = {y}._slot if {y}._sid == sid else tape.enter({y})\n"
+    db = "0" if y is None else "k - b"
+    return (f"""tape = STATE.tape()
 if tape is None or len(tape.vals) >= tape.limit:
     tape = current_tape()
 sid = tape.sid
-a = x._slot if x._sid == sid else tape.enter(x)
-b = -1 if y is None else (y._slot if y._sid == sid else tape.enter(y))
-vals = tape.vals
+a = {x}._slot if {x}._sid == sid else tape.enter({x})
+{b}vals = tape.vals
 k = len(vals)
 vals.append(v)
-tape.code += (op, k - a, 0 if b < 0 else k - b, c, 0.0)
+tape.code += ({op}, k - a, {db}, {c}, 0.0)
 t = _new(Tensor)
 t._d = v
 t._rg = True
 t._tape = tape
 t._sid = sid
 t._slot = k
-return t'''
+return t""").replace("\n\n", "\n")
+
 
 _PLAIN = '''t = _new(Tensor)
 t._d = v
@@ -156,15 +160,13 @@ def _binary_methods(op):
     src += "                if STATE.grad_enabled and (self._rg or other._rg):\n"
     # a tensor that does not require grad is entered as a constant (its version is
     # checked at backward, as torch does); only Python numbers become c0
-    src += f"                    x, y, op, c = self, other, {op.code}, 0.0\n"
-    src += _ind(_RECORD, 20)
+    src += _ind(_record("self", "other", op.code, "0.0"), 20)
     src += _ind(_PLAIN, 16)
     src += "        elif oc is _float or oc is _int:\n"
     src += "            e = other if oc is _float else _float(other)\n"
     src += _ind(_fwd(op, "d", "e"), 12)
     src += "            if self._rg and STATE.grad_enabled:\n"
-    src += f"                x, y, op, c = self, None, {rc}, {rs}e\n"
-    src += _ind(_RECORD, 16)
+    src += _ind(_record("self", None, rc, f"{rs}e"), 16)
     src += _ind(_PLAIN, 12)
     src += f"    return binary_fallback(_{n.upper()}, self, other)\n"
     src += f"\n\ndef __r{n}__(self, other):\n"
@@ -173,8 +175,7 @@ def _binary_methods(op):
     src += "        e = other if oc is _float else _float(other)\n"
     src += _ind(_fwd(op, "e", "d"), 8)
     src += "        if self._rg and STATE.grad_enabled:\n"
-    src += f"            x, y, op, c = self, None, {lc}, {ls}e\n"
-    src += _ind(_RECORD, 12)
+    src += _ind(_record("self", None, lc, f"{ls}e"), 12)
     src += _ind(_PLAIN, 8)
     src += f"    return binary_fallback(_{n.upper()}, other, self)\n"
     return src
@@ -187,8 +188,7 @@ def _unary_function(op):
     src += "        if d.__class__ is _float:\n"
     src += f"            v = _py_{n}(d)\n"
     src += "            if input._rg and STATE.grad_enabled:\n"
-    src += f"                x, y, op, c = input, None, {op.code}, 0.0\n"
-    src += _ind(_RECORD, 16)
+    src += _ind(_record("input", None, op.code, "0.0"), 16)
     src += _ind(_PLAIN, 12)
     src += f"    return unary_fallback(_{n.upper()}, input)\n"
     return src

@@ -10,6 +10,7 @@ from numba import njit
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C, NpF
 from ..ops.arrays import sum_to
+from ..tape import f64
 from . import _generated_cpu
 
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
@@ -109,7 +110,7 @@ class Graph:
         if len(tapes) == 1:
             t = tapes[0]
             self.rows = t.rows()
-            self.vals = np.array(t.vals, dtype=np.float64)
+            self.vals = f64(t.vals)
             arrays, vals = t.arrays, t.vals
             self.value = lambda s: arrays[s] if s in arrays else vals[s]
             self.is_array = arrays.__contains__
@@ -126,7 +127,7 @@ class Graph:
                     r[k, 1] = self.slot(src, ks)
                 parts.append(r)
             self.rows = np.concatenate(parts) if parts else np.zeros((0, 5))
-            self.vals = np.concatenate([np.array(t.vals, dtype=np.float64) for t in tapes])
+            self.vals = np.concatenate([f64(t.vals) for t in tapes])
         self._nary()
 
     def _nary(self):
