@@ -458,7 +458,7 @@ def __pow__(self, other):
         if oc is Tensor:
             e = other._d
             if e.__class__ is _float:
-                v = _py_pow(d, e)
+                v = d * d if e == 2.0 else _py_pow(d, e)
                 if STATE.grad_enabled and (self._rg or other._rg):
                     tape = STATE.tape()
                     if tape is None or len(tape.vals) >= tape.limit:
@@ -486,7 +486,7 @@ def __pow__(self, other):
                 return t
         elif oc is _float or oc is _int:
             e = other if oc is _float else _float(other)
-            v = _py_pow(d, e)
+            v = d * d if e == 2.0 else _py_pow(d, e)
             if self._rg and STATE.grad_enabled:
                 tape = STATE.tape()
                 if tape is None or len(tape.vals) >= tape.limit:

@@ -124,17 +124,25 @@ class Tape:
             return k
         # leaves and constants keep (tensor, version): a backward checks the version to
         # catch in-place changes to a value it saved
-        box = getattr(t, "_ver", None)
-        if box is None:
+        try:
+            box = t._ver
+        except AttributeError:
             box = t._ver = [0]
-        ver = box[0]
-        if t._rg:
-            k = self.append(LEAF if value.__class__ is float else LEAF | ARRAY, -1, -1, 0.0,
-                            0.0, value, (t, ver))
-            self.leaves.setdefault(id(t), []).append(k)
+        vals = self.vals
+        k = len(vals)
+        if value.__class__ is float:  # the common case, written out
+            vals.append(value)
+            self.code += (LEAF if t._rg else CONST, 0, 0, 0.0, 0.0)
+            self.aux[k] = (t, box[0])
         else:
-            k = self.append(CONST if value.__class__ is float else CONST | ARRAY,
-                            -1, -1, 0.0, 0.0, value, (t, ver))
+            self.append((LEAF if t._rg else CONST) | ARRAY, -1, -1, 0.0, 0.0, value,
+                        (t, box[0]))
+        if t._rg:
+            ks = self.leaves.get(id(t))
+            if ks is None:
+                self.leaves[id(t)] = [k]
+            else:
+                ks.append(k)
         self.versioned.append(k)
         t._sid = self.sid
         t._slot = k

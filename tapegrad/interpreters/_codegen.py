@@ -143,6 +143,8 @@ def _ind(text, n):
 def _fwd(op, x, y):
     if op.name in _INLINE:
         return _INLINE[op.name].format(x=x, y=y)
+    if op.name == "pow" and x == "d":  # x ** 2, the common case: pow(x, 2) is exactly x * x
+        return f"v = {x} * {x} if {y} == 2.0 else _py_pow({x}, {y})"
     return f"v = _py_{op.name}({x}, {y})"
 
 
