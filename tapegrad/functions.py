@@ -598,9 +598,18 @@ def getitem(x, idx):
             t._ver = x._ver  # a view: in-place writes through it bump the base's version
         return t
     basic = _basic_index(nidx)
-    res = array_op(_O["getitem"], [x], np.array(v, copy=True), (nidx, d.shape, basic))
-    if basic:
-        res._view = (x, nidx)
+    if not basic:
+        return array_op(_O["getitem"], [x], v, (nidx, d.shape, basic))
+    # a basic index gives a view: no copy. The tape keeps the view, and checks the base's
+    # version at backward, as torch's views share their base's version counter.
+    res = array_op(_O["getitem"], [x], v, (nidx, d.shape, basic))
+    if isinstance(v, np.ndarray) and res._tape is not None:
+        try:
+            box = x._ver
+        except AttributeError:
+            box = x._ver = [0]
+        res._tape.viewed.append((res._slot, box, box[0]))
+    res._view = (x, nidx)
     return res
 
 

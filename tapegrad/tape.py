@@ -67,7 +67,7 @@ class Tape:
     """One flat tape (see the module docstring)."""
 
     __slots__ = ("sid", "code", "vals", "arrays", "aux", "leaves", "freed", "retained",
-                 "imports", "nary", "versioned", "dirty", "limit", "nbytes", "epoch",
+                 "imports", "nary", "versioned", "viewed", "dirty", "limit", "nbytes", "epoch",
                  "_cache", "__weakref__")
 
     def __init__(self):
@@ -83,6 +83,7 @@ class Tape:
         self.nary = []        # entries whose inputs are listed in their aux
         self.versioned = []   # leaf/constant entries: aux (tensor, version) to check
         self.dirty = {}       # slot -> entry of the in-place op that replaced its tensor
+        self.viewed = []      # (entry, base's version box, version): entries saving a view
         self._cache = None    # (n, float matrix) of the rows converted so far
         self.limit = ROLLOVER  # the recorder moves on once len(self) reaches this
         self.epoch = INPLACE[0]

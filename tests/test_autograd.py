@@ -1184,3 +1184,24 @@ def test_failed_op_leaves_the_tape_unchanged(name):
         call()
     assert tape_len() == before, f"{name} left entries on the tape"
     del warm
+
+
+def test_inplace_change_of_the_base_of_a_saved_view_raises(torch):
+    # x[1:] is a view; mul saves it for w's gradient; changing x in place changes the view
+    def run(M):
+        x = M.tensor([0.0, 1.0, 2.0, 3.0], dtype=M.float64, requires_grad=True)
+        w = M.ones(3, dtype=M.float64, requires_grad=True)
+        y = (x[1:] * w).sum()
+        with M.no_grad():
+            x -= 1.0
+        y.backward()
+    both_raise(torch, run, RuntimeError)
+
+
+def test_view_of_an_unchanged_base_gives_torch_gradients(torch):
+    def run(M):
+        x = M.tensor([0.0, 1.0, 2.0, 3.0], dtype=M.float64, requires_grad=True)
+        w = M.tensor([1.0, -2.0, 0.5], dtype=M.float64, requires_grad=True)
+        y = (x[1:] * w * x[:-1]).sum()
+        return M.autograd.grad(y, [x, w])
+    assert_all_same(run(tg), run(torch))

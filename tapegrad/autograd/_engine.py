@@ -407,6 +407,11 @@ def _check_versions(graph, need, reach):
                 s = graph.slot(t, k)
                 if reach[s] and _read_by(graph, need, s, len(graph.rows)):
                     _version_error(x, x._ver[0], ver)
+        for k, box, ver in t.viewed:
+            if box[0] != ver:
+                s = graph.slot(t, k)
+                if reach[s] and _read_by(graph, need, s, len(graph.rows)):
+                    _version_error(None, box[0], ver)
         for k, until in t.dirty.items():
             s = graph.slot(t, k)
             op = OPS[int(graph.rows[s, 0]) & ~ARRAY]
