@@ -132,7 +132,7 @@ def sweep(rows, vals, adj, need, hi, lo):
             ia = int(rows[k, 1])
             a = vals[ia]
             c0 = rows[k, 3]
-            adj[ia] += (0.0 if (c0 == 0.0) else ((g * c0) * (a ** (c0 - 1.0))))
+            adj[ia] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
             a = vals[ia]

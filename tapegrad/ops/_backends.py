@@ -1,7 +1,8 @@
 """Backends that derivative rules are written against: generated Numba source and NumPy.
 
-A rule is ``vjp(F, g, ...)``: it calls ``F.<op>`` for registered ops, ``F.where`` and
-``F.zeros_like``, and uses Python operators. ``SymF`` turns it into source text for the
+A rule is ``vjp(F, g, ...)``: it calls ``F.<op>`` for registered ops, ``F.where``,
+``F.cond`` (a choice on constants whose branches are zero-argument functions, so NumPy
+builds only the branch taken) and ``F.zeros_like``, and uses Python operators. ``SymF`` turns it into source text for the
 generated interpreter; ``NpF`` runs it on NumPy values.
 """
 from __future__ import annotations
@@ -92,6 +93,12 @@ def _np_where(c, x, y):
     return np.where(c, x, y)
 
 
+def _np_cond(c, x, y):
+    if c is True or c is False or isinstance(c, np.bool_):
+        return x() if c else y()
+    return np.where(c, x(), y())
+
+
 def build_backends():
     """(SymF, NpF) with one function per registered elementwise op."""
     SymF, NpF = _Namespace("sym"), _Namespace("numpy")
@@ -102,7 +109,10 @@ def build_backends():
         elif op.kind == ARRAY_OP:
             setattr(NpF, op.name, op.np)
     SymF.where = lambda c, x, y: Sym(f"({_src(x)} if {_src(c)} else {_src(y)})")
+    # cond: a choice on constants, with branches built only when taken (lazy)
+    SymF.cond = lambda c, x, y: SymF.where(c, x(), y())
     SymF.zeros_like = lambda x: Sym("0.0")
     NpF.where = _np_where
+    NpF.cond = _np_cond
     NpF.zeros_like = lambda x: 0.0  # broadcasts; the sweep widens it to the input's shape
     return SymF, NpF

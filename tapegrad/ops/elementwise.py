@@ -207,8 +207,9 @@ register("rdivc", C, py=_safe(lambda a, c0, c1: c0 / a, lambda a, c0, c1: _div_e
          vjp=lambda F, g, a, out, c0, c1: (-g * c0 / (a * a),))
 register("powc", C, py=lambda a, c0, c1: _py_pow(a, c0), np=lambda a, c0, c1: np.power(a, c0),
          nb="({a} ** {c0})", torch="pow",
-         vjp=lambda F, g, a, out, c0, c1: (
-             F.where(c0 == 0.0, F.zeros_like(g), g * c0 * a ** (c0 - 1.0)),))
+         vjp=lambda F, g, a, out, c0, c1: (F.cond(
+             c0 == 0.0, lambda: F.zeros_like(g), lambda: F.cond(
+                 c0 == 2.0, lambda: g * (2.0 * a), lambda: g * c0 * a ** (c0 - 1.0))),))
 register("rpowc", C, py=lambda a, c0, c1: _py_pow(c0, a), np=lambda a, c0, c1: np.power(c0, a),
          nb="({c0} ** {a})",
          vjp=lambda F, g, a, out, c0, c1: (
