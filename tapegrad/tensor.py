@@ -806,21 +806,25 @@ def _binary_general(op, x, y):
             return _binary_slow(op, x, y)
         if v.ndim == 0:
             return _binary_slow(op, x, y)
-        xr = x.__class__ is Tensor and x._rg
-        yr = y.__class__ is Tensor and y._rg
-        if not ((xr or yr) and STATE.grad_enabled):
-            t = _plain_s(v)
-            t._ver = [0]
-            return t
-        forms = _CONST_OPS.get(op.name)
-        if not yr and forms is not None and y.__class__ in _NUMBER:
-            cop, sgn = forms[0]
-            return _record(cop.code | ARRAY, x, None, sgn * _pyfloat(yv), 0.0, v)
-        if not xr and forms is not None and x.__class__ in _NUMBER:
-            cop, sgn = forms[1]
-            return _record(cop.code | ARRAY, y, None, sgn * _pyfloat(xv), 0.0, v)
-        return _record(op.code | ARRAY, _as_operand(x), _as_operand(y), 0.0, 0.0, v)
+        return _record_binary(op, x, y, v)
     return _binary_slow(op, x, y)
+
+
+def _record_binary(op, x, y, v):
+    """Wrap array result ``v`` of binary ``op`` (x, y: tensors or Python numbers), recording
+    it when grad is on; a Python-number operand becomes the op's constant form."""
+    xr = x.__class__ is Tensor and x._rg
+    yr = y.__class__ is Tensor and y._rg
+    if not ((xr or yr) and STATE.grad_enabled):
+        return _plain(v)
+    forms = _CONST_OPS.get(op.name)
+    if not yr and forms is not None and y.__class__ in _NUMBER:
+        cop, sgn = forms[0]
+        return _record(cop.code | ARRAY, x, None, sgn * _pyfloat(y), 0.0, v)
+    if not xr and forms is not None and x.__class__ in _NUMBER:
+        cop, sgn = forms[1]
+        return _record(cop.code | ARRAY, y, None, sgn * _pyfloat(x), 0.0, v)
+    return _record(op.code | ARRAY, _as_operand(x), _as_operand(y), 0.0, 0.0, v)
 
 
 def binary_fallback(op, x, y):
@@ -894,22 +898,7 @@ def _binary_slow(op, x, y):
     if v.__class__ is not _pyfloat and v.dtype != rd:
         v = v.astype(rd)
         v = _norm_value(v)
-    xr = x.__class__ is Tensor and x._rg
-    yr = y.__class__ is Tensor and y._rg
-    if not ((xr or yr) and STATE.grad_enabled):
-        return _plain(v)
-    forms = _CONST_OPS.get(op.name)
-    if not yr and forms is not None and y.__class__ in _NUMBER:
-        cop, sgn = forms[0]
-        return _record(cop.code | ARRAY, x, None, sgn * _pyfloat(y), 0.0, v)
-    if not xr and forms is not None and x.__class__ in _NUMBER:
-        cop, sgn = forms[1]
-        return _record(cop.code | ARRAY, y, None, sgn * _pyfloat(x), 0.0, v)
-    if x.__class__ in _NUMBER:
-        x = _plain(_pyfloat(x))
-    if y.__class__ in _NUMBER:
-        y = _plain(_pyfloat(y))
-    return _record(op.code | ARRAY, x, y, 0.0, 0.0, v)
+    return _record_binary(op, x, y, v)
 
 
 # ---------------------------------------------------------------------------------------

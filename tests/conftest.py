@@ -13,3 +13,11 @@ if ROOT not in sys.path:
 def torch():
     """torch, or a clean skip when it is not installed."""
     return pytest.importorskip("torch")
+
+
+def set_rollover(monkeypatch, n):
+    """Make tapes roll over every ``n`` entries for one test (tests import this helper)."""
+    import tapegrad.tape as tape_mod
+    monkeypatch.setattr(tape_mod, "ROLLOVER", n)
+    # tapes read the limit when they are made: start this thread on a new one
+    monkeypatch.setattr(tape_mod.STATE, "tape", tape_mod._no_tape)

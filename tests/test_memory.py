@@ -15,16 +15,7 @@ import tapegrad.tape as tape_mod
 tensor_mod = importlib.import_module("tapegrad.tensor")
 
 
-def set_rollover(monkeypatch, n):
-    """Set the entries-per-tape limit everywhere the recorder reads it: ``tapegrad.tape``,
-    ``tapegrad.tensor`` and any other tapegrad module that imported the name."""
-    monkeypatch.setattr(tape_mod, "ROLLOVER", n)
-    # tapes read the limit when they are made: start this thread on a new one
-    monkeypatch.setattr(tape_mod.STATE, "tape", tape_mod._no_tape)
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("tapegrad") and mod is not None and hasattr(mod, "ROLLOVER") \
-                and not callable(mod):
-            monkeypatch.setattr(mod, "ROLLOVER", n)
+from conftest import set_rollover  # noqa: E402
 
 #: allowed growth of traced memory between iteration 1,000 and iteration 10,000
 FLAT_BOUND = 64 * 1024

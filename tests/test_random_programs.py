@@ -345,15 +345,7 @@ def test_random_array_programs_slow(block):
         check_program(seed, arrays=True, n_ops=10 + seed % 30)
 
 
-def _set_rollover(monkeypatch, n):
-    """Entries per tape, everywhere the recorder reads it (see tests/test_tape.py)."""
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("tapegrad") and mod is not None and not callable(mod) \
-                and hasattr(mod, "ROLLOVER"):
-            monkeypatch.setattr(mod, "ROLLOVER", n)
-    # tapes read the limit when they are made: start this thread on a new one
-    tape_mod = sys.modules["tapegrad.tape"]
-    monkeypatch.setattr(tape_mod.STATE, "tape", tape_mod._no_tape)
+from conftest import set_rollover as _set_rollover  # noqa: E402
 
 
 @pytest.mark.parametrize("arrays", [False, True])
