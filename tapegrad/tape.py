@@ -157,10 +157,10 @@ class Tape:
             return c[1]
         start = 0 if c is None else c[0]
         m = f64(self.code, start * ROW, n * ROW).reshape(-1, ROW)
-        k = np.arange(start, n, dtype=np.float64)
-        for col in (1, 2):  # relative -> absolute slots (0 marks an absent input)
-            d = m[:, col]
-            m[:, col] = np.where(d > 0, k - d, -1.0)
+        d = m[:, 1:3]  # relative -> absolute slots (0 marks an absent input)
+        absent = d == 0.0
+        np.subtract(np.arange(start, n, dtype=np.float64)[:, None], d, out=d)
+        d[absent] = -1.0
         if start:
             m = np.concatenate([c[1], m])
         self._cache = (n, m)

@@ -200,7 +200,7 @@ class Graph:
                 if len(f) < n:
                     f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
                 f |= sub
-            if t.arrays and sub.any():
+            if t.nbytes >= _RELEASE_BYTES and sub.any():
                 _release(t, f)
 
 
