@@ -80,6 +80,10 @@ def clone(input):
 
 def softplus(input, beta=1.0, threshold=20.0):
     """``log(1 + exp(beta * x)) / beta``, linear above ``threshold``."""
+    for name, v in (("beta", beta), ("threshold", threshold)):
+        if not isinstance(v, numbers.Real):
+            raise TypeError(f"softplus(): argument '{name}' must be a number, not "
+                            f"{type(v).__name__}")
     return unary(_O["softplus"], _t(input), float(beta), float(threshold))
 
 
@@ -888,11 +892,20 @@ Tensor.int = _cast(np.int32)
 Tensor.bool = _cast(np.bool_)
 
 
-def _to(self, *args, dtype=None, **kwargs):
+def _to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
     for a in args:
-        if not isinstance(a, str):
+        if isinstance(a, str):
+            device = a
+        elif isinstance(a, Tensor):
+            dtype = a.dtype
+        else:
             dtype = a
-    return self if dtype is None else _to_dtype(self, _np_dtype(dtype))
+    if device is not None and str(device) != "cpu":
+        raise RuntimeError(f"tapegrad tensors live on the CPU; device {device!r} is not "
+                           "available (the CUDA target runs traced programs, not eager "
+                           "tensors)")
+    out = self if dtype is None else _to_dtype(self, _np_dtype(dtype))
+    return out.clone() if copy and out is self else out
 
 
 Tensor.to = _to

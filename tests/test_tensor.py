@@ -785,3 +785,19 @@ def test_bad_input_raises_before_recording():
         y.sum(dim=3)
     (g,) = tapegrad.autograd.grad(y.sum(), x)
     assert g.tolist() == [2.0, 2.0]
+
+
+def test_to_unknown_device_and_bad_softplus_args_raise_like_torch():
+    x = tg.ones(2)
+    xt = torch.ones(2)
+    for fn_tg, fn_torch, exc in [
+        (lambda: x.to("nope"), lambda: xt.to("nope"), RuntimeError),
+        (lambda: tg.softplus(x, beta="a"),
+         lambda: torch.nn.functional.softplus(xt, beta="a"), TypeError),
+    ]:
+        with pytest.raises(exc):
+            fn_torch()
+        with pytest.raises(exc):
+            fn_tg()
+    assert x.to(tg.float32).dtype == tg.float32
+    assert x.to("cpu") is x

@@ -121,7 +121,7 @@ def _basic(index):
 
 def _index_scatter(g, aux):
     index, shape = aux[0], aux[1]
-    z = np.zeros(shape, dtype=np.result_type(g))
+    z = np.zeros(shape, dtype=g.dtype if g.__class__ is np.ndarray else np.result_type(g))
     if (aux[2] if len(aux) > 2 else _basic(index)):
         z[index] = g
     else:
@@ -130,8 +130,7 @@ def _index_scatter(g, aux):
 
 
 register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,
-         vjp=lambda F, g, v, out, aux: (
-             F.index_scatter(g, (aux[0], np.shape(v[0])) + tuple(aux[2:])),))
+         vjp=lambda F, g, v, out, aux: (F.index_scatter(g, aux),))  # aux: index, shape, basic
 register("index_scatter", A, np=_index_scatter, saves=False,
          vjp=lambda F, g, v, out, aux: (F.getitem(g, (aux[0], aux[1])),))
 
@@ -157,7 +156,8 @@ register("where", A, np=lambda a, b, aux: np.where(aux[0], a, b), torch="where",
 
 
 def _sum_vjp(F, g, v, out, aux):
-    return (F.expand(_gk(F, g, v[0], aux), (np.shape(v[0]), None)),)
+    a = v[0]
+    return (F.expand(_gk(F, g, a, aux), (a.shape if a.__class__ is np.ndarray else (), None)),)
 
 
 def _mean_vjp(F, g, v, out, aux):
