@@ -788,6 +788,7 @@ def test_bad_input_raises_before_recording():
 
 
 def test_to_unknown_device_and_bad_softplus_args_raise_like_torch():
+    tg = tapegrad
     x = tg.ones(2)
     xt = torch.ones(2)
     for fn_tg, fn_torch, exc in [
