@@ -18,6 +18,7 @@ _LAST_SPECIAL = max(op.code for op in OPS if op.kind == SPECIAL)
 #: opcodes whose ``b`` column is an input slot
 BSLOT = np.array([op.kind in (BINARY, ARRAY_OP) for op in OPS], dtype=np.bool_)
 _NO_INT = np.zeros(0, dtype=np.int64)
+_NO_NARY = (_NO_INT, np.zeros(1, dtype=np.int64), _NO_INT)  # read-only use in mark()
 
 
 @njit(cache=True, nogil=True)
@@ -102,13 +103,11 @@ class Graph:
 
     def __init__(self, tapes):
         self.tapes = tapes
-        self.index = {id(t): i for i, t in enumerate(tapes)}
-        self.offsets = [0]
-        for t in tapes:
-            self.offsets.append(self.offsets[-1] + len(t.vals))
-        self.n = self.offsets[-1]
         if len(tapes) == 1:
             t = tapes[0]
+            self.index = {id(t): 0}
+            self.n = len(t.vals)
+            self.offsets = [0, self.n]
             self.rows = t.rows()
             self.vals = f64(t.vals)
             arrays, vals = t.arrays, t.vals
@@ -116,6 +115,11 @@ class Graph:
             self.is_array = arrays.__contains__
             self.row = t.entry
         else:
+            self.index = {id(t): i for i, t in enumerate(tapes)}
+            self.offsets = [0]
+            for t in tapes:
+                self.offsets.append(self.offsets[-1] + len(t.vals))
+            self.n = self.offsets[-1]
             parts = []
             for t, off in zip(tapes, self.offsets):
                 r = t.rows().copy()
@@ -131,6 +135,9 @@ class Graph:
         self._nary()
 
     def _nary(self):
+        if not any(t.nary for t in self.tapes):
+            self.nx = _NO_NARY
+            return
         ents, ptr, idx = [], [0], []
         for i, t in enumerate(self.tapes):
             off = self.offsets[i]
@@ -258,6 +265,10 @@ def sweep(graph, need, adj, adjd, arr):
     rows = graph.rows
     hi = graph.n
     vals = graph.vals
+    if not len(arr):  # scalar entries only: one compiled call, no NumPy
+        if hi > 0:
+            _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
+        return
     with np.errstate(all="ignore"):
         for k in arr.tolist():
             if hi - k > 1:
