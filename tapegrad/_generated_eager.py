@@ -75,24 +75,25 @@ def __add__(self, other):
             e = other._d
             if e.__class__ is _float:
                 v = d + e
-                if STATE.grad_enabled and (self._rg or other._rg):
+                if self._rg or other._rg:
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= tape.limit:
-                        tape = current_tape()
-                    sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
-                    b = other._slot if other._sid == sid else tape.enter(other)
-                    vals = tape.vals
-                    k = len(vals)
-                    vals.append(v)
-                    tape.code += (35, k - a, k - b, 0.0, 0.0)
-                    t = _new(Tensor)
-                    t._d = v
-                    t._rg = True
-                    t._tape = tape
-                    t._sid = sid
-                    t._slot = k
-                    return t
+                    if tape is not False:
+                        if tape is None or len(tape.vals) >= tape.limit:
+                            tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        b = other._slot if other._sid == sid else tape.enter(other)
+                        vals = tape.vals
+                        k = len(vals)
+                        vals.append(v)
+                        tape.code += (35, k - a, k - b, 0.0, 0.0)
+                        t = _new(Tensor)
+                        t._d = v
+                        t._rg = True
+                        t._tape = tape
+                        t._sid = sid
+                        t._slot = k
+                        return t
                 t = _new(Tensor)
                 t._d = v
                 t._rg = False
@@ -103,23 +104,24 @@ def __add__(self, other):
         elif oc is _float or oc is _int:
             e = other if oc is _float else _float(other)
             v = d + e
-            if self._rg and STATE.grad_enabled:
+            if self._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (26, k - a, 0, e, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (26, k - a, 0, e, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -136,23 +138,24 @@ def __radd__(self, other):
     if d.__class__ is _float and (oc is _float or oc is _int):
         e = other if oc is _float else _float(other)
         v = e + d
-        if self._rg and STATE.grad_enabled:
+        if self._rg:
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= tape.limit:
-                tape = current_tape()
-            sid = tape.sid
-            a = self._slot if self._sid == sid else tape.enter(self)
-            vals = tape.vals
-            k = len(vals)
-            vals.append(v)
-            tape.code += (26, k - a, 0, e, 0.0)
-            t = _new(Tensor)
-            t._d = v
-            t._rg = True
-            t._tape = tape
-            t._sid = sid
-            t._slot = k
-            return t
+            if tape is not False:
+                if tape is None or len(tape.vals) >= tape.limit:
+                    tape = current_tape()
+                sid = tape.sid
+                a = self._slot if self._sid == sid else tape.enter(self)
+                vals = tape.vals
+                k = len(vals)
+                vals.append(v)
+                tape.code += (26, k - a, 0, e, 0.0)
+                t = _new(Tensor)
+                t._d = v
+                t._rg = True
+                t._tape = tape
+                t._sid = sid
+                t._slot = k
+                return t
         t = _new(Tensor)
         t._d = v
         t._rg = False
@@ -171,24 +174,25 @@ def __sub__(self, other):
             e = other._d
             if e.__class__ is _float:
                 v = d - e
-                if STATE.grad_enabled and (self._rg or other._rg):
+                if self._rg or other._rg:
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= tape.limit:
-                        tape = current_tape()
-                    sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
-                    b = other._slot if other._sid == sid else tape.enter(other)
-                    vals = tape.vals
-                    k = len(vals)
-                    vals.append(v)
-                    tape.code += (36, k - a, k - b, 0.0, 0.0)
-                    t = _new(Tensor)
-                    t._d = v
-                    t._rg = True
-                    t._tape = tape
-                    t._sid = sid
-                    t._slot = k
-                    return t
+                    if tape is not False:
+                        if tape is None or len(tape.vals) >= tape.limit:
+                            tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        b = other._slot if other._sid == sid else tape.enter(other)
+                        vals = tape.vals
+                        k = len(vals)
+                        vals.append(v)
+                        tape.code += (36, k - a, k - b, 0.0, 0.0)
+                        t = _new(Tensor)
+                        t._d = v
+                        t._rg = True
+                        t._tape = tape
+                        t._sid = sid
+                        t._slot = k
+                        return t
                 t = _new(Tensor)
                 t._d = v
                 t._rg = False
@@ -199,23 +203,24 @@ def __sub__(self, other):
         elif oc is _float or oc is _int:
             e = other if oc is _float else _float(other)
             v = d - e
-            if self._rg and STATE.grad_enabled:
+            if self._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (26, k - a, 0, -e, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (26, k - a, 0, -e, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -232,23 +237,24 @@ def __rsub__(self, other):
     if d.__class__ is _float and (oc is _float or oc is _int):
         e = other if oc is _float else _float(other)
         v = e - d
-        if self._rg and STATE.grad_enabled:
+        if self._rg:
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= tape.limit:
-                tape = current_tape()
-            sid = tape.sid
-            a = self._slot if self._sid == sid else tape.enter(self)
-            vals = tape.vals
-            k = len(vals)
-            vals.append(v)
-            tape.code += (28, k - a, 0, e, 0.0)
-            t = _new(Tensor)
-            t._d = v
-            t._rg = True
-            t._tape = tape
-            t._sid = sid
-            t._slot = k
-            return t
+            if tape is not False:
+                if tape is None or len(tape.vals) >= tape.limit:
+                    tape = current_tape()
+                sid = tape.sid
+                a = self._slot if self._sid == sid else tape.enter(self)
+                vals = tape.vals
+                k = len(vals)
+                vals.append(v)
+                tape.code += (28, k - a, 0, e, 0.0)
+                t = _new(Tensor)
+                t._d = v
+                t._rg = True
+                t._tape = tape
+                t._sid = sid
+                t._slot = k
+                return t
         t = _new(Tensor)
         t._d = v
         t._rg = False
@@ -267,24 +273,25 @@ def __mul__(self, other):
             e = other._d
             if e.__class__ is _float:
                 v = d * e
-                if STATE.grad_enabled and (self._rg or other._rg):
+                if self._rg or other._rg:
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= tape.limit:
-                        tape = current_tape()
-                    sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
-                    b = other._slot if other._sid == sid else tape.enter(other)
-                    vals = tape.vals
-                    k = len(vals)
-                    vals.append(v)
-                    tape.code += (37, k - a, k - b, 0.0, 0.0)
-                    t = _new(Tensor)
-                    t._d = v
-                    t._rg = True
-                    t._tape = tape
-                    t._sid = sid
-                    t._slot = k
-                    return t
+                    if tape is not False:
+                        if tape is None or len(tape.vals) >= tape.limit:
+                            tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        b = other._slot if other._sid == sid else tape.enter(other)
+                        vals = tape.vals
+                        k = len(vals)
+                        vals.append(v)
+                        tape.code += (37, k - a, k - b, 0.0, 0.0)
+                        t = _new(Tensor)
+                        t._d = v
+                        t._rg = True
+                        t._tape = tape
+                        t._sid = sid
+                        t._slot = k
+                        return t
                 t = _new(Tensor)
                 t._d = v
                 t._rg = False
@@ -295,23 +302,24 @@ def __mul__(self, other):
         elif oc is _float or oc is _int:
             e = other if oc is _float else _float(other)
             v = d * e
-            if self._rg and STATE.grad_enabled:
+            if self._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (27, k - a, 0, e, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (27, k - a, 0, e, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -328,23 +336,24 @@ def __rmul__(self, other):
     if d.__class__ is _float and (oc is _float or oc is _int):
         e = other if oc is _float else _float(other)
         v = e * d
-        if self._rg and STATE.grad_enabled:
+        if self._rg:
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= tape.limit:
-                tape = current_tape()
-            sid = tape.sid
-            a = self._slot if self._sid == sid else tape.enter(self)
-            vals = tape.vals
-            k = len(vals)
-            vals.append(v)
-            tape.code += (27, k - a, 0, e, 0.0)
-            t = _new(Tensor)
-            t._d = v
-            t._rg = True
-            t._tape = tape
-            t._sid = sid
-            t._slot = k
-            return t
+            if tape is not False:
+                if tape is None or len(tape.vals) >= tape.limit:
+                    tape = current_tape()
+                sid = tape.sid
+                a = self._slot if self._sid == sid else tape.enter(self)
+                vals = tape.vals
+                k = len(vals)
+                vals.append(v)
+                tape.code += (27, k - a, 0, e, 0.0)
+                t = _new(Tensor)
+                t._d = v
+                t._rg = True
+                t._tape = tape
+                t._sid = sid
+                t._slot = k
+                return t
         t = _new(Tensor)
         t._d = v
         t._rg = False
@@ -363,24 +372,25 @@ def __div__(self, other):
             e = other._d
             if e.__class__ is _float:
                 v = _py_div(d, e)
-                if STATE.grad_enabled and (self._rg or other._rg):
+                if self._rg or other._rg:
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= tape.limit:
-                        tape = current_tape()
-                    sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
-                    b = other._slot if other._sid == sid else tape.enter(other)
-                    vals = tape.vals
-                    k = len(vals)
-                    vals.append(v)
-                    tape.code += (38, k - a, k - b, 0.0, 0.0)
-                    t = _new(Tensor)
-                    t._d = v
-                    t._rg = True
-                    t._tape = tape
-                    t._sid = sid
-                    t._slot = k
-                    return t
+                    if tape is not False:
+                        if tape is None or len(tape.vals) >= tape.limit:
+                            tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        b = other._slot if other._sid == sid else tape.enter(other)
+                        vals = tape.vals
+                        k = len(vals)
+                        vals.append(v)
+                        tape.code += (38, k - a, k - b, 0.0, 0.0)
+                        t = _new(Tensor)
+                        t._d = v
+                        t._rg = True
+                        t._tape = tape
+                        t._sid = sid
+                        t._slot = k
+                        return t
                 t = _new(Tensor)
                 t._d = v
                 t._rg = False
@@ -391,23 +401,24 @@ def __div__(self, other):
         elif oc is _float or oc is _int:
             e = other if oc is _float else _float(other)
             v = _py_div(d, e)
-            if self._rg and STATE.grad_enabled:
+            if self._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (29, k - a, 0, e, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (29, k - a, 0, e, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -424,23 +435,24 @@ def __rdiv__(self, other):
     if d.__class__ is _float and (oc is _float or oc is _int):
         e = other if oc is _float else _float(other)
         v = _py_div(e, d)
-        if self._rg and STATE.grad_enabled:
+        if self._rg:
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= tape.limit:
-                tape = current_tape()
-            sid = tape.sid
-            a = self._slot if self._sid == sid else tape.enter(self)
-            vals = tape.vals
-            k = len(vals)
-            vals.append(v)
-            tape.code += (30, k - a, 0, e, 0.0)
-            t = _new(Tensor)
-            t._d = v
-            t._rg = True
-            t._tape = tape
-            t._sid = sid
-            t._slot = k
-            return t
+            if tape is not False:
+                if tape is None or len(tape.vals) >= tape.limit:
+                    tape = current_tape()
+                sid = tape.sid
+                a = self._slot if self._sid == sid else tape.enter(self)
+                vals = tape.vals
+                k = len(vals)
+                vals.append(v)
+                tape.code += (30, k - a, 0, e, 0.0)
+                t = _new(Tensor)
+                t._d = v
+                t._rg = True
+                t._tape = tape
+                t._sid = sid
+                t._slot = k
+                return t
         t = _new(Tensor)
         t._d = v
         t._rg = False
@@ -459,24 +471,25 @@ def __pow__(self, other):
             e = other._d
             if e.__class__ is _float:
                 v = d * d if e == 2.0 else _py_pow(d, e)
-                if STATE.grad_enabled and (self._rg or other._rg):
+                if self._rg or other._rg:
                     tape = STATE.tape()
-                    if tape is None or len(tape.vals) >= tape.limit:
-                        tape = current_tape()
-                    sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
-                    b = other._slot if other._sid == sid else tape.enter(other)
-                    vals = tape.vals
-                    k = len(vals)
-                    vals.append(v)
-                    tape.code += (39, k - a, k - b, 0.0, 0.0)
-                    t = _new(Tensor)
-                    t._d = v
-                    t._rg = True
-                    t._tape = tape
-                    t._sid = sid
-                    t._slot = k
-                    return t
+                    if tape is not False:
+                        if tape is None or len(tape.vals) >= tape.limit:
+                            tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        b = other._slot if other._sid == sid else tape.enter(other)
+                        vals = tape.vals
+                        k = len(vals)
+                        vals.append(v)
+                        tape.code += (39, k - a, k - b, 0.0, 0.0)
+                        t = _new(Tensor)
+                        t._d = v
+                        t._rg = True
+                        t._tape = tape
+                        t._sid = sid
+                        t._slot = k
+                        return t
                 t = _new(Tensor)
                 t._d = v
                 t._rg = False
@@ -487,23 +500,24 @@ def __pow__(self, other):
         elif oc is _float or oc is _int:
             e = other if oc is _float else _float(other)
             v = d * d if e == 2.0 else _py_pow(d, e)
-            if self._rg and STATE.grad_enabled:
+            if self._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (31, k - a, 0, e, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (31, k - a, 0, e, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -520,23 +534,24 @@ def __rpow__(self, other):
     if d.__class__ is _float and (oc is _float or oc is _int):
         e = other if oc is _float else _float(other)
         v = _py_pow(e, d)
-        if self._rg and STATE.grad_enabled:
+        if self._rg:
             tape = STATE.tape()
-            if tape is None or len(tape.vals) >= tape.limit:
-                tape = current_tape()
-            sid = tape.sid
-            a = self._slot if self._sid == sid else tape.enter(self)
-            vals = tape.vals
-            k = len(vals)
-            vals.append(v)
-            tape.code += (32, k - a, 0, e, 0.0)
-            t = _new(Tensor)
-            t._d = v
-            t._rg = True
-            t._tape = tape
-            t._sid = sid
-            t._slot = k
-            return t
+            if tape is not False:
+                if tape is None or len(tape.vals) >= tape.limit:
+                    tape = current_tape()
+                sid = tape.sid
+                a = self._slot if self._sid == sid else tape.enter(self)
+                vals = tape.vals
+                k = len(vals)
+                vals.append(v)
+                tape.code += (32, k - a, 0, e, 0.0)
+                t = _new(Tensor)
+                t._d = v
+                t._rg = True
+                t._tape = tape
+                t._sid = sid
+                t._slot = k
+                return t
         t = _new(Tensor)
         t._d = v
         t._rg = False
@@ -552,23 +567,24 @@ def neg(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_neg(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (3, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (3, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -584,23 +600,24 @@ def exp(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_exp(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (4, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (4, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -616,23 +633,24 @@ def log(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_log(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (5, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (5, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -648,23 +666,24 @@ def log1p(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_log1p(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (6, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (6, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -680,23 +699,24 @@ def expm1(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_expm1(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (7, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (7, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -712,23 +732,24 @@ def sqrt(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_sqrt(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (8, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (8, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -744,23 +765,24 @@ def rsqrt(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_rsqrt(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (9, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (9, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -776,23 +798,24 @@ def sin(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_sin(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (10, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (10, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -808,23 +831,24 @@ def cos(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_cos(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (11, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (11, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -840,23 +864,24 @@ def tan(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_tan(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (12, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (12, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -872,23 +897,24 @@ def asin(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_asin(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (13, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (13, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -904,23 +930,24 @@ def acos(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_acos(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (14, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (14, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -936,23 +963,24 @@ def atan(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_atan(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (15, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (15, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -968,23 +996,24 @@ def sinh(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_sinh(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (16, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (16, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1000,23 +1029,24 @@ def cosh(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_cosh(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (17, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (17, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1032,23 +1062,24 @@ def tanh(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_tanh(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (18, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (18, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1064,23 +1095,24 @@ def sigmoid(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_sigmoid(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (19, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (19, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1096,23 +1128,24 @@ def relu(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_relu(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (20, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (20, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1128,23 +1161,24 @@ def erf(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_erf(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (21, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (21, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1160,23 +1194,24 @@ def abs(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_abs(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (22, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (22, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1192,23 +1227,24 @@ def sign(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_sign(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (23, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (23, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1224,23 +1260,24 @@ def square(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_square(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (24, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (24, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1256,23 +1293,24 @@ def reciprocal(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_reciprocal(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (25, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (25, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False
@@ -1288,23 +1326,24 @@ def clone(input):
         d = input._d
         if d.__class__ is _float:
             v = _py_clone(d)
-            if input._rg and STATE.grad_enabled:
+            if input._rg:
                 tape = STATE.tape()
-                if tape is None or len(tape.vals) >= tape.limit:
-                    tape = current_tape()
-                sid = tape.sid
-                a = input._slot if input._sid == sid else tape.enter(input)
-                vals = tape.vals
-                k = len(vals)
-                vals.append(v)
-                tape.code += (45, k - a, 0, 0.0, 0.0)
-                t = _new(Tensor)
-                t._d = v
-                t._rg = True
-                t._tape = tape
-                t._sid = sid
-                t._slot = k
-                return t
+                if tape is not False:
+                    if tape is None or len(tape.vals) >= tape.limit:
+                        tape = current_tape()
+                    sid = tape.sid
+                    a = input._slot if input._sid == sid else tape.enter(input)
+                    vals = tape.vals
+                    k = len(vals)
+                    vals.append(v)
+                    tape.code += (45, k - a, 0, 0.0, 0.0)
+                    t = _new(Tensor)
+                    t._d = v
+                    t._rg = True
+                    t._tape = tape
+                    t._sid = sid
+                    t._slot = k
+                    return t
             t = _new(Tensor)
             t._d = v
             t._rg = False

@@ -203,18 +203,38 @@ def _no_tape():
     return None
 
 
+def _grad_disabled():
+    return False
+
+
 class _State(threading.local):
     """Per-thread recorder state: the current tape (held weakly: the tensors recorded on
     it keep it alive, so a forward pass whose outputs are dropped leaves nothing) and the
-    grad mode."""
+    grad mode.
+
+    ``tape()`` returns the tape, None when there is none yet, or False while grad is
+    disabled, so the recorder's hot path needs one thread-local lookup, not two."""
 
     def __init__(self):
         self.tape = _no_tape
+        self.held = _no_tape  # the tape reference put aside while grad is disabled
         self.grad_enabled = True
         self.inference = False
 
 
 STATE = _State()
+
+
+def set_grad_mode(enabled):
+    """Turn recording on or off for this thread."""
+    st = STATE
+    if enabled == st.grad_enabled:
+        return
+    if enabled:
+        st.tape, st.held = st.held, _no_tape
+    else:
+        st.tape, st.held = _grad_disabled, st.tape
+    st.grad_enabled = enabled
 
 
 def current_tape():
@@ -230,3 +250,5 @@ def end_tape(tape):
     """Stop recording onto ``tape`` (after a backward freed it)."""
     if STATE.tape() is tape:
         STATE.tape = _no_tape
+    elif STATE.held() is tape:
+        STATE.held = _no_tape

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 
 from .ops import ARRAY, BY_NAME, UNARY_C
-from .tape import STATE, bump, current_tape
+from .tape import STATE, bump, current_tape, set_grad_mode
 
 # ---------------------------------------------------------------------------------------
 # dtypes
@@ -113,7 +113,8 @@ class _GradMode:
         return self
 
     def __exit__(self, *exc):
-        STATE.grad_enabled, STATE.inference = self._prev
+        set_grad_mode(self._prev[0])
+        STATE.inference = self._prev[1]
         return False
 
     def __call__(self, fn):
@@ -159,14 +160,14 @@ class no_grad(_GradMode):
     """Context manager / decorator: ops in it do not record."""
 
     def _enter_mode(self):
-        STATE.grad_enabled = False
+        set_grad_mode(False)
 
 
 class enable_grad(_GradMode):
     """Context manager / decorator: ops in it record (inside ``no_grad`` too)."""
 
     def _enter_mode(self):
-        STATE.grad_enabled = True
+        set_grad_mode(True)
 
 
 class set_grad_enabled(_GradMode):
@@ -181,16 +182,17 @@ class set_grad_enabled(_GradMode):
             raise TypeError(f"set_grad_enabled expects a bool, got {type(mode).__name__}")
         self.mode = mode
         self._prev = (STATE.grad_enabled, STATE.inference)
-        STATE.grad_enabled = mode
+        set_grad_mode(mode)
 
     def _enter_mode(self):
-        STATE.grad_enabled = self.mode
+        set_grad_mode(self.mode)
 
     def __enter__(self):
         return self
 
     def __call__(self, fn):
-        STATE.grad_enabled, STATE.inference = self._prev
+        set_grad_mode(self._prev[0])
+        STATE.inference = self._prev[1]
         return super().__call__(fn)
 
     def clone(self):
@@ -208,7 +210,7 @@ class _SetGradMode(_GradMode):
         self.mode = mode
 
     def _enter_mode(self):
-        STATE.grad_enabled = self.mode
+        set_grad_mode(self.mode)
 
 
 class inference_mode(_GradMode):
@@ -219,7 +221,7 @@ class inference_mode(_GradMode):
 
     def _enter_mode(self):
         if self.mode:
-            STATE.grad_enabled = False
+            set_grad_mode(False)
             STATE.inference = True
 
     def _args(self):

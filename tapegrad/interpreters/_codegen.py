@@ -105,8 +105,7 @@ def _record(x, y, op, c):
     """Source that records entry ``op`` with inputs ``x`` (and ``y``, or the float ``c``)."""
     b = "" if y is None else f"b = {y}._slot if {y}._sid == sid else tape.enter({y})\n"
     db = "0" if y is None else "k - b"
-    return (f"""tape = STATE.tape()
-if tape is None or len(tape.vals) >= tape.limit:
+    body = f"""if tape is None or len(tape.vals) >= tape.limit:
     tape = current_tape()
 sid = tape.sid
 a = {x}._slot if {x}._sid == sid else tape.enter({x})
@@ -120,7 +119,9 @@ t._rg = True
 t._tape = tape
 t._sid = sid
 t._slot = k
-return t""").replace("\n\n", "\n")
+return t""".replace("\n\n", "\n")
+    # STATE.tape() is False while grad is disabled: one thread-local lookup per op
+    return "tape = STATE.tape()\nif tape is not False:\n" + _ind(body, 4).rstrip("\n")
 
 
 _PLAIN = '''t = _new(Tensor)
@@ -159,7 +160,7 @@ def _binary_methods(op):
     src += "    d = self._d\n    if d.__class__ is _float:\n        oc = other.__class__\n"
     src += "        if oc is Tensor:\n            e = other._d\n            if e.__class__ is _float:\n"
     src += _ind(_fwd(op, "d", "e"), 16)
-    src += "                if STATE.grad_enabled and (self._rg or other._rg):\n"
+    src += "                if self._rg or other._rg:\n"
     # a tensor that does not require grad is entered as a constant (its version is
     # checked at backward, as torch does); only Python numbers become c0
     src += _ind(_record("self", "other", op.code, "0.0"), 20)
@@ -167,7 +168,7 @@ def _binary_methods(op):
     src += "        elif oc is _float or oc is _int:\n"
     src += "            e = other if oc is _float else _float(other)\n"
     src += _ind(_fwd(op, "d", "e"), 12)
-    src += "            if self._rg and STATE.grad_enabled:\n"
+    src += "            if self._rg:\n"
     src += _ind(_record("self", None, rc, f"{rs}e"), 16)
     src += _ind(_PLAIN, 12)
     src += f"    return binary_fallback(_{n.upper()}, self, other)\n"
@@ -176,7 +177,7 @@ def _binary_methods(op):
     src += "    if d.__class__ is _float and (oc is _float or oc is _int):\n"
     src += "        e = other if oc is _float else _float(other)\n"
     src += _ind(_fwd(op, "e", "d"), 8)
-    src += "        if self._rg and STATE.grad_enabled:\n"
+    src += "        if self._rg:\n"
     src += _ind(_record("self", None, lc, f"{ls}e"), 12)
     src += _ind(_PLAIN, 8)
     src += f"    return binary_fallback(_{n.upper()}, other, self)\n"
@@ -189,7 +190,7 @@ def _unary_function(op):
     src += "    if input.__class__ is Tensor:\n        d = input._d\n"
     src += "        if d.__class__ is _float:\n"
     src += f"            v = _py_{n}(d)\n"
-    src += "            if input._rg and STATE.grad_enabled:\n"
+    src += "            if input._rg:\n"
     src += _ind(_record("input", None, op.code, "0.0"), 16)
     src += _ind(_PLAIN, 12)
     src += f"    return unary_fallback(_{n.upper()}, input)\n"
