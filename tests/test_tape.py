@@ -533,3 +533,9 @@ def test_rollover_array_only_chain_matches_torch(torch, small_tapes):
     np.testing.assert_allclose(yt.item(), yp.item(), rtol=1e-13)
     for a, b in zip(gt, gp):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-11)
+
+
+def test_generated_eager_fast_paths_are_not_stale():
+    # run `python -m tapegrad.interpreters._codegen` after changing an op
+    committed = _codegen.EAGER_TARGET.read_text()
+    assert _codegen.generate_eager() == committed, "tapegrad/_generated_eager.py is stale"
