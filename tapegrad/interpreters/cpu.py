@@ -114,6 +114,7 @@ class Graph:
             self.value = lambda s: arrays[s] if s in arrays else vals[s]
             self.is_array = arrays.__contains__
             self.row = t.entry
+            self.aux = t.aux.get
         else:
             self.index = {id(t): i for i, t in enumerate(tapes)}
             self.offsets = [0]
@@ -282,7 +283,7 @@ def sweep(graph, need, adj, adjd, arr):
 def array_vjp(graph, k, adj, adjd):
     """Run entry ``k``'s rule on NumPy values and accumulate into its inputs."""
     code, a, b, c0, c1 = graph.row(k)
-    op = OPS[int(code) & ~ARRAY]
+    op = OPS[code & ~ARRAY]
     value, is_array = graph.value, graph.is_array
     out = value(k)
     if is_array(k):
@@ -307,7 +308,6 @@ def array_vjp(graph, k, adj, adjd):
     for s, gr in zip(inputs, grads):
         if gr is None:
             continue
-        s = int(s)
         if is_array(s):
             v = value(s)
             if gr.__class__ is not np.ndarray:
