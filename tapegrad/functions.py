@@ -240,8 +240,7 @@ def _extreme(op, npfn, argfn, pair_op, name):
         d = _dim(dim, x.ndim)
         a = np.asarray(x._d)
         if a.ndim == 0:
-            return _minmax(array_op(_O["clone"], [x], x._d, None) if False else
-                           unary(_O["clone"], x), _plain(np.asarray(0, dtype=np.int64)))
+            return _minmax(unary(_O["clone"], x), _plain(np.asarray(0, dtype=np.int64)))
         if a.shape[d] == 0:
             raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
         idx = argfn(a, axis=d)
@@ -427,8 +426,6 @@ def reshape(input, *shape):
     except ValueError:
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {a.size}") \
             from None
-    if v.shape == a.shape and x._rg and STATE.grad_enabled:
-        pass
     return array_op(_O["reshape"], [x], v, (v.shape, a.shape))
 
 

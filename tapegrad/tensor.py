@@ -621,6 +621,11 @@ def _errstate():
     return np.errstate(all="ignore")
 
 
+# ops that keep an integer tensor integer (the rest compute in the default float dtype)
+_INT_PRESERVING = frozenset(("neg", "abs", "sign", "square", "clone", "addc", "mulc", "rsubc",
+                             "clamp", "relu"))
+
+
 def unary(op, x, c0=0.0, c1=0.0):
     """Apply elementwise ``op`` to tensor ``x`` (constants ``c0``, ``c1`` for unary_c ops)."""
     d = x._d
@@ -629,14 +634,10 @@ def unary(op, x, c0=0.0, c1=0.0):
         if x._rg and STATE.grad_enabled:
             return _record(op.code, x, None, c0, c1, v)
         return _plain(v)
-    if d.dtype.kind != "f":
-        if op.name in ("neg", "abs", "sign", "square", "clone", "addc", "mulc", "rsubc",
-                       "clamp", "relu") and d.dtype.kind in "iu":
-            pass
-        elif d.dtype.kind == "b" and op.name == "clone":
-            pass
-        else:
-            d = d.astype(np.float64)
+    if d.dtype.kind != "f" and not (
+            op.name in _INT_PRESERVING and d.dtype.kind in "iu"
+            or op.name == "clone" and d.dtype.kind == "b"):
+        d = d.astype(np.float64)  # e.g. exp of an integer tensor is floating, as in torch
     with np.errstate(all="ignore"):
         v = op.np(d, c0, c1) if op.kind == UNARY_C else op.np(d)
     v = _norm_value(v)
