@@ -1012,19 +1012,29 @@ def test_non_tensor_arguments_raise_type_error(name):
 
 
 @pytest.mark.parametrize("call", ["grad", "backward", "method"])
-def test_create_graph_not_implemented_yet(call):
-    x = leaf(tg, [0.4, 0.9])
-    y = (x * x).sum()
-    with pytest.raises(NotImplementedError, match="create_graph"):
+def test_create_graph_records_a_differentiable_gradient(call, torch):
+    def run(M):
+        x = leaf(M, [0.4, 0.9])
+        y = (x * x * x).sum()
         if call == "grad":
-            tg.autograd.grad(y, x, create_graph=True)
+            (g,) = M.autograd.grad(y, x, create_graph=True)
         elif call == "backward":
-            tg.autograd.backward(y, create_graph=True)
+            M.autograd.backward(y, create_graph=True)
+            g = x.grad
         else:
             y.backward(create_graph=True)
-    # nothing was freed or accumulated by the refused call
-    assert x.grad is None
-    assert_close_list(tg.autograd.grad(y, x), [np.array([0.8, 1.8])])
+            g = x.grad
+        assert g.requires_grad and g.grad_fn is not None
+        return M.autograd.grad(g.sum(), x)
+    assert_all_same(run(tg), run(torch))
+
+
+def test_is_grads_batched_not_implemented_yet():
+    x = leaf(tg, [0.4, 0.9])
+    y = x * x
+    with pytest.raises(NotImplementedError, match="is_grads_batched"):
+        tg.autograd.grad(y, x, tg.ones(2, 2), is_grads_batched=True)
+    assert_close_list(tg.autograd.grad(y.sum(), x), [np.array([0.8, 1.8])])
 
 
 def test_is_grads_batched_not_implemented_yet():

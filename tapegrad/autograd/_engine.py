@@ -6,10 +6,11 @@ import warnings
 
 import numpy as np
 
-from ..interpreters import cpu
-from ..ops import ARRAY, OPS
-from ..tape import INPLACE, bump, end_tape
-from ..tensor import Tensor, _plain, _plain_s, _pyfloat
+from ..interpreters import cpu, rerecord
+from ..ops import ARRAY, BY_NAME, OPS
+from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
+from ..tensor import Tensor, _new, _plain, _plain_s, _pyfloat
+from ._tensor_backend import TensorF
 
 
 _LATER = ("{what} is not implemented yet: it comes with tapegrad's higher-order derivatives "
@@ -107,9 +108,6 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     ins = _tensors(inputs, "inputs")
     if not ins:
         raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
-    if create_graph:
-        raise NotImplementedError(_LATER.format(
-            what="create_graph=True", how="first derivatives only"))
     if is_grads_batched:
         raise NotImplementedError(_LATER.format(
             what="is_grads_batched=True", how="each row with its own grad() call"))
@@ -119,7 +117,11 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     seeds = _grad_outputs(outs, grad_outputs)
     if retain_graph is None:
         retain_graph = create_graph
-    results, used = _run(outs, seeds, ins, retain_graph, fast=True)
+    if create_graph:
+        results, used = _run(outs, _seed_tensors(outs, seeds, grad_outputs), ins,
+                             retain_graph, record=True)
+    else:
+        results, used = _run(outs, seeds, ins, retain_graph, fast=True)
     if used.__class__ is bool:  # the fast path: every input a used 0-d float64 leaf
         return tuple([_plain_s(r) for r in results])
     out = []
@@ -130,11 +132,29 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                                    "been used in the graph. Set allow_unused=True if this is "
                                    "the desired behavior.")
             out.append(_zeros_for(x) if materialize_grads else None)
+        elif isinstance(r, Tensor):  # create_graph
+            out.append(r)
         elif x._d.__class__ is _pyfloat:
             out.append(_plain_s(float(r)))
         else:
             out.append(_as_tensor(r, x))
     return tuple(out)
+
+
+def _seed_tensors(outs, seeds, grad_outputs):
+    """The seeds as tensors for a recorded sweep: the user's grad_outputs themselves (they
+    may require grad), cast to the output's dtype, or ones."""
+    given = [grad_outputs] if isinstance(grad_outputs, Tensor) else (
+        list(grad_outputs) if grad_outputs is not None else [None] * len(outs))
+    out = []
+    for y, raw, g in zip(outs, seeds, given):
+        if g is None:
+            out.append(_plain_s(raw) if raw.__class__ is float else _plain(raw))
+        elif g.dtype is not y.dtype:
+            out.append(g.to(y.dtype))
+        else:
+            out.append(g)
+    return out
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
@@ -165,22 +185,22 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
             raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
     else:
         ins = None
-    if create_graph:
-        raise NotImplementedError(_LATER.format(
-            what="backward(create_graph=True)", how="first derivatives only"))
     _check_outputs(outs)
     seeds = _grad_outputs(outs, grad_tensors, "grad_tensors")
     if retain_graph is None:
         retain_graph = create_graph
+    if create_graph:
+        seeds = _seed_tensors(outs, seeds, grad_tensors)
     if ins is not None:
         ins = list({id(x): x for x in ins}.values())
         for x in ins:
             if not x._rg:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
-        results, used = _run(outs, seeds, ins, retain_graph, {id(x) for x in ins})
+        results, used = _run(outs, seeds, ins, retain_graph, {id(x) for x in ins},
+                             record=create_graph)
         targets = ins
     else:
-        results, used, targets = _run(outs, seeds, None, retain_graph)
+        results, used, targets = _run(outs, seeds, None, retain_graph, record=create_graph)
     for x, r, u in zip(targets, results, used):
         if u:
             _accumulate(x, r)
@@ -196,6 +216,7 @@ def _as_tensor(r, x):
     return _plain(np.array(r, dtype=x.dtype.np, copy=True).reshape(x.shape))
 
 
+LEAF, CONST = BY_NAME["leaf"].code, BY_NAME["const"].code
 _ACCUMULATE = threading.Lock()  # threads may run backward into the same leaves
 
 
@@ -206,6 +227,9 @@ def _accumulate(x, r):
 
 def _accumulate_locked(x, r):
     g = getattr(x, "_grad", None)
+    if isinstance(r, Tensor):  # create_graph: out of place, so .grad keeps its history
+        x._grad = r if g is None else g + r
+        return
     if g is None:
         x._grad = _as_tensor(r, x)
     elif g._d.__class__ is _pyfloat:
@@ -219,9 +243,10 @@ def _accumulate_locked(x, r):
             g._d = g._d + v
 
 
-def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False):
+def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=False):
     """One reverse sweep. With ``ins`` None (backward), the inputs are the graph's leaves
-    and retained non-leaves, returned as a third value."""
+    and retained non-leaves, returned as a third value. With ``record`` (create_graph) the
+    seeds are tensors and the sweep re-records every rule, so the results are tensors."""
     roots = []
     for y in outs:
         if y._tape is not None and all(y._tape is not r for r in roots):
@@ -245,7 +270,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False):
         collect = False
     flat = [s for sl in slot_lists for s in sl]
     # one slot per input, all 0-d float64: results come straight out of the adjoint array
-    fast_leaves = (fast and not collect and len(flat) == len(ins)
+    fast_leaves = (fast and not record and not collect and len(flat) == len(ins)
                    and all([x._d.__class__ is _pyfloat for x in ins])
                    and not graph.arrays_at(flat))
     is_input = np.zeros(n, dtype=np.bool_)
@@ -260,14 +285,27 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False):
             continue
         k = graph.slot(y._tape, y._slot)
         is_output[k] = True
-        if graph.is_array(k):
+        if record:
+            adjd[k] = s if k not in adjd else adjd[k] + s
+        elif graph.is_array(k):
             adjd[k] = s if k not in adjd else adjd[k] + s
         else:
             adj[k] += s
     need, reach, arr = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
-    cpu.sweep(graph, need, adj, adjd, arr)
+    if record:
+        prev = STATE.grad_enabled
+        set_grad_mode(True)  # create_graph wins over an enclosing no_grad, as in torch
+        try:
+            adjd = rerecord.sweep(graph, need, adjd, TensorF, _slot_tensors(graph),
+                                  lambda u, v: u + v)
+        finally:
+            set_grad_mode(prev)
+        is_array = adjd.__contains__  # every adjoint is a tensor in adjd
+        adj = np.zeros(n)
+    else:
+        cpu.sweep(graph, need, adj, adjd, arr)
     if fast_leaves:
         flat_arr = np.array(flat, dtype=np.int64)
         if reach[flat_arr].all() and not direct:
@@ -280,7 +318,9 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False):
             return results, True
     reach_l = reach.tolist()
     adj_l = adj.tolist()
-    if len(tapes) == 1:
+    if record:
+        pass
+    elif len(tapes) == 1:
         is_array = tapes[0].arrays.__contains__
     else:
         is_array = graph.is_array
@@ -291,9 +331,9 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False):
             if not reach_l[s]:
                 results.append(None)
                 used.append(False)
-            elif is_array(s):
+            elif is_array(s) or record:
                 v = adjd.get(s)
-                results.append(v if v is not None else np.zeros(x.shape, x.dtype.np))
+                results.append(v if v is not None else _zeros_like_input(x, record))
                 used.append(True)
             else:
                 results.append(adj_l[s])
@@ -310,10 +350,10 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False):
             u = True
             total = direct[id(x)] if total is None else total + direct[id(x)]
         if u and total is None:
-            total = 0.0 if x._d.__class__ is _pyfloat else np.zeros(x.shape, x.dtype.np)
+            total = _zeros_like_input(x, record)
         results.append(total)
         used.append(u)
-    _fill_retained(graph, need, reach, is_output, adj, adjd, skip_retained)
+    _fill_retained(graph, need, reach, is_output, adj, adjd, skip_retained, record)
     if not retain_graph:
         graph.free(need)
         for t in tapes:
@@ -323,7 +363,39 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False):
     return results, used
 
 
-def _fill_retained(graph, need, reach, is_output, adj, adjd, skip):
+def _zeros_like_input(x, record):
+    if record:
+        return _zeros_for(x)
+    return 0.0 if x._d.__class__ is _pyfloat else np.zeros(x.shape, x.dtype.np)
+
+
+def _slot_tensors(graph):
+    """``as_tensor(slot)`` for the re-recording sweep: the leaf or constant itself, or a
+    non-leaf tensor bound to the slot (so rules record on top of the recorded graph)."""
+    cache = {}
+    leafish = (LEAF, CONST)
+
+    def as_tensor(s):
+        t = cache.get(s)
+        if t is None:
+            tape, k = graph.locate(s)
+            if int(tape.entry(k)[0]) & ~ARRAY in leafish:
+                t = tape.aux[k][0]
+            else:
+                t = _new(Tensor)
+                t._d = graph.value(s)
+                t._rg = True
+                t._tape = tape
+                t._sid = tape.sid
+                t._slot = k
+                if t._d.__class__ is not _pyfloat:
+                    t._ver = [0]
+            cache[s] = t
+        return t
+    return as_tensor
+
+
+def _fill_retained(graph, need, reach, is_output, adj, adjd, skip, record=False):
     """retain_grad is a hook, as in torch: every sweep that computes a retaining non-leaf's
     gradient accumulates it into that tensor's ``.grad`` (grad() included)."""
     for t in graph.tapes:
@@ -339,8 +411,8 @@ def _fill_retained(graph, need, reach, is_output, adj, adjd, skip):
                 continue
             s = off + k
             if reach[s] and (need[s] or is_output[s]):
-                v = adjd.get(s) if graph.is_array(s) else adj[s]
-                _accumulate(x, v if v is not None else np.zeros(x.shape, x.dtype.np))
+                v = adjd.get(s) if (record or graph.is_array(s)) else adj[s]
+                _accumulate(x, v if v is not None else _zeros_like_input(x, record))
 
 
 def _slots_of(graph, x):

@@ -112,6 +112,7 @@ def build_backends():
     # cond: a choice on constants, with branches built only when taken (lazy)
     SymF.cond = lambda c, x, y: SymF.where(c, x(), y())
     SymF.zeros_like = lambda x: Sym("0.0")
+    SymF.raw = NpF.raw = lambda x: x  # the plain value, for masks (tensors give their data)
     NpF.where = _np_where
     NpF.cond = _np_cond
     NpF.zeros_like = lambda x: 0.0  # broadcasts; the sweep widens it to the input's shape

@@ -157,11 +157,15 @@ register("where", A, np=lambda a, b, aux: np.where(aux[0], a, b), torch="where",
 
 def _sum_vjp(F, g, v, out, aux):
     a = v[0]
-    return (F.expand(_gk(F, g, a, aux), (a.shape if a.__class__ is np.ndarray else (), None)),)
+    return (F.expand(_gk(F, g, a, aux), (np.shape(a), None)),)
+
+
+def _numel(x):
+    return int(np.prod(np.shape(x)))
 
 
 def _mean_vjp(F, g, v, out, aux):
-    n = np.size(v[0]) // max(np.size(out), 1) if np.size(v[0]) else 0
+    n = _numel(v[0]) // max(_numel(out), 1) if _numel(v[0]) else 0
     return (F.expand(_gk(F, g, v[0], aux), (np.shape(v[0]), None)) / float(n),)
 
 
@@ -214,10 +218,10 @@ def _extreme_vjp(F, g, v, out, aux):
     a = v[0]
     even = isinstance(aux[2], str)  # max()/min() over everything
     if aux[2] is None or even:  # ties share evenly
-        ok = _gk(F, out, a, aux)
-        mask = np.asarray(a == ok)
+        ra, ok = F.raw(a), F.raw(_gk(F, out, a, aux))
+        mask = np.asarray(ra == ok)
         if even:  # a NaN result goes to the NaNs, as torch's evenly_distribute_backward
-            mask = mask | (np.isnan(a) & np.isnan(ok))
+            mask = mask | (np.isnan(ra) & np.isnan(ok))
         count = np.sum(mask, axis=aux[0], keepdims=True)
         return (mask * (_gk(F, g, a, aux) / count),)  # torch's form: all-NaN when count is 0
     dim, index = aux[0][0], aux[2]
@@ -251,20 +255,20 @@ def _norm_vjp(F, g, v, out, aux):
     a, p = v[0], aux[2]
     gk = _gk(F, g, a, aux)
     ok = _gk(F, out, a, aux)
+    if isinstance(ok, float):  # 0.0 ** negative: inf like NumPy, not ZeroDivisionError
+        ok = np.float64(ok)
     if p == 2:
-        return (F.where(ok == 0.0, F.zeros_like(a), a * (gk / ok)),)
+        return (F.where(F.raw(ok) == 0.0, F.zeros_like(a), a * (gk / ok)),)
     if p == 1:
         return (F.sign(a) * gk,)
     if p == 0:
         return (F.zeros_like(a),)
     if p in (np.inf, -np.inf):
-        mask = np.abs(a) == ok
+        mask = np.abs(F.raw(a)) == F.raw(ok)
         cnt = np.sum(mask, axis=aux[0], keepdims=True)
         return (F.where(mask, F.sign(a) * gk / cnt, F.zeros_like(a)),)
-    x = np.abs(a)
-    ok = np.asarray(ok, dtype=np.result_type(a))
-    return (F.where((ok == 0.0) | (a == 0.0), F.zeros_like(a),
-                    F.sign(a) * x ** (p - 1.0) * gk / ok ** (p - 1.0)),)
+    return (F.where((F.raw(ok) == 0.0) | (F.raw(a) == 0.0), F.zeros_like(a),
+                    F.sign(a) * F.abs(a) ** (p - 1.0) * gk / ok ** (p - 1.0)),)
 
 
 register("norm", A, np=_norm_np, torch="norm", vjp=_norm_vjp)

@@ -1,0 +1,103 @@
+"""The tensor backend for derivative rules: ``F.<op>`` records ``op`` on the tape, so a rule
+run with it (``create_graph=True``) yields gradients that can be differentiated again."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..functions import where as _where
+from ..ops import ARRAY_OP, BINARY, OPS, UNARY, UNARY_C
+from ..ops.arrays import sum_to
+from ..tensor import Tensor, _plain, _pyfloat, array_op, binary, unary
+
+
+class _TensorF:
+    def __repr__(self):
+        return "<rule backend tensors>"
+
+
+def _number_or_array(x):
+    return x if isinstance(x, Tensor) else _plain(np.asarray(x, dtype=np.float64)
+                                                  if not isinstance(x, float) else x)
+
+
+def _unary(op):
+    def f(x, *consts):
+        if not isinstance(x, Tensor):  # a constant: compute it directly
+            return op.np(np.asarray(x), *consts) if op.kind == UNARY_C else op.np(np.asarray(x))
+        return unary(op, x, *consts)
+    f.__name__ = op.name
+    return f
+
+
+def _binary(op):
+    def f(x, y):
+        if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+            return op.np(x, y)
+        return binary(op, _operand(x), _operand(y))
+    f.__name__ = op.name
+    return f
+
+
+def _operand(x):
+    if isinstance(x, (Tensor, float, int)):
+        return x
+    return _plain(np.asarray(x))
+
+
+def _array(op):
+    def f(*args):
+        *values, aux = args
+        tensors = [v if isinstance(v, Tensor) else _number_or_array(v) for v in values]
+        raw = [t._d for t in tensors]
+        with np.errstate(all="ignore"):
+            v = op.np(*raw, aux)
+        return array_op(op, tensors, v, aux)
+    f.__name__ = op.name
+    return f
+
+
+def _where_rule(c, x, y):
+    if c is True or c is False or isinstance(c, np.bool_):
+        return x if c else y
+    if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+        return np.where(c._d if isinstance(c, Tensor) else c, x, y)
+    return _where(c, _operand(x), _operand(y))
+
+
+def _fit(gr, like):
+    """A gradient for a value shaped like ``like``: broadcasting summed away, same dtype."""
+    if isinstance(gr, Tensor):
+        if like.__class__ is _pyfloat:
+            return gr if gr.shape == () else gr.sum()
+        if gr.shape != like.shape:
+            from ..ops import BY_NAME
+            v = sum_to(np.asarray(gr._d), like.shape)
+            gr = array_op(BY_NAME["sum_to"], [gr], v, (like.shape, gr.shape))
+        if gr.dtype.np != like.dtype:
+            gr = gr.to(like.dtype)
+        return gr
+    if like.__class__ is _pyfloat:
+        return _plain(float(np.sum(gr)))
+    return _plain(np.array(np.broadcast_to(sum_to(np.asarray(gr, dtype=like.dtype), like.shape)
+                                           if np.shape(gr) else gr, like.shape),
+                           dtype=like.dtype))
+
+
+def build():
+    F = _TensorF()
+    for op in OPS:
+        if op.kind in (UNARY, UNARY_C):
+            setattr(F, op.name, _unary(op))
+        elif op.kind == BINARY:
+            setattr(F, op.name, _binary(op))
+        elif op.kind == ARRAY_OP:
+            setattr(F, op.name, _array(op))
+    F.where = _where_rule
+    F.cond = lambda c, x, y: x() if c else y()
+    F.zeros_like = lambda x: 0.0
+    F.raw = lambda x: x._d if isinstance(x, Tensor) else x
+    F.fit = _fit
+    return F
+
+
+TensorF = build()

@@ -1,0 +1,50 @@
+"""The re-recording sweep (``create_graph=True``): the reverse sweep run in Python with
+every rule applied to tensors, so the gradients are themselves recorded on a tape and can
+be differentiated again. Any order comes from the same rules as the compiled sweep.
+
+Like every interpreter it never imports Tensor: the caller passes the tensor backend ``F``
+(one function per registered op, recording) and ``as_tensor(slot)``, which gives the
+recorded tensor for a slot (the leaf itself for a leaf, so derivatives reach it).
+"""
+from __future__ import annotations
+
+from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C
+
+
+def sweep(graph, need, seeds, F, as_tensor, add):
+    """Adjoints as tensors: ``seeds`` maps slot -> seed; returns slot -> adjoint.
+    ``add(x, y)`` sums two adjoints (broadcasting already undone)."""
+    adj = dict(seeds)
+    for k in range(graph.n - 1, -1, -1):
+        if not need[k]:
+            continue
+        g = adj.get(k)
+        if g is None:
+            continue
+        code, a, b, c0, c1 = graph.row(k)
+        op = OPS[code & ~ARRAY]
+        kind = op.kind
+        if op.vjp is None:
+            raise NotImplementedError(
+                f"the derivative of op '{op.name}' cannot be recorded yet, so "
+                "create_graph=True cannot go through it")
+        out = as_tensor(k)
+        if kind is UNARY or kind is SPECIAL:
+            inputs = (a,)
+            grads = op.vjp(F, g, as_tensor(a), out)
+        elif kind is UNARY_C:
+            inputs = (a,)
+            grads = op.vjp(F, g, as_tensor(a), out, c0, c1)
+        elif kind is BINARY:
+            inputs = (a, b)
+            grads = op.vjp(F, g, as_tensor(a), as_tensor(b), out)
+        else:
+            assert kind is ARRAY_OP
+            inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
+            grads = op.vjp(F, g, [as_tensor(s) for s in inputs], out, graph.aux(k))
+        for s, gr in zip(inputs, grads):
+            if gr is None:
+                continue
+            prev = adj.get(s)
+            adj[s] = F.fit(gr, graph.value(s)) if prev is None else add(prev, F.fit(gr, graph.value(s)))
+    return adj
