@@ -157,7 +157,8 @@ register("where", A, np=lambda a, b, aux: np.where(aux[0], a, b), torch="where",
 
 def _sum_vjp(F, g, v, out, aux):
     a = v[0]
-    return (F.expand(_gk(F, g, a, aux), (np.shape(a), None)),)
+    gk = _gk(F, g, a, aux)
+    return (F.expand(gk, (np.shape(a), np.shape(gk))),)
 
 
 def _numel(x):
@@ -166,7 +167,8 @@ def _numel(x):
 
 def _mean_vjp(F, g, v, out, aux):
     n = _numel(v[0]) // max(_numel(out), 1) if _numel(v[0]) else 0
-    return (F.expand(_gk(F, g, v[0], aux), (np.shape(v[0]), None)) / float(n),)
+    gk = _gk(F, g, v[0], aux)
+    return (F.expand(gk, (np.shape(v[0]), np.shape(gk))) / float(n),)
 
 
 def _prod_np(a, aux):
@@ -175,7 +177,9 @@ def _prod_np(a, aux):
 
 def _prod_vjp(F, g, v, out, aux):
     a = v[0]
-    return (_gk(F, g, a, aux) * F.prod_others(a, aux + (out,)),)
+    if not np.any(F.raw(a) == 0):  # out / a, as torch: differentiable again
+        return (_gk(F, g, a, aux) * (_gk(F, out, a, aux) / a),)
+    return (_gk(F, g, a, aux) * F.prod_others(a, aux + (F.raw(out),)),)
 
 
 def _prod_others(a, aux):
@@ -228,7 +232,8 @@ def _extreme_vjp(F, g, v, out, aux):
     picked = np.expand_dims(index, dim)
     full = np.zeros(np.shape(a), dtype=np.bool_)
     np.put_along_axis(full, picked, True, axis=dim)
-    return (F.where(full, F.expand(_gk(F, g, a, aux), (np.shape(a), None)), F.zeros_like(a)),)
+    gk = _gk(F, g, a, aux)
+    return (F.where(full, F.expand(gk, (np.shape(a), np.shape(gk))), F.zeros_like(a)),)
 
 
 register("amax", A, np=_extreme_np(np.max), torch="max", vjp=_extreme_vjp)

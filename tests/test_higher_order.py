@@ -1,0 +1,156 @@
+"""create_graph=True: second and third derivatives of every elementwise op (scalar and array
+paths) and of the array ops, against torch; Hessian-vector products; gradient penalties."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tapegrad  # noqa: E402
+from test_ops import BINARY, ELEMENTWISE, TG, TH, _EW_IDS, _seed, _tg, _th  # noqa: E402
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def _np(t):
+    """torch tensor -> array (torch answers some derivatives with an unallocated ZeroTensor)"""
+    return np.zeros(tuple(t.shape)) if t._is_zerotensor() else t.detach().numpy()
+
+
+def _close(a, b, what):
+    a = None if a is None else np.asarray(a.detach().numpy() if hasattr(a, "detach") else a)
+    b = None if b is None else _np(b)
+    if a is None or b is None:
+        assert a is None and b is None, f"{what}: {a} vs {b}"
+        return
+    np.testing.assert_allclose(a, b, err_msg=what, equal_nan=True, **TOL)
+
+
+def higher(fn, arrays, order=3, seed=0):
+    """Differentiate ``sum(fn(*xs) * w)`` ``order`` times (summing each gradient with a
+    random weight before the next) in tapegrad and torch; compare every order."""
+    rng = np.random.default_rng(seed)
+    tg_in = [_tg(a, True) for a in arrays]
+    th_in = [_th(a, True) for a in arrays]
+    tg_y, th_y = fn(TG, *tg_in), fn(TH, *th_in)
+    for k in range(order):
+        w = rng.standard_normal(tuple(th_y.shape))
+        tg_s = (tg_y * _tg(w)).sum()
+        th_s = (th_y * torch.from_numpy(w)).sum()
+        last = k == order - 1
+        tg_g = tapegrad.autograd.grad(tg_s, tg_in, create_graph=not last, allow_unused=True)
+        th_g = torch.autograd.grad(th_s, th_in, create_graph=not last, allow_unused=True)
+        for i, (a, b) in enumerate(zip(tg_g, th_g)):
+            if b is None and a is not None:  # torch drops derivatives built from constants
+                assert not np.any(a.detach().numpy()), f"order {k + 1} input {i}"
+                continue
+            _close(a, b, f"order {k + 1} input {i}")
+        pairs = [(a, b) for a, b in zip(tg_g, th_g) if b is not None and b.requires_grad]
+        if not pairs:
+            return
+        tg_y = sum(a.reshape(-1).sum() * (j + 1.0) for j, (a, _) in enumerate(pairs))
+        th_y = sum(b.reshape(-1).sum() * (j + 1.0) for j, (_, b) in enumerate(pairs))
+        if not tg_y.requires_grad:
+            # tapegrad knows this derivative is piecewise constant (relu, abs, clamp...);
+            # torch keeps a graph whose derivative is zero: check that it is
+            th_next = torch.autograd.grad(th_y, th_in, allow_unused=True)
+            for b in th_next:
+                assert b is None or not np.any(_np(b))
+            return
+
+
+@pytest.mark.parametrize("name,label,fn,spec", ELEMENTWISE, ids=_EW_IDS)
+def test_elementwise_third_derivatives_scalar_path(name, label, fn, spec):
+    rng = np.random.default_rng(_seed(name, label, "higher"))
+    for i in range(2):
+        higher(fn, [d(rng, ()) for d in spec.domains], seed=i)
+
+
+@pytest.mark.parametrize("name,label,fn,spec", ELEMENTWISE, ids=_EW_IDS)
+def test_elementwise_third_derivatives_array_path(name, label, fn, spec):
+    rng = np.random.default_rng(_seed(name, label, "higher-array"))
+    shapes = [(3, 4), (4,)] if spec.kind == BINARY else [(2, 3)]
+    higher(fn, [d(rng, s) for d, s in zip(spec.domains, shapes)])
+
+
+ARRAY_PROGRAMS = {
+    "sum_mean": lambda m, x: (x * x).sum(0) + (x ** 3).mean(),
+    "prod_no_zeros": lambda m, x: x.prod(1),
+    "max_min": lambda m, x: (x * x).max(1).values + (x * x).min() + m.amax(x * x, 0).sum(),
+    "norm": lambda m, x: m.norm(x * x, dim=1) + m.norm(x, p=3),
+    "logsumexp_softmax": lambda m, x: m.logsumexp(x * x, 1) + m.softmax(x, 1)[:, 0]
+                                       + m.log_softmax(x, 0).sum(0)[:2].sum(),
+    "matmul": lambda m, x: (x @ x.T).sum(0) + m.outer(x[0], x[1]).sum()
+                            + m.dot(x[0], x[1]),
+    "shapes": lambda m, x: m.stack([x[0], x[1]], 1).reshape(-1) ** 2
+                            + m.cat([x[0], x[1]]).reshape(2, 4).transpose(0, 1).reshape(-1),
+    "index": lambda m, x: x[:, [0, 0, 2]].sum() * x[1, 1:] + (x[x > 0] ** 3).sum(),
+    "where_clamp": lambda m, x: m.where(x > 0, x ** 3, m.sin(x)) + m.clamp(x, -0.5, 0.5) ** 2,
+    "diag": lambda m, x: m.diag(x[:, :2] @ x[:, :2].T) ** 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARRAY_PROGRAMS))
+def test_array_ops_third_derivatives(name):
+    x = np.random.default_rng(7).uniform(-1.5, 1.5, (2, 4))
+    x[np.abs(x) < 0.1] = 0.3
+    higher(ARRAY_PROGRAMS[name], [x])
+
+
+def rosen(m, xs):
+    f = 0.0
+    for i in range(len(xs) - 1):
+        f = f + 100 * (xs[i + 1] - xs[i] ** 2) ** 2 + (1 - xs[i]) ** 2
+    return f
+
+
+def test_hessian_vector_product_by_double_backward():
+    x0 = np.random.default_rng(1).uniform(-1, 1, 12)
+    v = np.random.default_rng(2).standard_normal(12)
+    out = []
+    for m, make in ((tapegrad, lambda a: tapegrad.tensor(float(a), requires_grad=True)),
+                    (torch, lambda a: torch.tensor(float(a), dtype=torch.float64,
+                                                   requires_grad=True))):
+        xs = [make(a) for a in x0]
+        gs = m.autograd.grad(rosen(m, xs), xs, create_graph=True)
+        gv = sum(g * float(vi) for g, vi in zip(gs, v))
+        out.append([h.item() for h in m.autograd.grad(gv, xs)])
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-12)
+
+
+def test_full_hessian_and_gradient_penalty():
+    x0 = np.random.default_rng(3).uniform(-1, 1, (3,))
+    w0 = np.random.default_rng(4).uniform(-1, 1, (3, 3))
+    res = []
+    for m, mk in ((tapegrad, lambda a: tapegrad.tensor(a, requires_grad=True)),
+                  (torch, lambda a: torch.tensor(a, requires_grad=True))):
+        x, w = mk(x0), mk(w0)
+        f = m.tanh(w @ x).sum() + (x ** 4).sum()
+        (g,) = m.autograd.grad(f, x, create_graph=True)
+        hess = [m.autograd.grad(g[i], x, retain_graph=True)[0].detach().numpy()
+                for i in range(3)]
+        penalty = (g * g).sum()                     # gradient penalty, w.r.t. the weights
+        (gw,) = m.autograd.grad(penalty, w)
+        res.append((np.array(hess), gw.detach().numpy()))
+    np.testing.assert_allclose(res[0][0], res[1][0], **TOL)
+    np.testing.assert_allclose(res[0][1], res[1][1], **TOL)
+
+
+def test_backward_create_graph_accumulates_a_grad_that_requires_grad():
+    for m in (tapegrad, torch):
+        x = m.tensor([0.5, -1.0], dtype=m.float64, requires_grad=True)
+        (x ** 3).sum().backward(create_graph=True)
+        assert x.grad.requires_grad
+        (x ** 3).sum().backward(create_graph=True)   # accumulates out of place
+        g2 = m.autograd.grad(x.grad.sum(), x)[0]
+        np.testing.assert_allclose(g2.detach().numpy(), 2 * 6 * np.array([0.5, -1.0]))
+
+
+def test_constant_derivatives_do_not_require_grad_and_no_grad_is_overridden():
+    for m in (tapegrad, torch):
+        x = m.tensor(1.5, dtype=m.float64, requires_grad=True)
+        (g,) = m.autograd.grad(3.0 * x, x, create_graph=True)
+        assert not g.requires_grad
+        y = x * x
+        with m.no_grad():
+            (g,) = m.autograd.grad(y, x, create_graph=True)
+        assert g.requires_grad
