@@ -154,3 +154,24 @@ def test_constant_derivatives_do_not_require_grad_and_no_grad_is_overridden():
         with m.no_grad():
             (g,) = m.autograd.grad(y, x, create_graph=True)
         assert g.requires_grad
+
+
+def test_create_graph_leaks_nothing():
+    # torch documents a reference cycle for backward(create_graph=True); tapegrad makes none:
+    # once the user drops the tensors, refcounting alone frees every tape
+    import gc
+    import weakref
+    x = tapegrad.tensor([0.3, -0.7], requires_grad=True)
+    refs = []
+    gc.disable()
+    try:
+        for _ in range(200):
+            y = (tapegrad.sin(x) * x).sum()
+            y.backward(create_graph=True)
+            (h,) = tapegrad.autograd.grad(x.grad.sum(), x)
+            refs.append(weakref.ref(y._tape))
+            x.grad = None
+            del y, h
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()
