@@ -1215,3 +1215,27 @@ def test_view_of_an_unchanged_base_gives_torch_gradients(torch):
         y = (x[1:] * w * x[:-1]).sum()
         return M.autograd.grad(y, [x, w])
     assert_all_same(run(tg), run(torch))
+
+
+def test_gradient_edges_stand_for_tensors_in_grad(torch):
+    def run(M):
+        x = leaf(M, [1.0, -2.0])
+        y = x * 2.0
+        z = (y * y * x).sum()
+        ey = M.autograd.graph.get_gradient_edge(y)
+        ex = M.autograd.graph.get_gradient_edge(x)
+        assert ey.output_nr == 0 and ex.output_nr == 0
+        return M.autograd.grad(z, [ex, ey])
+    assert_all_same(run(tg), run(torch))
+
+
+def test_gradient_edge_outlives_its_tensor_and_rejects_constants(torch):
+    x = leaf(tg, [1.0, -2.0])
+    y = x * 3.0
+    z = (y * y).sum()
+    edge = tg.autograd.graph.get_gradient_edge(y)
+    del y
+    assert_close_list(tg.autograd.grad(z, edge), [np.array([6.0, -12.0])])
+    for M in (tg, torch):
+        with pytest.raises(RuntimeError):
+            M.autograd.graph.get_gradient_edge(M.ones(2))

@@ -11,6 +11,7 @@ from ..ops import ARRAY, BY_NAME, OPS
 from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
 from ..tensor import Tensor, _new, _plain, _plain_s, _pyfloat
 from ._tensor_backend import TensorF
+from .graph import GradientEdge, edge_tensor
 
 
 _LATER = ("{what} is not implemented yet: it comes with tapegrad's higher-order derivatives "
@@ -21,11 +22,17 @@ _LATER = ("{what} is not implemented yet: it comes with tapegrad's higher-order 
 def _tensors(x, name, allow_empty=True):
     if isinstance(x, Tensor):
         return [x]
+    if isinstance(x, GradientEdge):
+        return [edge_tensor(x)]
     if isinstance(x, (list, tuple)):
-        for i, t in enumerate(x):
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{name}[{i}] must be a Tensor, got {type(t).__name__}")
-        return list(x)
+        out = list(x)
+        for i, t in enumerate(out):
+            if isinstance(t, GradientEdge):
+                out[i] = edge_tensor(t)
+            elif not isinstance(t, Tensor):
+                raise TypeError(f"{name}[{i}] must be a Tensor or GradientEdge, got "
+                                f"{type(t).__name__}")
+        return out
     raise TypeError(f"{name} must be a Tensor or a sequence of Tensors, got "
                     f"{type(x).__name__}")
 
