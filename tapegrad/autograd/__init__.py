@@ -1,5 +1,6 @@
 """``tapegrad.autograd``: torch.autograd's ``grad`` and ``backward`` over the flat tape."""
 from . import graph
 from ._engine import backward, grad
+from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 
-__all__ = ["grad", "backward", "graph"]
+__all__ = ["grad", "backward", "graph", "gradcheck", "gradgradcheck", "GradcheckError"]
