@@ -1,6 +1,6 @@
 """``tapegrad.autograd``: torch.autograd's ``grad`` and ``backward`` over the flat tape."""
-from . import graph
+from . import functional, graph
 from ._engine import backward, grad
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 
-__all__ = ["grad", "backward", "graph", "gradcheck", "gradgradcheck", "GradcheckError"]
+__all__ = ["grad", "backward", "graph", "functional", "gradcheck", "gradgradcheck", "GradcheckError"]
