@@ -302,7 +302,31 @@ INDIRECT = {
     "index_scatter": ("test_getitem", "test_diag"),
     "setitem": ("test_setitem_on_clone",),
     "prod_others": ("test_prod",),
+    "function": ("test_custom_function_entries",),
+    "function_out": ("test_custom_function_entries",),
 }
+
+
+def test_custom_function_entries():
+    """``function``/``function_out`` entries come from autograd.Function (tests/test_function.py
+    has the full suite); here, one two-output Function against torch."""
+    res = []
+    for m in (tapegrad, torch):
+        class TwoOut(m.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x, x.sin()
+
+            @staticmethod
+            def backward(ctx, ga, gb):
+                (x,) = ctx.saved_tensors
+                return 2.0 * x * ga + x.cos() * gb
+
+        x = m.tensor(np.array([0.3, -1.2]), requires_grad=True)
+        a, b = TwoOut.apply(x)
+        res.append(m.autograd.grad((a * b).sum(), x)[0].detach().numpy())
+    np.testing.assert_allclose(res[0], res[1], rtol=1e-12)
 
 
 def test_every_registered_op_is_covered():

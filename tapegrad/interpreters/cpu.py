@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C, NpF
+from ..ops._registry import Part
 from ..ops.arrays import sum_to
 from ..tape import f64
 from . import _generated_cpu
@@ -286,7 +287,9 @@ def array_vjp(graph, k, adj, adjd):
     op = OPS[code & ~ARRAY]
     value, is_array = graph.value, graph.is_array
     out = value(k)
-    if is_array(k):
+    if op.nary and op.name == "function":
+        g = adjd.get(k)  # {output index: gradient}, gathered from its function_out entries
+    elif is_array(k):
         g = adjd.get(k)
         if g is None:
             g = np.zeros_like(out)
@@ -308,7 +311,9 @@ def array_vjp(graph, k, adj, adjd):
     for s, gr in zip(inputs, grads):
         if gr is None:
             continue
-        if is_array(s):
+        if gr.__class__ is Part:
+            _gather(adjd, s, gr)
+        elif is_array(s):
             v = value(s)
             if gr.__class__ is not np.ndarray:
                 gr = np.broadcast_to(np.asarray(gr, dtype=v.dtype), v.shape)
@@ -322,3 +327,12 @@ def array_vjp(graph, k, adj, adjd):
             adj[s] += gr
         else:
             adj[s] += float(np.sum(gr))
+
+
+def _gather(adjd, s, part):
+    """Collect the gradient of one output of a multi-output entry."""
+    parts = adjd.get(s)
+    if parts is None:
+        parts = adjd[s] = {}
+    prev = parts.get(part.index)
+    parts[part.index] = part.grad if prev is None else prev + part.grad

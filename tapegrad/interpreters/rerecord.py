@@ -9,6 +9,7 @@ recorded tensor for a slot (the leaf itself for a leaf, so derivatives reach it)
 from __future__ import annotations
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C
+from ..ops._registry import Part
 
 
 def sweep(graph, need, seeds, F, as_tensor, add):
@@ -44,6 +45,11 @@ def sweep(graph, need, seeds, F, as_tensor, add):
             grads = op.vjp(F, g, [as_tensor(s) for s in inputs], out, graph.aux(k))
         for s, gr in zip(inputs, grads):
             if gr is None:
+                continue
+            if gr.__class__ is Part:  # one output of a custom Function
+                parts = adj.setdefault(s, {})
+                prev = parts.get(gr.index)
+                parts[gr.index] = gr.grad if prev is None else add(prev, gr.grad)
                 continue
             prev = adj.get(s)
             adj[s] = F.fit(gr, graph.value(s)) if prev is None else add(prev, F.fit(gr, graph.value(s)))

@@ -65,6 +65,16 @@ class Op:
         return f"<op {self.name} #{self.code}>"
 
 
+class Part:
+    """The gradient for output ``index`` of a multi-output entry (a custom Function): the
+    sweeps gather these per entry and hand them to its rule together."""
+
+    __slots__ = ("index", "grad")
+
+    def __init__(self, index, grad):
+        self.index, self.grad = index, grad
+
+
 def register(name, kind, **kw):
     if name in BY_NAME:
         raise ValueError(f"op {name!r} registered twice")

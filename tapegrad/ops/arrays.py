@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._registry import ARRAY_OP, UNARY, register
+from ._registry import ARRAY_OP, UNARY, Part, register
 
 A = ARRAY_OP
 
@@ -355,3 +355,13 @@ def sum_to(g, shape):
         i + lead for i, n in enumerate(shape) if n == 1 and gs[i + lead] != 1)
     r = np.sum(g, axis=axes, keepdims=True) if axes else g
     return np.reshape(r, shape)
+
+
+# --- custom Functions (tapegrad.autograd.Function) -----------------------------------------
+# ``function``: one entry per call, inputs its tensor arguments, aux (slots, class, ctx, ...);
+# its rule calls the user's backward through the backend (``F.call_backward``), with the
+# output gradients gathered from its ``function_out`` entries as ``Part``s.
+register("function", A, nary=True, np=None,
+         vjp=lambda F, g, v, out, aux: F.call_backward(g, aux[1:]))
+register("function_out", A, np=None, saves=False,
+         vjp=lambda F, g, v, out, aux: (Part(aux[0], g),))
