@@ -75,10 +75,12 @@ class Tape:
                  "imports", "nary", "versioned", "viewed", "dirty", "limit", "nbytes", "epoch",
                  "_cache", "__weakref__")
 
+    vals_factory = list  # anomaly mode swaps in a list that notes source lines
+
     def __init__(self):
         self.sid = next(_sids)
         self.code = []
-        self.vals = []
+        self.vals = self.vals_factory()
         self.arrays = {}
         self.aux = {}
         self.leaves = {}      # id(leaf tensor) -> entries that entered it

@@ -11,6 +11,7 @@ from ..ops import ARRAY, BY_NAME, OPS
 from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
 from ..tensor import Tensor, _new, _plain, _plain_s, _pyfloat
 from ._tensor_backend import TensorF
+from .anomaly import ANOMALY, nan_error
 from .graph import GradientEdge, edge_tensor
 
 
@@ -311,9 +312,11 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
             set_grad_mode(prev)
         is_array = adjd.__contains__  # every adjoint is a tensor in adjd
         adj = np.zeros(n)
+    elif ANOMALY.enabled and ANOMALY.check_nan:
+        cpu.sweep_checked(graph, need, adj, adjd, lambda k, i: nan_error(graph, k, i))
     else:
         cpu.sweep(graph, need, adj, adjd, arr)
-    if fast_leaves:
+    if fast_leaves and not ANOMALY.enabled:
         flat_arr = np.array(flat, dtype=np.int64)
         if reach[flat_arr].all() and not direct:
             results = adj[flat_arr].tolist()

@@ -281,7 +281,15 @@ def sweep(graph, need, adj, adjd, arr):
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
 
 
-def array_vjp(graph, k, adj, adjd):
+def sweep_checked(graph, need, adj, adjd, on_bad):
+    """The reverse sweep entry by entry in Python (anomaly mode): each rule's outputs are
+    checked, and ``on_bad(k, i)`` builds the error for a NaN/inf in output ``i`` of ``k``."""
+    with np.errstate(all="ignore"):
+        for k in np.nonzero(need)[0][::-1].tolist():
+            array_vjp(graph, k, adj, adjd, on_bad)
+
+
+def array_vjp(graph, k, adj, adjd, on_bad=None):
     """Run entry ``k``'s rule on NumPy values and accumulate into its inputs."""
     code, a, b, c0, c1 = graph.row(k)
     op = OPS[code & ~ARRAY]
@@ -308,6 +316,11 @@ def array_vjp(graph, k, adj, adjd):
     else:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
+    if on_bad is not None:
+        for i, gr in enumerate(grads):
+            if gr is not None and gr.__class__ is not Part and \
+                    not np.all(np.isfinite(gr)):
+                raise on_bad(k, i)
     for s, gr in zip(inputs, grads):
         if gr is None:
             continue
