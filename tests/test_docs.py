@@ -28,3 +28,9 @@ def test_readme_example_runs():
     assert blocks
     for b in blocks:
         exec(compile(b, "README.md", "exec"), {"__name__": "__docs__"})
+
+
+@pytest.mark.parametrize("i", range(len(_blocks("higher-order.md"))))
+def test_higher_order_block_runs(i):
+    block = _blocks("higher-order.md")[i]
+    exec(compile(block, f"higher-order.md[block {i}]", "exec"), {"__name__": "__docs__"})
