@@ -1029,20 +1029,20 @@ def test_create_graph_records_a_differentiable_gradient(call, torch):
     assert_all_same(run(tg), run(torch))
 
 
-def test_is_grads_batched_not_implemented_yet():
+def test_is_grads_batched_with_create_graph_not_implemented_yet():
     x = leaf(tg, [0.4, 0.9])
     y = x * x
     with pytest.raises(NotImplementedError, match="is_grads_batched"):
-        tg.autograd.grad(y, x, tg.ones(2, 2), is_grads_batched=True)
+        tg.autograd.grad(y, x, tg.ones(2, 2), is_grads_batched=True, create_graph=True)
     assert_close_list(tg.autograd.grad(y.sum(), x), [np.array([0.8, 1.8])])
 
 
-def test_is_grads_batched_not_implemented_yet():
-    x = leaf(tg, [0.4, 0.9])
-    y = x * x
-    with pytest.raises(NotImplementedError, match="is_grads_batched"):
-        tg.autograd.grad(y, x, grad_outputs=tg.eye(2), is_grads_batched=True)
-    assert_close_list(tg.autograd.grad(y.sum(), x), [np.array([0.8, 1.8])])
+def test_is_grads_batched_gives_one_row_per_grad_output(torch):
+    def run(M):
+        x = leaf(M, [0.4, 0.9])
+        return M.autograd.grad(x * x, x, grad_outputs=M.eye(2, dtype=M.float64),
+                               is_grads_batched=True)
+    assert_all_same(run(tg), run(torch))
 
 
 # --- in-place modification of saved values ---------------------------------------------------

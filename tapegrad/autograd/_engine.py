@@ -116,15 +116,20 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     ins = _tensors(inputs, "inputs")
     if not ins:
         raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
-    if is_grads_batched:
-        raise NotImplementedError(_LATER.format(
-            what="is_grads_batched=True", how="each row with its own grad() call"))
+    if is_grads_batched and create_graph:
+        raise NotImplementedError(
+            "is_grads_batched=True with create_graph=True is not implemented yet: compute "
+            "the batched gradient without create_graph, or loop over the rows")
     _check_outputs(outs)
     if not all([x._rg for x in ins]):
         raise RuntimeError("One of the differentiated Tensors does not require grad")
-    seeds = _grad_outputs(outs, grad_outputs)
     if retain_graph is None:
         retain_graph = create_graph
+    if is_grads_batched:
+        seeds, batch = _batched_seeds(outs, grad_outputs)
+        results, used = _run(outs, seeds, ins, retain_graph, batch=batch)
+        return _batched_results(ins, results, used, batch, allow_unused, materialize_grads)
+    seeds = _grad_outputs(outs, grad_outputs)
     if create_graph:
         results, used = _run(outs, _seed_tensors(outs, seeds, grad_outputs), ins,
                              retain_graph, record=True)
@@ -146,6 +151,51 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             out.append(_plain_s(float(r)))
         else:
             out.append(_as_tensor(r, x))
+    return tuple(out)
+
+
+def _batched_seeds(outs, grad_outputs):
+    """Seeds with a leading batch axis (is_grads_batched), checked as torch checks them."""
+    if grad_outputs is None:
+        raise RuntimeError("is_grads_batched=True needs grad_outputs: one tensor per output "
+                           "whose first dimension is the batch")
+    gos = [grad_outputs] if isinstance(grad_outputs, Tensor) else list(grad_outputs)
+    if len(gos) != len(outs):
+        raise RuntimeError(f"got {len(outs)} tensors and {len(gos)} gradients")
+    batch, seeds = None, []
+    for i, (y, g) in enumerate(zip(outs, gos)):
+        if not isinstance(g, Tensor):
+            raise TypeError(f"grad_outputs[{i}] must be a Tensor when is_grads_batched=True, "
+                            f"got {type(g).__name__}")
+        if g.ndim == 0 or tuple(g.shape[1:]) != tuple(y.shape):
+            raise RuntimeError(
+                "If `is_grads_batched=True`, we interpret the first dimension of each "
+                "grad_output as the batch dimension. The sizes of the remaining dimensions are "
+                "expected to match the shape of corresponding output, but a mismatch was "
+                f"detected: grad_output[{i}] has a shape of {list(g.shape)} and output[{i}] "
+                f"has a shape of {list(y.shape)}.")
+        if batch is not None and g.shape[0] != batch:
+            raise RuntimeError(f"is_grads_batched=True: every grad_output needs the same batch "
+                               f"size, but grad_output[{i}] has {g.shape[0]} and the first "
+                               f"has {batch}")
+        batch = g.shape[0]
+        seeds.append(np.asarray(g._d, dtype=y.dtype.np))
+    return seeds, batch
+
+
+def _batched_results(ins, results, used, batch, allow_unused, materialize_grads):
+    out = []
+    for i, (x, r, u) in enumerate(zip(ins, results, used)):
+        if not u:
+            if not allow_unused:
+                raise RuntimeError(f"The differentiated Tensor at index {i} appears to not have "
+                                   "been used in the graph. Set allow_unused=True if this is "
+                                   "the desired behavior.")
+            out.append(_plain(np.zeros((batch,) + tuple(x.shape), x.dtype.np))
+                       if materialize_grads else None)
+        else:
+            out.append(_plain(np.array(np.broadcast_to(np.asarray(r, dtype=x.dtype.np),
+                                                       (batch,) + tuple(x.shape)))))
     return tuple(out)
 
 
@@ -251,7 +301,8 @@ def _accumulate_locked(x, r):
             g._d = g._d + v
 
 
-def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=False):
+def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=False,
+         batch=None):
     """One reverse sweep. With ``ins`` None (backward), the inputs are the graph's leaves
     and retained non-leaves, returned as a third value. With ``record`` (create_graph) the
     seeds are tensors and the sweep re-records every rule, so the results are tensors."""
@@ -278,13 +329,13 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         collect = False
     flat = [s for sl in slot_lists for s in sl]
     # one slot per input, all 0-d float64: results come straight out of the adjoint array
-    fast_leaves = (fast and not record and not collect and len(flat) == len(ins)
+    fast_leaves = (fast and not record and not batch and not collect and len(flat) == len(ins)
                    and all([x._d.__class__ is _pyfloat for x in ins])
                    and not graph.arrays_at(flat))
     is_input = np.zeros(n, dtype=np.bool_)
     is_input[flat] = True
     is_output = np.zeros(n, dtype=np.bool_)
-    adj = np.zeros(n, dtype=np.float64)
+    adj = np.zeros((n, batch) if batch else n, dtype=np.float64)
     adjd = {}
     direct = {}
     for y, s in zip(outs, seeds):
@@ -312,6 +363,8 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
             set_grad_mode(prev)
         is_array = adjd.__contains__  # every adjoint is a tensor in adjd
         adj = np.zeros(n)
+    elif batch:
+        cpu.sweep_batched(graph, need, adj, adjd, arr)
     elif ANOMALY.enabled and ANOMALY.check_nan:
         cpu.sweep_checked(graph, need, adj, adjd, lambda k, i: nan_error(graph, k, i))
     else:

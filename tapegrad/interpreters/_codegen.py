@@ -64,8 +64,33 @@ def _branch(op):
     return body
 
 
+BATCHED_HEADER = '''
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def sweep_batched(rows, vals, adj, need, hi, lo):
+    """``sweep`` for a batch of seeds at once: ``adj[slot, j]`` is sample ``j``'s adjoint
+    (slots as rows, the batch innermost, so each rule runs over contiguous memory)."""
+    nb = adj.shape[1]
+    for k in range(hi - 1, lo - 1, -1):
+        if not need[k]:
+            continue
+        op = int(rows[k, 0])
+        if op >= ARRAY:
+            continue
+'''
+
+
+def _batched(stmts):
+    """One scalar branch's statements with its accumulations looped over the batch."""
+    head = [s for s in stmts if not s.startswith("adj[")]
+    acc = [s.replace("adj[ia] +=", "adj[ia, j] +=").replace("adj[ib] +=", "adj[ib, j] +=")
+           for s in stmts if s.startswith("adj[")]
+    return head + ["for j in range(nb):", "    g = adj[k, j]"] + ["    " + s for s in acc]
+
+
 def generate():
     lines = [HEADER.format(array=ARRAY)]
+    batched = [BATCHED_HEADER]
     first = True
     for op in OPS:
         if not op.scalar:
@@ -73,10 +98,15 @@ def generate():
         kw = "if" if first else "elif"
         first = False
         lines.append(f"        {kw} op == {op.code}:  # {op.name}\n")
-        for stmt in _branch(op):
+        batched.append(f"        {kw} op == {op.code}:  # {op.name}\n")
+        stmts = _branch(op)
+        for stmt in stmts:
             lines.append(f"            {stmt}\n")
+        for stmt in _batched(stmts):
+            batched.append(f"            {stmt}\n")
     lines.append("    return 0\n")
-    return "".join(lines)
+    batched.append("    return 0\n")
+    return "".join(lines + batched)
 
 
 TARGET = pathlib.Path(__file__).with_name("_generated_cpu.py")

@@ -222,3 +222,310 @@ def sweep(rows, vals, adj, need, hi, lo):
             ia = int(rows[k, 1])
             adj[ia] += g
     return 0
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def sweep_batched(rows, vals, adj, need, hi, lo):
+    """``sweep`` for a batch of seeds at once: ``adj[slot, j]`` is sample ``j``'s adjoint
+    (slots as rows, the batch innermost, so each rule runs over contiguous memory)."""
+    nb = adj.shape[1]
+    for k in range(hi - 1, lo - 1, -1):
+        if not need[k]:
+            continue
+        op = int(rows[k, 0])
+        if op >= ARRAY:
+            continue
+        if op == 2:  # import_
+            ia = int(rows[k, 1])
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += g
+        elif op == 3:  # neg
+            ia = int(rows[k, 1])
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (-g)
+        elif op == 4:  # exp
+            ia = int(rows[k, 1])
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * out)
+        elif op == 5:  # log
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g / a)
+        elif op == 6:  # log1p
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g / (a + 1.0))
+        elif op == 7:  # expm1
+            ia = int(rows[k, 1])
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * (out + 1.0))
+        elif op == 8:  # sqrt
+            ia = int(rows[k, 1])
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g / (2.0 * out))
+        elif op == 9:  # rsqrt
+            ia = int(rows[k, 1])
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((((-0.5 * g) * out) * out) * out)
+        elif op == 10:  # sin
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * math.cos(a))
+        elif op == 11:  # cos
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((-g) * math.sin(a))
+        elif op == 12:  # tan
+            ia = int(rows[k, 1])
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * (1.0 + (out * out)))
+        elif op == 13:  # asin
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g / math.sqrt((1.0 - (a * a))))
+        elif op == 14:  # acos
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((-g) / math.sqrt((1.0 - (a * a))))
+        elif op == 15:  # atan
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g / (1.0 + (a * a)))
+        elif op == 16:  # sinh
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * math.cosh(a))
+        elif op == 17:  # cosh
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * math.sinh(a))
+        elif op == 18:  # tanh
+            ia = int(rows[k, 1])
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            ia = int(rows[k, 1])
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((g * (1.0 - out)) * out)
+        elif op == 20:  # relu
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (0.0 if (a <= 0.0) else g)
+        elif op == 21:  # erf
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
+        elif op == 22:  # abs
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
+        elif op == 23:  # sign
+            ia = int(rows[k, 1])
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += 0.0
+        elif op == 24:  # square
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((g * 2.0) * a)
+        elif op == 25:  # reciprocal
+            ia = int(rows[k, 1])
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((-g) * (out * out))
+        elif op == 26:  # addc
+            ia = int(rows[k, 1])
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += g
+        elif op == 27:  # mulc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 3]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * c0)
+        elif op == 28:  # rsubc
+            ia = int(rows[k, 1])
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (-g)
+        elif op == 29:  # divc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 3]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g / c0)
+        elif op == 30:  # rdivc
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            c0 = rows[k, 3]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (((-g) * c0) / (a * a))
+        elif op == 31:  # powc
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            c0 = rows[k, 3]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 32:  # rpowc
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            c0 = rows[k, 3]
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
+        elif op == 33:  # clamp
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            c0 = rows[k, 3]
+            c1 = rows[k, 4]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g if ((a >= c0) and (a <= c1)) else 0.0)
+        elif op == 34:  # softplus
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            c0 = rows[k, 3]
+            c1 = rows[k, 4]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))))))
+        elif op == 35:  # add
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += g
+                adj[ib, j] += g
+        elif op == 36:  # sub
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += g
+                adj[ib, j] += (-g)
+        elif op == 37:  # mul
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            ib = int(rows[k, 2])
+            b = vals[ib]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g * b)
+                adj[ib, j] += (g * a)
+        elif op == 38:  # div
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            ib = int(rows[k, 2])
+            b = vals[ib]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g / b)
+                adj[ib, j] += (((-g) * a) / (b * b))
+        elif op == 39:  # pow
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            ib = int(rows[k, 2])
+            b = vals[ib]
+            out = vals[k]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
+                adj[ib, j] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
+        elif op == 40:  # atan2
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            ib = int(rows[k, 2])
+            b = vals[ib]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
+                adj[ib, j] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
+        elif op == 41:  # maximum
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            ib = int(rows[k, 2])
+            b = vals[ib]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
+                adj[ib, j] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
+        elif op == 42:  # minimum
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            ib = int(rows[k, 2])
+            b = vals[ib]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
+                adj[ib, j] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
+        elif op == 43:  # clamp_min_t
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            ib = int(rows[k, 2])
+            b = vals[ib]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g if (a >= b) else 0.0)
+                adj[ib, j] += (g if (a < b) else 0.0)
+        elif op == 44:  # clamp_max_t
+            ia = int(rows[k, 1])
+            a = vals[ia]
+            ib = int(rows[k, 2])
+            b = vals[ib]
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += (g if (a <= b) else 0.0)
+                adj[ib, j] += (g if (a > b) else 0.0)
+        elif op == 45:  # clone
+            ia = int(rows[k, 1])
+            for j in range(nb):
+                g = adj[k, j]
+                adj[ia, j] += g
+    return 0

@@ -349,3 +349,82 @@ def _gather(adjd, s, part):
         parts = adjd[s] = {}
     prev = parts.get(part.index)
     parts[part.index] = part.grad if prev is None else prev + part.grad
+
+
+# --- batched sweeps (is_grads_batched) ----------------------------------------------------
+
+
+def sweep_batched(graph, need, adjb, adjd, arr):
+    """``sweep`` for a batch of seeds: ``adjb[slot]`` holds a scalar slot's adjoints for the
+    whole batch, ``adjd[slot]`` an array slot's with a leading batch axis."""
+    rows, vals = graph.rows, graph.vals
+    hi = graph.n
+    B = adjb.shape[1]
+    with np.errstate(all="ignore"):
+        for k in arr.tolist():
+            if hi - k > 1:
+                _generated_cpu.sweep_batched(rows, vals, adjb, need, hi, k + 1)
+            array_vjp_batched(graph, k, adjb, adjd, B)
+            hi = k
+        if hi > 0:
+            _generated_cpu.sweep_batched(rows, vals, adjb, need, hi, 0)
+
+
+def array_vjp_batched(graph, k, adjb, adjd, B):
+    """Entry ``k``'s rule once for the whole batch (see ``Op.batch``)."""
+    code, a, b, c0, c1 = graph.row(k)
+    op = OPS[code & ~ARRAY]
+    value = graph.value
+    out = value(k)
+    g = adjd.get(k) if graph.is_array(k) else adjb[k]
+    if g is None:
+        g = np.zeros((B,) + np.shape(out))
+    kind = op.kind
+    if kind is UNARY or kind is SPECIAL:
+        inputs = (a,)
+        grads = op.vjp(NpF, g, value(a), out)
+    elif kind is UNARY_C:
+        inputs = (a,)
+        grads = op.vjp(NpF, g, value(a), out, c0, c1)
+    elif kind is BINARY:
+        inputs = (a, b)
+        grads = op.vjp(NpF, g, value(a), value(b), out)
+    else:
+        if op.batch is None:
+            raise NotImplementedError(
+                f"is_grads_batched=True cannot go through op '{op.name}' yet; compute the "
+                "rows with separate grad() calls")
+        inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
+        vs, out_b, g_b, aux_b, post = op.batch([value(s) for s in inputs], out, g,
+                                               graph.aux(k), B)
+        grads = op.vjp(NpF, g_b, vs, out_b, aux_b)
+        if post is not None:
+            grads = post(grads)
+    for s, gr in zip(inputs, grads):
+        if gr is None:
+            continue
+        v = value(s)
+        target = (B,) + np.shape(v)
+        gr = sum_to_batched(np.asarray(gr), target)
+        if graph.is_array(s):
+            if gr.dtype != v.dtype:
+                gr = gr.astype(v.dtype)
+            prev = adjd.get(s)
+            adjd[s] = gr if prev is None else prev + gr
+        else:
+            adjb[s] += gr
+
+
+def sum_to_batched(g, shape):
+    """``sum_to`` that keeps the leading batch axis (every gradient derived from the seeds
+    has one; a 0-d gradient is a constant that broadcasts over the batch)."""
+    if g.shape == shape:
+        return g
+    if g.ndim == 0:
+        return np.broadcast_to(g, shape)
+    rest, want = g.shape[1:], shape[1:]
+    lead = len(rest) - len(want)
+    axes = tuple(range(1, 1 + lead)) + tuple(
+        1 + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
+    r = np.sum(g, axis=axes, keepdims=True) if axes else g
+    return np.reshape(r, (g.shape[0],) + tuple(want))

@@ -35,10 +35,10 @@ class Op:
     """One registered op. Fields are documented in the module docstring."""
 
     __slots__ = ("name", "code", "kind", "py", "np", "nb", "vjp", "saves", "torch",
-                 "nary", "doc", "uses")
+                 "nary", "doc", "uses", "batch")
 
     def __init__(self, name, kind, *, py=None, np=None, nb=None, vjp=None, saves=True,
-                 torch=None, nary=False, doc=""):
+                 torch=None, nary=False, doc="", batch=None):
         self.name = name
         self.kind = kind
         self.py = py
@@ -52,6 +52,9 @@ class Op:
         # N-ary: the entry's inputs are listed in its aux (``aux[0]`` is the slot list)
         self.nary = nary
         self.doc = doc
+        # batched sweeps (is_grads_batched): batch(values, out, g, aux, B) gives the rule's
+        # arguments with a leading batch axis, and a function mapping its results back
+        self.batch = batch
         self.code = len(OPS)
         # which of the entry's values (a, b, out) its rule reads; filled in by ops/__init__
         self.uses = frozenset(("a", "b", "out")) if saves else frozenset()

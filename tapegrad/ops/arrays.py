@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._registry import ARRAY_OP, UNARY, Part, register
+from ._registry import ARRAY_OP, BY_NAME, UNARY, Part, register
 
 A = ARRAY_OP
 
@@ -365,3 +365,82 @@ register("function", A, nary=True, np=None,
          vjp=lambda F, g, v, out, aux: F.call_backward(g, aux[1:]))
 register("function_out", A, np=None, saves=False,
          vjp=lambda F, g, v, out, aux: (Part(aux[0], g),))
+
+
+# --- batched sweeps (is_grads_batched) ----------------------------------------------------
+# An array op's rule runs once for the whole batch: its values are viewed with a leading
+# batch axis (zero-copy broadcasts) and its aux is shifted to match, so the rule itself is
+# unchanged. Elementwise ops need nothing: their rules broadcast.
+
+
+def _bval(x, B):
+    return np.broadcast_to(x, (B,) + np.shape(x))
+
+
+def _bdims(dims, ndim):
+    return tuple(range(1, ndim + 1)) if dims is None else tuple(d + 1 for d in dims)
+
+
+def _bidx(index):
+    return (slice(None),) + (index if isinstance(index, tuple) else (index,))
+
+
+def _plain_batch(shift_aux):
+    def batch(values, out, g, aux, B):
+        return [_bval(v, B) for v in values], _bval(out, B), g, shift_aux(aux, values, B), None
+    return batch
+
+
+def _reduce_aux(aux, values, B):
+    rest = tuple(_bval(r, B) if isinstance(r, np.ndarray) else r for r in aux[2:])
+    return (_bdims(aux[0], np.ndim(values[0])), aux[1]) + rest
+
+
+def _shapes_aux(aux, values, B):
+    return ((B,) + tuple(aux[0]), (B,) + tuple(aux[1]))
+
+
+def _matmul_batch(values, out, g, aux, B):
+    a, b = values
+    one_a, one_b = np.ndim(a) == 1, np.ndim(b) == 1
+    g = np.asarray(g)
+    if one_a and one_b:  # a dot product: the rule is elementwise, g needs a sample axis
+        return [a, b], out, g[:, None], aux, None
+    if one_a:
+        a, g = a[None, :], g[..., None, :]
+    if one_b:
+        b, g = b[:, None], g[..., None]
+
+    def post(grads):
+        ga, gb = grads
+        return (ga[..., 0, :] if one_a else ga, gb[..., 0] if one_b else gb)
+    return [_bval(a, B), _bval(b, B)], None, g, aux, post
+
+
+def _outer_batch(values, out, g, aux, B):
+    a, b = values
+    return ([_bval(a[None, :], B), _bval(b[:, None], B)], None, g, aux,
+            lambda grads: (grads[0][..., 0], grads[1][..., 0, :]))
+
+
+_BATCH = {
+    "sum": _reduce_aux, "mean": _reduce_aux, "prod": _reduce_aux, "amax": _reduce_aux,
+    "amin": _reduce_aux, "norm": _reduce_aux, "logsumexp": _reduce_aux,
+    "softmax": lambda aux, v, B: (aux[0] + 1,),
+    "log_softmax": lambda aux, v, B: (aux[0] + 1,),
+    "reshape": _shapes_aux, "expand": _shapes_aux, "sum_to": _shapes_aux,
+    "transpose": lambda aux, v, B: tuple(d + 1 if d >= 0 else d for d in aux),
+    "permute": lambda aux, v, B: (0,) + tuple(p + 1 for p in aux),
+    "cast": lambda aux, v, B: aux,
+    "getitem": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
+    "index_scatter": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
+    "setitem": lambda aux, v, B: (_bidx(aux[0]), _bval(aux[1], B)),
+    "where": lambda aux, v, B: aux,
+    "stack": lambda aux, v, B: (aux[0], aux[1] + 1),
+    "cat": lambda aux, v, B: (aux[0], aux[1] + 1),
+}
+for _name, _shift in _BATCH.items():
+    BY_NAME[_name].batch = _plain_batch(_shift)
+BY_NAME["matmul"].batch = _matmul_batch
+BY_NAME["outer"].batch = _outer_batch
+del _name, _shift
