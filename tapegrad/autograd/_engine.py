@@ -351,6 +351,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         else:
             adj[k] += s
     need, reach, arr = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+    graph.wanted = need | is_input  # slots whose gradient anyone will read
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
     if record:

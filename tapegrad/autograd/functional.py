@@ -138,7 +138,13 @@ def jvp(func, inputs, v=None, create_graph=False, strict=False):
 
 
 def _rows(outs, xs, create_graph, strict, fname):
-    """d(out)/d(x) blocks, one reverse sweep per output element."""
+    """d(out)/d(x) blocks: one batched sweep per output (is_grads_batched), or one sweep per
+    output element when the blocks must be recorded (create_graph)."""
+    if not create_graph:
+        try:
+            return _rows_batched(outs, xs, strict)
+        except NotImplementedError:  # an op the batched sweep cannot cross yet
+            pass
     blocks = [[None] * len(xs) for _ in outs]
     for k, o in enumerate(outs):
         n = o.numel()
@@ -165,6 +171,32 @@ def _rows(outs, xs, create_graph, strict, fname):
                 continue
             j = stack(rows[i]) if rows[i][0].shape or n > 1 else rows[i][0]
             blocks[k][i] = j.reshape(tuple(o.shape) + tuple(x.shape))
+    return blocks
+
+
+def _rows_batched(outs, xs, strict):
+    blocks = []
+    for k, o in enumerate(outs):
+        n = o.numel()
+        if not o.requires_grad or n == 0:
+            if strict and not o.requires_grad:
+                raise RuntimeError(f"Output {k} of the user-provided function does not require "
+                                   "gradients. This is not allowed in strict mode.")
+            blocks.append([_plain(np.zeros(o.shape + x.shape, x.dtype.np)) for x in xs])
+            continue
+        seeds = _plain(np.eye(n, dtype=o.dtype.np).reshape((n,) + tuple(o.shape)))
+        gs = grad(o, list(xs), grad_outputs=seeds, retain_graph=True, allow_unused=True,
+                  is_grads_batched=True)
+        row = []
+        for i, (g, x) in enumerate(zip(gs, xs)):
+            if g is None:
+                if strict:
+                    raise RuntimeError(f"The jacobian of the user-provided function is "
+                                       f"independent of input {i}. This is not allowed in "
+                                       "strict mode.")
+                g = _plain(np.zeros((n,) + tuple(x.shape), x.dtype.np))
+            row.append(g.reshape(tuple(o.shape) + tuple(x.shape)))
+        blocks.append(row)
     return blocks
 
 

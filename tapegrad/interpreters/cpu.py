@@ -19,6 +19,7 @@ _LAST_SPECIAL = max(op.code for op in OPS if op.kind == SPECIAL)
 #: opcodes whose ``b`` column is an input slot
 BSLOT = np.array([op.kind in (BINARY, ARRAY_OP) for op in OPS], dtype=np.bool_)
 _NO_INT = np.zeros(0, dtype=np.int64)
+_THUNK = type(lambda: None)  # a rule's lazily built gradient
 _NO_NARY = (_NO_INT, np.zeros(1, dtype=np.int64), _NO_INT)  # read-only use in mark()
 
 
@@ -317,6 +318,7 @@ def array_vjp(graph, k, adj, adjd, on_bad=None):
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
     if on_bad is not None:
+        grads = [gr() if gr.__class__ is _THUNK else gr for gr in grads]
         for i, gr in enumerate(grads):
             if gr is not None and gr.__class__ is not Part and \
                     not np.all(np.isfinite(gr)):
@@ -324,6 +326,10 @@ def array_vjp(graph, k, adj, adjd, on_bad=None):
     for s, gr in zip(inputs, grads):
         if gr is None:
             continue
+        if gr.__class__ is _THUNK:
+            if not graph.wanted[s]:
+                continue
+            gr = gr()
         if gr.__class__ is Part:
             _gather(adjd, s, gr)
         elif is_array(s):
@@ -399,10 +405,14 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
                                                graph.aux(k), B)
         grads = op.vjp(NpF, g_b, vs, out_b, aux_b)
         if post is not None:
-            grads = post(grads)
+            grads = post([gr() if gr.__class__ is _THUNK else gr for gr in grads])
     for s, gr in zip(inputs, grads):
         if gr is None:
             continue
+        if gr.__class__ is _THUNK:
+            if not graph.wanted[s]:
+                continue
+            gr = gr()
         v = value(s)
         target = (B,) + np.shape(v)
         gr = sum_to_batched(np.asarray(gr), target)

@@ -46,6 +46,10 @@ def sweep(graph, need, seeds, F, as_tensor, add):
         for s, gr in zip(inputs, grads):
             if gr is None:
                 continue
+            if callable(gr) and not isinstance(gr, Part):  # a lazily built gradient
+                if not graph.wanted[s]:
+                    continue
+                gr = gr()
             if gr.__class__ is Part:  # one output of a custom Function
                 parts = adj.setdefault(s, {})
                 prev = parts.get(gr.index)

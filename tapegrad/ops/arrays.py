@@ -1,7 +1,8 @@
 """Array-only ops (reductions, shapes, linear algebra, indexing): NumPy forward, rule in F.
 
 Forward: ``np(*values, aux)``; rule: ``vjp(F, g, values, out, aux)`` returning one gradient
-(or None) per tensor input. ``aux`` holds the entry's non-float constants (shapes, dims,
+(or None, or a zero-argument function that builds it: the sweep calls it only when that input
+needs a gradient) per tensor input. ``aux`` holds the entry's non-float constants (shapes, dims,
 index arrays), everything needed to run the forward again. Rules call other registered
 ops through ``F`` so that a later re-recording backend can run them on tensors.
 """
@@ -317,10 +318,12 @@ register("log_softmax", A, np=_log_softmax_np, torch="log_softmax",
 
 
 def _matmul_vjp(F, g, v, out, aux):
+    """Each gradient is a thunk: the sweep builds only those its inputs need (a matmul
+    against a constant matrix skips the matrix's gradient, the costly half)."""
     a, b = v
     na, nb = np.ndim(a), np.ndim(b)
     if na == 1 and nb == 1:
-        return g * b, g * a
+        return (lambda: g * b), (lambda: g * a)
     a2 = a if na > 1 else F.reshape(a, ((1,) + np.shape(a), np.shape(a)))
     b2 = b if nb > 1 else F.reshape(b, (np.shape(b) + (1,), np.shape(b)))
     g2 = g
@@ -328,20 +331,23 @@ def _matmul_vjp(F, g, v, out, aux):
         g2 = F.reshape(g2, (np.shape(g2)[:-1] + (1,) + np.shape(g2)[-1:], np.shape(g2)))
     if nb == 1:
         g2 = F.reshape(g2, (np.shape(g2) + (1,), np.shape(g2)))
-    ga = F.matmul(g2, F.transpose(b2, (-1, -2)), None)
-    gb = F.matmul(F.transpose(a2, (-1, -2)), g2, None)
-    ga = F.sum_to(ga, (np.shape(a2), np.shape(ga)))
-    gb = F.sum_to(gb, (np.shape(b2), np.shape(gb)))
-    if na == 1:
-        ga = F.reshape(ga, (np.shape(a), np.shape(ga)))
-    if nb == 1:
-        gb = F.reshape(gb, (np.shape(b), np.shape(gb)))
-    return ga, gb
+
+    def grad_a():
+        ga = F.matmul(g2, F.transpose(b2, (-1, -2)), None)
+        ga = F.sum_to(ga, (np.shape(a2), np.shape(ga)))
+        return F.reshape(ga, (np.shape(a), np.shape(ga))) if na == 1 else ga
+
+    def grad_b():
+        gb = F.matmul(F.transpose(a2, (-1, -2)), g2, None)
+        gb = F.sum_to(gb, (np.shape(b2), np.shape(gb)))
+        return F.reshape(gb, (np.shape(b), np.shape(gb))) if nb == 1 else gb
+    return grad_a, grad_b
 
 
 register("matmul", A, np=lambda a, b, aux: np.matmul(a, b), torch="matmul", vjp=_matmul_vjp)
 register("outer", A, np=lambda a, b, aux: np.multiply.outer(a, b), torch="outer",
-         vjp=lambda F, g, v, out, aux: (F.matmul(g, v[1], None), F.matmul(v[0], g, None)))
+         vjp=lambda F, g, v, out, aux: ((lambda: F.matmul(g, v[1], None)),
+                                        (lambda: F.matmul(v[0], g, None))))
 
 
 def sum_to(g, shape):
