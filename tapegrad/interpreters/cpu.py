@@ -386,6 +386,7 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
     if g is None:
         g = np.zeros((B,) + np.shape(out))
     kind = op.kind
+    post = None
     if kind is UNARY or kind is SPECIAL:
         inputs = (a,)
         grads = op.vjp(NpF, g, value(a), out)
@@ -404,15 +405,15 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
         vs, out_b, g_b, aux_b, post = op.batch([value(s) for s in inputs], out, g,
                                                graph.aux(k), B)
         grads = op.vjp(NpF, g_b, vs, out_b, aux_b)
-        if post is not None:
-            grads = post([gr() if gr.__class__ is _THUNK else gr for gr in grads])
-    for s, gr in zip(inputs, grads):
+    for i, (s, gr) in enumerate(zip(inputs, grads)):
         if gr is None:
             continue
         if gr.__class__ is _THUNK:
             if not graph.wanted[s]:
                 continue
             gr = gr()
+        if post is not None and post[i] is not None:
+            gr = post[i](gr)
         v = value(s)
         target = (B,) + np.shape(v)
         gr = sum_to_batched(np.asarray(gr), target)

@@ -376,7 +376,8 @@ register("function_out", A, np=None, saves=False,
 # --- batched sweeps (is_grads_batched) ----------------------------------------------------
 # An array op's rule runs once for the whole batch: its values are viewed with a leading
 # batch axis (zero-copy broadcasts) and its aux is shifted to match, so the rule itself is
-# unchanged. Elementwise ops need nothing: their rules broadcast.
+# unchanged; ``post`` (one function or None per input) maps a gradient back where the views
+# changed its shape. Elementwise ops need nothing: their rules broadcast.
 
 
 def _bval(x, B):
@@ -417,16 +418,15 @@ def _matmul_batch(values, out, g, aux, B):
     if one_b:
         b, g = b[:, None], g[..., None]
 
-    def post(grads):
-        ga, gb = grads
-        return (ga[..., 0, :] if one_a else ga, gb[..., 0] if one_b else gb)
+    post = ((lambda ga: ga[..., 0, :]) if one_a else None,
+            (lambda gb: gb[..., 0]) if one_b else None)
     return [_bval(a, B), _bval(b, B)], None, g, aux, post
 
 
 def _outer_batch(values, out, g, aux, B):
     a, b = values
     return ([_bval(a[None, :], B), _bval(b[:, None], B)], None, g, aux,
-            lambda grads: (grads[0][..., 0], grads[1][..., 0, :]))
+            (lambda ga: ga[..., 0], lambda gb: gb[..., 0, :]))
 
 
 _BATCH = {
