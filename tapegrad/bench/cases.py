@@ -246,6 +246,83 @@ def _make_pendulum(steps: int):
     return make
 
 
+def rosenbrock_hessian_reference(x0: np.ndarray) -> np.ndarray:
+    """Exact Hessian of the Rosenbrock sum."""
+    x = np.asarray(x0, dtype=np.float64)
+    n = x.size
+    h = np.zeros((n, n))
+    for i in range(n - 1):
+        h[i, i] += 1200.0 * x[i] ** 2 - 400.0 * x[i + 1] + 2.0
+        h[i, i + 1] += -400.0 * x[i]
+        h[i + 1, i] += -400.0 * x[i]
+        h[i + 1, i + 1] += 200.0
+    return h
+
+
+def _hvp_v(n: int) -> np.ndarray:
+    return np.random.default_rng(n + 1).standard_normal(n)
+
+
+def _make_hvp_rosenbrock_scalar(n: int):
+    """Hessian-vector product by double backward, recorded each iteration."""
+    def make(library: str):
+        lib = load_library(library)
+        xs = _scalar_leaves(lib, _rosenbrock_x0(n))
+        v = [float(a) for a in _hvp_v(n)]
+        grad = lib.autograd.grad
+
+        def iteration():
+            gs = grad(rosenbrock_scalar(xs), xs, create_graph=True)
+            gv = 0.0
+            for g, vi in zip(gs, v):
+                gv = gv + g * vi
+            return grad(gv, xs)
+
+        return iteration
+
+    return make
+
+
+JAC_N = 64
+
+
+def _jac_data():
+    rng = np.random.default_rng(64)
+    return (rng.standard_normal((JAC_N, JAC_N)) / 8, rng.standard_normal((JAC_N, JAC_N)) / 8,
+            rng.standard_normal(JAC_N))
+
+
+def jacobian_function(lib, x, A, B):
+    """R^64 -> R^64: tanh(B @ sin(tanh(A @ x)) * x)."""
+    return lib.tanh((B @ lib.sin(lib.tanh(A @ x))) * x)
+
+
+def jacobian_reference() -> np.ndarray:
+    A, B, x = _jac_data()
+    t = np.tanh(A @ x)
+    s = np.sin(t)
+    z = (B @ s) * x
+    dz = np.diag(B @ s) + x[:, None] * (B @ (np.cos(t)[:, None] * (1 - t * t)[:, None] * A))
+    return (1 - np.tanh(z) ** 2)[:, None] * dz
+
+
+def _make_jacobian_batched():
+    def make(library: str):
+        lib = load_library(library)
+        A, B, x0 = _jac_data()
+        At, Bt = lib.tensor(A, dtype=lib.float64), lib.tensor(B, dtype=lib.float64)
+        eye = lib.tensor(np.eye(JAC_N), dtype=lib.float64)
+        grad = lib.autograd.grad
+
+        def iteration():
+            x = lib.tensor(x0, dtype=lib.float64, requires_grad=True)
+            return grad(jacobian_function(lib, x, At, Bt), (x,), eye, is_grads_batched=True)
+
+        return iteration
+
+    return make
+
+
 PENDULUM_STEPS = 10_000
 
 SPEED_CASES: dict[str, SpeedCase] = {
@@ -278,6 +355,22 @@ SPEED_CASES: dict[str, SpeedCase] = {
             ops=pendulum_ops(PENDULUM_STEPS),
             rtol=1e-8,
             tags=("scalar",),
+        ),
+        SpeedCase(
+            "hvp_rosenbrock_scalar_n100",
+            "Hessian-vector product of scalar Rosenbrock (n=100) by double backward",
+            _make_hvp_rosenbrock_scalar(100),
+            lambda: rosenbrock_hessian_reference(_rosenbrock_x0(100)) @ _hvp_v(100),
+            target_speedup=10.0,
+            tags=("higher-order",),
+        ),
+        SpeedCase(
+            "jacobian_64_batched",
+            "full Jacobian of tanh(B @ sin(tanh(A @ x)) * x), R^64 -> R^64, is_grads_batched",
+            _make_jacobian_batched(),
+            lambda: jacobian_reference().reshape(-1),
+            target_speedup=1.0,
+            tags=("higher-order",),
         ),
         SpeedCase(
             "rosenbrock_vec_n10",
