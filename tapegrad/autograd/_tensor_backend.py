@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _generated_eager as _eager
 from ..functions import where as _where
 from ..ops import ARRAY_OP, BINARY, OPS, UNARY, UNARY_C
 from ..ops.arrays import sum_to
@@ -21,7 +22,11 @@ def _number_or_array(x):
 
 
 def _unary(op):
+    fast = getattr(_eager, op.name, None) if op.kind == UNARY else None
+
     def f(x, *consts):
+        if x.__class__ is Tensor:
+            return fast(x) if fast is not None else unary(op, x, *consts)
         if not isinstance(x, Tensor):  # a constant: compute it directly
             return op.np(np.asarray(x), *consts) if op.kind == UNARY_C else op.np(np.asarray(x))
         return unary(op, x, *consts)
@@ -59,6 +64,8 @@ def _array(op):
 def _where_rule(c, x, y):
     if c is True or c is False or isinstance(c, np.bool_):
         return x if c else y
+    if isinstance(c, Tensor) and c.ndim == 0:  # one sample: pick, as where's gradient does
+        return x if c._d.item() else y
     if not isinstance(x, Tensor) and not isinstance(y, Tensor):
         return np.where(c._d if isinstance(c, Tensor) else c, x, y)
     return _where(c, _operand(x), _operand(y))
@@ -66,6 +73,8 @@ def _where_rule(c, x, y):
 
 def _fit(gr, like):
     """A gradient for a value shaped like ``like``: broadcasting summed away, same dtype."""
+    if gr.__class__ is Tensor and gr._d.__class__ is _pyfloat and like.__class__ is _pyfloat:
+        return gr  # the scalar path
     if isinstance(gr, Tensor):
         if like.__class__ is _pyfloat:
             return gr if gr.shape == () else gr.sum()
