@@ -438,12 +438,13 @@ def _slot_tensors(graph):
     non-leaf tensor bound to the slot (so rules record on top of the recorded graph)."""
     cache = {}
     leafish = (LEAF, CONST)
+    single = graph.tapes[0] if len(graph.tapes) == 1 else None
 
     def as_tensor(s):
         t = cache.get(s)
         if t is None:
-            tape, k = graph.locate(s)
-            if int(tape.entry(k)[0]) & ~ARRAY in leafish:
+            tape, k = (single, s) if single is not None else graph.locate(s)
+            if tape.code[k * 5] & ~ARRAY in leafish:
                 t = tape.aux[k][0]
             else:
                 t = _new(Tensor)

@@ -8,6 +8,8 @@ recorded tensor for a slot (the leaf itself for a leaf, so derivatives reach it)
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C
 from ..ops._registry import Part
 
@@ -16,29 +18,30 @@ def sweep(graph, need, seeds, F, as_tensor, add):
     """Adjoints as tensors: ``seeds`` maps slot -> seed; returns slot -> adjoint.
     ``add(x, y)`` sums two adjoints (broadcasting already undone)."""
     adj = dict(seeds)
-    for k in range(graph.n - 1, -1, -1):
-        if not need[k]:
-            continue
+    row, value, wanted = graph.row, graph.value, graph.wanted
+    for k in np.nonzero(need)[0][::-1].tolist():
         g = adj.get(k)
         if g is None:
             continue
-        code, a, b, c0, c1 = graph.row(k)
+        code, a, b, c0, c1 = row(k)
         op = OPS[code & ~ARRAY]
         kind = op.kind
         if op.vjp is None:
             raise NotImplementedError(
                 f"the derivative of op '{op.name}' cannot be recorded yet, so "
                 "create_graph=True cannot go through it")
-        out = as_tensor(k)
+        uses = op.uses  # build tensors only for the values the rule reads
+        out = as_tensor(k) if "out" in uses else None
         if kind is UNARY or kind is SPECIAL:
             inputs = (a,)
-            grads = op.vjp(F, g, as_tensor(a), out)
+            grads = op.vjp(F, g, as_tensor(a) if "a" in uses else None, out)
         elif kind is UNARY_C:
             inputs = (a,)
-            grads = op.vjp(F, g, as_tensor(a), out, c0, c1)
+            grads = op.vjp(F, g, as_tensor(a) if "a" in uses else None, out, c0, c1)
         elif kind is BINARY:
             inputs = (a, b)
-            grads = op.vjp(F, g, as_tensor(a), as_tensor(b), out)
+            grads = op.vjp(F, g, as_tensor(a) if "a" in uses else None,
+                           as_tensor(b) if "b" in uses else None, out)
         else:
             assert kind is ARRAY_OP
             inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
@@ -47,7 +50,7 @@ def sweep(graph, need, seeds, F, as_tensor, add):
             if gr is None:
                 continue
             if callable(gr) and not isinstance(gr, Part):  # a lazily built gradient
-                if not graph.wanted[s]:
+                if not wanted[s]:
                     continue
                 gr = gr()
             if gr.__class__ is Part:  # one output of a custom Function
@@ -55,6 +58,7 @@ def sweep(graph, need, seeds, F, as_tensor, add):
                 prev = parts.get(gr.index)
                 parts[gr.index] = gr.grad if prev is None else add(prev, gr.grad)
                 continue
+            gr = F.fit(gr, value(s))
             prev = adj.get(s)
-            adj[s] = F.fit(gr, graph.value(s)) if prev is None else add(prev, F.fit(gr, graph.value(s)))
+            adj[s] = gr if prev is None else add(prev, gr)
     return adj
