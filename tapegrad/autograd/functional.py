@@ -12,6 +12,10 @@ from ._engine import grad
 __all__ = ["vjp", "jvp", "jacobian", "hessian", "hvp", "vhp"]
 
 
+def _zeros(x):
+    return _plain(np.zeros(x.shape, x.dtype.np) if x.shape else 0.0)
+
+
 def _tuple(x, name, fname):
     is_tuple = isinstance(x, tuple)
     xs = x if is_tuple else (x,)
@@ -48,7 +52,7 @@ def _grads(outputs, inputs, vs, create_graph, strict, fname, what="output"):
             if strict:
                 raise RuntimeError(f"The {what} of the user-provided function is independent of "
                                    f"input {i}. This is not allowed in strict mode.")
-            g = _plain(np.zeros(x.shape, x.dtype.np) if x.shape else 0.0)
+            g = _zeros(x)
         out.append(g)
     return tuple(out)
 
@@ -95,7 +99,7 @@ def vjp(func, inputs, v=None, create_graph=False, strict=False):
         if strict:
             raise RuntimeError("The output of the user-provided function is independent of "
                                "input 0. This is not allowed in strict mode.")
-        gs = tuple(_plain(np.zeros(x.shape, x.dtype.np) if x.shape else 0.0) for x in xs)
+        gs = tuple(_zeros(x) for x in xs)
     else:
         keep = [i for i, o in enumerate(outs) if o.requires_grad]
         gs = _grads([outs[i] for i in keep], xs, [vs[i] for i in keep], create_graph, strict,
@@ -118,13 +122,13 @@ def jvp(func, inputs, v=None, create_graph=False, strict=False):
             raise RuntimeError(f"v has invalid size: should be {len(xs)} but got {len(vs)}.")
     out_tuple, outs = _call(func, xs, "jvp")
     # u -> J^T u is linear in u; its vjp with v is J v
-    us = [Tensor.requires_grad_(_plain(np.zeros(o.shape, o.dtype.np) if o.shape else 0.0))
+    us = [Tensor.requires_grad_(_zeros(o))
           for o in outs]
     gs = grad(list(outs), list(xs), grad_outputs=us, create_graph=True, allow_unused=True)
     pairs = [(g, vi if vi is not None else _plain(1.0)) for g, vi in zip(gs, vs)
              if g is not None]
     if not pairs:
-        jv = tuple(_plain(np.zeros(o.shape, o.dtype.np) if o.shape else 0.0) for o in outs)
+        jv = tuple(_zeros(o) for o in outs)
     else:
         jv = grad([g for g, _ in pairs], us, grad_outputs=[vi for _, vi in pairs],
                   create_graph=create_graph, allow_unused=True)
@@ -161,7 +165,7 @@ def _rows(outs, xs, create_graph, strict, fname):
                     raise RuntimeError(f"Output {k} of the user-provided function does not "
                                        "require gradients. This is not allowed in strict "
                                        "mode.")
-                g = tuple(_plain(np.zeros(x.shape, x.dtype.np) if x.shape else 0.0)
+                g = tuple(_zeros(x)
                           for x in xs)
             for i, gi in enumerate(g):
                 rows[i].append(gi)
@@ -272,7 +276,7 @@ def _hessian_product(func, inputs, v, create_graph, strict, fname):
         if strict:
             raise RuntimeError("The jacobian of the user-provided function is independent of "
                                "input 0. This is not allowed in strict mode.")
-        res = tuple(_plain(np.zeros(x.shape, x.dtype.np) if x.shape else 0.0) for x in xs)
+        res = tuple(_zeros(x) for x in xs)
     else:
         res = _grads([g for g, _ in keep], list(xs), [vi for _, vi in keep], create_graph,
                      strict, fname, "jacobian")

@@ -282,6 +282,17 @@ def sweep(graph, need, adj, adjd, arr):
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
 
 
+def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
+    """(inputs, gradients) of an elementwise or bookkeeping entry's rule; ``value(slot)``
+    gives the values it reads."""
+    kind = op.kind
+    if kind is UNARY_C:
+        return (a,), op.vjp(F, g, value(a), out, c0, c1)
+    if kind is BINARY:
+        return (a, b), op.vjp(F, g, value(a), value(b), out)
+    return (a,), op.vjp(F, g, value(a), out)
+
+
 def sweep_checked(graph, need, adj, adjd, on_bad):
     """The reverse sweep entry by entry in Python (anomaly mode): each rule's outputs are
     checked, and ``on_bad(k, i)`` builds the error for a NaN/inf in output ``i`` of ``k``."""
@@ -304,19 +315,11 @@ def array_vjp(graph, k, adj, adjd, on_bad=None):
             g = np.zeros_like(out)
     else:
         g = adj[k]
-    kind = op.kind
-    if kind is UNARY or kind is SPECIAL:
-        inputs = (a,)
-        grads = op.vjp(NpF, g, value(a), out)
-    elif kind is UNARY_C:
-        inputs = (a,)
-        grads = op.vjp(NpF, g, value(a), out, c0, c1)
-    elif kind is BINARY:
-        inputs = (a, b)
-        grads = op.vjp(NpF, g, value(a), value(b), out)
-    else:
+    if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
+    else:
+        inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
     if on_bad is not None:
         grads = [gr() if gr.__class__ is _THUNK else gr for gr in grads]
         for i, gr in enumerate(grads):
@@ -385,17 +388,9 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
     g = adjd.get(k) if graph.is_array(k) else adjb[k]
     if g is None:
         g = np.zeros((B,) + np.shape(out))
-    kind = op.kind
     post = None
-    if kind is UNARY or kind is SPECIAL:
-        inputs = (a,)
-        grads = op.vjp(NpF, g, value(a), out)
-    elif kind is UNARY_C:
-        inputs = (a,)
-        grads = op.vjp(NpF, g, value(a), out, c0, c1)
-    elif kind is BINARY:
-        inputs = (a, b)
-        grads = op.vjp(NpF, g, value(a), value(b), out)
+    if op.kind is not ARRAY_OP:  # elementwise rules broadcast over the batch axis
+        inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
     else:
         if op.batch is None:
             raise NotImplementedError(

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C
+from ..ops import ARRAY, ARRAY_OP, OPS
 from ..ops._registry import Part
+from .cpu import elementwise_rule
 
 
 def sweep(graph, need, seeds, F, as_tensor, add):
@@ -32,20 +33,14 @@ def sweep(graph, need, seeds, F, as_tensor, add):
                 "create_graph=True cannot go through it")
         uses = op.uses  # build tensors only for the values the rule reads
         out = as_tensor(k) if "out" in uses else None
-        if kind is UNARY or kind is SPECIAL:
-            inputs = (a,)
-            grads = op.vjp(F, g, as_tensor(a) if "a" in uses else None, out)
-        elif kind is UNARY_C:
-            inputs = (a,)
-            grads = op.vjp(F, g, as_tensor(a) if "a" in uses else None, out, c0, c1)
-        elif kind is BINARY:
-            inputs = (a, b)
-            grads = op.vjp(F, g, as_tensor(a) if "a" in uses else None,
-                           as_tensor(b) if "b" in uses else None, out)
-        else:
-            assert kind is ARRAY_OP
+        if kind is ARRAY_OP:
             inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
             grads = op.vjp(F, g, [as_tensor(s) for s in inputs], out, graph.aux(k))
+        else:
+            ua, ub = "a" in uses, "b" in uses
+            inputs, grads = elementwise_rule(
+                op, F, g, out, a, b, c0, c1,
+                lambda s: as_tensor(s) if (ua and s == a) or (ub and s == b) else None)
         for s, gr in zip(inputs, grads):
             if gr is None:
                 continue
