@@ -140,10 +140,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     out = []
     for i, (x, r, u) in enumerate(zip(ins, results, used)):
         if not u:
-            if not allow_unused:
-                raise RuntimeError(f"The differentiated Tensor at index {i} appears to not have "
-                                   "been used in the graph. Set allow_unused=True if this is "
-                                   "the desired behavior.")
+            _check_unused(i, allow_unused)
             out.append(_zeros_for(x) if materialize_grads else None)
         elif isinstance(r, Tensor):  # create_graph
             out.append(r)
@@ -183,14 +180,18 @@ def _batched_seeds(outs, grad_outputs):
     return seeds, batch
 
 
+def _check_unused(i, allow_unused):
+    if not allow_unused:
+        raise RuntimeError(f"The differentiated Tensor at index {i} appears to not have been "
+                           "used in the graph. Set allow_unused=True if this is the desired "
+                           "behavior.")
+
+
 def _batched_results(ins, results, used, batch, allow_unused, materialize_grads):
     out = []
     for i, (x, r, u) in enumerate(zip(ins, results, used)):
         if not u:
-            if not allow_unused:
-                raise RuntimeError(f"The differentiated Tensor at index {i} appears to not have "
-                                   "been used in the graph. Set allow_unused=True if this is "
-                                   "the desired behavior.")
+            _check_unused(i, allow_unused)
             out.append(_plain(np.zeros((batch,) + tuple(x.shape), x.dtype.np))
                        if materialize_grads else None)
         else:

@@ -43,15 +43,19 @@ def _finish(xs, is_tuple, create_graph):
     return xs if is_tuple else xs[0]
 
 
+def _check_strict(strict, what, i):
+    if strict:
+        raise RuntimeError(f"The {what} of the user-provided function is independent of input "
+                           f"{i}. This is not allowed in strict mode.")
+
+
 def _grads(outputs, inputs, vs, create_graph, strict, fname, what="output"):
     gs = grad(outputs, inputs, grad_outputs=vs, create_graph=create_graph, allow_unused=True,
               retain_graph=True)
     out = []
     for i, (g, x) in enumerate(zip(gs, inputs)):
         if g is None:
-            if strict:
-                raise RuntimeError(f"The {what} of the user-provided function is independent of "
-                                   f"input {i}. This is not allowed in strict mode.")
+            _check_strict(strict, what, i)
             g = _zeros(x)
         out.append(g)
     return tuple(out)
@@ -194,10 +198,7 @@ def _rows_batched(outs, xs, strict):
         row = []
         for i, (g, x) in enumerate(zip(gs, xs)):
             if g is None:
-                if strict:
-                    raise RuntimeError(f"The jacobian of the user-provided function is "
-                                       f"independent of input {i}. This is not allowed in "
-                                       "strict mode.")
+                _check_strict(strict, "jacobian", i)
                 g = _plain(np.zeros((n,) + tuple(x.shape), x.dtype.np))
             row.append(g.reshape(tuple(o.shape) + tuple(x.shape)))
         blocks.append(row)
