@@ -150,7 +150,9 @@ def where(condition, input, other):
                            f"{list(yv.shape)} are not broadcastable") from None
     v = np.where(cond, xv.astype(rd, copy=False), yv.astype(rd, copy=False))
     c = np.broadcast_to(cond, shape)
-    return array_op(_O["where"], [x, y], v, (c,))
+    tr = STATE.trace
+    ref = tr.ref(condition) if tr is not None and isinstance(condition, Tensor) else None
+    return array_op(_O["where"], [x, y], v, (c,) if ref is None else (c, ref))
 
 
 # --- reductions -----------------------------------------------------------------------------
@@ -793,7 +795,11 @@ def _compare(npop, name):
             raise RuntimeError(f"The size of tensor a ({list(self.shape)}) must match the size "
                                f"of tensor b ({list(np.shape(o))}) in comparison {name}") \
                 from None
-        return _plain(np.asarray(v))
+        t = _plain(np.asarray(v))
+        tr = STATE.trace
+        if tr is not None:  # tracing: the comparison is recomputed at replay
+            tr.on_logic(name, t, self, other)
+        return t
     return f
 
 
@@ -811,13 +817,25 @@ Tensor.le, Tensor.gt, Tensor.ge = Tensor.__le__, Tensor.__gt__, Tensor.__ge__
 def _logical(npop):
     def f(self, other=None):
         o = other._d if isinstance(other, Tensor) else other
-        v = npop(np.asarray(self._d)) if other is None and npop is np.logical_not \
-            else npop(np.asarray(self._d), o)
-        return _plain(np.asarray(v))
+        unary = other is None and npop is np.logical_not
+        v = npop(np.asarray(self._d)) if unary else npop(np.asarray(self._d), o)
+        t = _plain(np.asarray(v))
+        tr = STATE.trace
+        if tr is not None:
+            tr.on_logic(npop.__name__, t, self, *(() if unary else (other,)))
+        return t
     return f
 
 
-Tensor.__invert__ = lambda self: _plain(np.asarray(~np.asarray(self._d)))
+def _invert(self):
+    t = _plain(np.asarray(~np.asarray(self._d)))
+    tr = STATE.trace
+    if tr is not None and t._d.dtype == np.bool_:
+        tr.on_logic("logical_not", t, self)
+    return t
+
+
+Tensor.__invert__ = _invert
 Tensor.__and__ = _logical(np.logical_and)
 Tensor.__or__ = _logical(np.logical_or)
 Tensor.__xor__ = _logical(np.logical_xor)

@@ -222,6 +222,7 @@ class _State(threading.local):
         self.held = _no_tape  # the tape reference put aside while grad is disabled
         self.grad_enabled = True
         self.inference = False
+        self.trace = None  # the tracing context of tapegrad.trace (replay.py), when tracing
 
 
 STATE = _State()

@@ -409,10 +409,12 @@ class Tensor:
 
     def detach(self):
         d = self._d
-        if d.__class__ is _pyfloat:
-            return _plain(d)
         t = _plain(d)
-        t._ver = self._ver  # shares memory, and so the version counter
+        if d.__class__ is not _pyfloat:
+            t._ver = self._ver  # shares memory, and so the version counter
+        tr = STATE.trace
+        if tr is not None:  # tracing: the value is recomputed at replay, without gradient
+            tr.on_detach(t, self)
         return t
 
     def detach_(self):
@@ -431,6 +433,9 @@ class Tensor:
 
     # -- conversion ---------------------------------------------------------------------
     def item(self):
+        tr = STATE.trace
+        if tr is not None:
+            tr.on_escape(self, "item()")
         d = self._d
         if d.__class__ is _pyfloat:
             return d
@@ -442,10 +447,16 @@ class Tensor:
         if self._rg and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
+        tr = STATE.trace
+        if tr is not None:
+            tr.on_escape(self, "numpy()")
         d = self._d
         return np.array(d) if d.__class__ is _pyfloat else d
 
     def tolist(self):
+        tr = STATE.trace
+        if tr is not None:
+            tr.on_escape(self, "tolist()")
         d = self._d
         return d if d.__class__ is _pyfloat else d.tolist()
 
@@ -460,9 +471,19 @@ class Tensor:
         return a
 
     def __float__(self):
+        tr = STATE.trace
+        if tr is not None:
+            tr.on_escape(self, "float()")
+            with tr.quiet():
+                return _pyfloat(self.item())
         return _pyfloat(self.item())
 
     def __int__(self):
+        tr = STATE.trace
+        if tr is not None:
+            tr.on_escape(self, "int()")
+            with tr.quiet():
+                return _pyint(self.item())
         return _pyint(self.item())
 
     def __index__(self):
@@ -472,6 +493,11 @@ class Tensor:
         return _pyint(self.item())
 
     def __bool__(self):
+        tr = STATE.trace
+        if tr is not None:
+            b = tr.on_bool(self)
+            if b is not None:
+                return b
         d = self._d
         if d.__class__ is _pyfloat:
             return d != 0.0

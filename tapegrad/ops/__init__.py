@@ -1,7 +1,8 @@
 """The ops registry, by family. Everything else (recorder, interpreters, tests, docs) derives from it."""
-from . import elementwise, arrays  # noqa: F401  (registration order fixes the opcodes)
+from . import elementwise, arrays, traced  # noqa: F401  (registration order fixes the opcodes)
 from ._backends import Sym, build_backends
-from ._registry import (ARRAY, ARRAY_OP, BINARY, BY_NAME, OPS, ROW, SPECIAL, UNARY, UNARY_C,
+from ._registry import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, REPLAY, ROW, SPECIAL,
+                        UNARY, UNARY_C,
                         Op, opcode_enum)
 
 Opcode = opcode_enum()
@@ -28,5 +29,5 @@ for _op in OPS:
         _op.uses = _rule_uses(_op)
 del _op
 
-__all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "OPS", "ROW", "SPECIAL", "UNARY",
+__all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "COMPARE", "REPLAY", "OPS", "ROW", "SPECIAL", "UNARY",
            "UNARY_C", "Op", "Opcode", "Sym", "SymF", "NpF"]

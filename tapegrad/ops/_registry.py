@@ -26,6 +26,8 @@ UNARY = "unary"      # elementwise f(a)
 UNARY_C = "unary_c"  # elementwise f(a; c0, c1) with float constants
 BINARY = "binary"    # elementwise f(a, b), broadcasting
 ARRAY_OP = "array"   # array-only op with a Python ``aux`` (shape, axis, index...)
+COMPARE = "compare"  # comparison or logic on 1.0/0.0 truth values: no gradient (traced)
+REPLAY = "replay"    # scalar op of traced programs only: select, pick, detach, guard
 
 OPS: list["Op"] = []
 BY_NAME: dict[str, "Op"] = {}
@@ -35,10 +37,10 @@ class Op:
     """One registered op. Fields are documented in the module docstring."""
 
     __slots__ = ("name", "code", "kind", "py", "np", "nb", "vjp", "saves", "torch",
-                 "nary", "doc", "uses", "batch")
+                 "nary", "doc", "uses", "batch", "arity", "lower")
 
     def __init__(self, name, kind, *, py=None, np=None, nb=None, vjp=None, saves=True,
-                 torch=None, nary=False, doc="", batch=None):
+                 torch=None, nary=False, doc="", batch=None, arity=None, lower=None):
         self.name = name
         self.kind = kind
         self.py = py
@@ -55,6 +57,11 @@ class Op:
         # batched sweeps (is_grads_batched): batch(values, out, g, aux, B) gives the rule's
         # arguments with a leading batch axis, and a function mapping its results back
         self.batch = batch
+        # scalar inputs of compare and replay ops (a, b, c), for the traced-program interpreters
+        self.arity = arity
+        # lower(L, inputs, aux, value): the op on arrays of program slots, emitting scalar
+        # program rows through L (see interpreters/lowering.py); elementwise ops need none
+        self.lower = lower
         self.code = len(OPS)
         # which of the entry's values (a, b, out) its rule reads; filled in by ops/__init__
         self.uses = frozenset(("a", "b", "out")) if saves else frozenset()

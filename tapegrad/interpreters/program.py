@@ -1,0 +1,393 @@
+"""Traced programs as data: lowering tapes to scalar rows, pruning, and re-recording the
+reverse sweep as rows (derivatives of any order of a program are programs).
+
+A program is a float64 matrix of rows ``(opcode, a, b, c, c0, c1)``: row ``k`` computes
+value ``k`` from the values at slots ``a``, ``b``, ``c`` (-1 when absent) and its float
+constants. ``leaf`` rows read input element ``c0``, ``const`` rows hold ``c0``, ``guard``
+rows check that the truth value at ``a`` is still ``c0`` (``c1`` names the guard's site).
+Only registered ops appear, so the generated interpreters (``_generated_replay.py``) run it
+forward and backward, one sample or a batch.
+"""
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+from numba import njit
+
+from ..ops import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, REPLAY, UNARY, UNARY_C,
+                   lowering)
+
+NCOL = 6
+LEAF = BY_NAME["leaf"].code
+CONST = BY_NAME["const"].code
+GUARD = BY_NAME["guard"].code
+_CODE = {op.name: op.code for op in OPS}
+_PASS = ("clone", "import_")  # identity ops: the output is the input's slot
+
+
+class Builder:
+    """Emits program rows. Slots are Python ints (scalars) or int64 arrays shaped like the
+    values; ``op`` broadcasts its inputs like NumPy and emits one row per element."""
+
+    def __init__(self):
+        self.n = 0
+        self._pending = []  # scalar rows as tuples, in order
+        self._blocks = []   # (m, NCOL) arrays, in order with the pending rows flushed
+        self._consts = {}
+
+    def _flush(self):
+        if self._pending:
+            self._blocks.append(np.array(self._pending, dtype=np.float64).reshape(-1, NCOL))
+            self._pending = []
+
+    def row(self, code, a=-1, b=-1, c=-1, c0=0.0, c1=0.0):
+        """Emit one row; returns its slot."""
+        self._pending.append((code, a, b, c, c0, c1))
+        self.n += 1
+        return self.n - 1
+
+    def rows(self):
+        self._flush()
+        if not self._blocks:
+            return np.zeros((0, NCOL))
+        if len(self._blocks) > 1:
+            self._blocks = [np.concatenate(self._blocks)]
+        return self._blocks[0]
+
+    def op(self, name, *ins, c0=0.0, c1=0.0):
+        """Rows of op ``name`` over (broadcast) slot arrays ``ins``."""
+        code = _CODE[name]
+        if all(i.__class__ is int for i in ins):
+            ins = ins + (-1,) * (3 - len(ins))
+            return self.row(code, ins[0], ins[1], ins[2], c0, c1)
+        arrs = np.broadcast_arrays(*[np.asarray(i, dtype=np.int64) for i in ins])
+        shape = arrs[0].shape
+        m = int(np.prod(shape))
+        if shape == ():
+            ins = tuple(int(i) for i in arrs) + (-1,) * (3 - len(arrs))
+            return np.asarray(self.row(code, ins[0], ins[1], ins[2], c0, c1))
+        self._flush()
+        block = np.empty((m, NCOL), dtype=np.float64)
+        block[:, 0] = code
+        block[:, 1:4] = -1.0
+        for j, x in enumerate(arrs):
+            block[:, 1 + j] = x.reshape(-1)
+        block[:, 4] = c0
+        block[:, 5] = c1
+        self._blocks.append(block)
+        out = np.arange(self.n, self.n + m, dtype=np.int64).reshape(shape)
+        self.n += m
+        return out
+
+    def const(self, value):
+        """Slots holding ``value`` (a float or an array), one row per distinct value."""
+        if isinstance(value, (float, int, bool, np.floating, np.integer, np.bool_)):
+            v = float(value)
+            key = struct.pack("d", v)
+            s = self._consts.get(key)
+            if s is None:
+                s = self._consts[key] = self.row(CONST, c0=v)
+            return s
+        arr = np.asarray(value, dtype=np.float64)
+        flat = arr.reshape(-1)
+        out = np.empty(flat.shape, dtype=np.int64)
+        for i, v in enumerate(flat.tolist()):
+            out[i] = self.const(v)
+        return out.reshape(arr.shape)
+
+    def inputs(self, start, shape):
+        """Leaf rows reading input elements ``start ..`` as an array shaped ``shape``."""
+        m = int(np.prod(shape))
+        slots = np.array([self.row(LEAF, c0=float(start + i)) for i in range(m)],
+                         dtype=np.int64)
+        return slots.reshape(shape)
+
+
+# --- lowering tapes ---------------------------------------------------------------------------
+
+
+def _value(tape, k):
+    return tape.arrays[k] if k in tape.arrays else tape.vals[k]
+
+
+def _scalar(x):
+    """Python int for a 0-d slot array, else the array itself."""
+    return int(x) if isinstance(x, np.ndarray) and x.ndim == 0 else x
+
+
+def lower(tapes, inputs, outputs, sites_base=0):
+    """Lower the recorded ``tapes`` (in recording order) to program rows.
+
+    ``inputs``: the leaf tensors that become program inputs, in order; ``outputs``: the
+    tensors (or numbers) whose slots the program returns. Values from tapes not in ``tapes``
+    and leaves that are not inputs are constants. Returns (builder, input slot arrays,
+    output slot arrays).
+    """
+    L = Builder()
+    in_slots, by_id, start = [], {}, 0
+    for t in inputs:
+        shape = np.shape(t._d)
+        s = L.inputs(start, shape)
+        start += int(np.prod(shape))
+        in_slots.append(s)
+        by_id[id(t)] = s
+    maps = {}
+    for tape in tapes:
+        m = maps[tape.sid] = [None] * len(tape.vals)
+        aux = tape.aux
+        for k in range(len(tape.vals)):
+            code, a, b, c0, c1 = tape.entry(k)
+            op = OPS[int(code) & ~ARRAY]
+            kind, name = op.kind, op.name
+            try:
+                if name in ("leaf", "const"):
+                    s = by_id.get(id(aux[k][0]))
+                    m[k] = s if s is not None else L.const(_value(tape, k))
+                elif name == "import_":
+                    src, slot = aux[k]
+                    sm = maps.get(src.sid)
+                    m[k] = sm[slot] if sm is not None else L.const(_value(tape, k))
+                elif name in _PASS:
+                    m[k] = m[a]
+                elif kind in (UNARY, UNARY_C):
+                    m[k] = L.op(name, _scalar(m[a]), c0=c0, c1=c1)
+                elif kind == BINARY:
+                    m[k] = L.op(name, _scalar(m[a]), _scalar(m[b]))
+                elif kind == COMPARE or name == "detach":
+                    m[k] = L.op(name, *[_scalar(m[s]) for s in aux[k]])
+                elif name == "guard":
+                    s, expected, site = aux[k]
+                    m[k] = L.op("guard", _scalar(np.asarray(m[s]).reshape(())), c0=expected,
+                                c1=float(sites_base + site))
+                elif kind == ARRAY_OP:
+                    ins = [m[s] for s in aux[k][0]] if op.nary else \
+                        [m[a]] if b < 0 else [m[a], m[b]]
+                    ea = aux.get(k)
+                    if name == "where" and len(ea) > 1:  # a traced condition
+                        src, slot = ea[1]
+                        ea = (ea[0], np.broadcast_to(maps[src.sid][slot], np.shape(ea[0])))
+                    out = op.lower(L, [np.asarray(i) for i in ins], ea, _value(tape, k))
+                    m[k] = _scalar(np.asarray(out))
+                else:
+                    raise lowering.NotTraceable(f"op {name!r} cannot be traced")
+            except lowering.NotTraceable as e:
+                raise NotImplementedError(f"tapegrad.trace: {e} (op '{name}', tape entry "
+                                          f"%{k}).") from None
+    out_slots = []
+    for o in outputs:
+        if hasattr(o, "_d"):
+            s = by_id.get(id(o))
+            if s is None and o._tape is not None and o._tape.sid in maps:
+                s = maps[o._tape.sid][o._slot]
+            out_slots.append(np.asarray(s if s is not None else L.const(o._d)))
+        else:
+            out_slots.append(np.asarray(L.const(o)))
+    return L, in_slots, out_slots
+
+
+@njit(cache=True, nogil=True)
+def prune(rows, roots):
+    """Keep the rows that ``roots`` (and guard and leaf rows) depend on, renumbered;
+    returns (rows, new slot of each old slot, -1 when dropped)."""
+    n = rows.shape[0]
+    need = np.zeros(n, dtype=np.bool_)
+    for r in roots:
+        need[r] = True
+    for k in range(n):
+        op = int(rows[k, 0])
+        if op == GUARD or op == LEAF:
+            need[k] = True
+    for k in range(n - 1, -1, -1):
+        if need[k]:
+            for c in range(1, 4):
+                s = int(rows[k, c])
+                if s >= 0:
+                    need[s] = True
+    new = np.full(n, -1, dtype=np.int64)
+    m = 0
+    for k in range(n):
+        if need[k]:
+            new[k] = m
+            m += 1
+    out = np.empty((m, rows.shape[1]), dtype=np.float64)
+    for k in range(n):
+        j = new[k]
+        if j >= 0:
+            for c in range(rows.shape[1]):
+                out[j, c] = rows[k, c]
+            for c in range(1, 4):
+                s = int(rows[k, c])
+                if s >= 0:
+                    out[j, c] = new[s]
+    return out, new
+
+
+# --- re-recording the reverse sweep as rows -------------------------------------------------
+
+
+class _R:
+    """A program value under construction (its slot), with Python's operators emitting rows."""
+
+    __slots__ = ("s", "L")
+
+    def __init__(self, L, s):
+        self.L, self.s = L, s
+
+    def _em(self, name, *args, c0=0.0):
+        return _R(self.L, self.L.op(name, *args, c0=c0))
+
+    def _slot(self, x):
+        return x.s if isinstance(x, _R) else self.L.const(float(x))
+
+    def __add__(self, o):
+        return self._em("add", self.s, o.s) if isinstance(o, _R) else \
+            self._em("addc", self.s, c0=float(o))
+
+    def __radd__(self, o):
+        return self._em("addc", self.s, c0=float(o))
+
+    def __sub__(self, o):
+        return self._em("sub", self.s, o.s) if isinstance(o, _R) else \
+            self._em("sub", self.s, self._slot(o))
+
+    def __rsub__(self, o):
+        return self._em("rsubc", self.s, c0=float(o))
+
+    def __mul__(self, o):
+        return self._em("mul", self.s, o.s) if isinstance(o, _R) else \
+            self._em("mulc", self.s, c0=float(o))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, o):
+        return self._em("div", self.s, o.s) if isinstance(o, _R) else \
+            self._em("divc", self.s, c0=float(o))
+
+    def __rtruediv__(self, o):
+        return self._em("rdivc", self.s, c0=float(o))
+
+    def __pow__(self, o):
+        return self._em("pow", self.s, o.s) if isinstance(o, _R) else \
+            self._em("powc", self.s, c0=float(o))
+
+    def __rpow__(self, o):
+        return self._em("rpowc", self.s, c0=float(o))
+
+    def __neg__(self):
+        return self._em("neg", self.s)
+
+    def _cmp(name):
+        def f(self, o):
+            return self._em(name, self.s, self._slot(o))
+        return f
+
+    __lt__, __le__, __gt__ = _cmp("lt"), _cmp("le"), _cmp("gt")
+    __ge__, __eq__, __ne__ = _cmp("ge"), _cmp("eq"), _cmp("ne")
+    __and__ = __rand__ = _cmp("logical_and")
+    __or__ = __ror__ = _cmp("logical_or")
+    del _cmp
+    __hash__ = None
+
+    def __invert__(self):
+        return self._em("logical_not", self.s)
+
+
+class RowF:
+    """The rule backend that emits rows: ``vjp(RowF(L), ...)`` re-records a rule."""
+
+    def __init__(self, L):
+        self.L = L
+
+    def _wrap(self, x):
+        return x if isinstance(x, _R) else _R(self.L, self.L.const(float(x)))
+
+    def where(self, c, x, y):
+        if not isinstance(c, _R):
+            return x if c else y
+        return _R(self.L, self.L.op("select", c.s, self._wrap(x).s, self._wrap(y).s))
+
+    def cond(self, c, x, y):
+        if not isinstance(c, _R):
+            return x() if c else y()
+        return self.where(c, x(), y())
+
+    def zeros_like(self, x):
+        return 0.0
+
+    def __getattr__(self, name):
+        op = BY_NAME[name]
+        L = self.L
+
+        def call(*args):
+            if op.kind == UNARY_C:
+                x, c0, c1 = args
+                if not isinstance(x, _R):
+                    return op.py(float(x), c0, c1)
+                return _R(L, L.op(name, x.s, c0=c0, c1=c1))
+            if not any(isinstance(x, _R) for x in args):
+                return op.py(*[float(x) for x in args])
+            return _R(L, L.op(name, *[self._wrap(x).s for x in args]))
+        return call
+
+
+def rule_rows(L, F, op, g, row, k):
+    """[(input slot, gradient (_R or float))] of row ``k`` (``row``: its 6 numbers) for
+    adjoint ``g``, re-recorded through ``F`` (a slot read twice appears twice)."""
+    code, a, b, c, c0, c1 = row
+    a, b, c = int(a), int(b), int(c)
+    R = lambda s: _R(L, s)  # noqa: E731
+    out = R(k)
+    if op.kind == UNARY:
+        grads = op.vjp(F, g, R(a), out)
+        slots = (a,)
+    elif op.kind == UNARY_C:
+        grads = op.vjp(F, g, R(a), out, float(c0), float(c1))
+        slots = (a,)
+    elif op.kind == BINARY:
+        grads = op.vjp(F, g, R(a), R(b), out)
+        slots = (a, b)
+    else:
+        grads = op.vjp(F, g, R(a), R(b) if b >= 0 else None, R(c) if c >= 0 else None, out)
+        slots = (a, b, c)
+    return [(s, gr) for s, gr in zip(slots, grads) if gr is not None]
+
+
+def grad_rows(rows, out_slots, seeds, in_slots):
+    """Rows computing, after ``rows``, the gradient of ``sum(seeds * outputs)`` with respect
+    to the values at ``in_slots``; ``seeds`` are slots (or floats). Returns (builder, grad
+    slots). The builder starts with ``rows`` unchanged, so old slots keep their meaning."""
+    L = Builder()
+    L._blocks.append(np.array(rows, dtype=np.float64))
+    L.n = rows.shape[0]
+    for k in range(rows.shape[0]):
+        if rows[k, 0] == CONST:
+            L._consts.setdefault(struct.pack("d", float(rows[k, 4])), k)
+    F = RowF(L)
+    adj = {}
+    for s, seed in zip(out_slots, seeds):
+        _accumulate(L, adj, int(s), seed if not isinstance(seed, int) else _R(L, seed))
+    for k in range(rows.shape[0] - 1, -1, -1):
+        g = adj.get(k)
+        if g is None:
+            continue
+        op = OPS[int(rows[k, 0])]
+        if op.vjp is None or op.kind == COMPARE or op.name in ("leaf", "const"):
+            continue
+        for s, gr in rule_rows(L, F, op, g, rows[k], k):
+            _accumulate(L, adj, s, gr)
+    grads = []
+    for s in in_slots:
+        g = adj.get(int(s))
+        grads.append(g.s if isinstance(g, _R) else L.const(0.0 if g is None else g))
+    return L, grads
+
+
+def _accumulate(L, adj, s, g):
+    if not isinstance(g, _R):
+        if g == 0.0 and not math.isnan(g):
+            return
+        g = _R(L, L.const(float(g)))
+    prev = adj.get(s)
+    adj[s] = g if prev is None else _R(L, L.op("add", prev.s, g.s))

@@ -1,0 +1,114 @@
+"""Drivers of traced programs on the CPU: one sample, a batch in blocks of samples (serial
+or spread over cores with ``prange``), and one sample with many seeds (Jacobians)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._generated_replay import forward, forward_batch, reverse, reverse_batch, reverse_multi
+
+BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def run(rows, x, out_slots, seeds, in_slots, grad):
+    """Forward at ``x``; with ``grad``, the reverse sweep seeded with ``seeds`` at the
+    outputs. Returns (status, outputs, gradients at ``in_slots``)."""
+    n = rows.shape[0]
+    v = np.empty(n)
+    status = forward(rows, x, v)
+    outs = np.empty(out_slots.shape[0])
+    for i in range(out_slots.shape[0]):
+        outs[i] = v[out_slots[i]]
+    grads = np.zeros(in_slots.shape[0])
+    if grad and status == 0:
+        adj = np.zeros(n)
+        for i in range(out_slots.shape[0]):
+            adj[out_slots[i]] += seeds[i]
+        reverse(rows, v, adj)
+        for i in range(in_slots.shape[0]):
+            grads[i] = adj[in_slots[i]]
+    return status, outs, grads
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1):
+    """``run`` for samples ``b0:b1`` (columns of ``X``, ``S``), written into ``status``,
+    ``outs``, ``G``."""
+    n = rows.shape[0]
+    nb = b1 - b0
+    Xb = np.empty((X.shape[0], nb))
+    for i in range(X.shape[0]):
+        for j in range(nb):
+            Xb[i, j] = X[i, b0 + j]
+    V = np.empty((n, nb))
+    st = np.zeros(nb, dtype=np.int64)
+    forward_batch(rows, Xb, V, st)
+    for i in range(out_slots.shape[0]):
+        vo = V[out_slots[i]]
+        for j in range(nb):
+            outs[i, b0 + j] = vo[j]
+    for j in range(nb):
+        status[b0 + j] = st[j]
+    if grad:
+        A = np.zeros((n, nb))
+        for i in range(out_slots.shape[0]):
+            ao = A[out_slots[i]]
+            for j in range(nb):
+                ao[j] += S[i, b0 + j]
+        reverse_batch(rows, V, A)
+        for i in range(in_slots.shape[0]):
+            ai = A[in_slots[i]]
+            for j in range(nb):
+                G[i, b0 + j] = ai[j]
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def run_batch(rows, X, out_slots, S, in_slots, grad, block):
+    """``run`` for samples in columns, a block at a time."""
+    B = X.shape[1]
+    status = np.zeros(B, dtype=np.int64)
+    outs = np.empty((out_slots.shape[0], B))
+    G = np.zeros((in_slots.shape[0], B))
+    for b0 in range(0, B, block):
+        run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
+                  min(B, b0 + block))
+    return status, outs, G
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
+    """``run_batch`` with the blocks spread over CPU cores."""
+    B = X.shape[1]
+    status = np.zeros(B, dtype=np.int64)
+    outs = np.empty((out_slots.shape[0], B))
+    G = np.zeros((in_slots.shape[0], B))
+    nblocks = (B + block - 1) // block
+    for ib in prange(nblocks):
+        b0 = ib * block
+        run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
+                  min(B, b0 + block))
+    return status, outs, G
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def jacobian(rows, x, out_slots, in_slots):
+    """(status, outputs, J) with ``J[i, j]`` = d output i / d input j: one forward, one
+    reverse sweep seeded with every output at once."""
+    n = rows.shape[0]
+    m = out_slots.shape[0]
+    v = np.empty(n)
+    status = forward(rows, x, v)
+    outs = np.empty(m)
+    for i in range(m):
+        outs[i] = v[out_slots[i]]
+    J = np.zeros((m, in_slots.shape[0]))
+    if status == 0:
+        A = np.zeros((n, m))
+        for i in range(m):
+            A[out_slots[i], i] += 1.0
+        reverse_multi(rows, v, A)
+        for j in range(in_slots.shape[0]):
+            for i in range(m):
+                J[i, j] = A[in_slots[j], i]
+    return status, outs, J

@@ -1,0 +1,267 @@
+"""How each array op becomes scalar program rows, for ``tapegrad.trace``.
+
+A traced program is scalar: every element of an array value gets its own slot. An array
+op's ``lower(L, ins, aux, value)`` receives its inputs as arrays of program slots (``ins``,
+int64 arrays shaped like the values), its ``aux`` and its eager output ``value`` (for the
+shape), and returns the output's slot array. Moving, copying and selecting elements
+(reshape, transpose, indexing, cat...) only rearranges slots; arithmetic emits rows through
+``L`` (``L.op(name, *slot_arrays)`` broadcasts like NumPy). Gradients then come from the
+scalar rows' own rules; where eager mode's array rule follows a convention the chain rule
+would not (ties share a maximum's gradient, ``norm`` has gradient 0 at 0), the lowering
+builds it from ``detach``, ``select`` and ``pick`` rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._registry import BY_NAME
+
+
+class NotTraceable(NotImplementedError):
+    """An op that a traced program cannot contain."""
+
+
+def _axes(dims, ndim):
+    return tuple(range(ndim)) if dims is None else tuple(d % max(ndim, 1) for d in dims)
+
+
+def reduce(L, name, A, dims, keepdim, empty):
+    """Reduce ``A`` over ``dims`` (all when None) with binary op ``name``, pairwise (a tree,
+    like NumPy's summation); ``empty`` is the value of an empty reduction."""
+    A = np.asarray(A)
+    axes = _axes(dims, A.ndim)
+    keep = [d for d in range(A.ndim) if d not in axes]
+    out_shape = tuple(A.shape[d] for d in keep)
+    M = np.transpose(A, keep + list(axes)).reshape(out_shape + (-1,)) if A.ndim else \
+        A.reshape(1)
+    R = M.shape[-1] if M.ndim else 1
+    if R == 0:
+        r = L.const(np.full(out_shape, empty))
+    else:
+        while M.shape[-1] > 1:
+            h = M.shape[-1] // 2
+            pair = L.op(name, M[..., :h], M[..., h:2 * h])
+            M = np.concatenate([pair, M[..., 2 * h:]], axis=-1) if M.shape[-1] % 2 else pair
+        r = M[..., 0]
+    if keepdim:
+        r = np.reshape(r, tuple(1 if d in axes else A.shape[d] for d in range(A.ndim)))
+    return r
+
+
+def _kept(r, A, dims, keepdim):
+    """A reduction's result ``r`` with the reduced dims back (size 1), to broadcast on ``A``."""
+    if keepdim:
+        return r
+    axes = _axes(dims, np.ndim(A))
+    return np.reshape(r, tuple(1 if d in axes else np.shape(A)[d] for d in range(np.ndim(A))))
+
+
+def _lower_extreme(L, ins, aux, value, pick_name):
+    """max/min: the value from detached inputs; the gradient through ``pick`` rows to the
+    tied elements, evenly (full reductions, amax/amin) or to the first (max(dim))."""
+    A = ins[0]
+    dims, keepdim, mode = aux[0], aux[1], aux[2]
+    if np.ndim(A) == 0:
+        return A
+    D = L.op("detach", A)
+    m = reduce(L, pick_name, D, dims, keepdim, np.nan)
+    mk = np.broadcast_to(_kept(m, A, dims, keepdim), np.shape(A))
+    # a NaN result goes to the NaNs, as eager mode (and torch)
+    tie = L.op("logical_or", L.op("eq", D, mk),
+               L.op("logical_and", L.op("ne", D, D), L.op("ne", mk, mk)))
+    if mode is None or isinstance(mode, str):  # ties share evenly
+        count = reduce(L, "add", tie, dims, True, 0.0)
+        w = L.op("div", tie, count)
+    else:  # the first tied index along the one reduced dim
+        d = dims[0] % np.ndim(A)
+        T = np.moveaxis(tie, d, -1)
+        seen = L.const(np.zeros(T.shape[:-1]))
+        first = []
+        for i in range(T.shape[-1]):
+            first.append(L.op("mul", T[..., i], L.op("logical_not", seen)))
+            seen = L.op("logical_or", seen, T[..., i])
+        w = np.moveaxis(np.stack(first, axis=-1), -1, d)
+    picks = L.op("pick", A, w)
+    return L.op("add", _kept(m, A, dims, keepdim),
+                reduce(L, "add", picks, dims, True, -0.0)).reshape(np.shape(m))
+
+
+def _lower_matmul(L, ins, aux, value):
+    A, B = ins
+    na, nb = np.ndim(A), np.ndim(B)
+    if na == 1 and nb == 1:
+        return reduce(L, "add", L.op("mul", A, B), None, False, 0.0)
+    A2 = A[None, :] if na == 1 else A
+    B2 = B[:, None] if nb == 1 else B
+    P = L.op("mul", A2[..., :, :, None], B2[..., None, :, :])
+    r = reduce(L, "add", P, (P.ndim - 2,), False, 0.0)
+    if na == 1:
+        r = r[..., 0, :]
+    if nb == 1:
+        r = r[..., 0]
+    return r
+
+
+def _finite_or_zero(L, m):
+    """``m`` where finite, else 0 (softmax-style shifts), branch-free."""
+    fin = L.op("eq", L.op("sub", m, m), L.const(0.0))
+    return L.op("select", fin, m, L.const(0.0))
+
+
+def _lower_logsumexp(L, ins, aux, value):
+    A = ins[0]
+    dims, keepdim = aux[0], aux[1]
+    m = _finite_or_zero(L, reduce(L, "maximum", L.op("detach", A), dims, True, 0.0))
+    s = L.op("log", reduce(L, "add", L.op("exp", L.op("sub", A, m)), dims, True, 0.0))
+    r = L.op("add", s, m)
+    return r if keepdim else r.reshape(np.shape(value))
+
+
+def _lower_softmax(L, ins, aux, value, log):
+    A = ins[0]
+    d = (aux[0],)
+    if np.ndim(A) == 0:
+        A = A.reshape(1)
+        d = (0,)
+    m = _finite_or_zero(L, reduce(L, "maximum", L.op("detach", A), d, True, 0.0))
+    z = L.op("sub", A, m)
+    if log:
+        r = L.op("sub", z, L.op("log", reduce(L, "add", L.op("exp", z), d, True, 0.0)))
+    else:
+        e = L.op("exp", z)
+        r = L.op("div", e, reduce(L, "add", e, d, True, 0.0))
+    return r.reshape(np.shape(value))
+
+
+def _lower_norm(L, ins, aux, value):
+    A = ins[0]
+    dims, keepdim, p = aux
+    if p == 2:
+        s = reduce(L, "add", L.op("mul", A, A), dims, keepdim, 0.0)
+        zero = L.op("eq", s, L.const(0.0))
+        # gradient 0 at 0 (torch's convention), and no 0/0 from sqrt's rule on the way
+        safe = L.op("sqrt", L.op("select", zero, L.const(1.0), s))
+        return L.op("select", zero, L.const(0.0), safe)
+    if p == 1:
+        return reduce(L, "add", L.op("abs", A), dims, keepdim, 0.0)
+    if p == 0:
+        return reduce(L, "add", L.op("ne", L.op("detach", A), L.const(0.0)), dims, keepdim,
+                      0.0)
+    if p in (np.inf, -np.inf):
+        return _lower_extreme(L, [L.op("abs", A)], (dims, keepdim, None), value,
+                              "maximum" if p > 0 else "minimum")
+    s = reduce(L, "add", L.op("powc", L.op("abs", A), c0=p), dims, keepdim, 0.0)
+    return L.op("powc", s, c0=1.0 / p)
+
+
+def _lower_index_scatter(L, ins, aux, value):
+    G = ins[0]
+    index, shape = aux[0], aux[1]
+    pos = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)[index]
+    pos, G = np.broadcast_arrays(pos, G)
+    pos, G = pos.ravel(), G.ravel()
+    out = np.full(int(np.prod(shape)), -1, dtype=np.int64)
+    order = np.argsort(pos, kind="stable")
+    pos, G = pos[order], G[order]
+    start = 0
+    while start < len(pos):  # repeated targets accumulate
+        stop = start
+        while stop < len(pos) and pos[stop] == pos[start]:
+            stop += 1
+        out[pos[start]] = G[start] if stop - start == 1 else \
+            reduce(L, "add", G[start:stop], None, False, 0.0)
+        start = stop
+    if (out < 0).any():
+        out[out < 0] = L.const(0.0)
+    return out.reshape(shape)
+
+
+def _lower_setitem(L, ins, aux, value):
+    A, B = ins
+    out = np.array(A, copy=True)
+    out[aux[0]] = B
+    return out
+
+
+def _lower_where(L, ins, aux, value):
+    X, Y = ins
+    cond = aux[0]
+    C = aux[1] if len(aux) > 1 else None  # slots of a traced condition
+    if C is None:  # a constant mask only chooses slots
+        return np.where(cond, X, Y)
+    return L.op("select", C, X, Y)
+
+
+def _lower_cast(L, ins, aux, value):
+    if np.dtype(aux[0]).kind != "f":
+        raise NotTraceable(f"a traced program computes in floating point; casting a traced "
+                           f"value to {np.dtype(aux[0])} would freeze it. Keep it floating "
+                           f"point, or compute it outside the traced function")
+    return ins[0]
+
+
+def _lower_diag(L, ins, aux, value):
+    A = ins[0]
+    out = np.diag(A + 1, aux[0]) - 1  # 0 marks the zeros np.diag fills in
+    if np.ndim(A) == 1 and (out < 0).any():
+        out[out < 0] = L.const(0.0)
+    return out
+
+
+def _unsupported(what):
+    def lower(L, ins, aux, value):
+        raise NotTraceable(what)
+    return lower
+
+
+_RULES = {
+    "reshape": lambda L, ins, aux, value: np.reshape(ins[0], aux[0]),
+    "expand": lambda L, ins, aux, value: np.broadcast_to(ins[0], aux[0]),
+    "sum_to": lambda L, ins, aux, value: _sum_to(L, ins[0], aux[0]),
+    "transpose": lambda L, ins, aux, value: np.swapaxes(ins[0], aux[0], aux[1]),
+    "permute": lambda L, ins, aux, value: np.transpose(ins[0], aux),
+    "cast": _lower_cast,
+    "stack": lambda L, ins, aux, value: np.stack(ins, axis=aux[1]),
+    "cat": lambda L, ins, aux, value: np.concatenate(ins, axis=aux[1]),
+    "diag": _lower_diag,
+    "getitem": lambda L, ins, aux, value: np.asarray(ins[0])[aux[0]],
+    "index_scatter": _lower_index_scatter,
+    "setitem": _lower_setitem,
+    "where": _lower_where,
+    "sum": lambda L, ins, aux, value: reduce(L, "add", ins[0], aux[0], aux[1], 0.0),
+    "mean": lambda L, ins, aux, value: L.op(
+        "divc", reduce(L, "add", ins[0], aux[0], aux[1], 0.0),
+        c0=float(np.size(ins[0]) // max(np.size(value), 1)) if np.size(value) else 0.0),
+    "prod": lambda L, ins, aux, value: reduce(L, "mul", ins[0], aux[0], aux[1], 1.0),
+    "amax": lambda L, ins, aux, value: _lower_extreme(L, ins, aux, value, "maximum"),
+    "amin": lambda L, ins, aux, value: _lower_extreme(L, ins, aux, value, "minimum"),
+    "norm": _lower_norm,
+    "logsumexp": _lower_logsumexp,
+    "softmax": lambda L, ins, aux, value: _lower_softmax(L, ins, aux, value, False),
+    "log_softmax": lambda L, ins, aux, value: _lower_softmax(L, ins, aux, value, True),
+    "matmul": _lower_matmul,
+    "outer": lambda L, ins, aux, value: L.op("mul", np.asarray(ins[0])[:, None],
+                                             np.asarray(ins[1])[None, :]),
+    "prod_others": _unsupported("prod_others is internal to derivative rules"),
+    "function": _unsupported(
+        "a custom autograd.Function runs Python code that a traced program cannot replay; "
+        "write the function with tapegrad ops to trace it"),
+    "function_out": _unsupported("a custom autograd.Function cannot be traced"),
+}
+
+
+def _sum_to(L, G, shape):
+    shape = tuple(shape)
+    gs = np.shape(G)
+    if gs == shape:
+        return G
+    lead = len(gs) - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
+                                      if n == 1 and gs[i + lead] != 1)
+    r = reduce(L, "add", G, axes, True, 0.0) if axes else G
+    return np.reshape(r, shape)
+
+
+for _name, _rule in _RULES.items():
+    BY_NAME[_name].lower = _rule
+del _name, _rule

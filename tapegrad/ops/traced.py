@@ -1,0 +1,50 @@
+"""Ops that only traced programs contain: comparisons and logic, and the replay helpers
+``detach``, ``select``, ``pick`` and ``guard``.
+
+Tracing records comparisons (``x > 0``) so that a program recomputes them at new inputs; a
+comparison's value is the truth value 1.0 or 0.0 and it has no gradient. The replay helpers
+let array ops lower to scalar rows with eager mode's gradient conventions (``select`` is a
+branch-free ``where``; ``pick`` adds nothing to a value (it is ``-0.0``, IEEE addition's
+identity) but passes ``g * w`` to its input, which gives tied maxima their even split).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._registry import COMPARE, REPLAY, register
+
+
+def _cmp(name, sym, npop):
+    register(name, COMPARE, arity=2, saves=False, np=npop,
+             py=lambda a, b: 1.0 if npop(a, b) else 0.0,
+             nb=f"(1.0 if {{a}} {sym} {{b}} else 0.0)", doc=f"a {sym} b as 1.0/0.0")
+
+
+_cmp("lt", "<", np.less)
+_cmp("le", "<=", np.less_equal)
+_cmp("gt", ">", np.greater)
+_cmp("ge", ">=", np.greater_equal)
+_cmp("eq", "==", np.equal)
+_cmp("ne", "!=", np.not_equal)
+register("logical_and", COMPARE, arity=2, saves=False, np=np.logical_and,
+         py=lambda a, b: 1.0 if (a != 0.0 and b != 0.0) else 0.0,
+         nb="(1.0 if ({a} != 0.0 and {b} != 0.0) else 0.0)", doc="a and b")
+register("logical_or", COMPARE, arity=2, saves=False, np=np.logical_or,
+         py=lambda a, b: 1.0 if (a != 0.0 or b != 0.0) else 0.0,
+         nb="(1.0 if ({a} != 0.0 or {b} != 0.0) else 0.0)", doc="a or b")
+register("logical_xor", COMPARE, arity=2, saves=False, np=np.logical_xor,
+         py=lambda a, b: 1.0 if ((a != 0.0) != (b != 0.0)) else 0.0,
+         nb="(1.0 if (({a} != 0.0) != ({b} != 0.0)) else 0.0)", doc="a xor b")
+register("logical_not", COMPARE, arity=1, saves=False, np=np.logical_not,
+         py=lambda a: 1.0 if a == 0.0 else 0.0, nb="(1.0 if {a} == 0.0 else 0.0)", doc="not a")
+
+register("detach", REPLAY, arity=1, saves=False, py=lambda a: a, np=lambda a: a, nb="{a}",
+         doc="a value used without its gradient")
+register("select", REPLAY, arity=3, saves=False, nb="({b} if {a} != 0.0 else {c})",
+         vjp=lambda F, g, a, b, c, out: (None, F.where(a != 0.0, g, F.zeros_like(g)),
+                                         F.where(a != 0.0, F.zeros_like(g), g)),
+         doc="b where a is true, else c (where, branch-free)")
+register("pick", REPLAY, arity=2, nb="(-0.0)", vjp=lambda F, g, a, b, c, out: (g * b, None),
+         doc="-0.0, passing g * b to a (a share of a reduction's gradient)")
+register("guard", REPLAY, arity=1, saves=False,
+         doc="a branch taken while tracing: replay checks that a is still c0 (1.0/0.0)")
