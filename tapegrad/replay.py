@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 import weakref
+import zipfile
 
 import numpy as np
 
@@ -58,6 +59,7 @@ class _Trace:
         self.strict = strict
         self.refs = {}     # id(tensor) -> (tensor, ref): bool results and detached values
         self.sites = []    # guard sites: (file, line, text, taken)
+        self.detached = set()  # ids of recorded detach results (they may leave the tape)
         self._quiet = 0
 
     def _tape_ref(self, t):
@@ -104,9 +106,35 @@ class _Trace:
                           "logical_xor": "logical_xor"}.get(name, name), result, refs)
 
     def on_detach(self, result, source):
+        """``source.detach()`` of a traced tensor is recorded (a ``detach`` entry, which
+        eager backward sees as a constant): operations on it are recorded too, and replay
+        recomputes them."""
         r = self._tape_ref(source)
-        if r[0] == "s":
-            self._record("detach", result, [r])
+        if r[0] != "s":
+            return result
+        from .ops import ARRAY, BY_NAME
+        from .tape import current_tape
+        from .tensor import _new
+        tape = current_tape()
+        v = result._d
+        k = tape.append(BY_NAME["detach"].code | (0 if v.__class__ is float else ARRAY),
+                        -1, -1, 0.0, 0.0, v, (r,))
+        t = _new(Tensor)
+        t._d, t._rg, t._tape, t._sid, t._slot = v, True, tape, tape.sid, k
+        if v.__class__ is not float:
+            t._ver = [0]
+        self.detached.add(id(t))
+        self.refs[id(t)] = (t, ("s", tape, k))
+        return t
+
+    def on_no_grad(self):
+        f, line, text = _site()
+        msg = (f"grad mode disabled while tracing at {f}:{line} ({text!r}): values computed "
+               f"without grad are not recorded, and the program replays them as the "
+               f"constants they were while tracing. Use .detach() on the values instead.")
+        if self.strict:
+            raise RuntimeError(msg + " (trace(..., strict=True) makes this an error)")
+        warnings.warn(msg, TraceWarning, stacklevel=4)
 
     def on_bool(self, t):
         """Python needs the truth value of ``t``: record a guard when it is traced."""
@@ -205,7 +233,7 @@ def _trace_code(fn, examples, strict):
             raise TypeError(f"trace: fn returned a {type(o).__name__} (output {i}); return "
                             f"tensors, numbers or a tuple of them")
     tapes = _collect_tapes(outs, tr)
-    L, in_slots, out_slots = _prog.lower(tapes, leaves, outs)
+    L, in_slots, out_slots = _prog.lower(tapes, leaves, outs, tr.refs)
     rows = L.rows()
     flat_out = np.concatenate([np.asarray(s).reshape(-1) for s in out_slots]) if outs else \
         np.zeros(0, np.int64)
@@ -256,11 +284,11 @@ class _Code:
         return c
 
 
-def _grad_code(code):
-    """The program of ``code``'s gradient (scalar output): its rows followed by the reverse
-    sweep re-recorded as rows; outputs: the gradient's elements."""
-    L, grads = _prog.grad_rows(code.rows, code.out_slots, [1.0] * len(code.out_slots),
-                               code.in_slots)
+def _grad_code(code, seeds=None):
+    """The program of ``code``'s gradient (of ``sum(seeds * outputs)``): its rows followed by
+    the reverse sweep re-recorded as rows; outputs: the gradient's elements."""
+    seeds = [1.0] * len(code.out_slots) if seeds is None else [float(s) for s in seeds]
+    L, grads = _prog.grad_rows(code.rows, code.out_slots, seeds, code.in_slots)
     rows = L.rows()
     out = np.array([int(g) for g in grads], dtype=np.int64)
     pruned, new = _prog.prune(rows, out)
@@ -577,12 +605,19 @@ class Program:
             i += m
         return res[0] if code.kind == "single" else tuple(res)
 
-    def grad_program(self):
-        """The program of this program's gradient (scalar output): differentiate it again
-        for higher derivatives, in compiled code."""
-        self._scalar_check("grad_program")
-        return Program([_grad_code(c) for c in self._variants], None, False, self.strict,
-                       self.target, self.block)
+    def grad_program(self, v=None):
+        """The program of this program's gradient: a new :class:`Program` of the same
+        inputs whose outputs are the gradient (of ``sum(v * outputs)`` when ``v``, constant
+        cotangents shaped like the outputs, is given; the output must be a scalar when it is
+        not). Differentiate it again for higher derivatives, in compiled code."""
+        if v is None:
+            self._scalar_check("grad_program")
+            seeds = None
+        else:
+            vs = v if isinstance(v, (tuple, list)) and self._code.kind == "tuple" else (v,)
+            seeds = self._seeds(vs, self._code, None)
+        return Program([_grad_code(c, seeds) for c in self._variants], None, False,
+                       self.strict, self.target, self.block)
 
     def hessian(self, *xs):
         """The Hessian of the scalar output at ``xs`` (one input: shape input + input)."""
@@ -643,7 +678,7 @@ def load(path, target="cpu"):
     try:
         with np.load(path, allow_pickle=False) as z:
             files = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(f"{path} is not a readable tapegrad program file ({e})") from None

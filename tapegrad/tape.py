@@ -233,6 +233,8 @@ def set_grad_mode(enabled):
     st = STATE
     if enabled == st.grad_enabled:
         return
+    if not enabled and st.trace is not None:
+        st.trace.on_no_grad()
     if enabled:
         st.tape, st.held = st.held, _no_tape
     else:

@@ -414,7 +414,7 @@ class Tensor:
             t._ver = self._ver  # shares memory, and so the version counter
         tr = STATE.trace
         if tr is not None:  # tracing: the value is recomputed at replay, without gradient
-            tr.on_detach(t, self)
+            return tr.on_detach(t, self)
         return t
 
     def detach_(self):
@@ -444,12 +444,13 @@ class Tensor:
         return d.reshape(()).item()
 
     def numpy(self, *, force=False):
-        if self._rg and not force:
-            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
-                               "tensor.detach().numpy() instead.")
         tr = STATE.trace
         if tr is not None:
             tr.on_escape(self, "numpy()")
+            force = force or id(self) in tr.detached
+        if self._rg and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
+                               "tensor.detach().numpy() instead.")
         d = self._d
         return np.array(d) if d.__class__ is _pyfloat else d
 

@@ -117,12 +117,14 @@ def _scalar(x):
     return int(x) if isinstance(x, np.ndarray) and x.ndim == 0 else x
 
 
-def lower(tapes, inputs, outputs, sites_base=0):
+def lower(tapes, inputs, outputs, refs=None, sites_base=0):
     """Lower the recorded ``tapes`` (in recording order) to program rows.
 
     ``inputs``: the leaf tensors that become program inputs, in order; ``outputs``: the
     tensors (or numbers) whose slots the program returns. Values from tapes not in ``tapes``
-    and leaves that are not inputs are constants. Returns (builder, input slot arrays,
+    and leaves that are not inputs are constants, except the tensors in ``refs``
+    (id -> (tensor, reference)): values tracing derived from the inputs without recording
+    them as entries (comparisons, detached values). Returns (builder, input slot arrays,
     output slot arrays).
     """
     L = Builder()
@@ -134,6 +136,14 @@ def lower(tapes, inputs, outputs, sites_base=0):
         in_slots.append(s)
         by_id[id(t)] = s
     maps = {}
+
+    def resolve(ref):
+        """Slots of a traced-value reference: ("s", tape, slot) or ("c", constant)."""
+        if ref[0] == "c":
+            return L.const(ref[1])
+        return _scalar(maps[ref[1].sid][ref[2]]) if ref[1].sid in maps else \
+            L.const(_value(ref[1], ref[2]))
+
     for tape in tapes:
         m = maps[tape.sid] = [None] * len(tape.vals)
         aux = tape.aux
@@ -143,8 +153,13 @@ def lower(tapes, inputs, outputs, sites_base=0):
             kind, name = op.kind, op.name
             try:
                 if name in ("leaf", "const"):
-                    s = by_id.get(id(aux[k][0]))
-                    m[k] = s if s is not None else L.const(_value(tape, k))
+                    t = aux[k][0]
+                    s = by_id.get(id(t))
+                    if s is None:
+                        r = refs.get(id(t)) if refs else None
+                        s = resolve(r[1]) if r is not None and r[0] is t else \
+                            L.const(_value(tape, k))
+                    m[k] = s
                 elif name == "import_":
                     src, slot = aux[k]
                     sm = maps.get(src.sid)
@@ -156,18 +171,17 @@ def lower(tapes, inputs, outputs, sites_base=0):
                 elif kind == BINARY:
                     m[k] = L.op(name, _scalar(m[a]), _scalar(m[b]))
                 elif kind == COMPARE or name == "detach":
-                    m[k] = L.op(name, *[_scalar(m[s]) for s in aux[k]])
+                    m[k] = L.op(name, *[resolve(r) for r in aux[k]])
                 elif name == "guard":
-                    s, expected, site = aux[k]
-                    m[k] = L.op("guard", _scalar(np.asarray(m[s]).reshape(())), c0=expected,
-                                c1=float(sites_base + site))
+                    r, expected, site = aux[k]
+                    m[k] = L.op("guard", _scalar(np.asarray(resolve(r)).reshape(())),
+                                c0=expected, c1=float(sites_base + site))
                 elif kind == ARRAY_OP:
                     ins = [m[s] for s in aux[k][0]] if op.nary else \
                         [m[a]] if b < 0 else [m[a], m[b]]
                     ea = aux.get(k)
                     if name == "where" and len(ea) > 1:  # a traced condition
-                        src, slot = ea[1]
-                        ea = (ea[0], np.broadcast_to(maps[src.sid][slot], np.shape(ea[0])))
+                        ea = (ea[0], np.broadcast_to(resolve(ea[1]), np.shape(ea[0])))
                     out = op.lower(L, [np.asarray(i) for i in ins], ea, _value(tape, k))
                     m[k] = _scalar(np.asarray(out))
                 else:
@@ -179,6 +193,9 @@ def lower(tapes, inputs, outputs, sites_base=0):
     for o in outputs:
         if hasattr(o, "_d"):
             s = by_id.get(id(o))
+            r = refs.get(id(o)) if refs else None
+            if s is None and r is not None and r[0] is o:
+                s = resolve(r[1])
             if s is None and o._tape is not None and o._tape.sid in maps:
                 s = maps[o._tape.sid][o._slot]
             out_slots.append(np.asarray(s if s is not None else L.const(o._d)))
