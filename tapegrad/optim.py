@@ -474,7 +474,8 @@ class Optimizer:
         -------
         The closure's return value, or None without a closure.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement step(): "
+                                  "an Optimizer subclass must define it")
 
     def state_dict(self):
         """The optimizer's state, with parameters replaced by integer indices.
@@ -1045,7 +1046,7 @@ def _unwrap(v):
     if isinstance(v, Tensor):
         d = v._d
         if d.__class__ is _pyfloat:
-            return d
+            return np.float64(d)  # a 0-d tensor again when wrapped back
         if d.ndim == 0:
             return d[()]
         return np.ascontiguousarray(d).reshape(-1)

@@ -99,6 +99,12 @@ class Function(metaclass=_FunctionMeta):
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        from ..tape import STATE
+        if STATE.trace is not None:
+            raise NotImplementedError(
+                f"tapegrad.trace: {cls.__name__} is a custom autograd.Function, whose Python "
+                f"forward and backward a traced program cannot replay; write the function "
+                f"with tapegrad ops to trace it")
         ctx = FunctionCtx()
         tensor_args = [(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
