@@ -23,6 +23,8 @@ __all__ = ["trace", "Program", "GuardError", "TraceWarning", "load"]
 FORMAT = "tapegrad-program"
 FORMAT_VERSION = 1
 TARGETS = ("cpu", "parallel", "cuda")
+_F64 = np.dtype(np.float64)
+_ONE = np.ones(1)
 _PKG = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -276,6 +278,9 @@ class _Code:
         self.kind = kind          # "single" or "tuple"
         self.sites = sites        # [(file, line, text, taken)]
         self._derived = {}
+        # one float64 input, one float64 scalar output: value_and_grad's fast path
+        self.fast = (len(inputs) == 1 and inputs[0][1] == _F64 and len(self.out_slots) == 1
+                     and kind == "single" and outputs[0] == ((), _F64))
 
     def derived(self, key, build):
         c = self._derived.get(key)
@@ -537,6 +542,19 @@ class Program:
     def value_and_grad(self, *xs):
         """(value, gradient) at ``xs``: the gradient has the inputs' shapes (a tuple when
         there are several inputs)."""
+        code = self._code
+        if len(xs) == 1 and code.fast:  # the optimization-loop case, with little Python
+            x = xs[0]
+            xc = x.__class__
+            d = x if xc is np.ndarray else x._d if xc is Tensor else None
+            if d.__class__ is np.ndarray and d.dtype == _F64 and d.shape == code.inputs[0][0]:
+                st, outs, grads = _cpu.run(code.rows, d.reshape(-1), code.out_slots, _ONE,
+                                           code.in_slots, True)
+                if st == 0:
+                    g = grads.reshape(d.shape)
+                    if xc is np.ndarray:
+                        return outs[0], g
+                    return _plain(float(outs[0])), _plain(g)
         self._scalar_check("value_and_grad")
         code, outs, grads, batch, as_tensor = self._run(xs, grad=True)
         value = self._wrap(outs, code.outputs, batch, as_tensor, code.kind)

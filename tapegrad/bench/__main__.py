@@ -119,10 +119,16 @@ def measure(fn: Callable[[], Any], settings: Settings) -> Timing:
     return Timing(cases.median(times), first_call_s, len(times), result)
 
 
+#: each library's turn in ``measure_interleaved`` lasts at least this long
+TURN_S = 0.02
+
+
 def measure_interleaved(fns: dict[str, Callable[[], Any]], settings: Settings) -> dict[str, Timing]:
     """Like ``measure`` for several libraries at once: after each one's compiling first call
-    and warm-up, their timed calls alternate, so a busy moment of a shared machine slows
-    both alike and the ratio of medians stays fair."""
+    and warm-up, the libraries take turns, so a busy moment of a shared machine slows both
+    alike and the ratio of medians stays fair. A turn repeats the call for ``TURN_S`` and
+    counts the mean time per call: one library's call right after the other's pays for
+    caches the other evicted (tens of microseconds here), which would swamp fast calls."""
     gc.collect()
     first, results = {}, {}
     for lib, fn in fns.items():
@@ -135,8 +141,14 @@ def measure_interleaved(fns: dict[str, Callable[[], Any]], settings: Settings) -
     while True:
         for lib, fn in fns.items():
             t0 = perf_counter()
-            fn()
-            times[lib].append(perf_counter() - t0)
+            calls = 0
+            while True:
+                fn()
+                calls += 1
+                elapsed = perf_counter() - t0
+                if elapsed >= TURN_S:
+                    break
+            times[lib].append(elapsed / calls)
         n = len(times[next(iter(fns))])
         if n >= settings.min_repeats and (
             perf_counter() - start >= settings.budget_s * len(fns) or n >= settings.max_repeats
@@ -174,7 +186,7 @@ def run_speed_case(name: str, settings: Settings, with_torch: bool) -> Row:
             row.extra[f"{library}_max_rel_err"] = cases.check_result(case, timing.result)
         except AssertionError as exc:
             errors.append(f"{library}: wrong gradient: {exc}")
-        progress(f"  {library}: median {format_value(timing.median_s, 's')} over {timing.repeats} calls")
+        progress(f"  {library}: median {format_value(timing.median_s, 's')} over {timing.repeats} turns")
     if errors:
         row.error = "; ".join(errors)
     if row.tapegrad and row.torch:
@@ -329,7 +341,7 @@ def render_table(rows: list[Row]) -> str:
 def render_notes(rows: list[Row], with_torch: bool) -> list[str]:
     notes = [
         "speedup = torch time / tapegrad time; for memory, torch bytes per op / tapegrad bytes per op.",
-        "times are medians per iteration (forward + autograd.grad), after a compiling first call and a warm-up.",
+        "times are medians over turns of the mean time per iteration (forward + gradient; for replay_* cases a call of the traced program), after a compiling first call and a warm-up.",
     ]
     for r in rows:
         ops = r.extra.get("ops")

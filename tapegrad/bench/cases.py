@@ -325,6 +325,64 @@ def _make_jacobian_batched():
 
 PENDULUM_STEPS = 10_000
 
+
+# --------------------------------------------------------------------------
+# compiled replay (tapegrad.trace): tapegrad replays a program traced once in ``make``;
+# torch has no replay, so its side records and sweeps every call (torch eager)
+
+
+def _tensor_input(lib, x0):
+    return lib.tensor(np.asarray(x0, dtype=np.float64), dtype=lib.float64)
+
+
+def _make_replay_rosenbrock(n: int):
+    def make(library: str):
+        if library != "tapegrad":
+            return _make_rosenbrock_scalar(n)(library)
+        tg = load_library(library)
+        x = _tensor_input(tg, _rosenbrock_x0(n))
+        prog = tg.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]), x)
+
+        def iteration():
+            return (prog.value_and_grad(x)[1],)
+
+        return iteration
+
+    return make
+
+
+def _make_replay_pendulum(steps: int):
+    def make(library: str):
+        if library != "tapegrad":
+            return _make_pendulum(steps)(library)
+        tg = load_library(library)
+        p = _tensor_input(tg, PENDULUM_PARAMS)
+        prog = tg.trace(lambda p: pendulum_euler(tg, p[0], p[1], p[2], p[3], steps=steps), p)
+
+        def iteration():
+            return (prog.value_and_grad(p)[1],)
+
+        return iteration
+
+    return make
+
+
+def _make_replay_hvp(n: int):
+    def make(library: str):
+        if library != "tapegrad":
+            return _make_hvp_rosenbrock_scalar(n)(library)
+        tg = load_library(library)
+        x = _tensor_input(tg, _rosenbrock_x0(n))
+        v = _tensor_input(tg, _hvp_v(n))
+        prog = tg.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]), x)
+
+        def iteration():
+            return (prog.hvp(x, v)[1],)
+
+        return iteration
+
+    return make
+
 SPEED_CASES: dict[str, SpeedCase] = {
     c.name: c
     for c in [
@@ -371,6 +429,42 @@ SPEED_CASES: dict[str, SpeedCase] = {
             lambda: jacobian_reference().reshape(-1),
             target_speedup=1.0,
             tags=("higher-order",),
+        ),
+        SpeedCase(
+            "replay_rosenbrock_scalar_n100",
+            "traced scalar Rosenbrock (n=100), program.value_and_grad vs torch eager",
+            _make_replay_rosenbrock(100),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(100)),
+            target_speedup=300.0,
+            ops=rosenbrock_scalar_ops(100),
+            tags=("replay",),
+        ),
+        SpeedCase(
+            "replay_rosenbrock_scalar_n1000",
+            "traced scalar Rosenbrock (n=1000), program.value_and_grad vs torch eager",
+            _make_replay_rosenbrock(1000),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(1000)),
+            target_speedup=300.0,
+            ops=rosenbrock_scalar_ops(1000),
+            tags=("replay",),
+        ),
+        SpeedCase(
+            "replay_pendulum_euler_10k",
+            "traced 10,000-step pendulum, program.value_and_grad vs torch eager",
+            _make_replay_pendulum(PENDULUM_STEPS),
+            lambda: pendulum_grad_reference(PENDULUM_PARAMS, PENDULUM_STEPS),
+            target_speedup=300.0,
+            ops=pendulum_ops(PENDULUM_STEPS),
+            rtol=1e-8,
+            tags=("replay",),
+        ),
+        SpeedCase(
+            "replay_hvp_rosenbrock_scalar_n100",
+            "traced scalar Rosenbrock (n=100), program.hvp vs torch double backward",
+            _make_replay_hvp(100),
+            lambda: rosenbrock_hessian_reference(_rosenbrock_x0(100)) @ _hvp_v(100),
+            target_speedup=300.0,
+            tags=("replay",),
         ),
         SpeedCase(
             "rosenbrock_vec_n10",
