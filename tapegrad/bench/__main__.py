@@ -165,7 +165,11 @@ def run_speed_case(name: str, settings: Settings, with_torch: bool) -> Row:
         row.extra["ops"] = case.ops
     errors = []
     fns = {}
-    for library in ("tapegrad", "torch") if with_torch else ("tapegrad",):
+    peer = case.peer
+    with_peer = with_torch if peer == "torch" else cases.library_available(peer)
+    if not with_peer and peer != "torch":
+        row.error = f"{peer} is not installed (pip install {peer}): tapegrad only"
+    for library in ("tapegrad", peer) if with_peer else ("tapegrad",):
         try:
             fns[library] = case.make(library)
         except Exception as exc:  # report, keep going with the other cases
@@ -179,8 +183,9 @@ def run_speed_case(name: str, settings: Settings, with_torch: bool) -> Row:
         errors.append(f"{type(exc).__name__}: {exc}")
         timings = {}
     for library, timing in timings.items():
-        setattr(row, library, timing.median_s)
-        setattr(row, f"{library}_first_call_s", timing.first_call_s)
+        col = "tapegrad" if library == "tapegrad" else "torch"  # the peer's column
+        setattr(row, col, timing.median_s)
+        setattr(row, f"{col}_first_call_s", timing.first_call_s)
         row.extra[f"{library}_repeats"] = timing.repeats
         try:
             row.extra[f"{library}_max_rel_err"] = cases.check_result(case, timing.result)
@@ -314,7 +319,7 @@ def format_pass(row: Row) -> str:
 
 
 def render_table(rows: list[Row]) -> str:
-    header = ["case", "tapegrad", "torch", "speedup (torch/tapegrad)", "target", "pass/fail", "tapegrad 1st call"]
+    header = ["case", "tapegrad", "peer", "speedup (peer/tapegrad)", "target", "pass/fail", "tapegrad 1st call"]
     body = [
         [
             r.case,
@@ -340,7 +345,7 @@ def render_table(rows: list[Row]) -> str:
 
 def render_notes(rows: list[Row], with_torch: bool) -> list[str]:
     notes = [
-        "speedup = torch time / tapegrad time; for memory, torch bytes per op / tapegrad bytes per op.",
+        "peer = torch, except in cases named *_vs_<peer>; speedup = peer time / tapegrad time; for memory, torch bytes per op / tapegrad bytes per op.",
         "times are medians over turns of the mean time per iteration (forward + gradient; for replay_* cases a call of the traced program), after a compiling first call and a warm-up.",
     ]
     for r in rows:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-LIBRARIES = ("tapegrad", "torch")
+LIBRARIES = ("tapegrad", "torch", "casadi")
 
 # The directory that holds the ``tapegrad`` package, so that child processes
 # import the same tapegrad as this one even when it is not installed.
@@ -50,6 +50,10 @@ def load_library(library: str):
         import torch
 
         return torch
+    if library == "casadi":
+        import casadi
+
+        return casadi
     raise ValueError(f"unknown library {library!r}; expected one of {LIBRARIES}")
 
 
@@ -191,6 +195,7 @@ class SpeedCase:
     ops: int | None = None
     rtol: float = 1e-9
     tags: tuple[str, ...] = field(default_factory=tuple)
+    peer: str = "torch"  # the library in the "peer" column (named in the case when not torch)
 
 
 def _scalar_leaves(lib, values):
@@ -367,6 +372,39 @@ def _make_replay_pendulum(steps: int):
     return make
 
 
+class _Array:
+    """A NumPy result that answers ``.detach().numpy()`` like a tensor (for check_result)."""
+
+    def __init__(self, a):
+        self.a = np.asarray(a, dtype=np.float64).reshape(-1)
+
+    def detach(self):
+        return self
+
+    def numpy(self):
+        return self.a
+
+
+def _make_casadi_rosenbrock(n: int):
+    """tapegrad: the traced program; casadi: an SX Function of (value, gradient), run by
+    CasADi's SX virtual machine."""
+    def make(library: str):
+        if library == "tapegrad":
+            return _make_replay_rosenbrock(n)(library)
+        ca = load_library("casadi")
+        x = ca.SX.sym("x", n)
+        f = rosenbrock_scalar([x[i] for i in range(n)])
+        F = ca.Function("F", [x], [f, ca.gradient(f, x)])
+        x0 = ca.DM(_rosenbrock_x0(n))
+
+        def iteration():
+            return (_Array(F(x0)[1]),)
+
+        return iteration
+
+    return make
+
+
 def _make_replay_hvp(n: int):
     def make(library: str):
         if library != "tapegrad":
@@ -465,6 +503,24 @@ SPEED_CASES: dict[str, SpeedCase] = {
             lambda: rosenbrock_hessian_reference(_rosenbrock_x0(100)) @ _hvp_v(100),
             target_speedup=300.0,
             tags=("replay",),
+        ),
+        SpeedCase(
+            "replay_rosenbrock_scalar_n100_vs_casadi",
+            "traced scalar Rosenbrock (n=100), value and gradient, vs CasADi SX Function",
+            _make_casadi_rosenbrock(100),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(100)),
+            target_speedup=1.0,
+            tags=("replay",),
+            peer="casadi",
+        ),
+        SpeedCase(
+            "replay_rosenbrock_scalar_n1000_vs_casadi",
+            "traced scalar Rosenbrock (n=1000), value and gradient, vs CasADi SX Function",
+            _make_casadi_rosenbrock(1000),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(1000)),
+            target_speedup=1.0,
+            tags=("replay",),
+            peer="casadi",
         ),
         SpeedCase(
             "rosenbrock_vec_n10",
