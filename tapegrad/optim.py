@@ -113,7 +113,7 @@ def _sgd_update(param, grad, buf, lr, momentum, dampening, weight_decay, nestero
         if nesterov:
             g[:] = g + momentum * buf
         else:
-            g[:] = buf
+            g = buf
     param += (-lr) * g
 
 
@@ -246,7 +246,12 @@ def _np_dtype_of(t):
 
 def _scalar(x):
     """A hyperparameter as a Python float (1-element tensors included)."""
-    return x.item() if isinstance(x, Tensor) else _pyfloat(x)
+    if isinstance(x, Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"a tensor hyperparameter must have 1 element, got shape "
+                             f"{tuple(x.shape)}")
+        return _pyfloat(np.asarray(x._d).reshape(-1)[0])
+    return _pyfloat(x)
 
 
 def _typename(obj):
@@ -473,6 +478,28 @@ class Optimizer:
         Returns
         -------
         The closure's return value, or None without a closure.
+
+        Examples
+        --------
+        A new optimizer subclasses ``Optimizer`` and updates the parameters in place
+        under ``no_grad``:
+
+        >>> import tapegrad
+        >>> from tapegrad.optim import Optimizer
+        >>> class SignSGD(Optimizer):
+        ...     def __init__(self, params, lr=0.1):
+        ...         super().__init__(params, {"lr": lr})
+        ...     def step(self, closure=None):
+        ...         with tapegrad.no_grad():
+        ...             for group in self.param_groups:
+        ...                 for p in group["params"]:
+        ...                     if p.grad is not None:
+        ...                         p -= group["lr"] * tapegrad.sign(p.grad)
+        >>> w = tapegrad.tensor([1.0, -1.0], requires_grad=True)
+        >>> (w * w).sum().backward()
+        >>> SignSGD([w]).step()
+        >>> w.tolist()
+        [0.9, -0.9]
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement step(): "
                                   "an Optimizer subclass must define it")
@@ -899,8 +926,8 @@ class Adam(Optimizer):
                     step_t = state["step"]
                     sflat, sshared = _open(step_t)
                     sflat += 1
+                    step = _pyfloat(sflat[0])
                     _close(step_t, sflat, sshared)
-                    step = step_t.item()
 
                     flat, shared = _open(p)
                     grad = _read(g, flat.dtype)
@@ -1181,6 +1208,22 @@ class LBFGS(Optimizer):
             No closure (or one that is not callable).
         RuntimeError
             ``line_search_fn`` is neither None nor ``"strong_wolfe"``.
+
+        Examples
+        --------
+        >>> import tapegrad
+        >>> from tapegrad.optim import LBFGS
+        >>> x = tapegrad.tensor(3.0, requires_grad=True)
+        >>> opt = LBFGS([x])
+        >>> def closure():
+        ...     opt.zero_grad()
+        ...     loss = (x - 1) ** 2
+        ...     loss.backward()
+        ...     return loss
+        >>> opt.step(closure).item()  # the loss at the start
+        4.0
+        >>> round(x.item(), 9)
+        1.0
         """
         if not callable(closure):
             raise TypeError(f"LBFGS.step() needs a closure that re-evaluates the loss, "
