@@ -6,7 +6,7 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"tapegrad(\.|$)",
                          message=r"(divide by zero|invalid value|overflow|underflow) "
                                  r"encountered")
-from . import autograd
+from . import autograd, optim
 from .functions import (abs, absolute, acos, add, amax, amin, arccos, arcsin, arctan, arctan2,
                         asin, atan, atan2, broadcast_to, cat, clamp, clamp_max, clamp_min, clip,
                         clone, concat, cos, cosh, diag, div, divide, dot, erf, exp, expm1,
@@ -33,3 +33,5 @@ cdouble = complex128
 cfloat = complex64
 
 __version__ = "0.1.0"
+
+from . import scipy  # noqa: E402  (tapegrad.scipy imports scipy only when minimize runs)

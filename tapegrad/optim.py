@@ -268,7 +268,75 @@ def _copy_tensor(value, nd=None):
 
 
 # ---------------------------------------------------------------------------------------
-# Optimizer
+# the compiled fast path: N steps on a traced Program inside Numba
+
+
+def _program_params(opt, program):
+    """The one parameter group's tensors, checked against the program's inputs."""
+    from .replay import Program
+    if not isinstance(program, Program):
+        raise TypeError(f"run() takes a tapegrad.Program (from tapegrad.trace), got "
+                        f"{_typename(program)}")
+    if len(opt.param_groups) != 1:
+        raise ValueError("run() needs an optimizer with one parameter group (the program's "
+                         f"inputs); this one has {len(opt.param_groups)}")
+    params = opt.param_groups[0]["params"]
+    shapes = program.input_shapes
+    got = [tuple(p.shape) for p in params]
+    if got != list(shapes) or any(_np_dtype_of(p) != np.float64 for p in params):
+        raise ValueError(f"run(): the program was traced with inputs of shapes "
+                         f"{[list(s) for s in shapes]} (float64), but the optimizer's "
+                         f"parameters have shapes {[list(s) for s in got]}: trace the function "
+                         f"with the parameters, in order")
+    if program._code.out_slots.shape[0] != 1:
+        raise ValueError("run(): the program must return a scalar (the loss)")
+    return params
+
+
+def _flat_of(tensors):
+    return np.concatenate([_read(t, np.float64) for t in tensors]) if tensors else \
+        np.zeros(0)
+
+
+def _write_back(tensors, flat):
+    i = 0
+    for t in tensors:
+        f, shared = _open(t)
+        n = f.shape[0]
+        f[:] = flat[i:i + n]
+        _close(t, f, shared)
+        i += n
+
+
+def _run_loop(program, params, steps, call):
+    """Run ``call(code, x, k, values_slice)`` (the Numba loop) over the program's variants
+    until ``steps`` steps are done; returns (values, x)."""
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"run(): steps must be a non-negative int, got {steps!r}")
+    x = _flat_of(params)
+    values = np.empty(steps)
+    done, vi = 0, 0
+    while done < steps:
+        code = program._variants[vi]
+        k, status = call(code, x, steps - done, values[done:], done)
+        done += k
+        if status:
+            for vj, c in enumerate(program._variants):  # another branch's variant
+                from .interpreters.replay_cpu import run
+                if run(c.rows, x, c.out_slots, np.ones(1), c.in_slots, False)[0] == 0:
+                    vi = vj
+                    break
+            else:
+                xs = []
+                i = 0
+                for s in program.input_shapes:
+                    n = int(np.prod(s))
+                    xs.append(x[i:i + n].reshape(s).copy())
+                    i += n
+                _write_back(params, x)
+                program._no_variant(code, int(status) - 1, xs)  # raises, or re-traces
+                vi = len(program._variants) - 1
+    return values, x
 
 
 class Optimizer:
@@ -775,6 +843,50 @@ class SGD(Optimizer):
                         state["momentum_buffer"] = buf_t
         return loss
 
+    def run(self, program, steps):
+        """Run ``steps`` SGD steps on ``program``'s value entirely inside Numba.
+
+        ``program`` is a :class:`tapegrad.Program` traced with this optimizer's parameters
+        as its inputs (one parameter group, in order) and the loss as its output. The
+        parameters and the momentum buffers end as ``steps`` calls of ``step()`` after
+        ``backward()`` would leave them. Returns the loss before each step (an array).
+
+        Examples
+        --------
+        >>> import numpy as np, tapegrad
+        >>> from tapegrad.optim import SGD
+        >>> x = tapegrad.zeros(2, requires_grad=True)
+        >>> prog = tapegrad.trace(lambda x: ((x - 3.0) ** 2).sum(), x)
+        >>> losses = SGD([x], lr=0.1, momentum=0.5).run(prog, 100)
+        >>> np.round(x.detach().numpy(), 6).tolist()
+        [3.0, 3.0]
+        """
+        from .interpreters.optim_loop import sgd_loop
+        params = _program_params(self, program)
+        g = self.param_groups[0]
+        momentum = _scalar(g["momentum"])
+        bufs = [self.state[p].get("momentum_buffer") for p in params]
+        first = momentum != 0.0 and any(b is None for b in bufs)
+        if first and any(b is not None for b in bufs):
+            raise ValueError("run(): some parameters have momentum buffers and some do not")
+        buf = np.zeros(sum(p.numel() for p in params)) if first or momentum == 0.0 else \
+            _flat_of(bufs)
+
+        def call(code, x, k, values, done):
+            return sgd_loop(code.rows, x, code.out_slots, code.in_slots, k,
+                            first and done == 0, _scalar(g["lr"]), momentum,
+                            _scalar(g["dampening"]), _scalar(g["weight_decay"]),
+                            bool(g["nesterov"]), bool(g["maximize"]), buf, values)
+        with no_grad():
+            values, x = _run_loop(program, params, steps, call)
+            _write_back(params, x)
+            if momentum != 0.0 and steps:
+                if first:
+                    for p in params:
+                        self.state[p]["momentum_buffer"] = zeros_like(p)
+                _write_back([self.state[p]["momentum_buffer"] for p in params], buf)
+        return values
+
 
 # ---------------------------------------------------------------------------------------
 # Adam
@@ -947,6 +1059,67 @@ class Adam(Optimizer):
                     if amsgrad:
                         _close(vmax_t, vmax, vmax_shared)
         return loss
+
+    def run(self, program, steps):
+        """Run ``steps`` Adam steps on ``program``'s value entirely inside Numba.
+
+        ``program`` is a :class:`tapegrad.Program` traced with this optimizer's parameters
+        as its inputs (one parameter group, in order) and the loss as its output. The
+        parameters and the state (``step``, ``exp_avg``, ...) end as ``steps`` calls of
+        ``step()`` after ``backward()`` would leave them. Returns the loss before each
+        step (an array).
+
+        Examples
+        --------
+        >>> import numpy as np, tapegrad
+        >>> from tapegrad.optim import Adam
+        >>> x = tapegrad.zeros(2, requires_grad=True)
+        >>> prog = tapegrad.trace(lambda x: ((x - 3.0) ** 2).sum(), x)
+        >>> losses = Adam([x], lr=0.1).run(prog, 2000)
+        >>> np.round(x.detach().numpy(), 4).tolist()
+        [3.0, 3.0]
+        """
+        from .interpreters.optim_loop import adam_loop
+        params = _program_params(self, program)
+        g = self.param_groups[0]
+        amsgrad = bool(g["amsgrad"])
+        if g.get("decoupled_weight_decay", False):
+            raise NotImplementedError("decoupled_weight_decay=True (AdamW) is not supported "
+                                      "by tapegrad.optim")
+        for p in params:
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = tensor(0.0)
+                state["exp_avg"] = zeros_like(p)
+                state["exp_avg_sq"] = zeros_like(p)
+                if amsgrad:
+                    state["max_exp_avg_sq"] = zeros_like(p)
+        counts = {float(self.state[p]["step"].item()) for p in params}
+        if len(counts) > 1:
+            raise ValueError("run(): the parameters have taken different numbers of steps "
+                             f"({sorted(counts)}); the compiled loop needs one count")
+        step0 = counts.pop() if counts else 0.0
+        m = _flat_of([self.state[p]["exp_avg"] for p in params])
+        v = _flat_of([self.state[p]["exp_avg_sq"] for p in params])
+        vmax = _flat_of([self.state[p]["max_exp_avg_sq"] for p in params]) if amsgrad else \
+            np.zeros(0)
+        beta1, beta2 = (_scalar(b) for b in g["betas"])
+
+        def call(code, x, k, values, done):
+            return adam_loop(code.rows, x, code.out_slots, code.in_slots, k, step0 + done,
+                             _scalar(g["lr"]), beta1, beta2, _scalar(g["eps"]),
+                             _scalar(g["weight_decay"]), amsgrad, bool(g["maximize"]), m, v,
+                             vmax, values)
+        with no_grad():
+            values, x = _run_loop(program, params, steps, call)
+            _write_back(params, x)
+            _write_back([self.state[p]["exp_avg"] for p in params], m)
+            _write_back([self.state[p]["exp_avg_sq"] for p in params], v)
+            if amsgrad:
+                _write_back([self.state[p]["max_exp_avg_sq"] for p in params], vmax)
+            for p in params:
+                _write_back([self.state[p]["step"]], np.array([step0 + steps]))
+        return values
 
 
 # ---------------------------------------------------------------------------------------
