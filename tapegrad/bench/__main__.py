@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import gc
 import json
@@ -175,6 +176,9 @@ def run_speed_case(name: str, settings: Settings, with_torch: bool) -> Row:
         except Exception as exc:  # report, keep going with the other cases
             traceback.print_exc(file=sys.stderr)
             errors.append(f"{library}: {type(exc).__name__}: {exc}")
+    if case.repeats is not None:
+        settings = dataclasses.replace(settings, min_repeats=case.repeats,
+                                       max_repeats=case.repeats, warmups=0)
     progress(f"running {name} ({', '.join(fns)}, interleaved) ...")
     try:
         timings = measure_interleaved(fns, settings) if fns else {}

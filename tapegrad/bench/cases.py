@@ -196,6 +196,7 @@ class SpeedCase:
     rtol: float = 1e-9
     tags: tuple[str, ...] = field(default_factory=tuple)
     peer: str = "torch"  # the library in the "peer" column (named in the case when not torch)
+    repeats: int | None = None  # timed turns in every mode (for cases whose peer takes seconds)
 
 
 def _scalar_leaves(lib, values):
@@ -405,6 +406,59 @@ def _make_casadi_rosenbrock(n: int):
     return make
 
 
+ADAM_STEPS = 1000
+ADAM_LR = 1e-3
+
+
+def _make_adam_rosenbrock(n: int, steps: int = ADAM_STEPS):
+    """Adam on the scalar Rosenbrock from a fixed start: tapegrad runs the steps inside
+    Numba on a program traced once (Optimizer.run); torch runs the same loop eagerly
+    (zero_grad, forward over 0-d tensors, backward, step)."""
+    x0 = _rosenbrock_x0(n)
+
+    def make(library: str):
+        lib = load_library(library)
+        if library == "tapegrad":
+            prog = lib.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]),
+                             _tensor_input(lib, x0))
+
+            def iteration():
+                x = lib.tensor(x0, dtype=lib.float64, requires_grad=True)
+                lib.optim.Adam([x], lr=ADAM_LR).run(prog, steps)
+                return (x,)
+
+            return iteration
+        xs = _scalar_leaves(lib, x0)
+
+        def iteration():
+            with lib.no_grad():
+                for x, v in zip(xs, x0):
+                    x.fill_(float(v))
+            opt = lib.optim.Adam(xs, lr=ADAM_LR)
+            for _ in range(steps):
+                opt.zero_grad()
+                rosenbrock_scalar(xs).backward()
+                opt.step()
+            return xs
+
+        return iteration
+
+    return make
+
+
+def adam_reference(n: int, steps: int = ADAM_STEPS) -> np.ndarray:
+    """The Adam trajectory's end point with exact gradients, in NumPy."""
+    x = _rosenbrock_x0(n).copy()
+    m, v = np.zeros(n), np.zeros(n)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for t in range(1, steps + 1):
+        g = rosenbrock_grad_reference(x)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        x = x - ADAM_LR / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+    return x
+
+
 def _make_replay_hvp(n: int):
     def make(library: str):
         if library != "tapegrad":
@@ -521,6 +575,17 @@ SPEED_CASES: dict[str, SpeedCase] = {
             target_speedup=1.0,
             tags=("replay",),
             peer="casadi",
+        ),
+        SpeedCase(
+            "adam_1000_steps_rosenbrock_scalar_n100",
+            "1,000 Adam steps on scalar Rosenbrock (n=100): Optimizer.run on a traced "
+            "program vs the torch eager loop",
+            _make_adam_rosenbrock(100),
+            lambda: adam_reference(100),
+            target_speedup=1.0,
+            rtol=1e-8,
+            tags=("replay",),
+            repeats=1,
         ),
         SpeedCase(
             "rosenbrock_vec_n10",
