@@ -34,3 +34,10 @@ def test_readme_example_runs():
 def test_higher_order_block_runs(i):
     block = _blocks("higher-order.md")[i]
     exec(compile(block, f"higher-order.md[block {i}]", "exec"), {"__name__": "__docs__"})
+
+
+@pytest.mark.parametrize("i", range(len(_blocks("fast-loops.md"))))
+def test_fast_loops_block_runs(i):
+    pytest.importorskip("scipy")
+    block = _blocks("fast-loops.md")[i]
+    exec(compile(block, f"fast-loops.md[block {i}]", "exec"), {"__name__": "__docs__"})
