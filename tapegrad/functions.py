@@ -772,10 +772,17 @@ Tensor.sub_ = Tensor.__isub__
 Tensor.mul_ = Tensor.__imul__
 Tensor.div_ = Tensor.__itruediv__
 Tensor.pow_ = _inplace(lambda s, o: binary(_POW, s, o))
-Tensor.copy_ = _inplace(lambda s, o: binary(_ADD, s * 0.0, o) if isinstance(o, Tensor)
+def _zeroed(s):
+    """Zeros shaped like ``s``, recorded as depending on it (gradient 0) so that an
+    overwritten non-leaf keeps requiring grad, as torch; not ``s * 0``, which is NaN where
+    ``s`` is inf or NaN."""
+    return where(np.ones(s.shape, dtype=np.bool_), 0.0, s)
+
+
+Tensor.copy_ = _inplace(lambda s, o: binary(_ADD, _zeroed(s), o) if isinstance(o, Tensor)
                         else _plain(np.broadcast_to(np.asarray(o), s.shape)))
-Tensor.zero_ = lambda self: _inplace(lambda s, o: s * 0.0)(self, 0.0)
-Tensor.fill_ = lambda self, v: _inplace(lambda s, o: s * 0.0 + o)(self, v)
+Tensor.zero_ = lambda self: _inplace(lambda s, o: _zeroed(s))(self, 0.0)
+Tensor.fill_ = lambda self, v: _inplace(lambda s, o: _zeroed(s) + o)(self, v)
 Tensor.__getitem__ = getitem
 Tensor.__setitem__ = setitem
 

@@ -802,3 +802,25 @@ def test_to_unknown_device_and_bad_softplus_args_raise_like_torch():
             fn_tg()
     assert x.to(tg.float32).dtype == tg.float32
     assert x.to("cpu") is x
+
+
+def test_zero_fill_copy_overwrite_inf_and_nan(torch):
+    """zero_/fill_/copy_ write the new values even over inf and NaN (not ``x * 0``), and an
+    overwritten non-leaf keeps requiring grad, as torch."""
+    import numpy as np
+    import tapegrad as tg
+    res = []
+    for M in (tg, torch):
+        a = M.tensor([np.inf, np.nan, -np.inf], dtype=M.float64)
+        b, c, d = a.clone(), a.clone(), a.clone()
+        b.zero_()
+        c.fill_(2.0)
+        d.copy_(M.tensor([1.0, 2.0, 3.0], dtype=M.float64))
+        x = M.tensor([1.0, 2.0], dtype=M.float64, requires_grad=True)
+        y = x * 2.0
+        y.zero_()
+        e = x * 1.0
+        e.copy_(x * 3.0)
+        g = M.autograd.grad((y + e).sum(), x)[0]
+        res.append((b.tolist(), c.tolist(), d.tolist(), y.requires_grad, g.tolist()))
+    assert res[0] == res[1]
