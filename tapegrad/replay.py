@@ -217,8 +217,8 @@ def _trace_code(fn, examples, strict):
     tape = Tape()
     tape.limit = sys.maxsize  # one tape for the whole trace (large arrays may still start more)
     tr.first_sid = tape.sid
-    saved = st.tape
     with enable_grad():
+        saved = st.tape  # this thread's tape while grad is enabled (restored before exit)
         st.tape = weakref.ref(tape)
         st.trace = tr
         try:

@@ -103,3 +103,14 @@ def test_run_errors():
         Adam([x]).run(prog, -1)
     with pytest.raises(ValueError, match="one parameter group"):
         Adam([{"params": [x]}, {"params": [tg.zeros(1, requires_grad=True)]}]).run(prog, 1)
+
+
+def test_retrace_under_no_grad_leaves_grad_mode_state_intact():
+    def f(x):
+        return (x * x).sum() if x.sum() > 0 else -x.sum()
+    prog = tg.trace(f, np.ones(2), retrace=True)
+    with tg.no_grad():
+        prog(-np.ones(2))  # traces a variant while grad is disabled
+    x = tg.tensor(1.0, requires_grad=True)
+    assert (x * 2.0).requires_grad
+    assert tg.autograd.grad(x.clamp(0.0, 2.0) * 3.0, x)[0].item() == 3.0
