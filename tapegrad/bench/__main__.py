@@ -61,12 +61,15 @@ MEMORY_CASE = "pendulum_euler_10k_memory"
 MEMORY_RSS_CASE = "pendulum_euler_10k_memory_rss"
 IMPORT_WARM_CASE = "import_to_first_grad_warm"
 IMPORT_COLD_CASE = "import_to_first_grad_cold"
+TRACE_CASES = [f"replay_pendulum_trace_compile_{n // 1000}k_vs_jax" for n in cases.TRACE_STEPS]
 
 
 def all_case_names() -> list[str]:
     names = list(cases.SPEED_CASES)
     at = names.index("pendulum_euler_10k") + 1
     names[at:at] = [MEMORY_CASE, MEMORY_RSS_CASE]
+    at = names.index("replay_pendulum_euler_10k") + 1
+    names[at:at] = TRACE_CASES
     return names + [IMPORT_WARM_CASE, IMPORT_COLD_CASE]
 
 
@@ -263,6 +266,48 @@ def run_memory_cases(names: list[str], settings: Settings, with_torch: bool) -> 
     return rows
 
 
+def run_trace_cases(names: list[str], settings: Settings) -> list[Row]:
+    """Trace + first-call time of the pendulum at 1k and 10k steps (the 10k row passes when
+    it grows no faster than linearly, within 1.5x), next to JAX's jit compile time of the
+    same unrolled loop (``--full`` only: it takes minutes)."""
+    rows, first = [], None
+    for steps, name in zip(cases.TRACE_STEPS, TRACE_CASES):
+        row = Row(name, "compile", "s", "linear in steps")
+        progress(f"running {name} (trace + first call of a {steps}-step pendulum) ...")
+        try:
+            cases.trace_compile_seconds(min(steps, 100))  # load the interpreters first
+            r = cases.trace_compile_seconds(steps)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            row.error = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+            continue
+        row.tapegrad = r["total_s"]
+        row.extra.update(r)
+        if first is None:
+            first = r
+            row.passed = True
+        else:
+            growth = r["total_s"] / first["total_s"]
+            row.extra["growth"] = growth
+            row.passed = growth <= 1.5 * steps / first["steps"]
+        if settings.mode == "full":
+            progress(f"  jax: jit compile of the same loop (timeout {cases.JAX_TIMEOUT_S:g} s) ...")
+            j = cases.jax_compile_seconds(steps)
+            if j is None:
+                row.extra["jax"] = "not installed"
+            elif "timeout" in j:
+                row.extra["jax"] = f"> {j['timeout']:g} s (timed out)"
+            else:
+                row.torch = j["compile_s"]
+                row.ratio = row.torch / row.tapegrad
+        else:
+            row.extra["jax"] = "measured with --full"
+        if name in names:
+            rows.append(row)
+    return rows
+
+
 def run_import_case(cold: bool, settings: Settings) -> Row:
     name = IMPORT_COLD_CASE if cold else IMPORT_WARM_CASE
     target_s = cases.IMPORT_COLD_TARGET_S if cold else cases.IMPORT_WARM_TARGET_S
@@ -376,6 +421,14 @@ def render_notes(rows: list[Row], with_torch: bool) -> list[str]:
                     )
             if r.case == MEMORY_CASE and r.torch is not None:
                 notes.append(f"{r.case}: torch by RSS, because tracemalloc cannot see torch's C++ allocations")
+        elif r.kind == "compile" and r.tapegrad is not None:
+            line = (f"{r.case}: trace {format_value(r.extra['trace_s'], 's')} + first call "
+                    f"{format_value(r.extra['first_call_s'], 's')}, {r.extra['rows']} program rows")
+            if "growth" in r.extra:
+                line += f", {r.extra['growth']:.1f}x the 1k time for 10x the steps"
+            jax = r.extra.get("jax")
+            line += f"; jax jit compile: {jax}" if jax else "; peer = jax jit compile time"
+            notes.append(line)
         elif r.kind == "startup" and r.tapegrad is not None:
             notes.append(
                 f"{r.case}: import {format_value(r.extra['import_s'], 's')} + first grad "
@@ -488,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
         elif name in (MEMORY_CASE, MEMORY_RSS_CASE):
             if not any(r.kind == "memory" for r in rows):
                 rows.extend(run_memory_cases(names, settings, with_torch))
+        elif name in TRACE_CASES:
+            if not any(r.kind == "compile" for r in rows):
+                rows.extend(run_trace_cases(names, settings))
         elif name == IMPORT_WARM_CASE:
             rows.append(run_import_case(False, settings))
         elif name == IMPORT_COLD_CASE:
