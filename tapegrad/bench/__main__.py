@@ -298,6 +298,8 @@ def run_trace_cases(names: list[str], settings: Settings) -> list[Row]:
                 row.extra["jax"] = "not installed"
             elif "timeout" in j:
                 row.extra["jax"] = f"> {j['timeout']:g} s (timed out)"
+            elif "skipped" in j:
+                row.extra["jax"] = j["skipped"]
             else:
                 row.torch = j["compile_s"]
                 row.ratio = row.torch / row.tapegrad
