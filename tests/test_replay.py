@@ -488,3 +488,16 @@ def test_load_rejects_corrupt_and_incompatible_files(tmp_path):
     np.savez(tmp_path / "c.npz", **f3)
     with pytest.raises(ValueError, match="corrupt"):
         tg.load(tmp_path / "c.npz")
+
+
+def test_float32_programs_compute_in_float64_and_return_float32():
+    x = np.linspace(-1, 1, 5).astype(np.float32)
+    prog = tg.trace(lambda x: (x.sin() * x).sum(), x)
+    v, g = prog.value_and_grad(x)
+    assert v.dtype == np.float32 and g.dtype == np.float32
+    t = tg.tensor(x, requires_grad=True)
+    y = (t.sin() * t).sum()
+    np.testing.assert_allclose(v, y.item(), rtol=1e-6)
+    np.testing.assert_allclose(g, tg.autograd.grad(y, t)[0].numpy(), rtol=1e-6)
+    vb, gb = prog.value_and_grad(np.stack([x, 2 * x]))
+    assert vb.dtype == np.float32 and gb.shape == (2, 5)
