@@ -501,3 +501,10 @@ def test_float32_programs_compute_in_float64_and_return_float32():
     np.testing.assert_allclose(g, tg.autograd.grad(y, t)[0].numpy(), rtol=1e-6)
     vb, gb = prog.value_and_grad(np.stack([x, 2 * x]))
     assert vb.dtype == np.float32 and gb.shape == (2, 5)
+
+
+def test_generated_replay_interpreters_are_not_stale():
+    from tapegrad.interpreters import _codegen
+    assert _codegen.generate_replay() == _codegen.REPLAY_TARGET.read_text(), (
+        "tapegrad/interpreters/_generated_replay.py is stale: run "
+        "python -m tapegrad.interpreters._codegen")
