@@ -344,7 +344,10 @@ class Program:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
         if target == "cuda":
-            from .interpreters import cuda as _cuda  # noqa: F401  (clear error without it)
+            raise NotImplementedError(
+                "target='cuda' (numba.cuda kernels for batched replay, installed with "
+                "pip install 'tapegrad[cuda]') is not built yet; use target='parallel' to "
+                "spread a batch over the CPU cores")
         self._variants = variants
         self._fn = fn
         self.retrace = retrace
