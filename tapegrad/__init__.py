@@ -6,7 +6,7 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"tapegrad(\.|$)",
                          message=r"(divide by zero|invalid value|overflow|underflow) "
                                  r"encountered")
-from . import autograd, optim
+from . import autograd
 from .functions import (abs, absolute, acos, add, amax, amin, arccos, arcsin, arctan, arctan2,
                         asin, atan, atan2, broadcast_to, cat, clamp, clamp_max, clamp_min, clip,
                         clone, concat, cos, cosh, diag, div, divide, dot, erf, exp, expm1,
@@ -15,7 +15,6 @@ from .functions import (abs, absolute, acos, add, amax, amin, arccos, arcsin, ar
                         prod, reciprocal, relu, reshape, rsqrt, sigmoid, sign, sin, sinh,
                         softmax, softplus, sqrt, square, squeeze, stack, sub, subtract, sum, t,
                         tan, tanh, transpose, unsqueeze, where)
-from .replay import GuardError, Program, TraceWarning, load, trace
 from .tensor import (Tensor, arange, as_tensor, bool_, complex64, complex128, dtype, enable_grad,
                      eye, float16, float32, float64, from_numpy, full, inference_mode,
                      int8, int16, int32, int64, is_grad_enabled, is_inference_mode_enabled,
@@ -34,4 +33,19 @@ cfloat = complex64
 
 __version__ = "0.1.0"
 
-from . import scipy  # noqa: E402  (tapegrad.scipy imports scipy only when minimize runs)
+# imported on first use, so that ``import tapegrad`` (and the first eager gradient) does not
+# pay for the replay machinery and the optimizers
+_LAZY = {"trace": "replay", "Program": "replay", "load": "replay", "GuardError": "replay",
+         "TraceWarning": "replay", "optim": None, "scipy": None, "replay": None}
+
+
+def __getattr__(name):
+    import importlib
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tapegrad' has no attribute {name!r}")
+    module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
+    return module if _LAZY[name] is None else getattr(module, name)
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
