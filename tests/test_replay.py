@@ -510,3 +510,21 @@ def test_generated_replay_interpreters_are_not_stale():
     assert _codegen.generate_replay() == _codegen.REPLAY_TARGET.read_text(), (
         "tapegrad/interpreters/_generated_replay.py is stale: run "
         "python -m tapegrad.interpreters._codegen")
+
+
+def test_tracing_in_several_threads_at_once():
+    import threading
+    errors = {}
+
+    def work(i):
+        x0 = np.full(5, 0.1 * (i + 1))
+        f = lambda x: (x.sin() * x * (i + 1)).sum()  # noqa: E731
+        prog = tg.trace(f, x0)
+        _, (ge,) = eager(f, x0)
+        errors[i] = float(np.abs(prog.grad(x0) - ge).max())
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == {i: 0.0 for i in range(6)}
