@@ -1028,13 +1028,7 @@ class Adam(Optimizer):
                     g = p.grad
                     if g is None:
                         continue
-                    state = self.state[p]
-                    if len(state) == 0:
-                        state["step"] = tensor(0.0)
-                        state["exp_avg"] = zeros_like(p)
-                        state["exp_avg_sq"] = zeros_like(p)
-                        if amsgrad:
-                            state["max_exp_avg_sq"] = zeros_like(p)
+                    state = self._init_state(p, amsgrad)
                     step_t = state["step"]
                     sflat, sshared = _open(step_t)
                     sflat += 1
@@ -1059,6 +1053,17 @@ class Adam(Optimizer):
                     if amsgrad:
                         _close(vmax_t, vmax, vmax_shared)
         return loss
+
+    def _init_state(self, p, amsgrad):
+        """``p``'s state, made on its first step: step count and running averages."""
+        state = self.state[p]
+        if len(state) == 0:
+            state["step"] = tensor(0.0)
+            state["exp_avg"] = zeros_like(p)
+            state["exp_avg_sq"] = zeros_like(p)
+            if amsgrad:
+                state["max_exp_avg_sq"] = zeros_like(p)
+        return state
 
     def run(self, program, steps):
         """Run ``steps`` Adam steps on ``program``'s value entirely inside Numba.
@@ -1087,13 +1092,7 @@ class Adam(Optimizer):
             raise NotImplementedError("decoupled_weight_decay=True (AdamW) is not supported "
                                       "by tapegrad.optim")
         for p in params:
-            state = self.state[p]
-            if len(state) == 0:
-                state["step"] = tensor(0.0)
-                state["exp_avg"] = zeros_like(p)
-                state["exp_avg_sq"] = zeros_like(p)
-                if amsgrad:
-                    state["max_exp_avg_sq"] = zeros_like(p)
+            self._init_state(p, amsgrad)
         counts = {float(self.state[p]["step"].item()) for p in params}
         if len(counts) > 1:
             raise ValueError("run(): the parameters have taken different numbers of steps "

@@ -476,41 +476,30 @@ class Program:
         nout = len(base.out_slots)
         if seeds is None:
             seeds = np.ones(nout) if batch is None else np.ones((nout, batch))
-        tried = set()
-        for vi in range(len(self._variants) + 1):
-            if vi == len(self._variants):
-                break
-            code = select(self._variants[vi])
-            status, outs, grads = self._execute(code, x, batch, seeds, grad)
-            tried.add(vi)
-            if batch is None:
+        if batch is None:
+            for variant in self._variants:
+                code = select(variant)
+                status, outs, grads = self._execute(code, x, batch, seeds, grad)
                 if status == 0:
                     return code, outs, grads, batch, as_tensor
-                continue
-            bad = np.nonzero(status)[0]
-            if not len(bad):
-                return code, outs, grads, batch, as_tensor
-            # the samples that failed this variant's guards: try the other variants
-            for b in bad.tolist():
-                xb = x[:, b]
-                ok = False
-                for vj in range(len(self._variants)):
-                    if vj == vi:
-                        continue
-                    cj = select(self._variants[vj])
-                    st, o, g = _cpu.run(cj.rows, np.ascontiguousarray(xb), cj.out_slots,
-                                        np.ascontiguousarray(seeds[:, b]), cj.in_slots, grad)
-                    if st == 0:
-                        outs[:, b], grads[:, b], ok = o, g, True
-                        break
-                if not ok:
-                    self._no_variant(code, int(status[b]) - 1,
-                                     [np.asarray(a)[b] if np.ndim(a) else a for a in xs],
-                                     sample=b)
-                    return self._run(xs, seeds, grad, select)
-            return code, outs, grads, batch, as_tensor
-        self._no_variant(code, int(status) - 1, xs)
-        return self._run(xs, seeds, grad, select)
+            self._no_variant(code, int(status) - 1, xs)  # raises, or adds a variant
+            return self._run(xs, seeds, grad, select)
+        code = base
+        status, outs, grads = self._execute(code, x, batch, seeds, grad)
+        # the samples that failed the first variant's guards: try the others one by one
+        for b in np.nonzero(status)[0].tolist():
+            xb, sb = np.ascontiguousarray(x[:, b]), np.ascontiguousarray(seeds[:, b])
+            for variant in self._variants[1:]:
+                c = select(variant)
+                st, o, g = _cpu.run(c.rows, xb, c.out_slots, sb, c.in_slots, grad)
+                if st == 0:
+                    outs[:, b], grads[:, b] = o, g
+                    break
+            else:
+                self._no_variant(code, int(status[b]) - 1,
+                                 [np.asarray(getattr(a, "_d", a))[b] for a in xs], sample=b)
+                return self._run(xs, seeds, grad, select)
+        return code, outs, grads, batch, as_tensor
 
     def _no_variant(self, code, row, xs, sample=None):
         """A guard failed in every variant: re-trace (retrace=True) or raise GuardError."""
@@ -599,7 +588,6 @@ class Program:
     def jacobian(self, *xs):
         """The Jacobian at ``xs``: shape output shape + input shape (a tuple per input when
         there are several; a tuple of those per output when there are several outputs)."""
-        code_outs = None
         x, batch, as_tensor = self._inputs(xs)
         if batch is not None:
             raise ValueError("jacobian takes one sample; for a batch, use vjp with a batch "
@@ -607,12 +595,10 @@ class Program:
         for code in self._variants:
             status, outs, J = _cpu.jacobian(code.rows, x, code.out_slots, code.in_slots)
             if status == 0:
-                code_outs = code
                 break
-        if code_outs is None:
-            self._no_variant(self._variants[-1], int(status) - 1, xs)
+        else:
+            self._no_variant(code, int(status) - 1, xs)  # raises, or adds a variant
             return self.jacobian(*xs)
-        code = code_outs
         res, i = [], 0
         for oshape, _ in code.outputs:
             m = int(np.prod(oshape))
@@ -695,7 +681,7 @@ def load(path, target="cpu"):
     Raises ValueError when the file is not a tapegrad program, is corrupt, or was written
     by an incompatible version.
     """
-    from .ops import BY_NAME, OPS
+    from .ops import BY_NAME
     try:
         with np.load(path, allow_pickle=False) as z:
             files = {k: z[k] for k in z.files}
@@ -737,7 +723,6 @@ def load(path, target="cpu"):
                               vm["kind"], [tuple(s) for s in vm["sites"]]))
     if not variants:
         raise ValueError(f"{path} is corrupt: no program in it")
-    del OPS
     return Program(variants, None, False, False, target)
 
 
@@ -783,5 +768,6 @@ def trace(fn, *example_inputs, retrace=False, strict=False, target="cpu"):
     """
     if not callable(fn):
         raise TypeError(f"trace: fn must be callable, got {type(fn).__name__}")
+    Program([], target=target)  # a bad target fails before fn runs
     code = _trace_code(fn, example_inputs, strict)
     return Program([code], fn, retrace, strict, target)

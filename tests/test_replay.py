@@ -528,3 +528,31 @@ def test_tracing_in_several_threads_at_once():
     for t in threads:
         t.join()
     assert errors == {i: 0.0 for i in range(6)}
+
+
+@pytest.mark.parametrize("name", ["softmax", "logsumexp", "norm", "where", "max_dim",
+                                  "amax", "clamp_abs"])
+def test_second_derivatives_through_replay_only_ops_against_torch(torch, name):
+    """select, pick, detach and comparisons re-record into the gradient program: Hessians
+    of the array ops lowered with them match torch."""
+    fns = {
+        "softmax": lambda M, x: (M.softmax(x.reshape(2, 3), 1) * M.sin(x.reshape(2, 3))).sum(),
+        "logsumexp": lambda M, x: M.logsumexp(x * x, 0) * x.sum(),
+        "norm": lambda M, x: M.norm(x) ** 3 + M.norm(x.reshape(2, 3), dim=1).prod(),
+        "where": lambda M, x: M.where(x > 0.1, x ** 3, M.exp(x)).sum(),
+        "max_dim": lambda M, x: (x.reshape(2, 3).max(1).values ** 2).sum() * x.sum(),
+        "amax": lambda M, x: M.amax(x.reshape(3, 2) ** 2, 0).sum() ** 2,
+        "clamp_abs": lambda M, x: (x.clamp(-0.5, 0.5) * x.abs() * x).sum(),
+    }
+    f = fns[name]
+    x0 = np.array([0.3, -0.8, 1.1, 0.45, -0.2, 0.7])
+    H = tg.trace(lambda x: f(tg, x), x0).hessian(x0)
+    Ht = torch.autograd.functional.hessian(lambda x: f(torch, x), torch.tensor(x0)).numpy()
+    close(H, Ht, rtol=1e-11, atol=1e-12)
+
+
+def test_bad_target_fails_before_fn_runs():
+    calls = []
+    with pytest.raises(ValueError, match="target"):
+        tg.trace(lambda x: calls.append(1) or x, 1.0, target="tpu")
+    assert calls == []
