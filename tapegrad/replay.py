@@ -36,6 +36,38 @@ class TraceWarning(UserWarning):
     """A value left the tape while tracing and is frozen into the program."""
 
 
+def cuda_module():
+    """``interpreters.replay_cuda``, once numba-cuda and a GPU (or numba's CUDA simulator)
+    are known to be there; otherwise ImportError or RuntimeError saying what to do."""
+    import importlib.util
+    if importlib.util.find_spec("numba_cuda") is None:
+        raise ImportError("target='cuda' needs numba's CUDA target, the numba-cuda package: "
+                          "install it with pip install 'tapegrad[cuda]'")
+    from numba import config, cuda
+    if not config.ENABLE_CUDASIM and not cuda.is_available():
+        raise RuntimeError(
+            "target='cuda' found no usable NVIDIA GPU (numba.cuda.is_available() is False: "
+            "no GPU, or no driver; numba.cuda.detect() says more). Use target='parallel' to "
+            "spread a batch over the CPU cores, or set NUMBA_ENABLE_CUDASIM=1 before "
+            "importing tapegrad to run the CUDA kernels in numba's simulator (slow: for "
+            "testing)")
+    from .interpreters import replay_cuda
+    return replay_cuda
+
+
+def _is_device(x):
+    """A GPU array (``__cuda_array_interface__``, or the CUDA simulator's device array)."""
+    return hasattr(x, "__cuda_array_interface__") or type(x).__name__ == "FakeCUDAArray"
+
+
+def _host(x):
+    """``x`` as a host array (GPU arrays copied back)."""
+    x = getattr(x, "_d", x)
+    if _is_device(x):
+        return cuda_module().as_device(x).copy_to_host()
+    return np.asarray(x)
+
+
 def _site():
     """(file, line, source text) of the innermost frame outside tapegrad."""
     f = sys._getframe(1)
@@ -322,6 +354,94 @@ def _hvp_code(code):
                  code.sites)
 
 
+def _vjp_code(code):
+    """A program of (x, v) whose outputs are ``v^T J(x)`` (v shaped like the outputs): the
+    rule of a ``program`` entry under create_graph, so derivatives of any order stay
+    compiled."""
+    nout = len(code.out_slots)
+    L = _prog.Builder()
+    L._blocks.append(code.rows.copy())
+    L.n = code.rows.shape[0]
+    vs = L.inputs(len(code.in_slots), (nout,))
+    rows = L.rows()
+    L2, grads = _prog.grad_rows(rows, code.out_slots, [int(v) for v in vs], code.in_slots)
+    out = np.array([int(g) for g in grads], dtype=np.int64)
+    pruned, new = _prog.prune(L2.rows(), out)
+    return _Code(pruned, new[np.concatenate([code.in_slots, vs])], new[out],
+                 code.inputs + code.outputs, list(code.inputs),
+                 "tuple" if len(code.inputs) > 1 else "single", code.sites)
+
+
+# --- traced programs on the eager tape -------------------------------------------------------
+# ``program(*tensors)`` records one ``program`` entry (and a ``function_out`` per output), so
+# a program composes with eager code: its backward is its compiled VJP, batched for
+# is_grads_batched (one forward, many seeds), and a call of its VJP program under
+# create_graph.
+
+
+def _seed_matrix(g, code, batch, B=None):
+    """The output gradients ``g`` ({index: grad}) as the flat seed matrix: (nout,) or
+    (nout, batch) per sample; with a batch of ``B`` seeds, (nout, samples * B) with sample
+    ``b``'s seed ``s`` in column ``b * B + s``."""
+    parts = []
+    for i, (shape, _) in enumerate(code.outputs):
+        lead = (() if B is None else (B,)) + (() if batch is None else (batch,))
+        gi = g.get(i) if g else None
+        gi = np.zeros(lead + shape) if gi is None else np.broadcast_to(
+            np.asarray(getattr(gi, "_d", gi), dtype=np.float64), lead + shape)
+        m = int(np.prod(shape))
+        if B is not None and batch is not None:
+            gi = np.swapaxes(gi, 0, 1)  # (samples, seeds, ...)
+        parts.append(gi.reshape(-1, m).T if lead else gi.reshape(-1))
+    return np.ascontiguousarray(np.concatenate(parts, axis=0) if parts else np.zeros(0))
+
+
+def _program_vjp_np(g, values, aux):
+    """Gradients of a ``program`` entry's inputs on plain values (batched when ``aux`` ends
+    with the seed batch size)."""
+    prog, code, x, batch = aux[:4]
+    B = aux[4] if len(aux) > 4 else None
+    S = _seed_matrix(g, code, batch, B)
+    if B is None:
+        _, _, G = prog._execute(code, x, batch, S, True)
+        G = _host(G)
+    else:
+        G = prog._vjp_many(code, x if batch is not None else x.reshape(-1, 1), S, B)
+        if batch is not None:  # (nin, samples * B) -> (nin, B * samples), seed-major
+            G = G.reshape(-1, batch, B).transpose(0, 2, 1).reshape(-1, batch * B)
+    lead = None if B is None and batch is None else (
+        B * (batch or 1) if B is not None else batch)
+    parts = prog._wrap(G, code.inputs, lead, False, "tuple")
+    if B is not None and batch is not None:
+        parts = tuple(p.reshape((B, batch) + p.shape[1:]) for p in parts)
+    return tuple(parts)
+
+
+def _program_vjp_tensor(g, inputs, aux):
+    """The rule of a ``program`` entry under create_graph: a recorded call of the program's
+    VJP program, itself differentiable."""
+    prog, code, x, batch = aux[:4]
+    vcode = code.derived("vjp", lambda: _vjp_code(code))
+    vprog = Program([vcode], None, False, prog.strict, prog.target, prog.block)
+    lead = () if batch is None else (batch,)
+    cot = []
+    for i, (shape, dtype) in enumerate(code.outputs):
+        gi = g.get(i) if g else None
+        cot.append(gi if gi is not None else tensor(np.zeros(lead + shape, dtype)))
+    res = vprog(*inputs, *cot)
+    return res if isinstance(res, tuple) else (res,)
+
+
+def _install_rules():
+    from .autograd._tensor_backend import TensorF
+    from .ops import NpF
+    NpF.program_vjp = staticmethod(_program_vjp_np)
+    TensorF.program_vjp = staticmethod(_program_vjp_tensor)
+
+
+_install_rules()
+
+
 # --- the program ------------------------------------------------------------------------------
 
 
@@ -343,11 +463,7 @@ class Program:
                  block=None):
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-        if target == "cuda":
-            raise NotImplementedError(
-                "target='cuda' (numba.cuda kernels for batched replay, installed with "
-                "pip install 'tapegrad[cuda]') is not built yet; use target='parallel' to "
-                "spread a batch over the CPU cores")
+        self._cuda = cuda_module() if target == "cuda" else None
         self._variants = variants
         self._fn = fn
         self.retrace = retrace
@@ -407,13 +523,20 @@ class Program:
         if len(xs) != len(code.inputs):
             raise TypeError(f"this program takes {len(code.inputs)} input(s) (traced with "
                             f"{len(code.inputs)} example input(s)), got {len(xs)}")
-        arrs, batch, as_tensor = [], None, False
+        arrs, batch, as_tensor, device = [], None, False, False
         for i, (x, (shape, dtype)) in enumerate(zip(xs, code.inputs)):
             if isinstance(x, Tensor):
                 as_tensor = True
                 x = np.asarray(x._d)
             elif isinstance(x, (float, int)) and not isinstance(x, bool):
                 x = np.asarray(float(x), dtype=dtype)
+            elif _is_device(x):
+                if self._cuda is None:
+                    raise TypeError(f"input {i} is a CUDA device array, but this program's "
+                                    f"target is {self.target!r}: use program.to('cuda'), or "
+                                    f"copy the input to the host")
+                x = self._cuda.as_device(x)
+                device = True
             else:
                 x = np.asarray(x)
             if x.dtype != dtype:
@@ -434,6 +557,8 @@ class Program:
                                  f"size, or none")
             batch = b
             arrs.append(x)
+        if device:
+            return self._cuda.pack(arrs, batch), batch, as_tensor
         if batch is None:
             flat = np.concatenate([a.reshape(-1) for a in arrs]).astype(np.float64) \
                 if arrs else np.zeros(0)
@@ -448,6 +573,10 @@ class Program:
         out, i = [], 0
         for shape, dtype in specs:
             m = int(np.prod(shape))
+            if not isinstance(flat, np.ndarray):  # results on the GPU stay there
+                out.append(self._cuda.unpack(flat, i, m, batch, shape, dtype))
+                i += m
+                continue
             if batch is None:
                 v = flat[i:i + m].reshape(shape).astype(dtype)
                 v = v[()] if shape == () and not as_tensor else v
@@ -461,13 +590,29 @@ class Program:
 
     # -- running ----------------------------------------------------------------------------
     def _execute(self, code, x, batch, seeds, grad):
+        if self._cuda is not None:
+            return self._execute_cuda(code, x, batch, seeds, grad)
         if batch is None:
             return _cpu.run(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
-        if self.target == "cuda":
-            from .interpreters import cuda as _cuda
-            return _cuda.run_batch(code, x, seeds, grad)
         fn = _cpu.run_parallel if self.target == "parallel" else _cpu.run_batch
         return fn(code.rows, x, code.out_slots, seeds, code.in_slots, grad, self.block)
+
+    def _execute_cuda(self, code, x, batch, seeds, grad):
+        """``_execute`` on the GPU: one sample is a batch of one. Results stay on the
+        device when the inputs came from it, and come back to the host otherwise."""
+        host = isinstance(x, np.ndarray)
+        X = x.reshape(-1, 1) if batch is None and host else x
+        S = seeds.reshape(-1, 1) if batch is None and isinstance(seeds, np.ndarray) else seeds
+        status, outs, grads = self._cuda.run(code, X, S, grad)
+        if grads is None:
+            grads = np.zeros((len(code.in_slots), X.shape[1]))
+        elif host:
+            grads = grads.copy_to_host()
+        if host:
+            outs = outs.copy_to_host()
+            if batch is None:
+                outs, grads = outs[:, 0], grads[:, 0]
+        return (status[0] if batch is None else status), outs, grads
 
     def _run(self, xs, seeds=None, grad=False, select=lambda c: c):
         """Run the right variant; returns (code, outs, grads, batch, as_tensor)."""
@@ -486,8 +631,15 @@ class Program:
             return self._run(xs, seeds, grad, select)
         code = base
         status, outs, grads = self._execute(code, x, batch, seeds, grad)
+        failed = np.nonzero(status)[0].tolist()
+        if failed and not isinstance(x, np.ndarray):  # GPU results: patched on the host
+            x, seeds = _host(x), _host(seeds)
+            outs, grads = _host(outs), _host(grads)
+            outs_dev = True
+        else:
+            outs_dev = False
         # the samples that failed the first variant's guards: try the others one by one
-        for b in np.nonzero(status)[0].tolist():
+        for b in failed:
             xb, sb = np.ascontiguousarray(x[:, b]), np.ascontiguousarray(seeds[:, b])
             for variant in self._variants[1:]:
                 c = select(variant)
@@ -496,9 +648,11 @@ class Program:
                     outs[:, b], grads[:, b] = o, g
                     break
             else:
-                self._no_variant(code, int(status[b]) - 1,
-                                 [np.asarray(getattr(a, "_d", a))[b] for a in xs], sample=b)
+                self._no_variant(code, int(status[b]) - 1, [_host(a)[b] for a in xs],
+                                 sample=b)
                 return self._run(xs, seeds, grad, select)
+        if outs_dev:
+            outs, grads = self._cuda.to_device(outs), self._cuda.to_device(grads)
         return code, outs, grads, batch, as_tensor
 
     def _no_variant(self, code, row, xs, sample=None):
@@ -520,9 +674,44 @@ class Program:
 
     # -- public API -------------------------------------------------------------------------
     def __call__(self, *xs):
-        """The traced function's outputs at ``xs``."""
+        """The traced function's outputs at ``xs``. Called on tensors that require grad
+        (with grad mode on), the call is recorded on their tape as one entry: gradients,
+        batched gradients and create_graph flow through it like through any op."""
+        if STATE.grad_enabled and any(isinstance(x, Tensor) and x._rg for x in xs):
+            return self._call_recorded(xs)
         code, outs, _, batch, as_tensor = self._run(xs)
         return self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
+
+    def _call_recorded(self, xs):
+        from .ops import BY_NAME
+        from .tensor import array_op
+        if STATE.trace is not None:
+            raise NotImplementedError("calling a traced Program inside tapegrad.trace is not "
+                                      "supported: trace the Python function it came from")
+        code, outs, _, batch, _ = self._run(xs)
+        x, _, _ = self._inputs(xs, code)
+        if not isinstance(x, np.ndarray):
+            x = _host(x)
+        values = self._wrap(_host(outs), code.outputs, batch, False, "tuple")
+        inputs = [a if isinstance(a, Tensor) else tensor(np.asarray(_host(a)))
+                  for a in xs]
+        node = array_op(BY_NAME["program"], inputs, 0.0, (self, code, x, batch))
+        out = BY_NAME["function_out"]
+        res = tuple(array_op(out, [node], v if np.ndim(v) else
+                             (float(v) if v.dtype == _F64 else np.asarray(v)), (i,))
+                    for i, v in enumerate(values))
+        return res[0] if code.kind == "single" else res
+
+    def _vjp_many(self, code, X, S, reps):
+        """Gradients (nin, samples * reps) on the host for ``reps`` seeds per sample (columns
+        of ``S``, sample-major), with one forward per sample where the target allows."""
+        if self._cuda is not None:
+            return _host(self._cuda.run(code, X, S, True, reps)[2])
+        if X.shape[1] == 1:
+            return _cpu.vjp_multi(code.rows, np.ascontiguousarray(X[:, 0]), code.out_slots,
+                                  S, code.in_slots)[2]
+        Xr = np.ascontiguousarray(np.repeat(X, reps, axis=1))
+        return self._execute(code, Xr, Xr.shape[1], S, True)[2]
 
     def _scalar_check(self, what):
         code = self._code
@@ -535,7 +724,7 @@ class Program:
         """(value, gradient) at ``xs``: the gradient has the inputs' shapes (a tuple when
         there are several inputs)."""
         code = self._code
-        if len(xs) == 1 and code.fast:  # the optimization-loop case, with little Python
+        if len(xs) == 1 and code.fast and self._cuda is None:  # optimization loops
             x = xs[0]
             xc = x.__class__
             d = x if xc is np.ndarray else x._d if xc is Tensor else None
@@ -573,43 +762,79 @@ class Program:
     def _seeds(self, vs, code, batch):
         if len(vs) != len(code.outputs):
             raise ValueError(f"vjp: expected {len(code.outputs)} cotangent(s), got {len(vs)}")
-        parts = []
+        parts, device = [], False
         for i, (v, (shape, _)) in enumerate(zip(vs, code.outputs)):
-            v = np.asarray(v._d if isinstance(v, Tensor) else v, dtype=np.float64)
+            v = v._d if isinstance(v, Tensor) else v
+            if _is_device(v) and self._cuda is not None:
+                v, device = self._cuda.as_device(v), True
+            else:
+                v = np.asarray(v, dtype=np.float64)
             want = shape if batch is None else (batch,) + shape
             if v.shape != want:
                 raise ValueError(f"vjp: cotangent {i} has shape {list(v.shape)}, expected "
                                  f"{list(want)}")
-            parts.append(v.reshape(-1) if batch is None else v.reshape(batch, -1))
+            parts.append(v)
+        if device:
+            return self._cuda.pack(parts, batch)
+        parts = [v.reshape(-1) if batch is None else v.reshape(batch, -1) for v in parts]
         if batch is None:
             return np.concatenate(parts)
         return np.ascontiguousarray(np.concatenate(parts, axis=1).T)
 
     def jacobian(self, *xs):
         """The Jacobian at ``xs``: shape output shape + input shape (a tuple per input when
-        there are several; a tuple of those per output when there are several outputs)."""
+        there are several; a tuple of those per output when there are several outputs);
+        with a batch axis on the inputs, one Jacobian per sample (leading batch axis)."""
         x, batch, as_tensor = self._inputs(xs)
-        if batch is not None:
-            raise ValueError("jacobian takes one sample; for a batch, use vjp with a batch "
-                             "of cotangents")
-        for code in self._variants:
-            status, outs, J = _cpu.jacobian(code.rows, x, code.out_slots, code.in_slots)
-            if status == 0:
-                break
+        code = self._code
+        m, nin = len(code.out_slots), len(code.in_slots)
+        B = 1 if batch is None else batch
+        on_device = not isinstance(x, np.ndarray)
+        J_dev = False
+        if self._cuda is not None:
+            status, _, G = self._cuda.jacobian(code, x if on_device else x.reshape(nin, -1))
+            if on_device and not status.any():
+                J, J_dev = G, True
+            else:  # (nin, B * m) with sample-major columns -> (B, m, nin)
+                J = _host(G).reshape(nin, B, m).transpose(1, 2, 0).copy()
+                x = _host(x).reshape(nin, B)
+        elif batch is None:
+            st, _, J = _cpu.jacobian(code.rows, x, code.out_slots, code.in_slots)
+            status, J, x = np.array([st]), J[None], x.reshape(-1, 1)
         else:
-            self._no_variant(code, int(status) - 1, xs)  # raises, or adds a variant
-            return self.jacobian(*xs)
+            status, J = _cpu.jacobian_batch(code.rows, x, code.out_slots, code.in_slots)
+        # samples that failed the first variant's guards: the other variants, one by one
+        for b in np.nonzero(status)[0].tolist():
+            xb = np.ascontiguousarray(x[:, b])
+            for c in self._variants[1:]:
+                st, _, Jb = _cpu.jacobian(c.rows, xb, c.out_slots, c.in_slots)
+                if st == 0:
+                    J[b] = Jb
+                    break
+            else:
+                sample = [_host(a) if batch is None else _host(a)[b] for a in xs]
+                self._no_variant(code, int(status[b]) - 1, sample,
+                                 sample=None if batch is None else b)
+                return self.jacobian(*xs)
+        lead = () if batch is None else (batch,)
         res, i = [], 0
         for oshape, _ in code.outputs:
-            m = int(np.prod(oshape))
+            mo = int(np.prod(oshape))
             per, j = [], 0
             for ishape, dtype in code.inputs:
                 n = int(np.prod(ishape))
-                block = J[i:i + m, j:j + n].reshape(oshape + ishape).astype(dtype)
+                shape = lead + oshape + ishape
+                if J_dev:
+                    block = self._cuda.jacobian_block(J, max(m, 1), i, j, mo, n, B,
+                                                      dtype).reshape(shape)
+                else:
+                    block = J[:, i:i + mo, j:j + n].reshape(shape).astype(dtype)
+                    if on_device:
+                        block = self._cuda.to_device(block)
                 per.append(_plain(block) if as_tensor else block)
                 j += n
             res.append(per[0] if len(per) == 1 else tuple(per))
-            i += m
+            i += mo
         return res[0] if code.kind == "single" else tuple(res)
 
     def grad_program(self, v=None):

@@ -304,7 +304,8 @@ INDIRECT = {
     "setitem": ("test_setitem_on_clone",),
     "prod_others": ("test_prod",),
     "function": ("test_custom_function_entries",),
-    "function_out": ("test_custom_function_entries",),
+    "function_out": ("test_custom_function_entries", "test_program_entries"),
+    "program": ("test_program_entries",),
 }
 
 
@@ -328,6 +329,35 @@ def test_custom_function_entries():
         a, b = TwoOut.apply(x)
         res.append(m.autograd.grad((a * b).sum(), x)[0].detach().numpy())
     np.testing.assert_allclose(res[0], res[1], rtol=1e-12)
+
+
+def test_program_entries():
+    # a traced Program called on tensors records one ``program`` entry: first and second
+    # derivatives and batched gradients through it, against torch on the same function
+    def f(a, b):
+        return (a.sin() * b).sum(), a * b + b.exp()
+    rng = np.random.default_rng(3)
+    x0, y0 = rng.normal(size=4), rng.normal(size=4)
+    prog = tapegrad.trace(f, x0, y0)
+    x = tapegrad.tensor(x0, requires_grad=True)
+    xt = torch.tensor(x0, requires_grad=True)
+    yt = torch.tensor(y0)
+    s, v = prog(x, y0)
+    st, vt = f(xt, yt)
+    np.testing.assert_allclose(v.detach().numpy(), vt.detach().numpy(), rtol=1e-14)
+    g, = tapegrad.autograd.grad(s * 2.0 + (v * v).sum(), x, create_graph=True)
+    gt, = torch.autograd.grad(st * 2.0 + (vt * vt).sum(), xt, create_graph=True)
+    np.testing.assert_allclose(g.detach().numpy(), gt.detach().numpy(), rtol=1e-12)
+    h, = tapegrad.autograd.grad((g * g).sum(), x)
+    ht, = torch.autograd.grad((gt * gt).sum(), xt)
+    np.testing.assert_allclose(h.numpy(), ht.numpy(), rtol=1e-12)
+    seeds = rng.normal(size=(3, 4))
+    s, v = prog(x, y0)
+    st, vt = f(xt, yt)
+    gb, = tapegrad.autograd.grad(v, x, grad_outputs=tapegrad.tensor(seeds),
+                                 is_grads_batched=True)
+    gbt, = torch.autograd.grad(vt, xt, grad_outputs=torch.tensor(seeds), is_grads_batched=True)
+    np.testing.assert_allclose(gb.numpy(), gbt.numpy(), rtol=1e-12)
 
 
 def test_every_registered_op_is_covered():

@@ -356,8 +356,6 @@ def test_bad_inputs_raise_clear_errors():
         tg.trace(3.0, 1.0)
     with pytest.raises(ValueError, match="target"):
         tg.trace(lambda x: x, 1.0, target="tpu")
-    with pytest.raises(NotImplementedError, match="target='parallel'"):
-        tg.trace(lambda x: x, 1.0, target="cuda")
 
 
 def test_custom_function_cannot_be_traced():

@@ -8,7 +8,7 @@ from numba import njit
 
 LEAF = 0
 CONST = 1
-GUARD = 86
+GUARD = 87
 
 
 @njit(cache=True, error_model="numpy", nogil=True)
@@ -175,54 +175,54 @@ def forward(rows, x, v):
         elif op == 45:  # clone
             a = v[int(rows[k, 1])]
             v[k] = a
-        elif op == 73:  # lt
+        elif op == 74:  # lt
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if a < b else 0.0)
-        elif op == 74:  # le
+        elif op == 75:  # le
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if a <= b else 0.0)
-        elif op == 75:  # gt
+        elif op == 76:  # gt
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if a > b else 0.0)
-        elif op == 76:  # ge
+        elif op == 77:  # ge
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if a >= b else 0.0)
-        elif op == 77:  # eq
+        elif op == 78:  # eq
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if a == b else 0.0)
-        elif op == 78:  # ne
+        elif op == 79:  # ne
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if a != b else 0.0)
-        elif op == 79:  # logical_and
+        elif op == 80:  # logical_and
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
-        elif op == 80:  # logical_or
+        elif op == 81:  # logical_or
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
-        elif op == 81:  # logical_xor
+        elif op == 82:  # logical_xor
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
-        elif op == 82:  # logical_not
+        elif op == 83:  # logical_not
             a = v[int(rows[k, 1])]
             v[k] = (1.0 if a == 0.0 else 0.0)
-        elif op == 83:  # detach
+        elif op == 84:  # detach
             a = v[int(rows[k, 1])]
             v[k] = a
-        elif op == 84:  # select
+        elif op == 85:  # select
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             c = v[int(rows[k, 3])]
             v[k] = (b if a != 0.0 else c)
-        elif op == 85:  # pick
+        elif op == 86:  # pick
             v[k] = (-0.0)
     return 0
 
@@ -500,80 +500,80 @@ def forward_batch(rows, X, V, status):
             for j in range(nb):
                 a = va[j]
                 vk[j] = a
-        elif op == 73:  # lt
+        elif op == 74:  # lt
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if a < b else 0.0)
-        elif op == 74:  # le
+        elif op == 75:  # le
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if a <= b else 0.0)
-        elif op == 75:  # gt
+        elif op == 76:  # gt
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if a > b else 0.0)
-        elif op == 76:  # ge
+        elif op == 77:  # ge
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if a >= b else 0.0)
-        elif op == 77:  # eq
+        elif op == 78:  # eq
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if a == b else 0.0)
-        elif op == 78:  # ne
+        elif op == 79:  # ne
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if a != b else 0.0)
-        elif op == 79:  # logical_and
+        elif op == 80:  # logical_and
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
-        elif op == 80:  # logical_or
+        elif op == 81:  # logical_or
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
-        elif op == 81:  # logical_xor
+        elif op == 82:  # logical_xor
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 a = va[j]
                 b = vb[j]
                 vk[j] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
-        elif op == 82:  # logical_not
+        elif op == 83:  # logical_not
             va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (1.0 if a == 0.0 else 0.0)
-        elif op == 83:  # detach
+        elif op == 84:  # detach
             va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = a
-        elif op == 84:  # select
+        elif op == 85:  # select
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             vc = V[int(rows[k, 3])]
@@ -582,7 +582,7 @@ def forward_batch(rows, X, V, status):
                 b = vb[j]
                 c = vc[j]
                 vk[j] = (b if a != 0.0 else c)
-        elif op == 85:  # pick
+        elif op == 86:  # pick
             for j in range(nb):
                 vk[j] = (-0.0)
     return failed
@@ -834,7 +834,7 @@ def reverse(rows, v, adj):
             ia = int(rows[k, 1])
             g = adj[k]
             adj[ia] += g
-        elif op == 84:  # select
+        elif op == 85:  # select
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
@@ -842,7 +842,7 @@ def reverse(rows, v, adj):
             g = adj[k]
             adj[ib] += (g if (a != 0.0) else 0.0)
             adj[ic] += (0.0 if (a != 0.0) else g)
-        elif op == 85:  # pick
+        elif op == 86:  # pick
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             b = v[ib]
@@ -1278,7 +1278,7 @@ def reverse_batch(rows, V, A):
             for j in range(nb):
                 g = gk[j]
                 aa[j] += g
-        elif op == 84:  # select
+        elif op == 85:  # select
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
@@ -1291,7 +1291,7 @@ def reverse_batch(rows, V, A):
                 a = va[j]
                 ab[j] += (g if (a != 0.0) else 0.0)
                 ac[j] += (0.0 if (a != 0.0) else g)
-        elif op == 85:  # pick
+        elif op == 86:  # pick
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             vb = V[ib]
@@ -1687,7 +1687,7 @@ def reverse_multi(rows, v, A):
             for j in range(nb):
                 g = gk[j]
                 aa[j] += g
-        elif op == 84:  # select
+        elif op == 85:  # select
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
@@ -1699,7 +1699,7 @@ def reverse_multi(rows, v, A):
                 g = gk[j]
                 ab[j] += (g if (a != 0.0) else 0.0)
                 ac[j] += (0.0 if (a != 0.0) else g)
-        elif op == 85:  # pick
+        elif op == 86:  # pick
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             b = v[ib]

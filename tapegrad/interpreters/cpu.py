@@ -301,13 +301,17 @@ def sweep_checked(graph, need, adj, adjd, on_bad):
             array_vjp(graph, k, adj, adjd, on_bad)
 
 
+# entries whose outputs are separate ``function_out`` entries: their rule gets {index: grad}
+MULTI_OUTPUT = frozenset(("function", "program"))
+
+
 def array_vjp(graph, k, adj, adjd, on_bad=None):
     """Run entry ``k``'s rule on NumPy values and accumulate into its inputs."""
     code, a, b, c0, c1 = graph.row(k)
     op = OPS[code & ~ARRAY]
     value, is_array = graph.value, graph.is_array
     out = value(k)
-    if op.nary and op.name == "function":
+    if op.nary and op.name in MULTI_OUTPUT:
         g = adjd.get(k)  # {output index: gradient}, gathered from its function_out entries
     elif is_array(k):
         g = adjd.get(k)
@@ -385,7 +389,10 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
     op = OPS[code & ~ARRAY]
     value = graph.value
     out = value(k)
-    g = adjd.get(k) if graph.is_array(k) else adjb[k]
+    if op.nary and op.name in MULTI_OUTPUT:
+        g = adjd.get(k) or {}
+    else:
+        g = adjd.get(k) if graph.is_array(k) else adjb[k]
     if g is None:
         g = np.zeros((B,) + np.shape(out))
     post = None
@@ -407,6 +414,9 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
             if not graph.wanted[s]:
                 continue
             gr = gr()
+        if gr.__class__ is Part:
+            _gather(adjd, s, gr)
+            continue
         if post is not None and post[i] is not None:
             gr = post[i](gr)
         v = value(s)

@@ -92,23 +92,48 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
 
 
 @njit(cache=True, error_model="numpy", nogil=True)
-def jacobian(rows, x, out_slots, in_slots):
-    """(status, outputs, J) with ``J[i, j]`` = d output i / d input j: one forward, one
-    reverse sweep seeded with every output at once."""
+def vjp_multi(rows, x, out_slots, S, in_slots):
+    """(status, outputs, G) with ``G[:, j]`` the gradient seeded with ``S[:, j]`` at the
+    outputs: one forward, one reverse sweep for all the seeds at once."""
     n = rows.shape[0]
     m = out_slots.shape[0]
+    ns = S.shape[1]
     v = np.empty(n)
     status = forward(rows, x, v)
     outs = np.empty(m)
     for i in range(m):
         outs[i] = v[out_slots[i]]
-    J = np.zeros((m, in_slots.shape[0]))
+    G = np.zeros((in_slots.shape[0], ns))
     if status == 0:
-        A = np.zeros((n, m))
+        A = np.zeros((n, ns))
         for i in range(m):
-            A[out_slots[i], i] += 1.0
+            ai = A[out_slots[i]]
+            for j in range(ns):
+                ai[j] += S[i, j]
         reverse_multi(rows, v, A)
-        for j in range(in_slots.shape[0]):
-            for i in range(m):
-                J[i, j] = A[in_slots[j], i]
-    return status, outs, J
+        for i in range(in_slots.shape[0]):
+            for j in range(ns):
+                G[i, j] = A[in_slots[i], j]
+    return status, outs, G
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def jacobian(rows, x, out_slots, in_slots):
+    """(status, outputs, J) with ``J[i, j]`` = d output i / d input j: one forward, one
+    reverse sweep seeded with every output at once."""
+    status, outs, G = vjp_multi(rows, x, out_slots, np.eye(out_slots.shape[0]), in_slots)
+    return status, outs, G.T.copy()
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def jacobian_batch(rows, X, out_slots, in_slots):
+    """``jacobian`` of every sample (column of ``X``): (status (B,), J (B, outputs,
+    inputs))."""
+    B = X.shape[1]
+    status = np.zeros(B, dtype=np.int64)
+    J = np.zeros((B, out_slots.shape[0], in_slots.shape[0]))
+    for b in range(B):
+        st, _, Jb = jacobian(rows, np.ascontiguousarray(X[:, b]), out_slots, in_slots)
+        status[b] = st
+        J[b] = Jb
+    return status, J

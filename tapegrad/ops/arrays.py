@@ -370,7 +370,15 @@ def sum_to(g, shape):
 register("function", A, nary=True, np=None,
          vjp=lambda F, g, v, out, aux: F.call_backward(g, aux[1:]))
 register("function_out", A, np=None, saves=False,
-         vjp=lambda F, g, v, out, aux: (Part(aux[0], g),))
+         vjp=lambda F, g, v, out, aux: (Part(aux[0], g),),
+         batch=lambda values, out, g, aux, B: (values, out, g, aux, None))
+# ``program``: a traced Program called on tensors that require grad (tapegrad.trace), one
+# entry per call with its outputs as ``function_out`` entries; aux (slots, program, variant,
+# flat inputs, batch). Its rule is the program's own compiled VJP (``F.program_vjp``, set
+# by replay.py); under create_graph, a call of the program's VJP program.
+register("program", A, nary=True, np=None,
+         vjp=lambda F, g, v, out, aux: F.program_vjp(g, v, aux[1:]),
+         batch=lambda values, out, g, aux, B: (values, out, g, aux + (B,), None))
 
 
 # --- batched sweeps (is_grads_batched) ----------------------------------------------------
