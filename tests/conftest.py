@@ -1,8 +1,13 @@
-"""Shared pytest setup: the repository root on sys.path, and a ``torch`` fixture."""
+"""Shared pytest setup: the repository root on sys.path, the CUDA simulator, and a ``torch``
+fixture."""
 import os
 import sys
 
-import pytest
+# The CUDA target's tests run in numba's CUDA simulator unless asked otherwise
+# (NUMBA_ENABLE_CUDASIM=0 on a machine with a GPU). numba reads this once, on import.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:

@@ -505,9 +505,11 @@ def test_float32_programs_compute_in_float64_and_return_float32():
 
 def test_generated_replay_interpreters_are_not_stale():
     from tapegrad.interpreters import _codegen
-    assert _codegen.generate_replay() == _codegen.REPLAY_TARGET.read_text(), (
-        "tapegrad/interpreters/_generated_replay.py is stale: run "
-        "python -m tapegrad.interpreters._codegen")
+    for made, target in ((_codegen.generate_replay(), _codegen.REPLAY_TARGET),
+                         (_codegen.generate_cuda(), _codegen.CUDA_TARGET)):
+        assert made == target.read_text(), (
+            f"tapegrad/interpreters/{target.name} is stale: run "
+            "python -m tapegrad.interpreters._codegen")
 
 
 def test_tracing_in_several_threads_at_once():
@@ -554,3 +556,45 @@ def test_bad_target_fails_before_fn_runs():
     with pytest.raises(ValueError, match="target"):
         tg.trace(lambda x: calls.append(1) or x, 1.0, target="tpu")
     assert calls == []
+
+
+@pytest.mark.parametrize("target", ["cpu", "parallel"])
+def test_batched_jacobian_is_each_samples_jacobian(target):
+    prog = tg.trace(lambda a, b: (a.sin() * b, (a @ b.exp()).sum()), np.zeros((2, 3)),
+                    np.zeros(3), target=target)
+    rng = np.random.default_rng(5)
+    A, B = rng.normal(size=(4, 2, 3)), rng.normal(size=(4, 3))
+    J = prog.jacobian(A, B)
+    for b in range(4):
+        Jb = prog.jacobian(A[b], B[b])
+        for out, outb in zip(J, Jb):
+            for blk, blkb in zip(out, outb):
+                assert blk.shape == (4,) + blkb.shape
+                np.testing.assert_allclose(blk[b], blkb, rtol=1e-14)
+
+
+def test_program_calls_on_tensors_are_recorded(torch):
+    def f(x):
+        return (x.sin() * x).sum(), x * x
+    prog = tg.trace(f, np.zeros(4))
+    X = np.random.default_rng(6).normal(size=(3, 4))
+    # no grad wanted: plain results, nothing recorded
+    s, v = prog(tg.tensor(X))
+    assert not s.requires_grad and s.shape == (3,)
+    # a batched call on a tensor that requires grad, then a batch of seeds through it
+    x = tg.tensor(X, requires_grad=True)
+    s, v = prog(x)
+    assert s.requires_grad and s.grad_fn is not None
+    seeds = np.random.default_rng(7).normal(size=(2, 3))
+    gb, = tg.autograd.grad(s, x, grad_outputs=tg.tensor(seeds), is_grads_batched=True,
+                           retain_graph=True)
+    xt = torch.tensor(X, requires_grad=True)
+    st = (xt.sin() * xt).sum(1)
+    gbt, = torch.autograd.grad(st, xt, grad_outputs=torch.tensor(seeds), is_grads_batched=True)
+    np.testing.assert_allclose(gb.numpy(), gbt.numpy(), rtol=1e-12)
+    (s.sum() + v.sum()).backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.sin(X) + X * np.cos(X) + 2 * X, rtol=1e-12)
+    with pytest.raises(RuntimeError, match="'program'"):
+        s.sum().backward()  # the graph was freed by the first backward
+    with pytest.raises(NotImplementedError, match="inside tapegrad.trace"):
+        tg.trace(lambda y: prog(y)[0], np.zeros(4))
