@@ -41,3 +41,11 @@ def test_fast_loops_block_runs(i):
     pytest.importorskip("scipy")
     block = _blocks("fast-loops.md")[i]
     exec(compile(block, f"fast-loops.md[block {i}]", "exec"), {"__name__": "__docs__"})
+
+
+@pytest.mark.parametrize("i", range(len(_blocks("cuda.md"))))
+def test_cuda_block_runs(i):
+    pytest.importorskip("numba_cuda")  # runs in numba's CUDA simulator (tests/conftest.py)
+    blocks = _blocks("cuda.md")
+    exec(compile("\n".join(blocks[:i + 1]), f"cuda.md[blocks 0-{i}]", "exec"),
+         {"__name__": "__docs__"})

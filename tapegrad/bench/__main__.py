@@ -62,6 +62,8 @@ MEMORY_RSS_CASE = "pendulum_euler_10k_memory_rss"
 IMPORT_WARM_CASE = "import_to_first_grad_warm"
 IMPORT_COLD_CASE = "import_to_first_grad_cold"
 TRACE_CASES = [f"replay_pendulum_trace_compile_{n // 1000}k_vs_jax" for n in cases.TRACE_STEPS]
+CUDA_CASES = [f"cuda_rosenbrock_scalar_n{cases.CUDA_N}_batch_{b:.0e}".replace("+0", "")
+              for b in cases.CUDA_BATCHES]
 
 
 def all_case_names() -> list[str]:
@@ -70,7 +72,7 @@ def all_case_names() -> list[str]:
     names[at:at] = [MEMORY_CASE, MEMORY_RSS_CASE]
     at = names.index("replay_pendulum_euler_10k") + 1
     names[at:at] = TRACE_CASES
-    return names + [IMPORT_WARM_CASE, IMPORT_COLD_CASE]
+    return names + CUDA_CASES + [IMPORT_WARM_CASE, IMPORT_COLD_CASE]
 
 
 def select_cases(patterns: list[str] | None) -> list[str]:
@@ -310,6 +312,41 @@ def run_trace_cases(names: list[str], settings: Settings) -> list[Row]:
     return rows
 
 
+def run_cuda_cases(names: list[str], settings: Settings) -> list[Row]:
+    """Batched value_and_grad on the GPU (target="cuda") against torch.func.vmap(grad) on
+    the same GPU (the parallel CPU target when torch has no CUDA); one row saying why when
+    there is no GPU."""
+    why = cases.cuda_status()
+    if why is not None:
+        row = Row("cuda_rosenbrock_scalar_throughput", "throughput", "s", "report")
+        row.extra["skipped"] = why
+        progress(f"skipping the CUDA cases: {why}")
+        return [row]
+    rows = []
+    for batch, name in zip(cases.CUDA_BATCHES, CUDA_CASES):
+        if name not in names:
+            continue
+        progress(f"running {name} (value_and_grad over {batch:,} inputs on the GPU) ...")
+        row = Row(name, "throughput", "s", "report")
+        try:
+            r = cases.cuda_throughput(batch, repeats=3 if settings.mode == "quick" else 10)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            row.error = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+            continue
+        row.tapegrad = r["cuda_s"]
+        peer = r["torch_s"] if r["torch_s"] is not None else r["parallel_s"]
+        row.torch = peer
+        row.ratio = peer / r["cuda_s"]
+        row.extra.update(r)
+        row.extra["peer"] = "torch vmap(grad) on the GPU" if r["torch_s"] is not None else \
+            "tapegrad target='parallel' (torch has no CUDA here)"
+        row.passed = r["max_rel_err"] < 1e-10
+        rows.append(row)
+    return rows
+
+
 def run_import_case(cold: bool, settings: Settings) -> Row:
     name = IMPORT_COLD_CASE if cold else IMPORT_WARM_CASE
     target_s = cases.IMPORT_COLD_TARGET_S if cold else cases.IMPORT_WARM_TARGET_S
@@ -400,6 +437,17 @@ def render_notes(rows: list[Row], with_torch: bool) -> list[str]:
         "times are medians over turns of the mean time per iteration (forward + gradient; for replay_* cases a call of the traced program), after a compiling first call and a warm-up.",
     ]
     for r in rows:
+        if r.kind == "throughput":
+            if "skipped" in r.extra:
+                notes.append(f"{r.case}: not measured ({r.extra['skipped']})")
+            elif r.tapegrad:
+                e = r.extra
+                line = (f"{r.case}: tapegrad cuda {e['batch'] / e['cuda_s']:.3g} gradients/s, "
+                        f"parallel CPU {e['batch'] / e['parallel_s']:.3g}/s")
+                if e.get("torch_s"):
+                    line += f", torch vmap(grad) on the GPU {e['batch'] / e['torch_s']:.3g}/s"
+                notes.append(line + f"; peer = {e['peer']}")
+            continue
         ops = r.extra.get("ops")
         if r.kind == "speed" and ops and r.tapegrad:
             line = f"{r.case}: {ops} recorded ops, tapegrad {format_value(r.tapegrad / ops, 's')}/op"
@@ -546,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
         elif name in TRACE_CASES:
             if not any(r.kind == "compile" for r in rows):
                 rows.extend(run_trace_cases(names, settings))
+        elif name in CUDA_CASES:
+            if not any(r.kind == "throughput" for r in rows):
+                rows.extend(run_cuda_cases(names, settings))
         elif name == IMPORT_WARM_CASE:
             rows.append(run_import_case(False, settings))
         elif name == IMPORT_COLD_CASE:
