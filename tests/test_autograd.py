@@ -1029,12 +1029,13 @@ def test_create_graph_records_a_differentiable_gradient(call, torch):
     assert_all_same(run(tg), run(torch))
 
 
-def test_is_grads_batched_with_create_graph_not_implemented_yet():
+def test_is_grads_batched_with_create_graph_is_recorded():
     x = leaf(tg, [0.4, 0.9])
     y = x * x
-    with pytest.raises(NotImplementedError, match="is_grads_batched"):
-        tg.autograd.grad(y, x, tg.ones(2, 2), is_grads_batched=True, create_graph=True)
-    assert_close_list(tg.autograd.grad(y.sum(), x), [np.array([0.8, 1.8])])
+    J, = tg.autograd.grad(y, x, tg.eye(2), is_grads_batched=True, create_graph=True)
+    assert J.requires_grad
+    assert_close_list([J.detach().numpy()], [np.diag([0.8, 1.8])])
+    assert_close_list(tg.autograd.grad(J.sum(), x), [np.array([2.0, 2.0])])
 
 
 def test_is_grads_batched_gives_one_row_per_grad_output(torch):

@@ -81,8 +81,71 @@ def test_batched_errors():
                          is_grads_batched=True)
     with pytest.raises(RuntimeError):
         tg.autograd.grad(y, x, None, is_grads_batched=True)
-    with pytest.raises(NotImplementedError, match="create_graph"):
-        tg.autograd.grad(y, x, tg.ones(3, 2), is_grads_batched=True, create_graph=True)
+    with pytest.raises(RuntimeError, match="first dimension of each grad_output"):
+        tg.autograd.grad(y, x, tg.ones(2), is_grads_batched=True, create_graph=True)
     xt = torch.tensor([0.5, 1.0], requires_grad=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(xt * 2.0, xt, torch.ones(2), is_grads_batched=True)
+
+
+EXTRA_CG = {
+    "setitem": lambda m, x: _setitem(m, x),
+    "expand_cast": lambda m, x: (x[:3].reshape(1, 3).expand(2, 3) * x[3:]).reshape(-1),
+    "norm_dim": lambda m, x: m.norm(x.reshape(2, 3), dim=1) * m.amax(x.reshape(3, 2), 1)[:2],
+}
+
+
+def _setitem(m, x):
+    y = x.clone() * 1.0
+    y[1:3] = x[:2] ** 2
+    return y * x
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS) + sorted(EXTRA_CG))
+def test_batched_with_create_graph_against_torch(name):
+    # is_grads_batched=True, create_graph=True: the batch of gradients is recorded, and its
+    # own gradient (a weighted sum over the batch) matches torch
+    fn = PROGRAMS.get(name) or EXTRA_CG[name]
+    res = {}
+    for m in (tg, torch):
+        x = m.tensor(x0(), requires_grad=True)
+        y = fn(m, x)
+        V = np.random.default_rng(1).standard_normal((5,) + tuple(y.shape))
+        W = np.random.default_rng(2).standard_normal((5, 6))
+        (jb,) = m.autograd.grad(y, x, m.tensor(V), is_grads_batched=True, create_graph=True)
+        obj = (jb * m.tensor(W)).sum() + (jb ** 2).sum() + (x ** 3).sum()
+        (h,) = m.autograd.grad(obj, x)
+        res[m.__name__] = (jb.detach().numpy(), h.numpy())
+    np.testing.assert_allclose(res["tapegrad"][0], res["torch"][0], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(res["tapegrad"][1], res["torch"][1], rtol=1e-12, atol=1e-13)
+
+
+def test_batched_with_create_graph_scalar_path_and_third_order():
+    res = []
+    for m in (tg, torch):
+        xs = [m.tensor(v, dtype=m.float64, requires_grad=True) for v in (0.3, -1.2, 0.7)]
+        ys = [m.sin(xs[0]) * xs[1], xs[2] ** 2 + xs[0] * xs[2]]
+        V = [m.tensor([1.0, 0.0, 2.0], dtype=m.float64),
+             m.tensor([0.0, 1.0, -1.0], dtype=m.float64)]
+        gs = m.autograd.grad(ys, xs, V, is_grads_batched=True, create_graph=True)
+        h = m.autograd.grad((gs[0] * gs[1]).sum(), xs, create_graph=True)
+        t = m.autograd.grad(h[0] * h[2], xs[0])
+        res.append([g.detach().numpy() for g in gs + h + t])
+    for a, b in zip(*res):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_batched_with_create_graph_through_functions_says_so():
+    class Sq(tg.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2.0 * x * g
+    x = tg.tensor([0.5, 1.0], requires_grad=True)
+    with pytest.raises(NotImplementedError, match="custom Function"):
+        tg.autograd.grad(Sq.apply(x), x, tg.eye(2), is_grads_batched=True, create_graph=True)

@@ -86,7 +86,14 @@ ARRAY_PROGRAMS = {
     "index": lambda m, x: x[:, [0, 0, 2]].sum() * x[1, 1:] + (x[x > 0] ** 3).sum(),
     "where_clamp": lambda m, x: m.where(x > 0, x ** 3, m.sin(x)) + m.clamp(x, -0.5, 0.5) ** 2,
     "diag": lambda m, x: m.diag(x[:, :2] @ x[:, :2].T) ** 2,
+    "setitem": lambda m, x: _setitem_program(x),
 }
+
+
+def _setitem_program(x):
+    y = x.clone() * x
+    y[:, 1:3] = x[:, :2] ** 3  # the value's gradient is summed from a 2-column slice
+    return (y * x).sum(0)
 
 
 @pytest.mark.parametrize("name", sorted(ARRAY_PROGRAMS))

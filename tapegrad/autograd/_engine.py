@@ -116,10 +116,6 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     ins = _tensors(inputs, "inputs")
     if not ins:
         raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
-    if is_grads_batched and create_graph:
-        raise NotImplementedError(
-            "is_grads_batched=True with create_graph=True is not implemented yet: compute "
-            "the batched gradient without create_graph, or loop over the rows")
     _check_outputs(outs)
     if not all([x._rg for x in ins]):
         raise RuntimeError("One of the differentiated Tensors does not require grad")
@@ -127,6 +123,11 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
         retain_graph = create_graph
     if is_grads_batched:
         seeds, batch = _batched_seeds(outs, grad_outputs)
+        if create_graph:
+            results, used = _run(outs, _seed_tensors(outs, seeds, grad_outputs), ins,
+                                 retain_graph, record=True, batch=batch)
+            return _batched_recorded(ins, results, used, batch, allow_unused,
+                                     materialize_grads)
         results, used = _run(outs, seeds, ins, retain_graph, batch=batch)
         return _batched_results(ins, results, used, batch, allow_unused, materialize_grads)
     seeds = _grad_outputs(outs, grad_outputs)
@@ -185,6 +186,22 @@ def _check_unused(i, allow_unused):
         raise RuntimeError(f"The differentiated Tensor at index {i} appears to not have been "
                            "used in the graph. Set allow_unused=True if this is the desired "
                            "behavior.")
+
+
+def _batched_recorded(ins, results, used, batch, allow_unused, materialize_grads):
+    """``_batched_results`` for create_graph: the gradients are recorded tensors."""
+    out = []
+    for i, (x, r, u) in enumerate(zip(ins, results, used)):
+        shape = (batch,) + tuple(x.shape)
+        if not u:
+            _check_unused(i, allow_unused)
+            out.append(_plain(np.zeros(shape, x.dtype.np)) if materialize_grads else None)
+        elif not isinstance(r, Tensor):
+            out.append(_plain(np.array(np.broadcast_to(np.asarray(r, dtype=x.dtype.np),
+                                                       shape))))
+        else:
+            out.append(r if r.shape == shape else r.expand(shape))
+    return tuple(out)
 
 
 def _batched_results(ins, results, used, batch, allow_unused, materialize_grads):
@@ -360,7 +377,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         set_grad_mode(True)  # create_graph wins over an enclosing no_grad, as in torch
         try:
             adjd = rerecord.sweep(graph, need, adjd, TensorF, _slot_tensors(graph),
-                                  lambda u, v: u + v)
+                                  lambda u, v: u + v, batch=batch)
         finally:
             set_grad_mode(prev)
         is_array = adjd.__contains__  # every adjoint is a tensor in adjd

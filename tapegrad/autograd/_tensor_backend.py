@@ -92,6 +92,30 @@ def _fit(gr, like):
                            dtype=like.dtype))
 
 
+def _fit_batched(gr, like, B):
+    """``_fit`` for a batch of adjoints: shaped (B,) + like's shape, broadcasting summed
+    away behind the batch axis (with recorded ops, so it differentiates again)."""
+    from ..interpreters.cpu import sum_to_batched
+    target = (B,) + tuple(np.shape(like))
+    dtype = np.dtype(np.float64) if like.__class__ is _pyfloat else np.asarray(like).dtype
+    if not isinstance(gr, Tensor):
+        g = sum_to_batched(np.asarray(gr, dtype=dtype), target)
+        return _plain(np.array(np.broadcast_to(g, target), dtype=dtype))
+    if gr.ndim == 0:  # a constant: the same for every seed
+        gr = gr.expand(target)
+    elif gr.shape != target:
+        rest, want = gr.shape[1:], target[1:]
+        lead = len(rest) - len(want)
+        axes = tuple(range(1, 1 + lead)) + tuple(
+            1 + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
+        if axes:
+            gr = gr.sum(dim=axes, keepdim=True)
+        gr = gr.reshape(target)
+    if gr.dtype.np != dtype:
+        gr = gr.to(dtype)
+    return gr
+
+
 def build():
     F = _TensorF()
     for op in OPS:
@@ -106,6 +130,7 @@ def build():
     F.zeros_like = lambda x: 0.0
     F.raw = lambda x: x._d if isinstance(x, Tensor) else x
     F.fit = _fit
+    F.fit_batched = _fit_batched
     return F
 
 

@@ -12,12 +12,14 @@ import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, OPS
 from ..ops._registry import Part
-from .cpu import elementwise_rule
+from .cpu import MULTI_OUTPUT, elementwise_rule
 
 
-def sweep(graph, need, seeds, F, as_tensor, add):
+def sweep(graph, need, seeds, F, as_tensor, add, batch=None):
     """Adjoints as tensors: ``seeds`` maps slot -> seed; returns slot -> adjoint.
-    ``add(x, y)`` sums two adjoints (broadcasting already undone)."""
+    ``add(x, y)`` sums two adjoints (broadcasting already undone). With ``batch``
+    (is_grads_batched), every adjoint has a leading batch axis of that size: elementwise
+    rules broadcast over it, array rules run once through their ``Op.batch`` views."""
     adj = dict(seeds)
     row, value, wanted = graph.row, graph.value, graph.wanted
     for k in np.nonzero(need)[0][::-1].tolist():
@@ -33,27 +35,40 @@ def sweep(graph, need, seeds, F, as_tensor, add):
                 "create_graph=True cannot go through it")
         uses = op.uses  # build tensors only for the values the rule reads
         out = as_tensor(k) if "out" in uses else None
+        post = None
         if kind is ARRAY_OP:
             inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
-            grads = op.vjp(F, g, [as_tensor(s) for s in inputs], out, graph.aux(k))
+            values, aux = [as_tensor(s) for s in inputs], graph.aux(k)
+            if batch:
+                if op.batch is None or op.name in MULTI_OUTPUT:
+                    raise NotImplementedError(
+                        f"is_grads_batched=True with create_graph=True cannot go through "
+                        f"{'a custom Function or traced Program' if op.nary else repr(op.name)}"
+                        f" entry yet; loop over the grad_outputs with create_graph=True")
+                if out is None:  # batch views read its shape even where the rule does not
+                    out = as_tensor(k)
+                values, out, g, aux, post = op.batch(values, out, g, aux, batch)
+            grads = op.vjp(F, g, values, out, aux)
         else:
             ua, ub = "a" in uses, "b" in uses
             inputs, grads = elementwise_rule(
                 op, F, g, out, a, b, c0, c1,
                 lambda s: as_tensor(s) if (ua and s == a) or (ub and s == b) else None)
-        for s, gr in zip(inputs, grads):
+        for i, (s, gr) in enumerate(zip(inputs, grads)):
             if gr is None:
                 continue
             if callable(gr) and not isinstance(gr, Part):  # a lazily built gradient
                 if not wanted[s]:
                     continue
                 gr = gr()
+            if post is not None and post[i] is not None:
+                gr = post[i](gr)
             if gr.__class__ is Part:  # one output of a custom Function
                 parts = adj.setdefault(s, {})
                 prev = parts.get(gr.index)
                 parts[gr.index] = gr.grad if prev is None else add(prev, gr.grad)
                 continue
-            gr = F.fit(gr, value(s))
+            gr = F.fit(gr, value(s)) if not batch else F.fit_batched(gr, value(s), batch)
             prev = adj.get(s)
             adj[s] = gr if prev is None else add(prev, gr)
     return adj

@@ -144,8 +144,8 @@ def _setitem_np(a, b, aux):
 
 def _setitem_vjp(F, g, v, out, aux):
     index, mask = aux[0], aux[1]
-    return (F.where(mask, F.zeros_like(g), g),
-            F.sum_to(F.getitem(g, (index, np.shape(g))), (np.shape(v[1]), np.shape(g))))
+    gb = F.getitem(g, (index, np.shape(g)))
+    return (F.where(mask, F.zeros_like(g), g), F.sum_to(gb, (np.shape(v[1]), np.shape(gb))))
 
 
 register("setitem", A, np=_setitem_np, saves=False, vjp=_setitem_vjp)
@@ -389,6 +389,10 @@ register("program", A, nary=True, np=None,
 
 
 def _bval(x, B):
+    if x is None:
+        return None
+    if hasattr(x, "expand"):  # a tensor (the recorded sweep of create_graph): recorded
+        return x.expand((B,) + tuple(x.shape))
     return np.broadcast_to(x, (B,) + np.shape(x))
 
 
@@ -418,7 +422,7 @@ def _shapes_aux(aux, values, B):
 def _matmul_batch(values, out, g, aux, B):
     a, b = values
     one_a, one_b = np.ndim(a) == 1, np.ndim(b) == 1
-    g = np.asarray(g)
+    g = g if hasattr(g, "expand") else np.asarray(g)
     if one_a and one_b:  # a dot product: the rule is elementwise, g needs a sample axis
         return [a, b], out, g[:, None], aux, None
     if one_a:
