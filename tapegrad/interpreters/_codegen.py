@@ -322,6 +322,45 @@ def _reads(exprs, names):
     return [n for n in names if any(_uses(e, n) for e in exprs)]
 
 
+def _forward_branches(ops, val):
+    """One sample's forward branch per op; ``val(i)`` is the source of slot ``i``'s value
+    (``v[i]`` on the CPU, ``V[i, j]`` in a CUDA thread)."""
+    src = []
+    for op in ops:
+        e = _forward_expr(op)
+        body = [f"{n} = {val(f'int(rows[k, {_COLS[n]}])')}" for n in _inputs(op)
+                if _uses(e, n)]
+        body += [f"{n} = rows[k, {_COLS[n]}]" for n in _consts(op) if _uses(e, n)]
+        body.append(f"{val('k')} = {e}")
+        src.append(f"        elif op == {op.code}:  # {op.name}\n")
+        src += [f"            {s}\n" for s in body]
+    return src
+
+
+def _reverse_branches(ops, val, adj):
+    """One sample's reverse branch per op; ``val(i)`` and ``adj(i)`` are the sources of
+    slot ``i``'s value and adjoint."""
+    src, first = [], True
+    for op in ops:
+        exprs = _reverse_exprs(op)
+        if not exprs:
+            continue
+        reads = _reads(exprs.values(), _inputs(op) + ("out",))
+        body = [f"i{n} = int(rows[k, {_COLS[n]}])" for n in _inputs(op)
+                if n in exprs or n in reads]
+        body += [f"{n} = rows[k, {_COLS[n]}]" for n in _consts(op)
+                 if any(_uses(e, n) for e in exprs.values())]
+        body += [f"{n} = {val('i' + n)}" for n in reads if n != "out"]
+        if "out" in reads:
+            body.append(f"out = {val('k')}")
+        body.append(f"g = {adj('k')}")
+        body += [f"{adj('i' + n)} += {e}" for n, e in exprs.items()]
+        src.append(f"        {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
+        src += [f"            {s}\n" for s in body]
+        first = False
+    return src
+
+
 def _replay_source():
     from ..ops import BY_NAME
     src = [REPLAY_HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
@@ -346,13 +385,7 @@ def forward(rows, x, v):
             if (t != 0.0) != (rows[k, 4] != 0.0):
                 return k + 1
 ''')
-    for op in ops:
-        e = _forward_expr(op)
-        body = [f"{n} = v[int(rows[k, {_COLS[n]}])]" for n in _inputs(op) if _uses(e, n)]
-        body += [f"{n} = rows[k, {_COLS[n]}]" for n in _consts(op) if _uses(e, n)]
-        body.append(f"v[k] = {e}")
-        src.append(f"        elif op == {op.code}:  # {op.name}\n")
-        src += [f"            {s}\n" for s in body]
+    src += _forward_branches(ops, lambda i: f"v[{i}]")
     src.append("    return 0\n")
 
     # forward, a batch
@@ -418,6 +451,10 @@ def {name}(rows, {vname}, {aname}):
             src.append(f"    nb = {aname}.shape[1]\n")
         src.append("    for k in range(rows.shape[0] - 1, -1, -1):\n")
         src.append("        op = int(rows[k, 0])\n")
+        if grads == "1":
+            src += _reverse_branches(ops, lambda i: f"v[{i}]", lambda i: f"adj[{i}]")
+            src.append("    return 0\n")
+            continue
         first = True
         for op in ops:
             exprs = _reverse_exprs(op)
@@ -440,19 +477,15 @@ def {name}(rows, {vname}, {aname}):
                 body += [f"v{n} = V[i{n}]" for n in reads if n != "out"]
                 if "out" in reads:
                     body.append("vout = V[k]")
-            if grads == "1":
-                body.append("g = adj[k]")
-                body += [f"adj[i{n}] += {e}" for n, e in exprs.items()]
-            else:
-                body += [f"a{n} = A[i{n}]" for n in exprs]
-                body.append("gk = A[k]")
-                body.append("for j in range(nb):")
-                body.append("    g = gk[j]")
-                if vals == "2":
-                    body += [f"    {n} = v{n}[j]" for n in reads if n != "out"]
-                    if "out" in reads:
-                        body.append("    out = vout[j]")
-                body += [f"    a{n}[j] += {e}" for n, e in exprs.items()]
+            body += [f"a{n} = A[i{n}]" for n in exprs]
+            body.append("gk = A[k]")
+            body.append("for j in range(nb):")
+            body.append("    g = gk[j]")
+            if vals == "2":
+                body += [f"    {n} = v{n}[j]" for n in reads if n != "out"]
+                if "out" in reads:
+                    body.append("    out = vout[j]")
+            body += [f"    a{n}[j] += {e}" for n, e in exprs.items()]
             src.append(f"        {kw} op == {op.code}:  # {op.name}\n")
             src += [f"            {s}\n" for s in body]
         src.append("    return 0\n")
@@ -506,13 +539,7 @@ def generate_cuda():
     src = [CUDA_HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
                               guard=BY_NAME["guard"].code)]
     ops = _replay_ops()
-    for op in ops:
-        e = _forward_expr(op)
-        body = [f"{n} = V[int(rows[k, {_COLS[n]}]), j]" for n in _inputs(op) if _uses(e, n)]
-        body += [f"{n} = rows[k, {_COLS[n]}]" for n in _consts(op) if _uses(e, n)]
-        body.append(f"V[k, j] = {e}")
-        src.append(f"        elif op == {op.code}:  # {op.name}\n")
-        src += [f"            {s}\n" for s in body]
+    src += _forward_branches(ops, lambda i: f"V[{i}, j]")
     src.append("    return 0\n")
     src.append('''
 
@@ -523,25 +550,7 @@ def reverse_one(rows, V, j, A, t):
     for k in range(rows.shape[0] - 1, -1, -1):
         op = int(rows[k, 0])
 ''')
-    first = True
-    for op in ops:
-        exprs = _reverse_exprs(op)
-        if not exprs:
-            continue
-        kw = "if" if first else "elif"
-        first = False
-        reads = _reads(exprs.values(), _inputs(op) + ("out",))
-        body = [f"i{n} = int(rows[k, {_COLS[n]}])" for n in _inputs(op)
-                if n in exprs or n in reads]
-        body += [f"{n} = rows[k, {_COLS[n]}]" for n in _consts(op)
-                 if any(_uses(e, n) for e in exprs.values())]
-        body += [f"{n} = V[i{n}, j]" for n in reads if n != "out"]
-        if "out" in reads:
-            body.append("out = V[k, j]")
-        body.append("g = A[k, t]")
-        body += [f"A[i{n}, t] += {e}" for n, e in exprs.items()]
-        src.append(f"        {kw} op == {op.code}:  # {op.name}\n")
-        src += [f"            {s}\n" for s in body]
+    src += _reverse_branches(ops, lambda i: f"V[{i}, j]", lambda i: f"A[{i}, t]")
     src.append("    return 0\n")
     return "".join(src)
 

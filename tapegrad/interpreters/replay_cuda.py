@@ -200,9 +200,5 @@ def jacobian_block(G, m, i0, j0, rows, cols, batch, dtype=np.float64):
     return dst
 
 
-def to_host(a):
-    return a.copy_to_host() if is_device(a) else a
-
-
 def to_device(a):
     return cuda.to_device(np.ascontiguousarray(a))
