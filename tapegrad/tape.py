@@ -23,6 +23,7 @@ import threading
 import weakref
 
 import numpy as np
+from numba import njit
 
 from .ops import ARRAY, OPS, ROW, BY_NAME
 
@@ -56,6 +57,42 @@ def f64(items, start=0, stop=None):
     if i < n:
         struct.pack_into(f"{n - i}d", out, 8 * i, *items[start + i:stop])
     return out
+
+_ROWS = 800  # rows packed per struct call
+_ROW_FMT = "qqqdd"  # opcode and relative slots as int64 bits, constants as float64
+_PACK_ROWS = struct.Struct(_ROW_FMT * _ROWS).pack_into
+_pack_tail = {}
+
+
+@njit(cache=True, nogil=True)
+def _decode_rows(m, bits, start):
+    """Rows packed as (int64, int64, int64, float64, float64) bits -> float64 matrix with
+    absolute slots (-1 when absent); ``start``: the first row's slot."""
+    for r in range(m.shape[0]):
+        op, da, db = bits[r, 0], bits[r, 1], bits[r, 2]  # read before m overwrites them
+        m[r, 0] = op
+        m[r, 1] = -1.0 if da == 0 else start + r - da
+        m[r, 2] = -1.0 if db == 0 else start + r - db
+
+
+def code_rows(code, start, stop):
+    """Rows ``start:stop`` of a tape's flat ``code`` list as a float64 (rows, ROW) matrix
+    with absolute slots. ``struct`` packs the ints as int64 (cheaper than converting each to
+    a float) and the constants as float64; a compiled pass turns the ints into floats."""
+    n = stop - start
+    m = np.empty((n, ROW), dtype=np.float64)
+    i = 0
+    while n - i >= _ROWS:
+        _PACK_ROWS(m, 8 * ROW * i, *code[(start + i) * ROW:(start + i + _ROWS) * ROW])
+        i += _ROWS
+    if i < n:
+        pack = _pack_tail.get(n - i)
+        if pack is None:
+            pack = _pack_tail[n - i] = struct.Struct(_ROW_FMT * (n - i)).pack_into
+        pack(m, 8 * ROW * i, *code[(start + i) * ROW:stop * ROW])
+    _decode_rows(m, m.view(np.int64), start)
+    return m
+
 
 #: bumped by every in-place change to a tensor's value; a tape made after the last bump
 #: has nothing to re-check for in-place changes
@@ -163,11 +200,7 @@ class Tape:
         if c is not None and c[0] == n:
             return c[1]
         start = 0 if c is None else c[0]
-        m = f64(self.code, start * ROW, n * ROW).reshape(-1, ROW)
-        d = m[:, 1:3]  # relative -> absolute slots (0 marks an absent input)
-        absent = d == 0.0
-        np.subtract(np.arange(start, n, dtype=np.float64)[:, None], d, out=d)
-        d[absent] = -1.0
+        m = code_rows(self.code, start, n)
         if start:
             m = np.concatenate([c[1], m])
         self._cache = (n, m)
