@@ -27,7 +27,7 @@ from numba import njit
 
 from .ops import ARRAY, OPS, ROW, BY_NAME
 
-ROLLOVER = 1 << 13  # entries per tape before the recorder starts a new one
+ROLLOVER = 1 << 15  # entries per tape before the recorder starts a new one
 MAX_BYTES = 1 << 25  # bytes of saved arrays per tape before the recorder starts a new one
 
 LEAF = BY_NAME["leaf"].code
@@ -110,7 +110,7 @@ class Tape:
 
     __slots__ = ("sid", "code", "vals", "arrays", "aux", "leaves", "freed", "retained",
                  "imports", "nary", "versioned", "viewed", "dirty", "limit", "nbytes", "epoch",
-                 "_cache", "__weakref__")
+                 "reentered", "_cache", "_vcache", "__weakref__")
 
     vals_factory = list  # anomaly mode swaps in a list that notes source lines
 
@@ -129,6 +129,8 @@ class Tape:
         self.dirty = {}       # slot -> entry of the in-place op that replaced its tensor
         self.viewed = []      # (entry, base's version box, version): entries saving a view
         self._cache = None    # (n, float matrix) of the rows converted so far
+        self._vcache = None   # (n, float64 array) of the scalar values converted so far
+        self.reentered = False  # a leaf was entered more than once (it has several slots)
         self.limit = ROLLOVER  # the recorder moves on once len(self) reaches this
         self.epoch = INPLACE[0]
         self.nbytes = 0
@@ -188,6 +190,7 @@ class Tape:
                 self.leaves[id(t)] = [k]
             else:
                 ks.append(k)
+                self.reentered = True
         self.versioned.append(k)
         t._sid = self.sid
         t._slot = k
@@ -205,6 +208,20 @@ class Tape:
             m = np.concatenate([c[1], m])
         self._cache = (n, m)
         return m
+
+    def values(self):
+        """The scalar values as a float64 array (NaN where an array sits; converted once,
+        extended as the tape grows)."""
+        n = len(self.vals)
+        c = self._vcache
+        if c is not None and c[0] == n:
+            return c[1]
+        start = 0 if c is None else c[0]
+        v = f64(self.vals, start, n)
+        if start:
+            v = np.concatenate([c[1], v])
+        self._vcache = (n, v)
+        return v
 
     def entry(self, k):
         """Row ``k`` as (opcode, a, b, c0, c1) with absolute slots."""

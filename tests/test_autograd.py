@@ -1240,3 +1240,93 @@ def test_gradient_edge_outlives_its_tensor_and_rejects_constants(torch):
     for M in (tg, torch):
         with pytest.raises(RuntimeError):
             M.autograd.graph.get_gradient_edge(M.ones(2))
+
+
+# --- the one-call scalar path -------------------------------------------------------------
+# grad(loss, leaves) with default options on a tape of scalar entries runs mark and sweep in
+# one compiled call (_engine._grad_scalar). Everything it does not cover falls back to the
+# general path; these tests pin both sides of each condition against torch.
+
+
+def _scalar_program(M, xs):
+    a = M.sin(xs[0]) * xs[1] + xs[2] ** 2
+    b = M.exp(-a) / (1.0 + xs[1] * xs[1])
+    return (a * b - M.tanh(xs[0] - xs[2])).clamp(-1.0, 1.0) + 3.0 * xs[1]
+
+
+def test_one_call_path_equals_the_general_path_and_torch(torch, monkeypatch):
+    from tapegrad.autograd import _engine
+
+    def run(M):
+        xs = [leaf(M, v) for v in (0.3, -0.8, 1.1)]
+        return M.autograd.grad(_scalar_program(M, xs), xs)
+    fast = run(tg)
+    calls = []
+    real = _engine._grad_scalar
+    monkeypatch.setattr(_engine, "_grad_scalar", lambda *a: calls.append(a) or None)
+    general = run(tg)
+    assert calls  # the spy replaced the one-call path, so `general` came from the other one
+    monkeypatch.setattr(_engine, "_grad_scalar", real)
+    want = run(torch)
+    assert_all_same(fast, want)
+    assert_all_same(general, want)
+
+
+def test_one_call_path_frees_the_graph_and_retain_graph_keeps_it(torch):
+    for M in (tg, torch):
+        x = leaf(M, 0.4)
+        y = M.sin(x) * x
+        (g1,) = M.autograd.grad(y, x, retain_graph=True)
+        (g2,) = M.autograd.grad(y, x)
+        assert g1.item() == g2.item()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            M.autograd.grad(y, x)
+
+
+def test_one_call_path_leaves_unused_inputs_to_the_general_path(torch):
+    for M in (tg, torch):
+        x, u = leaf(M, 0.4), leaf(M, 0.9)
+        y = M.cos(x) * 2.0
+        with pytest.raises(RuntimeError, match="not have been used in the graph"):
+            M.autograd.grad(y, [x, u])
+        y = M.cos(x) * 2.0
+        gx, gu = M.autograd.grad(y, [x, u], allow_unused=True)
+        assert gu is None and abs(gx.item() + 2.0 * np.sin(0.4)) < 1e-15
+
+
+def test_one_call_path_sums_a_leaf_entered_twice(torch):
+    # a leaf changed in place under no_grad is entered again: both slots hold its gradient
+    def run(M):
+        x = leaf(M, 0.5)
+        y = x * 3.0
+        with M.no_grad():
+            x.mul_(2.0)
+        z = y + x * x  # torch: y's graph used the old x, x * x the new one
+        return M.autograd.grad(z, x)
+    assert_all_same(run(tg), run(torch))
+
+
+def test_one_call_path_through_an_array_entry_with_a_scalar_value(torch):
+    def run(M):
+        x = leaf(M, 0.5)
+        return M.autograd.grad((x * x).reshape(()).reshape(()) * 2.0, x)
+    assert_all_same(run(tg), run(torch))
+
+
+def test_one_call_path_checks_versions_like_torch(torch):
+    for M in (tg, torch):
+        x = leaf(M, 0.5)
+        c = M.tensor(2.0, dtype=M.float64)
+        y = M.exp(x) * c
+        c.add_(1.0)  # c was saved by mul: torch raises at backward
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            M.autograd.grad(y, x)
+
+
+def test_one_call_path_with_a_non_leaf_input_and_a_leaf_output(torch):
+    def run(M):
+        x = leaf(M, 0.5)
+        h = M.sin(x)
+        y = h * h + x
+        return M.autograd.grad(y, [h, x]) + M.autograd.grad(x, x)
+    assert_all_same(run(tg), run(torch))

@@ -304,11 +304,18 @@ def test_mark_through_grad_on_a_scalar_program_with_unrelated_branches(fresh_tap
     y = d + 1.0                              # %6 needed
     _ = c
     assert [p._slot for p in (a, b, c, d, y)] == [1, 3, 4, 5, 6]
-    (gx,) = tg.autograd.grad(y, x)
+    # the general path (allow_unused=False takes it: the one-call path wants defaults)
+    (gx,) = tg.autograd.grad(y, x, retain_graph=True, allow_unused=False)
     need, reach = calls[-1]
     assert sorted(np.nonzero(need)[0].tolist()) == [1, 5, 6]
     assert reach[0] and not reach[2] and not reach[4]
     np.testing.assert_allclose(gx.item(), np.exp(0.3) * np.sin(0.7), rtol=1e-14)
+    # the one-call scalar path marks the same entries, and frees exactly those
+    n_calls = len(calls)
+    (gx2,) = tg.autograd.grad(y, x)
+    assert len(calls) == n_calls  # it did not go through mark()
+    assert gx2.item() == gx.item()
+    assert sorted(np.nonzero(y._tape.freed)[0].tolist()) == [1, 5, 6]
 
 
 def test_array_sweep_visits_only_needed_entries(fresh_tape, monkeypatch):

@@ -103,6 +103,12 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     >>> tapegrad.autograd.grad(x * x, x)[0].item()
     6.0
     """
+    if (outputs.__class__ is Tensor and not create_graph and not is_grads_batched
+            and grad_outputs is None and allow_unused is None and not materialize_grads
+            and only_inputs):
+        r = _grad_scalar(outputs, inputs, retain_graph)
+        if r is not None:
+            return r
     if materialize_grads and allow_unused is False:
         raise ValueError("Expected allow_unused to be True or not passed when "
                          "materialize_grads=True, but got: allow_unused=False.")
@@ -149,6 +155,49 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             out.append(_plain_s(float(r)))
         else:
             out.append(_as_tensor(r, x))
+    return tuple(out)
+
+
+def _grad_scalar(y, inputs, retain_graph):
+    """``grad(y, inputs)`` with default options in one compiled call, for the case that
+    dominates scalar optimization loops: a 0-d float64 loss on one tape of scalar entries
+    (no imports, arrays, N-ary or retained entries, nothing freed or changed in place) and
+    0-d float64 leaves entered once each. None when anything else holds: the general path
+    then runs (and raises whatever torch raises)."""
+    tape = y._tape
+    if (tape is None or y._d.__class__ is not _pyfloat or tape.imports or tape.arrays
+            or tape.nary or tape.retained or tape.freed is not None or tape.reentered
+            or tape.epoch != INPLACE[0] or ANOMALY.enabled):
+        return None
+    if inputs.__class__ is Tensor:
+        inputs = (inputs,)
+    elif inputs.__class__ is not list and inputs.__class__ is not tuple:
+        return None
+    sid = tape.sid
+    slots = []
+    for x in inputs:
+        if (x.__class__ is not Tensor or x._sid != sid or x._tape is not None
+                or x._d.__class__ is not _pyfloat or not x._rg):
+            return None
+        slots.append(x._slot)
+    if not slots:
+        return None
+    grads, need, used = cpu.grad_scalar(tape.rows(), tape.values(),
+                                        np.array(slots, dtype=np.int64), y._slot, cpu.SWEEPABLE)
+    if not used:
+        return None  # an unused input: the general path raises or returns None for it
+    if not retain_graph:
+        tape.freed = need
+        end_tape(tape)
+    out = []
+    for v in grads.tolist():
+        t = _new(Tensor)
+        t._d = v
+        t._rg = False
+        t._tape = None
+        t._sid = -1
+        t._slot = -1
+        out.append(t)
     return tuple(out)
 
 

@@ -11,7 +11,6 @@ from numba import njit
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C, NpF
 from ..ops._registry import Part
 from ..ops.arrays import sum_to
-from ..tape import f64
 from . import _generated_cpu
 
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
@@ -70,6 +69,58 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
     return need, reach, arr[:n_arr]
 
 
+@njit(cache=True, error_model="numpy", nogil=True)
+def grad_scalar(rows, vals, ins, out, sweepable):
+    """The common backward in one call: gradients of scalar entry ``out`` (seed 1) with
+    respect to the scalar entries ``ins``. Returns the gradients, ``need`` (the swept
+    entries, as ``mark``) and whether the result is complete: False when an input is unused
+    or a needed entry is not one the scalar sweep runs (``sweepable[opcode]``)."""
+    n = rows.shape[0]
+    lo = out
+    for s in ins:
+        lo = min(lo, s)
+    dep = np.zeros(n, dtype=np.bool_)
+    for s in ins:
+        dep[s] = True
+    need = np.zeros(n, dtype=np.bool_)
+    for k in range(lo, out + 1):
+        a = int(rows[k, 1])
+        b = int(rows[k, 2])
+        if (a >= 0 and dep[a]) or (b >= 0 and dep[b]):
+            dep[k] = True
+            need[k] = True
+    reach = np.zeros(n, dtype=np.bool_)
+    reach[out] = True
+    for k in range(out, lo - 1, -1):
+        if need[k]:
+            if reach[k]:
+                if not sweepable[int(rows[k, 0])]:
+                    return np.empty(0), need, False
+                a = int(rows[k, 1])
+                b = int(rows[k, 2])
+                if a >= 0:
+                    reach[a] = True
+                if b >= 0:
+                    reach[b] = True
+            else:
+                need[k] = False
+    adj = np.zeros(n, dtype=np.float64)
+    adj[out] = 1.0
+    _generated_cpu.sweep(rows, vals, adj, need, out + 1, lo)
+    grads = np.empty(len(ins), dtype=np.float64)
+    used = True
+    for i in range(len(ins)):
+        grads[i] = adj[ins[i]]
+        used = used and reach[ins[i]]
+    return grads, need, used
+
+
+#: opcodes the compiled scalar sweep runs (scalar elementwise ops and imports)
+SWEEPABLE = np.array([c < len(OPS) and (OPS[c].kind in (UNARY, UNARY_C, BINARY)
+                                        or OPS[c].name == "import_") for c in range(2 * ARRAY)],
+                     dtype=np.bool_)
+
+
 def order_tapes(roots):
     """The tapes reachable from ``roots`` through imports, each after the tapes it imports."""
     if len(roots) == 1 and not roots[0].imports:
@@ -111,7 +162,7 @@ class Graph:
             self.n = len(t.vals)
             self.offsets = [0, self.n]
             self.rows = t.rows()
-            self.vals = f64(t.vals)
+            self.vals = t.values()
             arrays, vals = t.arrays, t.vals
             self.value = lambda s: arrays[s] if s in arrays else vals[s]
             self.is_array = arrays.__contains__
@@ -134,7 +185,7 @@ class Graph:
                     r[k, 1] = self.slot(src, ks)
                 parts.append(r)
             self.rows = np.concatenate(parts) if parts else np.zeros((0, 5))
-            self.vals = np.concatenate([f64(t.vals) for t in tapes])
+            self.vals = np.concatenate([t.values() for t in tapes])
         self._nary()
 
     def _nary(self):
