@@ -21,6 +21,8 @@ from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _p
 
 _O = BY_NAME
 _NUMBER = (float, int, bool)
+_F64 = np.dtype(np.float64)
+_add_reduce = np.add.reduce
 
 
 def _t(x, name="input"):
@@ -180,7 +182,16 @@ def _float_input(x, fname):
 
 
 def _reduce(op, npfn):
+    plain_sum = op.name == "sum"
+
     def fn(input, dim=None, keepdim=False, *, dtype=None):
+        if plain_sum and dim is None and dtype is None and input.__class__ is Tensor:
+            a = input._d
+            if a.__class__ is np.ndarray and a.dtype is _F64:  # the common case, short
+                with np.errstate(all="ignore"):
+                    v = _add_reduce(a, axis=None)
+                return array_op(op, [input], _pyfloat(v) if not keepdim else
+                                np.full((1,) * a.ndim, v), (None, keepdim))
         x = _t(input)
         _dims(dim, x.ndim)  # checked before anything is recorded
         if dtype is not None:
@@ -585,6 +596,21 @@ def _index_item(i):
 
 def getitem(x, idx):
     d = x._d
+    if idx.__class__ is slice and d.__class__ is np.ndarray and d.ndim:
+        v = d[idx]  # one slice: a view, the common case written out
+        if not (x._rg and STATE.grad_enabled):
+            t = _plain(v)
+            t._ver = x._ver
+            return t
+        res = array_op(_O["getitem"], [x], v, (idx, d.shape, True))
+        if res._tape is not None:
+            try:
+                box = x._ver
+            except AttributeError:
+                box = x._ver = [0]
+            res._tape.viewed.append((res._slot, box, box[0]))
+        res._view = (x, idx)
+        return res
     if d.__class__ is _pyfloat:
         d = np.asarray(d)
     if d.ndim == 0 and idx not in ((), Ellipsis, None):

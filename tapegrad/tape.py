@@ -161,14 +161,9 @@ class Tape:
         """Slot of tensor ``t`` on this tape, entering it (leaf, constant or import) if new."""
         value = t._d
         src = t._tape
-        if src is not None and src is not self:
-            # seal the source: whoever records next on it starts a new tape, so tapes
-            # importing from each other always form an order (threads taking turns)
-            src.limit = 0
-            k = self.append(IMPORT if value.__class__ is float else IMPORT | ARRAY,
-                            -1, -1, 0.0, 0.0, value, (src, t._slot))
-            self.imports.append(k)
-            return k
+        if src is not None:
+            if src is not self:
+                return self._import(t, src, value)
         # leaves and constants keep (tensor, version): a backward checks the version to
         # catch in-place changes to a value it saved
         try:
@@ -185,15 +180,27 @@ class Tape:
             self.append((LEAF if t._rg else CONST) | ARRAY, -1, -1, 0.0, 0.0, value,
                         (t, box[0]))
         if t._rg:
-            ks = self.leaves.get(id(t))
+            leaves = self.leaves
+            key = id(t)
+            ks = leaves.get(key)
             if ks is None:
-                self.leaves[id(t)] = [k]
+                leaves[key] = [k]
             else:
                 ks.append(k)
                 self.reentered = True
         self.versioned.append(k)
         t._sid = self.sid
         t._slot = k
+        return k
+
+    def _import(self, t, src, value):
+        """Enter non-leaf ``t`` from tape ``src`` as an import entry."""
+        # seal the source: whoever records next on it starts a new tape, so tapes
+        # importing from each other always form an order (threads taking turns)
+        src.limit = 0
+        k = self.append(IMPORT if value.__class__ is float else IMPORT | ARRAY,
+                        -1, -1, 0.0, 0.0, value, (src, t._slot))
+        self.imports.append(k)
         return k
 
     def rows(self):

@@ -286,9 +286,9 @@ def _spy_array_vjp(monkeypatch):
     visited = []
     real = cpu.array_vjp
 
-    def spy(graph, k, *args):
+    def spy(graph, k, *args, **kwargs):
         visited.append(k)
-        return real(graph, k, *args)
+        return real(graph, k, *args, **kwargs)
     monkeypatch.setattr(cpu, "array_vjp", spy)
     return visited
 

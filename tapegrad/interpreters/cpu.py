@@ -324,10 +324,10 @@ def sweep(graph, need, adj, adjd, arr):
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
         return
     with np.errstate(all="ignore"):
-        for k in arr.tolist():
+        for k, row in zip(arr.tolist(), rows[arr].tolist()):
             if hi - k > 1:
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
-            array_vjp(graph, k, adj, adjd)
+            array_vjp(graph, k, adj, adjd, row=row)
             hi = k
         if hi > 0:
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
@@ -356,9 +356,14 @@ def sweep_checked(graph, need, adj, adjd, on_bad):
 MULTI_OUTPUT = frozenset(("function", "program"))
 
 
-def array_vjp(graph, k, adj, adjd, on_bad=None):
-    """Run entry ``k``'s rule on NumPy values and accumulate into its inputs."""
-    code, a, b, c0, c1 = graph.row(k)
+def array_vjp(graph, k, adj, adjd, on_bad=None, row=None):
+    """Run entry ``k``'s rule on NumPy values and accumulate into its inputs (``row``: its
+    row as a list, when the caller has it)."""
+    if row is None:
+        code, a, b, c0, c1 = graph.row(k)
+    else:
+        code, a, b, c0, c1 = row
+        code, a, b = int(code), int(a), int(b)
     op = OPS[code & ~ARRAY]
     value, is_array = graph.value, graph.is_array
     out = value(k)

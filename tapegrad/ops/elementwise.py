@@ -59,6 +59,13 @@ def _py_pow(a, b):
         return _pow_err(a, b)
 
 
+def _np_pow(a, b):
+    """``np.power``, with ``x ** 2`` as ``np.square`` (the same values, twice as fast)."""
+    if b.__class__ is not np.ndarray and b == 2:
+        return np.square(a)
+    return np.power(a, b)
+
+
 def _py_sigmoid(a):
     if a >= 0:
         return 1.0 / (1.0 + math.exp(-a))
@@ -205,7 +212,7 @@ register("divc", C, py=_safe(lambda a, c0, c1: a / c0, lambda a, c0, c1: _div_er
 register("rdivc", C, py=_safe(lambda a, c0, c1: c0 / a, lambda a, c0, c1: _div_err(c0, a)),
          np=lambda a, c0, c1: c0 / a, nb="({c0} / {a})",
          vjp=lambda F, g, a, out, c0, c1: (-g * c0 / (a * a),))
-register("powc", C, py=lambda a, c0, c1: _py_pow(a, c0), np=lambda a, c0, c1: np.power(a, c0),
+register("powc", C, py=lambda a, c0, c1: _py_pow(a, c0), np=lambda a, c0, c1: _np_pow(a, c0),
          nb="({a} ** {c0})", torch="pow",
          vjp=lambda F, g, a, out, c0, c1: (F.cond(
              c0 == 0.0, lambda: F.zeros_like(g), lambda: F.cond(
@@ -258,7 +265,7 @@ register("mul", B, py=operator.mul, np=np.multiply, nb="({a} * {b})", torch="mul
          vjp=lambda F, g, a, b, out: (g * b, g * a))
 register("div", B, py=_safe(operator.truediv, _div_err), np=np.true_divide, nb="({a} / {b})",
          torch="div", vjp=lambda F, g, a, b, out: (g / b, -g * a / (b * b)))
-register("pow", B, py=_py_pow, np=np.power, nb="({a} ** {b})", torch="pow", vjp=_pow_vjp)
+register("pow", B, py=_py_pow, np=_np_pow, nb="({a} ** {b})", torch="pow", vjp=_pow_vjp)
 register("atan2", B, py=math.atan2, np=np.arctan2, nb="math.atan2({a}, {b})", torch="atan2",
          vjp=_atan2_vjp)
 register("maximum", B, py=_py_maximum, np=np.maximum,
