@@ -1330,3 +1330,17 @@ def test_one_call_path_with_a_non_leaf_input_and_a_leaf_output(torch):
         y = h * h + x
         return M.autograd.grad(y, [h, x]) + M.autograd.grad(x, x)
     assert_all_same(run(tg), run(torch))
+
+
+def test_in_place_adjoint_accumulation_never_writes_a_shared_gradient(torch):
+    # add hands the same gradient array to both inputs; slices of one base accumulate into
+    # its adjoint in place; a rule's gradient seen by two entries must stay unchanged
+    def run(M):
+        x = leaf(M, np.linspace(-1.0, 1.0, 7))
+        w = leaf(M, np.linspace(0.5, 2.0, 6))
+        a = x[1:] + w            # add: g flows to x[1:] and to w unchanged
+        b = a + a                # the same tensor twice: its adjoint is summed
+        c = b * x[:-1] + w * w   # w gets add's gradient, then mul's on top
+        y = (c ** 2).sum() + x[2:5].sum() + x[::2].sum()
+        return M.autograd.grad(y, [x, w])
+    assert_all_same(run(tg), run(torch))

@@ -323,11 +323,12 @@ def sweep(graph, need, adj, adjd, arr):
         if hi > 0:
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
         return
+    owned = set()  # slots whose adjoint array this sweep allocated: added to in place
     with np.errstate(all="ignore"):
         for k, row in zip(arr.tolist(), rows[arr].tolist()):
             if hi - k > 1:
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
-            array_vjp(graph, k, adj, adjd, row=row)
+            array_vjp(graph, k, adj, adjd, row=row, owned=owned)
             hi = k
         if hi > 0:
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
@@ -352,13 +353,17 @@ def sweep_checked(graph, need, adj, adjd, on_bad):
             array_vjp(graph, k, adj, adjd, on_bad)
 
 
+_GETITEM = next(op for op in OPS if op.name == "getitem")
+
 # entries whose outputs are separate ``function_out`` entries: their rule gets {index: grad}
 MULTI_OUTPUT = frozenset(("function", "program"))
 
 
-def array_vjp(graph, k, adj, adjd, on_bad=None, row=None):
+def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
     """Run entry ``k``'s rule on NumPy values and accumulate into its inputs (``row``: its
-    row as a list, when the caller has it)."""
+    row as a list, when the caller has it). ``owned``: slots whose adjoint array the sweep
+    allocated itself, so adding to it in place changes no other array (an adjoint can be
+    a rule's input gradient or a view of one, never written to)."""
     if row is None:
         code, a, b, c0, c1 = graph.row(k)
     else:
@@ -375,6 +380,20 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None):
             g = np.zeros_like(out)
     else:
         g = adj[k]
+    aux = graph.aux(k) if op is _GETITEM and owned is not None else None
+    if aux is not None and len(aux) > 2 and aux[2] and is_array(a):
+        # a basic index (a view): add the gradient into that part of the base's adjoint
+        index = aux[0]
+        base = adjd.get(a)
+        if base is None or a not in owned:
+            v = value(a)
+            fresh = np.zeros(v.shape, v.dtype)
+            if base is not None:
+                fresh += base
+            base = adjd[a] = fresh
+            owned.add(a)
+        base[index] += g
+        return
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
@@ -404,7 +423,14 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None):
             if gr.dtype != v.dtype:
                 gr = gr.astype(v.dtype)
             prev = adjd.get(s)
-            adjd[s] = gr if prev is None else prev + gr
+            if prev is None:
+                adjd[s] = gr
+            elif owned is not None and s in owned:
+                np.add(prev, gr, out=prev)
+            else:
+                adjd[s] = prev + gr
+                if owned is not None:
+                    owned.add(s)
         elif gr.__class__ is float:
             adj[s] += gr
         else:
