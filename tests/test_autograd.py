@@ -1344,3 +1344,29 @@ def test_in_place_adjoint_accumulation_never_writes_a_shared_gradient(torch):
         y = (c ** 2).sum() + x[2:5].sum() + x[::2].sum()
         return M.autograd.grad(y, [x, w])
     assert_all_same(run(tg), run(torch))
+
+
+def test_one_call_path_across_a_tape_rollover(torch, monkeypatch):
+    # tapes roll over every 128 entries: the loss imports partial sums from earlier tapes,
+    # and a later iteration on a tape with an import entry off its path runs in one call
+    from conftest import set_rollover
+    from tapegrad.autograd import _engine
+    set_rollover(monkeypatch, 128)
+    taken = []
+    real = _engine._grad_scalar
+    monkeypatch.setattr(_engine, "_grad_scalar",
+                        lambda *a: taken.append(real(*a)) or taken[-1])
+
+    def run(M, steps):
+        xs = [leaf(M, v) for v in np.linspace(-0.9, 0.8, 6)]
+        out, losses = [], []  # the kept losses keep recording on one tape until it is full
+        for _ in range(steps):
+            f = 0.0
+            for i in range(5):
+                f = f + 100 * (xs[i + 1] - xs[i] ** 2) ** 2 + (1 - xs[i]) ** 2
+            losses.append(f)
+            out.append(M.autograd.grad(f, xs, retain_graph=True))
+        return [g for gs in out for g in gs]
+    assert_all_same(run(tg, 8), run(torch, 8))
+    assert any(r is None for r in taken)      # a path through an import: the general path
+    assert any(r is not None for r in taken)  # imports off the path: one call

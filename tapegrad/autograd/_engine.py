@@ -161,11 +161,12 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
 def _grad_scalar(y, inputs, retain_graph):
     """``grad(y, inputs)`` with default options in one compiled call, for the case that
     dominates scalar optimization loops: a 0-d float64 loss on one tape of scalar entries
-    (no imports, arrays, N-ary or retained entries, nothing freed or changed in place) and
+    (no arrays, N-ary or retained entries, nothing freed or changed in place, no import on
+    the path) and
     0-d float64 leaves entered once each. None when anything else holds: the general path
     then runs (and raises whatever torch raises)."""
     tape = y._tape
-    if (tape is None or y._d.__class__ is not _pyfloat or tape.imports or tape.arrays
+    if (tape is None or y._d.__class__ is not _pyfloat or tape.arrays
             or tape.nary or tape.retained or tape.freed is not None or tape.reentered
             or tape.epoch != INPLACE[0] or ANOMALY.enabled):
         return None
@@ -183,7 +184,8 @@ def _grad_scalar(y, inputs, retain_graph):
     if not slots:
         return None
     grads, need, used = cpu.grad_scalar(tape.rows(), tape.values(),
-                                        np.array(slots, dtype=np.int64), y._slot, cpu.SWEEPABLE)
+                                        np.array(slots, dtype=np.int64), y._slot, cpu.SWEEPABLE,
+                                        tape.imports[0] if tape.imports else y._slot)
     if not used:
         return None  # an unused input: the general path raises or returns None for it
     if not retain_graph:

@@ -14,6 +14,7 @@ from ..ops.arrays import sum_to
 from . import _generated_cpu
 
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
+IMPORT_CODE = next(op.code for op in OPS if op.name == "import_")
 _LAST_SPECIAL = max(op.code for op in OPS if op.kind == SPECIAL)
 #: opcodes whose ``b`` column is an input slot
 BSLOT = np.array([op.kind in (BINARY, ARRAY_OP) for op in OPS], dtype=np.bool_)
@@ -70,13 +71,15 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
 
 
 @njit(cache=True, error_model="numpy", nogil=True)
-def grad_scalar(rows, vals, ins, out, sweepable):
+def grad_scalar(rows, vals, ins, out, sweepable, lo):
     """The common backward in one call: gradients of scalar entry ``out`` (seed 1) with
-    respect to the scalar entries ``ins``. Returns the gradients, ``need`` (the swept
-    entries, as ``mark``) and whether the result is complete: False when an input is unused
-    or a needed entry is not one the scalar sweep runs (``sweepable[opcode]``)."""
+    respect to the scalar entries ``ins``, sweeping entries ``lo`` (at most the first input
+    or import) to ``out``. Returns the gradients, ``need`` (the swept entries, as ``mark``)
+    and whether the result is complete: False when an input is unused, a needed entry is not
+    one the scalar sweep runs (``sweepable[opcode]``), or the path reaches an entry that
+    imports a value from another tape (it may depend on an input there, through entries
+    one tape's rows do not lead to)."""
     n = rows.shape[0]
-    lo = out
     for s in ins:
         lo = min(lo, s)
     dep = np.zeros(n, dtype=np.bool_)
@@ -86,7 +89,7 @@ def grad_scalar(rows, vals, ins, out, sweepable):
     for k in range(lo, out + 1):
         a = int(rows[k, 1])
         b = int(rows[k, 2])
-        if (a >= 0 and dep[a]) or (b >= 0 and dep[b]):
+        if (a >= 0 and dep[a]) or (b >= 0 and dep[b]) or int(rows[k, 0]) == IMPORT_CODE:
             dep[k] = True
             need[k] = True
     reach = np.zeros(n, dtype=np.bool_)
@@ -94,7 +97,7 @@ def grad_scalar(rows, vals, ins, out, sweepable):
     for k in range(out, lo - 1, -1):
         if need[k]:
             if reach[k]:
-                if not sweepable[int(rows[k, 0])]:
+                if not sweepable[int(rows[k, 0])] or int(rows[k, 0]) == IMPORT_CODE:
                     return np.empty(0), need, False
                 a = int(rows[k, 1])
                 b = int(rows[k, 2])
