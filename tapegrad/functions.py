@@ -602,15 +602,7 @@ def getitem(x, idx):
             t = _plain(v)
             t._ver = x._ver
             return t
-        res = array_op(_O["getitem"], [x], v, (idx, d.shape, True))
-        if res._tape is not None:
-            try:
-                box = x._ver
-            except AttributeError:
-                box = x._ver = [0]
-            res._tape.viewed.append((res._slot, box, box[0]))
-        res._view = (x, idx)
-        return res
+        return _record_view(x, v, idx, d.shape)
     if d.__class__ is _pyfloat:
         d = np.asarray(d)
     if d.ndim == 0 and idx not in ((), Ellipsis, None):
@@ -629,16 +621,21 @@ def getitem(x, idx):
     basic = _basic_index(nidx)
     if not basic:
         return array_op(_O["getitem"], [x], v, (nidx, d.shape, basic))
-    # a basic index gives a view: no copy. The tape keeps the view, and checks the base's
-    # version at backward, as torch's views share their base's version counter.
-    res = array_op(_O["getitem"], [x], v, (nidx, d.shape, basic))
+    return _record_view(x, v, nidx, d.shape)
+
+
+def _record_view(x, v, index, shape):
+    """Record ``v = x[index]`` for a basic index. A basic index gives a view: no copy. The
+    tape keeps the view, and checks the base's version at backward, as torch's views share
+    their base's version counter."""
+    res = array_op(_O["getitem"], [x], v, (index, shape, True))
     if isinstance(v, np.ndarray) and res._tape is not None:
         try:
             box = x._ver
         except AttributeError:
             box = x._ver = [0]
         res._tape.viewed.append((res._slot, box, box[0]))
-    res._view = (x, nidx)
+    res._view = (x, index)
     return res
 
 

@@ -162,8 +162,7 @@ def _grad_scalar(y, inputs, retain_graph):
     """``grad(y, inputs)`` with default options in one compiled call, for the case that
     dominates scalar optimization loops: a 0-d float64 loss on one tape of scalar entries
     (no arrays, N-ary or retained entries, nothing freed or changed in place, no import on
-    the path) and
-    0-d float64 leaves entered once each. None when anything else holds: the general path
+    the path) and 0-d float64 leaves entered once each. None when anything else holds: the general path
     then runs (and raises whatever torch raises)."""
     tape = y._tape
     if (tape is None or y._d.__class__ is not _pyfloat or tape.arrays
@@ -191,16 +190,7 @@ def _grad_scalar(y, inputs, retain_graph):
     if not retain_graph:
         tape.freed = need
         end_tape(tape)
-    out = []
-    for v in grads.tolist():
-        t = _new(Tensor)
-        t._d = v
-        t._rg = False
-        t._tape = None
-        t._sid = -1
-        t._slot = -1
-        out.append(t)
-    return tuple(out)
+    return tuple([_plain_s(v) for v in grads.tolist()])
 
 
 def _batched_seeds(outs, grad_outputs):
