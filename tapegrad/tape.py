@@ -203,6 +203,57 @@ class Tape:
         self.imports.append(k)
         return k
 
+    def extend(self, rows, codes, values):
+        """Append entries made by a compiled sweep: ``rows`` as ``rows()`` gives them
+        (absolute slots), ``codes`` their (opcode, k - a, k - b) and ``values`` their scalar
+        values. The converted caches grow with them instead of being rebuilt."""
+        n, m = len(self.vals), len(values)
+        flat = [0.0] * (ROW * m)
+        for col in range(3):
+            flat[col::ROW] = codes[:, col].tolist()
+        flat[3::ROW] = rows[:, 3].tolist()
+        flat[4::ROW] = rows[:, 4].tolist()
+        self.code += flat
+        self.vals += values.tolist()
+        c, v = self._cache, self._vcache
+        if c is not None and c[0] == n:
+            self._cache = (n + m, np.concatenate([c[1], rows]))
+        if v is not None and v[0] == n:
+            self._vcache = (n + m, np.concatenate([v[1], values]))
+
+    def truncate(self, n):
+        """Drop entries ``n`` onwards: a recording that failed part way leaves nothing."""
+        if n >= len(self.vals):
+            return
+        del self.code[n * ROW:]
+        del self.vals[n:]
+        for k in self.versioned:  # a leaf or constant entered after n enters anew
+            if k >= n:
+                t = self.aux[k][0]
+                if t._sid == self.sid and t._slot >= n:
+                    t._sid = -1
+        for k in [k for k in self.arrays if k >= n]:
+            self.nbytes -= self.arrays.pop(k).nbytes
+        for d in (self.aux, self.retained):
+            for k in [k for k in d if k >= n]:
+                del d[k]
+        for k in [k for k, e in self.dirty.items() if k >= n or e >= n]:
+            del self.dirty[k]
+        self.imports = [k for k in self.imports if k < n]
+        self.nary = [k for k in self.nary if k < n]
+        self.versioned = [k for k in self.versioned if k < n]
+        self.viewed = [v for v in self.viewed if v[0] < n]
+        for key, ks in list(self.leaves.items()):
+            ks = [k for k in ks if k < n]
+            if ks:
+                self.leaves[key] = ks
+            else:
+                del self.leaves[key]
+        if self._cache is not None and self._cache[0] > n:
+            self._cache = (n, self._cache[1][:n])
+        if self._vcache is not None and self._vcache[0] > n:
+            self._vcache = (n, self._vcache[1][:n])
+
     def rows(self):
         """The entries as an (n, ROW) float64 matrix (converted once, extended as it grows)."""
         n = len(self.vals)

@@ -182,3 +182,124 @@ def test_create_graph_leaks_nothing():
         assert all(r() is None for r in refs)
     finally:
         gc.enable()
+
+
+# --- the compiled recording sweep (grad(loss, leaves, create_graph=True), scalar tapes) ----
+
+def _recording_spy(monkeypatch):
+    """Count the compiled recording sweep's calls that did the work (not None)."""
+    from tapegrad.autograd import _engine
+    real, done = _engine._grad_record, []
+    monkeypatch.setattr(_engine, "_grad_record", lambda *a: done.append(real(*a)) or done[-1])
+    return lambda: sum(r is not None for r in done)
+
+
+def _tensor_sweep_only(monkeypatch):
+    from tapegrad.autograd import _engine
+    monkeypatch.setattr(_engine, "_grad_record", lambda *a: None)
+
+
+_LOSSES = {
+    # the op's adjoint is the constant seed (its rule folds constants, emits constant forms)
+    "seed": lambda m, y, xs: y,
+    # the op's adjoint is a recorded value, summed from two uses; the inputs' are sums too
+    "recorded": lambda m, y, xs: y * y + m.sin(y) * xs[0] + xs[-1] * 0.5,
+}
+
+
+def _derivatives(m, fn, values, loss, w):
+    """First derivatives (create_graph=True, default options) and the second derivatives of
+    their weighted sum, as (values, requires_grad flags, second or None)."""
+    xs = [_tg(v, True) if m is TG else _th(v, True) for v in values]
+    gs = m.autograd.grad(_LOSSES[loss](m, fn(m, *xs), xs), xs, create_graph=True)
+    first = [float(g.detach().numpy()) for g in gs]
+    flags = [bool(g.requires_grad) for g in gs]
+    live = [(g, wi) for g, wi in zip(gs, w) if g.requires_grad]
+    second = None
+    if live:
+        s = sum(g * wi for g, wi in live)
+        second = [None if h is None else float(_np(h) if m is TH else h.detach().numpy())
+                  for h in m.autograd.grad(s, xs, allow_unused=True)]
+    return first, flags, second
+
+
+@pytest.mark.parametrize("loss", sorted(_LOSSES))
+@pytest.mark.parametrize("name,label,fn,spec", ELEMENTWISE, ids=_EW_IDS)
+def test_compiled_recording_sweep_equals_the_tensor_sweep_and_torch(name, label, fn, spec, loss,
+                                                                    monkeypatch):
+    rng = np.random.default_rng(_seed(name, label, "record"))
+    values = [d(rng, ()) for d in spec.domains]
+    w = rng.standard_normal(len(values)).tolist()
+    taken = _recording_spy(monkeypatch)
+    fast = _derivatives(TG, fn, values, loss, w)
+    assert taken() == 1  # the compiled sweep recorded the first derivatives
+    monkeypatch.undo()
+    _tensor_sweep_only(monkeypatch)
+    general = _derivatives(TG, fn, values, loss, w)
+    # the same entries' values, in the same order of operations: bit for bit
+    assert fast[0] == general[0] or np.allclose(fast[0], general[0], rtol=0, atol=0,
+                                                equal_nan=True)
+    assert fast[1] == general[1]
+    assert (fast[2] is None) == (general[2] is None)
+    if fast[2] is not None:
+        np.testing.assert_array_equal(np.array(fast[2], dtype=float),
+                                      np.array(general[2], dtype=float))
+    want = _derivatives(TH, fn, values, loss, w)
+    np.testing.assert_allclose(fast[0], want[0], **TOL)
+    if fast[2] is not None and want[2] is not None:
+        for a, b in zip(fast[2], want[2]):
+            if b is None:  # torch drops derivatives built from constants
+                assert a is None or a == 0.0
+            else:
+                np.testing.assert_allclose(0.0 if a is None else a, b, **TOL)
+
+
+def test_compiled_recording_sweep_gives_third_derivatives(monkeypatch):
+    # grad(create_graph=True) twice through the compiled sweep, then a plain grad: every
+    # order comes from entries the sweep recorded, against torch
+    x0 = np.random.default_rng(5).uniform(-1, 1, 6)
+    u, v = np.random.default_rng(6).standard_normal((2, 6)).tolist()
+    taken = _recording_spy(monkeypatch)
+    out = []
+    for m in (TG, TH):
+        xs = [_tg(a, True) if m is TG else _th(a, True) for a in x0]
+        g = m.autograd.grad(rosen(m, xs) + m.exp(xs[0] * xs[1]), xs, create_graph=True)
+        h = m.autograd.grad(sum(gi * vi for gi, vi in zip(g, v)), xs, create_graph=True)
+        t = m.autograd.grad(sum(hi * ui for hi, ui in zip(h, u)), xs)
+        out.append([[float(z.detach().numpy()) for z in r] for r in (g, h, t)])
+    assert taken() == 2
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-11, atol=1e-11)
+
+
+def test_compiled_recording_sweep_leaves_other_cases_to_the_tensor_sweep(monkeypatch):
+    # each case runs the tensor sweep (and must still agree with torch): a loss whose tape
+    # is not the one being recorded onto, grad_outputs, retain_graph=False, an unused input
+    taken = _recording_spy(monkeypatch)
+    for m in (TG, TH):
+        x = _tg(0.7, True) if m is TG else _th(0.7, True)
+        y = m.sin(x) * x
+        with m.no_grad():
+            (g,) = m.autograd.grad(y, x, create_graph=True)
+        assert g.requires_grad
+        (g2,) = m.autograd.grad(m.sin(x) * x, x, grad_outputs=_tg(2.0) if m is TG
+                                else _th(2.0), create_graph=True)
+        (g3,) = m.autograd.grad(m.sin(x) * x, x, create_graph=True, retain_graph=False)
+        np.testing.assert_allclose(float(g2.detach().numpy()), 2 * float(g.detach().numpy()))
+        np.testing.assert_allclose(float(g3.detach().numpy()), float(g.detach().numpy()))
+    assert taken() == 0
+
+
+def test_create_graph_records_nothing_when_it_raises(monkeypatch):
+    # an unused input raises before the sweep records anything, on both sweeps; an array
+    # case (the tensor sweep) too
+    for tensor_sweep in (False, True):
+        if tensor_sweep:
+            _tensor_sweep_only(monkeypatch)
+        for make in (lambda: tapegrad.tensor(0.5, requires_grad=True),
+                     lambda: tapegrad.tensor([0.5, -1.5], requires_grad=True)):
+            x, u = make(), tapegrad.tensor(0.7, requires_grad=True)
+            y = (tapegrad.sin(x) * x).sum()
+            n = len(y._tape)
+            with pytest.raises(RuntimeError, match="not have been used in the graph"):
+                tapegrad.autograd.grad(y, [x, u], create_graph=True)
+            assert len(y._tape) == n

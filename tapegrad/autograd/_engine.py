@@ -103,10 +103,14 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     >>> tapegrad.autograd.grad(x * x, x)[0].item()
     6.0
     """
-    if (outputs.__class__ is Tensor and not create_graph and not is_grads_batched
-            and grad_outputs is None and allow_unused is None and not materialize_grads
-            and only_inputs):
-        r = _grad_scalar(outputs, inputs, retain_graph)
+    if (outputs.__class__ is Tensor and not is_grads_batched and grad_outputs is None
+            and allow_unused is None and not materialize_grads and only_inputs):
+        if not create_graph:
+            r = _grad_scalar(outputs, inputs, retain_graph)
+        elif retain_graph is not False:
+            r = _grad_record(outputs, inputs)
+        else:
+            r = None
         if r is not None:
             return r
     if materialize_grads and allow_unused is False:
@@ -131,7 +135,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
         seeds, batch = _batched_seeds(outs, grad_outputs)
         if create_graph:
             results, used = _run(outs, _seed_tensors(outs, seeds, grad_outputs), ins,
-                                 retain_graph, record=True, batch=batch)
+                                 retain_graph, record=True, batch=batch,
+                                 allow_unused=allow_unused)
             return _batched_recorded(ins, results, used, batch, allow_unused,
                                      materialize_grads)
         results, used = _run(outs, seeds, ins, retain_graph, batch=batch)
@@ -139,7 +144,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     seeds = _grad_outputs(outs, grad_outputs)
     if create_graph:
         results, used = _run(outs, _seed_tensors(outs, seeds, grad_outputs), ins,
-                             retain_graph, record=True)
+                             retain_graph, record=True, allow_unused=allow_unused)
     else:
         results, used = _run(outs, seeds, ins, retain_graph, fast=True)
     if used.__class__ is bool:  # the fast path: every input a used 0-d float64 leaf
@@ -158,12 +163,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     return tuple(out)
 
 
-def _grad_scalar(y, inputs, retain_graph):
-    """``grad(y, inputs)`` with default options in one compiled call, for the case that
-    dominates scalar optimization loops: a 0-d float64 loss on one tape of scalar entries
-    (no arrays, N-ary or retained entries, nothing freed or changed in place, no import on
-    the path) and 0-d float64 leaves entered once each. None when anything else holds: the general path
-    then runs (and raises whatever torch raises)."""
+def _scalar_case(y, inputs):
+    """(tape, input slots) when ``grad(y, inputs)`` is the case the one-call paths cover:
+    a 0-d float64 loss on one tape of scalar entries (no arrays, N-ary or retained entries,
+    nothing freed or changed in place) and 0-d float64 leaves entered once each; else None."""
     tape = y._tape
     if (tape is None or y._d.__class__ is not _pyfloat or tape.arrays
             or tape.nary or tape.retained or tape.freed is not None or tape.reentered
@@ -182,8 +185,20 @@ def _grad_scalar(y, inputs, retain_graph):
         slots.append(x._slot)
     if not slots:
         return None
-    grads, need, used = cpu.grad_scalar(tape.rows(), tape.values(),
-                                        np.array(slots, dtype=np.int64), y._slot, cpu.SWEEPABLE,
+    return tape, np.array(slots, dtype=np.int64)
+
+
+def _grad_scalar(y, inputs, retain_graph):
+    """``grad(y, inputs)`` with default options in one compiled call, for the case that
+    dominates scalar optimization loops (``_scalar_case``, and no import on the path). None
+    when anything else holds: the general path then runs (and raises whatever torch
+    raises)."""
+    case = _scalar_case(y, inputs)
+    if case is None:
+        return None
+    tape, slots = case
+    grads, need, used = cpu.grad_scalar(tape.rows(), tape.values(), slots, y._slot,
+                                        cpu.SWEEPABLE,
                                         tape.imports[0] if tape.imports else y._slot)
     if not used:
         return None  # an unused input: the general path raises or returns None for it
@@ -191,6 +206,39 @@ def _grad_scalar(y, inputs, retain_graph):
         tape.freed = need
         end_tape(tape)
     return tuple([_plain_s(v) for v in grads.tolist()])
+
+
+def _grad_record(y, inputs):
+    """``grad(y, inputs, create_graph=True)`` with default options in one compiled call:
+    the sweep's entries are emitted by ``cpu.grad_record`` onto the loss's tape, which must
+    be the one this thread records onto. Covers ``_scalar_case`` with every rule on the path
+    recordable; None otherwise (the tensor sweep then records the same entries)."""
+    case = _scalar_case(y, inputs)
+    if case is None:
+        return None
+    tape, slots = case
+    if STATE.tape() is not tape or STATE.trace is not None or len(tape.vals) >= tape.limit:
+        return None
+    base = len(tape.vals)
+    rows, codes, values, gslots, gvals, ok = cpu.grad_record(
+        tape.rows(), tape.values(), slots, y._slot, -1, 1.0, cpu.RECORDABLE,
+        tape.imports[0] if tape.imports else y._slot, base)
+    if not ok:
+        return None
+    tape.extend(rows, codes, values)
+    sid, out = tape.sid, []
+    for s, v in zip(gslots.tolist(), gvals.tolist()):
+        if s < 0:  # a constant gradient (no path through a recorded value)
+            out.append(_plain_s(v))
+            continue
+        t = _new(Tensor)
+        t._d = v
+        t._rg = True
+        t._tape = tape
+        t._sid = sid
+        t._slot = s
+        out.append(t)
+    return tuple(out)
 
 
 def _batched_seeds(outs, grad_outputs):
@@ -361,10 +409,11 @@ def _accumulate_locked(x, r):
 
 
 def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=False,
-         batch=None):
+         batch=None, allow_unused=True):
     """One reverse sweep. With ``ins`` None (backward), the inputs are the graph's leaves
     and retained non-leaves, returned as a third value. With ``record`` (create_graph) the
-    seeds are tensors and the sweep re-records every rule, so the results are tensors."""
+    seeds are tensors and the sweep re-records every rule, so the results are tensors (an
+    input ``allow_unused`` rejects is rejected before anything is recorded)."""
     roots = []
     for y in outs:
         if y._tape is not None and all(y._tape is not r for r in roots):
@@ -414,11 +463,21 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
     if record:
+        if not allow_unused:  # raise before recording anything
+            for i, sl in enumerate(slot_lists):
+                if not any(reach[s] for s in sl) and id(ins[i]) not in direct:
+                    _check_unused(i, False)
         prev = STATE.grad_enabled
         set_grad_mode(True)  # create_graph wins over an enclosing no_grad, as in torch
+        tape = STATE.tape()
+        start = len(tape.vals) if tape else 0
         try:
             adjd = rerecord.sweep(graph, need, adjd, TensorF, _slot_tensors(graph),
                                   lambda u, v: u + v, batch=batch)
+        except BaseException:
+            if tape:  # a rule that failed part way leaves nothing recorded
+                tape.truncate(start)
+            raise
         finally:
             set_grad_mode(prev)
         is_array = adjd.__contains__  # every adjoint is a tensor in adjd

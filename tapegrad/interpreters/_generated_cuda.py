@@ -76,7 +76,7 @@ def forward_one(rows, X, V, j):
             V[k, j] = math.tanh(a)
         elif op == 19:  # sigmoid
             a = V[int(rows[k, 1]), j]
-            V[k, j] = (1.0 / (1.0 + math.exp(-a)))
+            V[k, j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
         elif op == 20:  # relu
             a = V[int(rows[k, 1]), j]
             V[k, j] = (0.0 if a <= 0.0 else a)
@@ -393,7 +393,7 @@ def reverse_one(rows, V, j, A, t):
             c1 = rows[k, 5]
             a = V[ia, j]
             g = A[k, t]
-            A[ia, t] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))))))
+            A[ia, t] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])

@@ -75,7 +75,7 @@ def forward(rows, x, v):
             v[k] = math.tanh(a)
         elif op == 19:  # sigmoid
             a = v[int(rows[k, 1])]
-            v[k] = (1.0 / (1.0 + math.exp(-a)))
+            v[k] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
         elif op == 20:  # relu
             a = v[int(rows[k, 1])]
             v[k] = (0.0 if a <= 0.0 else a)
@@ -338,7 +338,7 @@ def forward_batch(rows, X, V, status):
             va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
-                vk[j] = (1.0 / (1.0 + math.exp(-a)))
+                vk[j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
         elif op == 20:  # relu
             va = V[int(rows[k, 1])]
             for j in range(nb):
@@ -752,7 +752,7 @@ def reverse(rows, v, adj):
             c1 = rows[k, 5]
             a = v[ia]
             g = adj[k]
-            adj[ia] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))))))
+            adj[ia] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1136,7 +1136,7 @@ def reverse_batch(rows, V, A):
             for j in range(nb):
                 g = gk[j]
                 a = va[j]
-                aa[j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))))))
+                aa[j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1562,7 +1562,7 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))))))
+                aa[j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])

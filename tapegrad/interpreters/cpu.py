@@ -8,7 +8,7 @@ import bisect
 import numpy as np
 from numba import njit
 
-from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, SPECIAL, UNARY, UNARY_C, NpF
+from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF
 from ..ops._registry import Part
 from ..ops.arrays import sum_to
 from . import _generated_cpu
@@ -70,15 +70,13 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
     return need, reach, arr[:n_arr]
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
-def grad_scalar(rows, vals, ins, out, sweepable, lo):
-    """The common backward in one call: gradients of scalar entry ``out`` (seed 1) with
-    respect to the scalar entries ``ins``, sweeping entries ``lo`` (at most the first input
-    or import) to ``out``. Returns the gradients, ``need`` (the swept entries, as ``mark``)
-    and whether the result is complete: False when an input is unused, a needed entry is not
-    one the scalar sweep runs (``sweepable[opcode]``), or the path reaches an entry that
-    imports a value from another tape (it may depend on an input there, through entries
-    one tape's rows do not lead to)."""
+@njit(cache=True, nogil=True)
+def _mark_scalar(rows, ins, out, sweepable, lo):
+    """``need`` and ``reach`` (as ``mark``) of a backward from scalar entry ``out`` to the
+    entries ``ins``, over entries ``lo`` (at most the first input or import) to ``out``, and
+    the lowest entry swept, and whether one compiled call can do it: False when a needed entry is not one it runs
+    (``sweepable[opcode]``) or the path reaches an entry that imports a value from another
+    tape (it may depend on an input there, through entries one tape's rows do not lead to)."""
     n = rows.shape[0]
     for s in ins:
         lo = min(lo, s)
@@ -86,19 +84,19 @@ def grad_scalar(rows, vals, ins, out, sweepable, lo):
     for s in ins:
         dep[s] = True
     need = np.zeros(n, dtype=np.bool_)
+    reach = np.zeros(n, dtype=np.bool_)
     for k in range(lo, out + 1):
         a = int(rows[k, 1])
         b = int(rows[k, 2])
         if (a >= 0 and dep[a]) or (b >= 0 and dep[b]) or int(rows[k, 0]) == IMPORT_CODE:
             dep[k] = True
             need[k] = True
-    reach = np.zeros(n, dtype=np.bool_)
     reach[out] = True
     for k in range(out, lo - 1, -1):
         if need[k]:
             if reach[k]:
                 if not sweepable[int(rows[k, 0])] or int(rows[k, 0]) == IMPORT_CODE:
-                    return np.empty(0), need, False
+                    return need, reach, lo, False
                 a = int(rows[k, 1])
                 b = int(rows[k, 2])
                 if a >= 0:
@@ -107,7 +105,18 @@ def grad_scalar(rows, vals, ins, out, sweepable, lo):
                     reach[b] = True
             else:
                 need[k] = False
-    adj = np.zeros(n, dtype=np.float64)
+    return need, reach, lo, True
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def grad_scalar(rows, vals, ins, out, sweepable, lo):
+    """The common backward in one call: gradients of scalar entry ``out`` (seed 1) with
+    respect to the scalar entries ``ins`` (see ``_mark_scalar``). Returns the gradients,
+    ``need`` and whether the result is complete (False also when an input is unused)."""
+    need, reach, lo, ok = _mark_scalar(rows, ins, out, sweepable, lo)
+    if not ok:
+        return np.empty(0), need, False
+    adj = np.zeros(rows.shape[0], dtype=np.float64)
     adj[out] = 1.0
     _generated_cpu.sweep(rows, vals, adj, need, out + 1, lo)
     grads = np.empty(len(ins), dtype=np.float64)
@@ -118,10 +127,41 @@ def grad_scalar(rows, vals, ins, out, sweepable, lo):
     return grads, need, used
 
 
+@njit(cache=True, error_model="numpy", nogil=True)
+def grad_record(rows, vals, ins, out, seed_slot, seed, recordable, lo, base):
+    """``grad_scalar`` with ``create_graph=True``: the sweep is recorded as new entries
+    (slots from ``base``) so the gradients can be differentiated again. ``seed_slot`` is the
+    seed's slot, or -1 when it is the constant ``seed``. Returns the new entries' absolute
+    rows, relative (opcode, a, b) and values, each input gradient's slot (-1: a constant)
+    and value, and whether the call was complete; when it is not, nothing was emitted."""
+    need, reach, lo, ok = _mark_scalar(rows, ins, out, recordable, lo)
+    for s in ins:
+        ok = ok and reach[s]
+    if not ok:
+        return (np.empty((0, ROW)), np.empty((0, 3), dtype=np.int64), np.empty(0),
+                np.empty(0, dtype=np.int64), np.empty(0), False)
+    n = rows.shape[0]
+    aslot = np.full(n, -2, dtype=np.int64)
+    aval = np.zeros(n, dtype=np.float64)
+    aslot[out] = seed_slot
+    aval[out] = seed
+    cap = _generated_cpu.MAX_EMIT * need.sum() + 1
+    orow = np.empty((cap, ROW), dtype=np.float64)
+    ocode = np.empty((cap, 3), dtype=np.int64)
+    oval = np.empty(cap, dtype=np.float64)
+    m = _generated_cpu.sweep_record(rows, vals, need, out + 1, lo, aslot, aval, orow, ocode,
+                                    oval, base)
+    return orow[:m], ocode[:m], oval[:m], aslot[ins], aval[ins], True
+
+
 #: opcodes the compiled scalar sweep runs (scalar elementwise ops and imports)
 SWEEPABLE = np.array([c < len(OPS) and (OPS[c].kind in (UNARY, UNARY_C, BINARY)
                                         or OPS[c].name == "import_") for c in range(2 * ARRAY)],
                      dtype=np.bool_)
+
+#: opcodes the compiled recording sweep (create_graph=True) runs
+RECORDABLE = np.zeros(2 * ARRAY, dtype=np.bool_)
+RECORDABLE[list(getattr(_generated_cpu, "RECORDS", ()))] = True  # () while regenerating
 
 
 def order_tapes(roots):

@@ -1,12 +1,13 @@
 """The ops registry, by family. Everything else (recorder, interpreters, tests, docs) derives from it."""
 from . import elementwise, arrays, traced  # noqa: F401  (registration order fixes the opcodes)
-from ._backends import Sym, build_backends
+from ._backends import Node, Sym, build_backends, build_node_backend
 from ._registry import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, REPLAY, ROW, SPECIAL,
                         UNARY, UNARY_C,
                         Op, opcode_enum)
 
 Opcode = opcode_enum()
 SymF, NpF = build_backends()
+NodeF = build_node_backend()
 
 
 def _rule_uses(op):
@@ -30,4 +31,4 @@ for _op in OPS:
 del _op
 
 __all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "COMPARE", "REPLAY", "OPS", "ROW", "SPECIAL", "UNARY",
-           "UNARY_C", "Op", "Opcode", "Sym", "SymF", "NpF"]
+           "UNARY_C", "Op", "Opcode", "Node", "NodeF", "Sym", "SymF", "NpF"]

@@ -2,8 +2,10 @@
 
 A rule is ``vjp(F, g, ...)``: it calls ``F.<op>`` for registered ops, ``F.where``,
 ``F.cond`` (a choice on constants whose branches are zero-argument functions, so NumPy
-builds only the branch taken) and ``F.zeros_like``, and uses Python operators. ``SymF`` turns it into source text for the
-generated interpreter; ``NpF`` runs it on NumPy values.
+builds only the branch taken) and ``F.zeros_like``, and uses Python operators. ``SymF`` turns
+it into source text for the generated interpreter; ``NpF`` runs it on NumPy values;
+``NodeF`` builds it as an expression graph, which the code generator turns into Numba code
+that records the rule onto a tape (the compiled ``create_graph=True`` sweep).
 """
 from __future__ import annotations
 
@@ -117,3 +119,75 @@ def build_backends():
     NpF.cond = _np_cond
     NpF.zeros_like = lambda x: 0.0  # broadcasts; the sweep widens it to the input's shape
     return SymF, NpF
+
+
+# --- expression graphs (the compiled re-recording sweep) ------------------------------------
+
+#: Python operators as the binary ops they record
+OPERATOR_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
+
+
+class Node:
+    """One node of a rule's expression graph. ``op`` is ``"in"`` (an argument of the rule:
+    ``args`` is its name), ``"num"`` (a Python number), a registered op's name (``args``:
+    its operands and float constants), a comparison (``<``, ``==``...), ``and``/``or``/
+    ``not`` (truth values, never recorded) or ``where`` (condition, then, else)."""
+
+    __slots__ = ("op", "args")
+
+    def __init__(self, op, *args):
+        self.op, self.args = op, args
+
+    def __repr__(self):
+        return f"Node({self.op}, {self.args})"
+
+    def _bin(sym):
+        name = OPERATOR_OPS.get(sym, sym)
+
+        def f(self, other):
+            return Node(name, self, _node(other))
+
+        def r(self, other):
+            return Node(name, _node(other), self)
+        return f, r
+
+    __add__, __radd__ = _bin("+")
+    __sub__, __rsub__ = _bin("-")
+    __mul__, __rmul__ = _bin("*")
+    __truediv__, __rtruediv__ = _bin("/")
+    __pow__, __rpow__ = _bin("**")
+    __gt__, _ = _bin(">")
+    __ge__, _ = _bin(">=")
+    __lt__, _ = _bin("<")
+    __le__, _ = _bin("<=")
+    __eq__, _ = _bin("==")
+    __ne__, _ = _bin("!=")
+    __and__, __rand__ = _bin("and")
+    __or__, __ror__ = _bin("or")
+    del _bin, _
+
+    def __neg__(self):
+        return Node("neg", self)
+
+    def __invert__(self):
+        return Node("not", self)
+
+    __hash__ = object.__hash__  # nodes are shared by identity within one rule
+
+
+def _node(x):
+    return x if isinstance(x, Node) else Node("num", x)
+
+
+def build_node_backend():
+    """``NodeF``: rules run on it return ``Node`` graphs."""
+    NodeF = _Namespace("nodes")
+    for op in OPS:
+        if op.kind in (UNARY, UNARY_C, BINARY):
+            setattr(NodeF, op.name,
+                    lambda *args, _n=op.name: Node(_n, *[_node(a) for a in args]))
+    NodeF.where = lambda c, x, y: Node("where", _node(c), _node(x), _node(y))
+    NodeF.cond = lambda c, x, y: Node("where", _node(c), _node(x()), _node(y()))
+    NodeF.zeros_like = lambda x: Node("num", 0.0)
+    NodeF.raw = lambda x: x
+    return NodeF

@@ -181,7 +181,8 @@ register("cosh", U, py=_safe(math.cosh, lambda a: inf), np=np.cosh, nb="math.cos
 register("tanh", U, py=math.tanh, np=np.tanh, nb="math.tanh({a})", torch="tanh",
          vjp=lambda F, g, a, out: (g * (1.0 - out * out),))
 register("sigmoid", U, py=_py_sigmoid, np=_np_sigmoid,
-         nb="(1.0 / (1.0 + math.exp(-{a})))", torch="sigmoid",
+         nb="(1.0 / (1.0 + math.exp(-{a})) if {a} >= 0.0 else "
+            "math.exp({a}) / (1.0 + math.exp({a})))", torch="sigmoid",
          vjp=lambda F, g, a, out: (g * (1.0 - out) * out,))
 register("relu", U, py=_py_relu, np=_np_relu, nb="(0.0 if {a} <= 0.0 else {a})",
          torch="relu", vjp=lambda F, g, a, out: (F.where(a <= 0.0, F.zeros_like(g), g),))
