@@ -303,3 +303,33 @@ def test_create_graph_records_nothing_when_it_raises(monkeypatch):
             with pytest.raises(RuntimeError, match="not have been used in the graph"):
                 tapegrad.autograd.grad(y, [x, u], create_graph=True)
             assert len(y._tape) == n
+
+
+COMPOSITIONS = {
+    "trig_exp": lambda m, x, y: m.sin(x * y) * m.exp(0.3 * x) + x ** 3 * m.tanh(y),
+    "rational_log": lambda m, x, y: m.log1p(x * x + 1.0) / (1.5 + m.cos(y)) - m.sqrt(y * y + x),
+    "sigmoid_atan2": lambda m, x, y: m.sigmoid(x - y) * m.atan2(x, y + 2.0) + m.softplus(x * y),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITIONS))
+@pytest.mark.parametrize("shape", [(), (3,)], ids=["scalar", "array"])
+def test_fourth_derivatives_of_compositions(name, shape):
+    rng = np.random.default_rng(_seed(name, "fourth", len(shape)))
+    arrays = [rng.uniform(0.3, 1.2, shape), rng.uniform(0.3, 1.2, shape)]
+    higher(COMPOSITIONS[name], arrays, order=4, seed=len(shape))
+
+
+def test_fourth_derivative_by_repeated_default_grad(monkeypatch):
+    # grad(f, x, create_graph=True) three times (the compiled recording sweep each time:
+    # the loss is one 0-d value on the current tape), then a plain grad: d4/dx4 of f at x
+    taken = _recording_spy(monkeypatch)
+    out = []
+    for m in (TG, TH):
+        x = _tg(0.7, True) if m is TG else _th(0.7, True)
+        d = COMPOSITIONS["trig_exp"](m, x, x * 0.5 + 0.2)
+        for _ in range(3):
+            (d,) = m.autograd.grad(d, x, create_graph=True)
+        out.append(float(m.autograd.grad(d, x)[0]))
+    assert taken() == 3
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-11)

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-LIBRARIES = ("tapegrad", "torch", "casadi")
+LIBRARIES = ("tapegrad", "torch", "casadi", "tapegrad-loop")
 
 # The directory that holds the ``tapegrad`` package, so that child processes
 # import the same tapegrad as this one even when it is not installed.
@@ -42,7 +42,7 @@ def load_library(library: str):
 
     Raises ImportError when it is not installed.
     """
-    if library == "tapegrad":
+    if library in ("tapegrad", "tapegrad-loop"):  # tapegrad-loop: tapegrad as its own peer
         import tapegrad
 
         return tapegrad
@@ -329,6 +329,28 @@ def _make_jacobian_batched():
     return make
 
 
+def _make_jacobian_loop():
+    """tapegrad: the batched sweep; tapegrad-loop: one forward, then a Python loop of 64
+    ``grad`` calls, one per row of the Jacobian."""
+    def make(library: str):
+        if library == "tapegrad":
+            return _make_jacobian_batched()(library)
+        lib = load_library(library)
+        A, B, x0 = _jac_data()
+        At, Bt = lib.tensor(A, dtype=lib.float64), lib.tensor(B, dtype=lib.float64)
+        rows = [lib.tensor(e, dtype=lib.float64) for e in np.eye(JAC_N)]
+        grad = lib.autograd.grad
+
+        def iteration():
+            x = lib.tensor(x0, dtype=lib.float64, requires_grad=True)
+            y = jacobian_function(lib, x, At, Bt)
+            return (lib.stack([grad(y, x, e, retain_graph=True)[0] for e in rows]),)
+
+        return iteration
+
+    return make
+
+
 PENDULUM_STEPS = 10_000
 
 
@@ -577,6 +599,15 @@ SPEED_CASES: dict[str, SpeedCase] = {
             lambda: jacobian_reference().reshape(-1),
             target_speedup=1.0,
             tags=("higher-order",),
+        ),
+        SpeedCase(
+            "jacobian_64_batched_vs_loop",
+            "the same Jacobian: is_grads_batched vs a Python loop of 64 grad calls in tapegrad",
+            _make_jacobian_loop(),
+            lambda: jacobian_reference().reshape(-1),
+            target_speedup=10.0,
+            tags=("higher-order",),
+            peer="tapegrad-loop",
         ),
         SpeedCase(
             "replay_rosenbrock_scalar_n100",
