@@ -1370,3 +1370,90 @@ def test_one_call_path_across_a_tape_rollover(torch, monkeypatch):
     assert_all_same(run(tg, 8), run(torch, 8))
     assert any(r is None for r in taken)      # a path through an import: the general path
     assert any(r is not None for r in taken)  # imports off the path: one call
+
+
+# --- the flat sweep: scalar and small-array entries in one compiled call -------------------
+
+def _flat_spy(monkeypatch):
+    from tapegrad.autograd import _engine
+    real, done = _engine._grad_flat, []
+    monkeypatch.setattr(_engine, "_grad_flat", lambda *a: done.append(real(*a)) or done[-1])
+    return done
+
+
+FLAT_PROGRAMS = {
+    # elementwise unary and binary ops, constants, 1-d slices, full sum
+    "rosenbrock": lambda M, x, s: (100 * (x[1:] - x[:-1] ** 2) ** 2 + (s - x[:-1]) ** 2).sum(),
+    # a 0-d leaf and a one-element array broadcast: their gradients are sums
+    "broadcast": lambda M, x, s: (M.sin(x) * s + x[:1] * M.exp(x)).mean() + s * s,
+    # steps, negative starts, integer indices, views of views
+    "slices": lambda M, x, s: ((x[1::2] * x[-3::1][:3].cos()).sum() + x[3] * x[-1] * s
+                               + x[2:][1::3].sum()),
+    # every kind of rule: where-style (relu, clamp, maximum), division, pow, atan2
+    "rules": lambda M, x, s: (M.relu(x) + M.clamp(x, -0.5, 0.5) * M.maximum(x, s)
+                              + x / (2.0 + x * x) + M.atan2(x, s + 2.0)
+                              + M.pow(M.abs(x) + 1.0, s)).sum(),
+    # the same leaf as both inputs, scalars mixed in
+    "aliasing": lambda M, x, s: (x * x).sum() * s + (x - x * s).mean(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLAT_PROGRAMS))
+def test_flat_path_equals_the_general_path_and_torch(name, torch, monkeypatch):
+    from tapegrad.autograd import _engine
+    x0 = np.random.default_rng(len(name)).uniform(-1.2, 1.2, 7)
+
+    def run(M):
+        x, s = leaf(M, x0), leaf(M, 0.7)
+        return M.autograd.grad(FLAT_PROGRAMS[name](M, x, s), [x, s])
+    done = _flat_spy(monkeypatch)
+    fast = run(tg)
+    assert done and done[-1] is not None  # the flat sweep computed these
+    monkeypatch.setattr(_engine, "_grad_flat", lambda *a: None)
+    general = run(tg)
+    want = run(torch)
+    for got in (fast, general):
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(arr(g), arr(w), rtol=1e-13, atol=1e-15)
+            assert dtype_name(g) == dtype_name(w) and tuple(g.shape) == tuple(w.shape)
+
+
+FLAT_DECLINED = {
+    "outer broadcast": lambda M, x: (x.reshape(7, 1) * x.reshape(1, 7)).sum(),
+    "sum over a dim": lambda M, x: x.reshape(7, 1).sum(0).sum(),
+    "2-d index": lambda M, x: x.reshape(7, 1)[2:, 0].sum(),
+    "fancy index": lambda M, x: x[[0, 2, 2]].sum(),
+    "matmul": lambda M, x: x @ x,
+    "float32": lambda M, x: (x.to(M.float32) ** 2).sum().to(M.float64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLAT_DECLINED))
+def test_flat_path_leaves_other_array_ops_to_the_general_path(name, torch, monkeypatch):
+    x0 = np.linspace(-1.0, 1.3, 7)
+
+    def run(M):
+        x = leaf(M, x0)
+        return M.autograd.grad(FLAT_DECLINED[name](M, x), x)
+    done = _flat_spy(monkeypatch)
+    got = run(tg)
+    assert done == [None]  # declined before computing anything: the general path ran
+    np.testing.assert_allclose(arr(got[0]), arr(run(torch)[0]), rtol=1e-6)
+
+
+def test_flat_path_declines_large_arrays_and_frees_like_torch(torch, monkeypatch):
+    from tapegrad.interpreters import cpu
+    done = _flat_spy(monkeypatch)
+    x = leaf(tg, np.linspace(-1.0, 1.0, cpu.FLAT_MAX // 2 + 1))
+    (g,) = tg.autograd.grad((x * x).sum() + x.sum(), x)  # two arrays: past FLAT_MAX
+    assert done == [None]
+    np.testing.assert_allclose(arr(g), 2 * arr(x) + 1.0)
+    for M in (tg, torch):
+        x = leaf(M, [0.5, -1.0, 2.0])
+        y = (M.sin(x) * x).sum()
+        (g1,) = M.autograd.grad(y, x, retain_graph=True)
+        (g2,) = M.autograd.grad(y, x)
+        np.testing.assert_array_equal(arr(g1), arr(g2))
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            M.autograd.grad(y, x)
+    assert done[1:3] != [None, None] and done[1] is not None

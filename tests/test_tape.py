@@ -263,7 +263,7 @@ def test_generated_interpreter_covers_every_scalar_op():
     for op in BY_NAME.values():
         if op.scalar:
             assert f"op == {op.code}:  # {op.name}" in text
-        else:
+        elif op.name not in ("getitem", "sum", "mean"):  # the flat sweep writes these out
             assert f"# {op.name}\n" not in text
 
 
@@ -319,6 +319,8 @@ def test_mark_through_grad_on_a_scalar_program_with_unrelated_branches(fresh_tap
 
 
 def test_array_sweep_visits_only_needed_entries(fresh_tape, monkeypatch):
+    from tapegrad.autograd import _engine
+    monkeypatch.setattr(_engine, "_grad_flat", lambda *a: None)  # the general array sweep
     calls = _spy_mark(monkeypatch)
     visited = _spy_array_vjp(monkeypatch)
     x = tg.tensor([0.1, 0.2, 0.3], requires_grad=True)   # %0

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from ..interpreters import cpu, rerecord
+from ..interpreters import _generated_cpu, cpu, rerecord
 from ..ops import ARRAY, BY_NAME, OPS
 from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
 from ..tensor import Tensor, _new, _plain, _plain_s, _pyfloat
@@ -107,6 +107,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             and allow_unused is None and not materialize_grads and only_inputs):
         if not create_graph:
             r = _grad_scalar(outputs, inputs, retain_graph)
+            if r is None and outputs._tape is not None and outputs._tape.arrays:
+                r = _grad_flat(outputs, inputs, retain_graph)
         elif retain_graph is not False:
             r = _grad_record(outputs, inputs)
         else:
@@ -206,6 +208,57 @@ def _grad_scalar(y, inputs, retain_graph):
         tape.freed = need
         end_tape(tape)
     return tuple([_plain_s(v) for v in grads.tolist()])
+
+
+def _grad_flat(y, inputs, retain_graph):
+    """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
+    call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
+    tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
+    None when anything else holds (the general path runs)."""
+    tape = y._tape
+    if (y._d.__class__ is not _pyfloat or tape.nary or tape.retained
+            or tape.freed is not None or tape.reentered or tape.epoch != INPLACE[0]
+            or ANOMALY.enabled):
+        return None
+    if inputs.__class__ is Tensor:
+        inputs = (inputs,)
+    elif inputs.__class__ is not list and inputs.__class__ is not tuple:
+        return None
+    sid = tape.sid
+    slots = []
+    for x in inputs:
+        if x.__class__ is not Tensor or x._sid != sid or x._tape is not None or not x._rg:
+            return None
+        slots.append(x._slot)
+    if not slots:
+        return None
+    rows = tape.rows()
+    ins = np.array(slots, dtype=np.int64)
+    need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
+                                           tape.imports[0] if tape.imports else y._slot)
+    if not ok or not reach[ins].all():
+        return None
+    layout = cpu.flat_layout(tape, rows, need)
+    if layout is None:
+        return None
+    off, size, V, p0, p1 = layout
+    A = np.zeros(len(V), dtype=np.float64)
+    A[y._slot] = 1.0
+    if _generated_cpu.sweep_flat(rows, need, y._slot + 1, lo, off, size, V, A, p0, p1):
+        return None  # broadcasting it does not run
+    out = []
+    arrays = tape.arrays
+    for x, s in zip(inputs, slots):
+        v = arrays.get(s)
+        if v is None:
+            out.append(_plain_s(float(A[s])))
+        else:
+            o = off[s]
+            out.append(_plain(A[o:o + v.size].reshape(v.shape)))
+    if not retain_graph:
+        cpu.free_entries(tape, need)
+        end_tape(tape)
+    return tuple(out)
 
 
 def _grad_record(y, inputs):

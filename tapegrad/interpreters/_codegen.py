@@ -397,6 +397,79 @@ def _record_source():
     return "".join(src)
 
 
+# --- the flat sweep (small arrays) -------------------------------------------------------
+# Scalar and array entries in one compiled call: every slot's values and adjoints sit in two
+# flat buffers (a scalar slot is one element), so an elementwise array entry is a loop over
+# its elements running the same rule as the scalar sweep; an input of one element
+# broadcasts (stride 0, its adjoint sums). Basic slices of 1-d arrays and full sums and
+# means are written out.
+
+FLAT_HEADER = '''
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
+    """Reverse sweep of the needed entries ``hi-1 .. lo`` on flat buffers: slot ``k``'s
+    values are ``V[off[k]:off[k] + size[k]]`` (C order), its adjoints the same part of
+    ``A``. A getitem entry adds its adjoint into its 1-d base at ``p0[k] + i * p1[k]``; sum
+    and mean cover a whole array. Returns 0, or 1 + an elementwise entry whose input has
+    neither the output's size nor one element (``A`` is then partly swept: discard it)."""
+    for k in range(hi - 1, lo - 1, -1):
+        if not need[k]:
+            continue
+        op = int(rows[k, 0]) % ARRAY
+        ok = off[k]
+        nk = size[k]
+        ia = int(rows[k, 1])
+        oa = off[ia] if ia >= 0 else 0
+        sa = 1 if ia >= 0 and size[ia] > 1 else 0
+        ib = int(rows[k, 2])
+        ob = off[ib] if ib >= 0 else 0
+        sb = 1 if ib >= 0 and size[ib] > 1 else 0
+        if op != {getitem} and op != {sum} and op != {mean} and (
+                (sa and size[ia] != nk) or (sb and size[ib] != nk)):
+            return k + 1
+        if op == {getitem}:  # getitem
+            base = oa + p0[k]
+            step = p1[k]
+            for i in range(nk):
+                A[base + i * step] += A[ok + i]
+        elif op == {sum}:  # sum
+            g = A[ok]
+            for i in range(size[ia]):
+                A[oa + i] += g
+        elif op == {mean}:  # mean
+            g = A[ok] / size[ia]
+            for i in range(size[ia]):
+                A[oa + i] += g
+'''
+
+
+def _flat_source():
+    from ..ops import BY_NAME
+    src = [FLAT_HEADER.format(getitem=BY_NAME["getitem"].code, sum=BY_NAME["sum"].code,
+                              mean=BY_NAME["mean"].code)]
+    for op in OPS:
+        if op.kind not in (UNARY, UNARY_C, BINARY) or op.vjp is None:
+            continue
+        exprs = _reverse_exprs(op)
+        if not exprs:
+            continue
+        names = ("a", "b") if op.kind == BINARY else ("a",)
+        reads = _reads(exprs.values(), names + ("out",))
+        body = [f"{n} = rows[k, {3 + i}]" for i, n in enumerate(("c0", "c1"))
+                if any(_uses(e, n) for e in exprs.values())]
+        body.append("for i in range(nk):")
+        body.append("    g = A[ok + i]")
+        body += [f"    {n} = V[o{n} + i * s{n}]" for n in names if n in reads]
+        if "out" in reads:
+            body.append("    out = V[ok + i]")
+        body += [f"    A[o{n} + i * s{n}] += {e}" for n, e in exprs.items()]
+        src.append(f"        elif op == {op.code}:  # {op.name}\n")
+        src += [f"            {line}\n" for line in body]
+    src.append("    return 0\n")
+    return "".join(src)
+
+
 def generate():
     lines = [HEADER.format(array=ARRAY)]
     batched = [BATCHED_HEADER]
@@ -415,7 +488,7 @@ def generate():
             batched.append(f"            {stmt}\n")
     lines.append("    return 0\n")
     batched.append("    return 0\n")
-    return "".join(lines + batched) + _record_source()
+    return "".join(lines + batched) + _record_source() + _flat_source()
 
 
 TARGET = pathlib.Path(__file__).with_name("_generated_cpu.py")

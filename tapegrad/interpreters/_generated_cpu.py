@@ -1163,3 +1163,272 @@ def sweep_record(rows, vals, need, hi, lo, aslot, aval, orow, ocode, oval, base)
                 rs[d] = -1
                 rv[d] = 1.0 if t else 0.0
     return m
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
+    """Reverse sweep of the needed entries ``hi-1 .. lo`` on flat buffers: slot ``k``'s
+    values are ``V[off[k]:off[k] + size[k]]`` (C order), its adjoints the same part of
+    ``A``. A getitem entry adds its adjoint into its 1-d base at ``p0[k] + i * p1[k]``; sum
+    and mean cover a whole array. Returns 0, or 1 + an elementwise entry whose input has
+    neither the output's size nor one element (``A`` is then partly swept: discard it)."""
+    for k in range(hi - 1, lo - 1, -1):
+        if not need[k]:
+            continue
+        op = int(rows[k, 0]) % ARRAY
+        ok = off[k]
+        nk = size[k]
+        ia = int(rows[k, 1])
+        oa = off[ia] if ia >= 0 else 0
+        sa = 1 if ia >= 0 and size[ia] > 1 else 0
+        ib = int(rows[k, 2])
+        ob = off[ib] if ib >= 0 else 0
+        sb = 1 if ib >= 0 and size[ib] > 1 else 0
+        if op != 55 and op != 59 and op != 60 and (
+                (sa and size[ia] != nk) or (sb and size[ib] != nk)):
+            return k + 1
+        if op == 55:  # getitem
+            base = oa + p0[k]
+            step = p1[k]
+            for i in range(nk):
+                A[base + i * step] += A[ok + i]
+        elif op == 59:  # sum
+            g = A[ok]
+            for i in range(size[ia]):
+                A[oa + i] += g
+        elif op == 60:  # mean
+            g = A[ok] / size[ia]
+            for i in range(size[ia]):
+                A[oa + i] += g
+        elif op == 3:  # neg
+            for i in range(nk):
+                g = A[ok + i]
+                A[oa + i * sa] += (-g)
+        elif op == 4:  # exp
+            for i in range(nk):
+                g = A[ok + i]
+                out = V[ok + i]
+                A[oa + i * sa] += (g * out)
+        elif op == 5:  # log
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g / a)
+        elif op == 6:  # log1p
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g / (a + 1.0))
+        elif op == 7:  # expm1
+            for i in range(nk):
+                g = A[ok + i]
+                out = V[ok + i]
+                A[oa + i * sa] += (g * (out + 1.0))
+        elif op == 8:  # sqrt
+            for i in range(nk):
+                g = A[ok + i]
+                out = V[ok + i]
+                A[oa + i * sa] += (g / (2.0 * out))
+        elif op == 9:  # rsqrt
+            for i in range(nk):
+                g = A[ok + i]
+                out = V[ok + i]
+                A[oa + i * sa] += ((((-0.5 * g) * out) * out) * out)
+        elif op == 10:  # sin
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g * math.cos(a))
+        elif op == 11:  # cos
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += ((-g) * math.sin(a))
+        elif op == 12:  # tan
+            for i in range(nk):
+                g = A[ok + i]
+                out = V[ok + i]
+                A[oa + i * sa] += (g * (1.0 + (out * out)))
+        elif op == 13:  # asin
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g / math.sqrt((1.0 - (a * a))))
+        elif op == 14:  # acos
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += ((-g) / math.sqrt((1.0 - (a * a))))
+        elif op == 15:  # atan
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g / (1.0 + (a * a)))
+        elif op == 16:  # sinh
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g * math.cosh(a))
+        elif op == 17:  # cosh
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g * math.sinh(a))
+        elif op == 18:  # tanh
+            for i in range(nk):
+                g = A[ok + i]
+                out = V[ok + i]
+                A[oa + i * sa] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            for i in range(nk):
+                g = A[ok + i]
+                out = V[ok + i]
+                A[oa + i * sa] += ((g * (1.0 - out)) * out)
+        elif op == 20:  # relu
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (0.0 if (a <= 0.0) else g)
+        elif op == 21:  # erf
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
+        elif op == 22:  # abs
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
+        elif op == 24:  # square
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += ((g * 2.0) * a)
+        elif op == 25:  # reciprocal
+            for i in range(nk):
+                g = A[ok + i]
+                out = V[ok + i]
+                A[oa + i * sa] += ((-g) * (out * out))
+        elif op == 26:  # addc
+            for i in range(nk):
+                g = A[ok + i]
+                A[oa + i * sa] += g
+        elif op == 27:  # mulc
+            c0 = rows[k, 3]
+            for i in range(nk):
+                g = A[ok + i]
+                A[oa + i * sa] += (g * c0)
+        elif op == 28:  # rsubc
+            for i in range(nk):
+                g = A[ok + i]
+                A[oa + i * sa] += (-g)
+        elif op == 29:  # divc
+            c0 = rows[k, 3]
+            for i in range(nk):
+                g = A[ok + i]
+                A[oa + i * sa] += (g / c0)
+        elif op == 30:  # rdivc
+            c0 = rows[k, 3]
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (((-g) * c0) / (a * a))
+        elif op == 31:  # powc
+            c0 = rows[k, 3]
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 32:  # rpowc
+            c0 = rows[k, 3]
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                out = V[ok + i]
+                A[oa + i * sa] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
+        elif op == 33:  # clamp
+            c0 = rows[k, 3]
+            c1 = rows[k, 4]
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g if ((a >= c0) and (a <= c1)) else 0.0)
+        elif op == 34:  # softplus
+            c0 = rows[k, 3]
+            c1 = rows[k, 4]
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                A[oa + i * sa] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
+        elif op == 35:  # add
+            for i in range(nk):
+                g = A[ok + i]
+                A[oa + i * sa] += g
+                A[ob + i * sb] += g
+        elif op == 36:  # sub
+            for i in range(nk):
+                g = A[ok + i]
+                A[oa + i * sa] += g
+                A[ob + i * sb] += (-g)
+        elif op == 37:  # mul
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                b = V[ob + i * sb]
+                A[oa + i * sa] += (g * b)
+                A[ob + i * sb] += (g * a)
+        elif op == 38:  # div
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                b = V[ob + i * sb]
+                A[oa + i * sa] += (g / b)
+                A[ob + i * sb] += (((-g) * a) / (b * b))
+        elif op == 39:  # pow
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                b = V[ob + i * sb]
+                out = V[ok + i]
+                A[oa + i * sa] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
+                A[ob + i * sb] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
+        elif op == 40:  # atan2
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                b = V[ob + i * sb]
+                A[oa + i * sa] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
+                A[ob + i * sb] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
+        elif op == 41:  # maximum
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                b = V[ob + i * sb]
+                A[oa + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
+                A[ob + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
+        elif op == 42:  # minimum
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                b = V[ob + i * sb]
+                A[oa + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
+                A[ob + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
+        elif op == 43:  # clamp_min_t
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                b = V[ob + i * sb]
+                A[oa + i * sa] += (g if (a >= b) else 0.0)
+                A[ob + i * sb] += (g if (a < b) else 0.0)
+        elif op == 44:  # clamp_max_t
+            for i in range(nk):
+                g = A[ok + i]
+                a = V[oa + i * sa]
+                b = V[ob + i * sb]
+                A[oa + i * sa] += (g if (a <= b) else 0.0)
+                A[ob + i * sb] += (g if (a > b) else 0.0)
+        elif op == 45:  # clone
+            for i in range(nk):
+                g = A[ok + i]
+                A[oa + i * sa] += g
+    return 0

@@ -164,6 +164,75 @@ RECORDABLE = np.zeros(2 * ARRAY, dtype=np.bool_)
 RECORDABLE[list(getattr(_generated_cpu, "RECORDS", ()))] = True  # () while regenerating
 
 
+#: opcodes the flat sweep runs: elementwise ops on scalars or arrays, getitem, sum, mean
+FLAT = np.zeros(2 * ARRAY, dtype=np.bool_)
+for _op in OPS:
+    if _op.kind in (UNARY, UNARY_C, BINARY) and _op.vjp is not None:
+        FLAT[_op.code] = FLAT[_op.code | ARRAY] = True
+    elif _op.name in ("getitem", "sum", "mean"):
+        FLAT[_op.code | ARRAY] = True
+del _op
+FLAT_MAX = 1 << 16  # elements packed into the flat buffers, at most: beyond, NumPy is as fast
+_F64 = np.dtype(np.float64)
+#: opcodes whose entries flat_layout checks in Python (their aux): getitem, sum, mean
+_FLAT_AUX = np.zeros(2 * ARRAY, dtype=np.bool_)
+for _op in OPS:
+    if _op.name in ("getitem", "sum", "mean"):
+        _FLAT_AUX[_op.code | ARRAY] = True
+del _op
+_SUM, _MEAN = (next(op.code for op in OPS if op.name == n) for n in ("sum", "mean"))
+
+
+def flat_layout(tape, rows, need):
+    """The flat sweep's buffers for ``tape``: (off, size, V, p0, p1), with every array of
+    the tape packed into ``V``. None when its arrays are not all float64 or are large, or a
+    needed getitem, sum or mean is not one the flat sweep runs (an index other than one
+    slice or integer of a 1-d array, a sum or mean over some dims). The sweep itself checks
+    that elementwise entries broadcast only from one element."""
+    n = len(rows)
+    arrays = tape.arrays
+    vals = list(arrays.values())
+    f64 = _F64
+    for v in vals:
+        if v.dtype is not f64:
+            return None
+    sizes = [v.size for v in vals]
+    total = sum(sizes)
+    if total > FLAT_MAX:
+        return None
+    off = np.arange(n, dtype=np.int64)
+    size = np.ones(n, dtype=np.int64)
+    if vals:
+        keys = np.fromiter(arrays, dtype=np.int64, count=len(vals))
+        sz = np.array(sizes, dtype=np.int64)
+        size[keys] = sz
+        off[keys] = n + np.cumsum(sz) - sz
+    p0 = p1 = off  # read by getitem entries only
+    special = need & _FLAT_AUX[rows[:, 0].astype(np.int64)]
+    if special.any():
+        ks = np.nonzero(special)[0]
+        for k, code, a in zip(ks.tolist(), rows[ks, 0].tolist(), rows[ks, 1].tolist()):
+            if int(code) & ~ARRAY != _GETITEM.code:  # sum or mean
+                if tape.aux[k][0] is not None:
+                    return None
+                continue
+            base, index = arrays.get(int(a)), tape.aux[k][0]
+            if base is None or base.ndim != 1:
+                return None
+            if index.__class__ is tuple and len(index) == 1:
+                index = index[0]
+            if p0 is off:
+                p0, p1 = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+            if index.__class__ is slice:
+                p0[k], _, p1[k] = index.indices(base.shape[0])
+            elif index.__class__ is int:
+                p0[k] = index + base.shape[0] if index < 0 else index
+            else:
+                return None
+    V = np.concatenate([tape.values()] + [v.ravel() for v in vals]) if vals else tape.values()
+    return off, size, V, p0, p1
+
+
 def order_tapes(roots):
     """The tapes reachable from ``roots`` through imports, each after the tapes it imports."""
     if len(roots) == 1 and not roots[0].imports:
@@ -295,17 +364,22 @@ class Graph:
     def free(self, need):
         """Mark the swept entries freed and drop the saved arrays no live entry reads."""
         for t, off in zip(self.tapes, self.offsets):
-            n = len(t.vals)
-            sub = need[off:off + n]
-            f = t.freed
-            if f is None:
-                f = t.freed = sub.copy()
-            else:
-                if len(f) < n:
-                    f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
-                f |= sub
-            if t.nbytes >= _RELEASE_BYTES and sub.any():
-                _release(t, f)
+            free_entries(t, need[off:off + len(t.vals)])
+
+
+def free_entries(t, sub):
+    """Mark the entries ``sub`` of tape ``t`` freed (a backward without retain_graph) and
+    drop the large saved arrays no live entry reads."""
+    n = len(t.vals)
+    f = t.freed
+    if f is None:
+        f = t.freed = sub.copy()
+    else:
+        if len(f) < n:
+            f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
+        f |= sub
+    if t.nbytes >= _RELEASE_BYTES and sub.any():
+        _release(t, f)
 
 
 _RELEASE_BYTES = 1 << 16  # smaller saved arrays are not worth the bookkeeping
