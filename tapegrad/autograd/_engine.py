@@ -238,7 +238,7 @@ def _grad_flat(y, inputs, retain_graph):
                                            tape.imports[0] if tape.imports else y._slot)
     if not ok or not reach[ins].all():
         return None
-    layout = cpu.flat_layout(tape, rows, need)
+    layout = cpu.flat_layout(tape, rows, need, lo, y._slot + 1)
     if layout is None:
         return None
     off, size, V, p0, p1 = layout
@@ -254,7 +254,7 @@ def _grad_flat(y, inputs, retain_graph):
             out.append(_plain_s(float(A[s])))
         else:
             o = off[s]
-            out.append(_plain(A[o:o + v.size].reshape(v.shape)))
+            out.append(_plain(A[o:o + v.size].reshape(v.shape).copy()))
     if not retain_graph:
         cpu.free_entries(tape, need)
         end_tape(tape)

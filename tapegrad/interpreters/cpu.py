@@ -183,54 +183,81 @@ del _op
 _SUM, _MEAN = (next(op.code for op in OPS if op.name == n) for n in ("sum", "mean"))
 
 
-def flat_layout(tape, rows, need):
-    """The flat sweep's buffers for ``tape``: (off, size, V, p0, p1), with every array of
-    the tape packed into ``V``. None when its arrays are not all float64 or are large, or a
-    needed getitem, sum or mean is not one the flat sweep runs (an index other than one
+@njit(cache=True, nogil=True)
+def _flat_slots(rows, need, lo, hi, keys, sizes, special):
+    """Offsets and sizes of every slot in the flat buffers (scalars at their slot, the
+    arrays that needed entries ``lo .. hi-1`` read after them), those arrays' slots in
+    order, and the needed entries whose aux Python checks (``special[opcode]``)."""
+    n = rows.shape[0]
+    off = np.arange(n)
+    size = np.ones(n, dtype=np.int64)
+    is_arr = np.zeros(n, dtype=np.bool_)
+    for i in range(len(keys)):
+        size[keys[i]] = sizes[i]
+        is_arr[keys[i]] = True
+    used = np.zeros(n, dtype=np.bool_)
+    checks = []
+    for k in range(lo, hi):
+        if need[k]:
+            used[k] = True
+            a, b = int(rows[k, 1]), int(rows[k, 2])
+            if a >= 0:
+                used[a] = True
+            if b >= 0:
+                used[b] = True
+            if special[int(rows[k, 0])]:
+                checks.append(k)
+    slots = []
+    pos = n
+    for s in range(n):
+        if used[s] and is_arr[s]:
+            slots.append(s)
+            off[s] = pos
+            pos += size[s]
+    return off, size, np.array(slots, dtype=np.int64), np.array(checks, dtype=np.int64), pos
+
+
+def flat_layout(tape, rows, need, lo, hi):
+    """The flat sweep's buffers for the needed entries ``lo .. hi-1`` of ``tape``: (off,
+    size, V, p0, p1). None when an array they read is not float64, the arrays are large,
+    or a needed getitem, sum or mean is not one the flat sweep runs (an index other than one
     slice or integer of a 1-d array, a sum or mean over some dims). The sweep itself checks
     that elementwise entries broadcast only from one element."""
-    n = len(rows)
     arrays = tape.arrays
-    vals = list(arrays.values())
+    m = len(arrays)
+    keys = np.fromiter(arrays, dtype=np.int64, count=m)
+    sizes = np.fromiter([v.size for v in arrays.values()], dtype=np.int64, count=m)
+    off, size, slots, checks, total = _flat_slots(rows, need, lo, hi, keys, sizes, _FLAT_AUX)
+    if total - len(rows) > FLAT_MAX:
+        return None
+    parts = [tape.values()]
     f64 = _F64
-    for v in vals:
+    for s in slots.tolist():
+        v = arrays[s]
         if v.dtype is not f64:
             return None
-    sizes = [v.size for v in vals]
-    total = sum(sizes)
-    if total > FLAT_MAX:
-        return None
-    off = np.arange(n, dtype=np.int64)
-    size = np.ones(n, dtype=np.int64)
-    if vals:
-        keys = np.fromiter(arrays, dtype=np.int64, count=len(vals))
-        sz = np.array(sizes, dtype=np.int64)
-        size[keys] = sz
-        off[keys] = n + np.cumsum(sz) - sz
+        parts.append(v.ravel())
     p0 = p1 = off  # read by getitem entries only
-    special = need & _FLAT_AUX[rows[:, 0].astype(np.int64)]
-    if special.any():
-        ks = np.nonzero(special)[0]
-        for k, code, a in zip(ks.tolist(), rows[ks, 0].tolist(), rows[ks, 1].tolist()):
-            if int(code) & ~ARRAY != _GETITEM.code:  # sum or mean
-                if tape.aux[k][0] is not None:
-                    return None
-                continue
-            base, index = arrays.get(int(a)), tape.aux[k][0]
-            if base is None or base.ndim != 1:
+    for k in checks.tolist():
+        code, a = int(rows[k, 0]) & ~ARRAY, int(rows[k, 1])
+        if code != _GETITEM.code:  # sum or mean
+            if tape.aux[k][0] is not None:
                 return None
-            if index.__class__ is tuple and len(index) == 1:
-                index = index[0]
-            if p0 is off:
-                p0, p1 = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-            if index.__class__ is slice:
-                p0[k], _, p1[k] = index.indices(base.shape[0])
-            elif index.__class__ is int:
-                p0[k] = index + base.shape[0] if index < 0 else index
-            else:
-                return None
-    V = np.concatenate([tape.values()] + [v.ravel() for v in vals]) if vals else tape.values()
-    return off, size, V, p0, p1
+            continue
+        base, index = arrays.get(a), tape.aux[k][0]
+        if base is None or base.ndim != 1:
+            return None
+        if index.__class__ is tuple and len(index) == 1:
+            index = index[0]
+        if p0 is off:
+            p0, p1 = np.zeros(len(rows), dtype=np.int64), np.zeros(len(rows), dtype=np.int64)
+        if index.__class__ is slice:
+            p0[k], _, p1[k] = index.indices(base.shape[0])
+        elif index.__class__ is int:
+            p0[k] = index + base.shape[0] if index < 0 else index
+        else:
+            return None
+    return off, size, np.concatenate(parts), p0, p1
 
 
 def order_tapes(roots):
