@@ -333,3 +333,13 @@ def test_fourth_derivative_by_repeated_default_grad(monkeypatch):
         out.append(float(m.autograd.grad(d, x)[0]))
     assert taken() == 3
     np.testing.assert_allclose(out[0], out[1], rtol=1e-11)
+
+
+def test_second_derivative_of_prod_at_an_exact_zero_raises_clearly():
+    # known gap: prod's gradient where an input is exactly 0 is an exclusive product
+    # (prod_others), whose own derivative is not written yet; it must say so, not crash
+    x = tapegrad.tensor(np.array([0.0, 2.0, 3.0]), requires_grad=True)
+    (g,) = tapegrad.autograd.grad(x.prod(), x, create_graph=True)
+    np.testing.assert_array_equal(g.detach().numpy(), [6.0, 0.0, 0.0])
+    with pytest.raises(NotImplementedError, match="prod at an input that is exactly 0"):
+        tapegrad.autograd.grad(g.sum(), x)
