@@ -165,12 +165,13 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     return tuple(out)
 
 
-def _scalar_case(y, inputs):
+def _scalar_case(y, inputs, arrays=False):
     """(tape, input slots) when ``grad(y, inputs)`` is the case the one-call paths cover:
     a 0-d float64 loss on one tape of scalar entries (no arrays, N-ary or retained entries,
-    nothing freed or changed in place) and 0-d float64 leaves entered once each; else None."""
+    nothing freed or changed in place) and 0-d float64 leaves entered once each; else None.
+    With ``arrays``, the tape and the leaves may hold arrays."""
     tape = y._tape
-    if (tape is None or y._d.__class__ is not _pyfloat or tape.arrays
+    if (tape is None or y._d.__class__ is not _pyfloat or (tape.arrays and not arrays)
             or tape.nary or tape.retained or tape.freed is not None or tape.reentered
             or tape.epoch != INPLACE[0] or ANOMALY.enabled):
         return None
@@ -182,7 +183,7 @@ def _scalar_case(y, inputs):
     slots = []
     for x in inputs:
         if (x.__class__ is not Tensor or x._sid != sid or x._tape is not None
-                or x._d.__class__ is not _pyfloat or not x._rg):
+                or (x._d.__class__ is not _pyfloat and not arrays) or not x._rg):
             return None
         slots.append(x._slot)
     if not slots:
@@ -215,25 +216,11 @@ def _grad_flat(y, inputs, retain_graph):
     call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
     tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
     None when anything else holds (the general path runs)."""
-    tape = y._tape
-    if (y._d.__class__ is not _pyfloat or tape.nary or tape.retained
-            or tape.freed is not None or tape.reentered or tape.epoch != INPLACE[0]
-            or ANOMALY.enabled):
+    case = _scalar_case(y, inputs, arrays=True)
+    if case is None:
         return None
-    if inputs.__class__ is Tensor:
-        inputs = (inputs,)
-    elif inputs.__class__ is not list and inputs.__class__ is not tuple:
-        return None
-    sid = tape.sid
-    slots = []
-    for x in inputs:
-        if x.__class__ is not Tensor or x._sid != sid or x._tape is not None or not x._rg:
-            return None
-        slots.append(x._slot)
-    if not slots:
-        return None
+    tape, ins = case
     rows = tape.rows()
-    ins = np.array(slots, dtype=np.int64)
     need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
                                            tape.imports[0] if tape.imports else y._slot)
     if not ok or not reach[ins].all():
@@ -248,7 +235,7 @@ def _grad_flat(y, inputs, retain_graph):
         return None  # broadcasting it does not run
     out = []
     arrays = tape.arrays
-    for x, s in zip(inputs, slots):
+    for s in ins.tolist():
         v = arrays.get(s)
         if v is None:
             out.append(_plain_s(float(A[s])))

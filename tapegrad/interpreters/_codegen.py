@@ -100,9 +100,9 @@ def _batched(stmts):
 RECORD_HEADER = '''
 
 # recording-sweep instructions: (kind, op, x, y, z, dst) over registers; 0-5 hold the
-# entry's adjoint g, its inputs a and b, its output, and its constants c0 and c1
-UN, BIN, NUM, CMP, AND, OR, NOT, JMPF, JMP, MOV, ACC, END = range(12)
-CMPS = (">", ">=", "<", "<=", "==", "!=")
+# entry's adjoint g, its inputs a and b, its output, and its constants c0 and c1; a CMP's
+# op is its index in {cmps}
+{kinds} = range({n})
 '''
 
 RECORD_SOURCE = '''
@@ -358,7 +358,7 @@ def _record_source():
     from ..tensor import _CONST_OPS
     from ..ops import BY_NAME
     progs, nums = recordable_ops()
-    src = [RECORD_HEADER]
+    src = [RECORD_HEADER.format(kinds=", ".join(_KINDS), n=len(_KINDS), cmps=_CMPS)]
     rows, at, pc = [], [-1] * len(OPS), 0
     for op, (code, _, _) in progs.items():
         at[op.code] = pc

@@ -533,9 +533,9 @@ def sweep_batched(rows, vals, adj, need, hi, lo):
 
 
 # recording-sweep instructions: (kind, op, x, y, z, dst) over registers; 0-5 hold the
-# entry's adjoint g, its inputs a and b, its output, and its constants c0 and c1
+# entry's adjoint g, its inputs a and b, its output, and its constants c0 and c1; a CMP's
+# op is its index in ('>', '>=', '<', '<=', '==', '!=')
 UN, BIN, NUM, CMP, AND, OR, NOT, JMPF, JMP, MOV, ACC, END = range(12)
-CMPS = (">", ">=", "<", "<=", "==", "!=")
 RECORD_CODE = np.array([
     # neg: from 0
     (UN, 3, 0, -1, -1, 6),

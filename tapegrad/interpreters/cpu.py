@@ -166,20 +166,16 @@ RECORDABLE[list(getattr(_generated_cpu, "RECORDS", ()))] = True  # () while rege
 
 #: opcodes the flat sweep runs: elementwise ops on scalars or arrays, getitem, sum, mean
 FLAT = np.zeros(2 * ARRAY, dtype=np.bool_)
+#: the ones whose entries flat_layout checks in Python (their aux): getitem, sum, mean
+_FLAT_AUX = np.zeros(2 * ARRAY, dtype=np.bool_)
 for _op in OPS:
     if _op.kind in (UNARY, UNARY_C, BINARY) and _op.vjp is not None:
         FLAT[_op.code] = FLAT[_op.code | ARRAY] = True
     elif _op.name in ("getitem", "sum", "mean"):
-        FLAT[_op.code | ARRAY] = True
+        FLAT[_op.code | ARRAY] = _FLAT_AUX[_op.code | ARRAY] = True
 del _op
 FLAT_MAX = 1 << 16  # elements packed into the flat buffers, at most: beyond, NumPy is as fast
 _F64 = np.dtype(np.float64)
-#: opcodes whose entries flat_layout checks in Python (their aux): getitem, sum, mean
-_FLAT_AUX = np.zeros(2 * ARRAY, dtype=np.bool_)
-for _op in OPS:
-    if _op.name in ("getitem", "sum", "mean"):
-        _FLAT_AUX[_op.code | ARRAY] = True
-del _op
 _SUM, _MEAN = (next(op.code for op in OPS if op.name == n) for n in ("sum", "mean"))
 
 
