@@ -335,11 +335,54 @@ def test_fourth_derivative_by_repeated_default_grad(monkeypatch):
     np.testing.assert_allclose(out[0], out[1], rtol=1e-11)
 
 
-def test_second_derivative_of_prod_at_an_exact_zero_raises_clearly():
-    # known gap: prod's gradient where an input is exactly 0 is an exclusive product
-    # (prod_others), whose own derivative is not written yet; it must say so, not crash
-    x = tapegrad.tensor(np.array([0.0, 2.0, 3.0]), requires_grad=True)
-    (g,) = tapegrad.autograd.grad(x.prod(), x, create_graph=True)
-    np.testing.assert_array_equal(g.detach().numpy(), [6.0, 0.0, 0.0])
-    with pytest.raises(NotImplementedError, match="prod at an input that is exactly 0"):
-        tapegrad.autograd.grad(g.sum(), x)
+PROD_ZEROS = {  # where a (2, 3, 2) input is exactly 0
+    "one": [(0, 1, 0)],
+    "two_in_one_slice": [(0, 1, 0), (0, 2, 0)],
+    "two_in_all_slices": [(0, 0, 0), (1, 2, 1)],
+    "three": [(0, 0, 0), (0, 0, 1), (1, 1, 1)],
+}
+PROD_PROGRAMS = {
+    "all": lambda m, x: x.prod(),
+    "dim0": lambda m, x: x.prod(0),
+    "dim1_keepdim": lambda m, x: m.prod(x, 1, keepdim=True),
+    "dim2_times": lambda m, x: x.prod(2) * x.sum(2) + x.prod() * x[0, 0, 0],
+    "of_square": lambda m, x: (x * x).prod(1).sum(0),
+}
+
+
+@pytest.mark.parametrize("zeros", sorted(PROD_ZEROS))
+@pytest.mark.parametrize("name", sorted(PROD_PROGRAMS))
+def test_prod_at_exact_zeros_fourth_derivatives(name, zeros):
+    # prod's gradient at a zero is an exclusive product (prod_others), itself differentiable
+    x = np.random.default_rng(3).uniform(0.5, 1.5, (2, 3, 2))
+    for z in PROD_ZEROS[zeros]:
+        x[z] = 0.0
+    higher(PROD_PROGRAMS[name], [x], order=4)
+
+
+@pytest.mark.parametrize("zeros", sorted(PROD_ZEROS))
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_hessian_of_prod_at_exact_zeros(zeros, vectorize):
+    x = np.random.default_rng(4).uniform(0.5, 1.5, (2, 3, 2))
+    for z in PROD_ZEROS[zeros]:
+        x[z] = 0.0
+    for fn in (lambda m, a: a.prod(), lambda m, a: (a.prod(1) ** 2).sum()):
+        h = tapegrad.autograd.functional.hessian(lambda a: fn(TG, a), _tg(x),
+                                                 vectorize=vectorize)
+        ht = torch.autograd.functional.hessian(lambda a: fn(TH, a), _th(x),
+                                               vectorize=vectorize)
+        _close(h, ht, f"hessian {zeros}")
+
+
+def test_batched_gradient_of_a_full_prod_with_a_zero():
+    # a full reduction over a 2-d input seen through a batch axis reduces several dims
+    a = np.array([[1.0, 0.0, 3.0], [2.0, 5.0, 4.0]])
+    w, seeds = np.array([1.0, 2.0]), np.eye(2)
+    out = []
+    for m in (TG, TH):
+        x = (_tg if m is TG else _th)(a, True)
+        y = x.prod().reshape(1).expand(2) * (_tg if m is TG else _th)(w)
+        out.append(m.autograd.grad(y, x, (_tg if m is TG else _th)(seeds),
+                                   is_grads_batched=True)[0])
+    _close(out[0], out[1], "batched prod gradient")
+    assert out[0][0, 0, 1].item() == 120.0

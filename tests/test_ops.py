@@ -17,6 +17,7 @@ import torch.nn.functional as TF  # noqa: E402
 import tapegrad  # noqa: E402
 from tapegrad.ops import (ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, REPLAY, SPECIAL,  # noqa: E402
                           UNARY, UNARY_C)
+from tapegrad.ops._registry import register  # noqa: E402
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 F32 = dict(rtol=2e-5, atol=2e-6)
@@ -377,6 +378,16 @@ def test_every_registered_op_is_covered():
             list(INDIRECT.items()):
         for t in tests:
             assert callable(globals().get(t)), f"{name}: no test function {t}"
+
+
+def test_every_differentiable_op_has_a_rule():
+    # create_graph differentiates rules again, so no op may lack one (issue 3)
+    missing = [op.name for op in OPS if op.kind not in (SPECIAL, COMPARE, REPLAY)
+               and op.vjp is None]
+    assert not missing
+    with pytest.raises(ValueError, match="needs a derivative rule"):
+        register("no_rule_op", ARRAY_OP, np=lambda a, aux: a)
+    assert "no_rule_op" not in BY_NAME
 
 
 def test_registry_torch_names_exist():

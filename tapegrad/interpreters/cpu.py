@@ -534,12 +534,6 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
             owned.add(a)
         base[index] += g
         return
-    if op.vjp is None:
-        raise NotImplementedError(
-            f"the derivative of op '{op.name}' is not implemented, so a backward cannot go "
-            f"through it" + (" (it is the gradient of prod at an input that is exactly 0: "
-                             "that gradient cannot be differentiated again yet)"
-                             if op.name == "prod_others" else ""))
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))

@@ -88,6 +88,9 @@ class Part:
 def register(name, kind, **kw):
     if name in BY_NAME:
         raise ValueError(f"op {name!r} registered twice")
+    if kw.get("vjp") is None and kind in (UNARY, UNARY_C, BINARY, ARRAY_OP):
+        # create_graph differentiates every rule again: none may be missing
+        raise ValueError(f"op {name!r} needs a derivative rule (vjp=...) written in F ops")
     op = Op(name, kind, **kw)
     OPS.append(op)
     BY_NAME[name] = op

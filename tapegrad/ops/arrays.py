@@ -183,20 +183,27 @@ def _prod_vjp(F, g, v, out, aux):
     return (_gk(F, g, a, aux) * F.prod_others(a, aux + (F.raw(out),)),)
 
 
+def _reduced_rows(shape, dims):
+    """How a reduction over ``dims`` lays ``shape`` out as rows: (perm, kept shape, n) where
+    moving the reduced dims last (``perm``) and merging them gives shape ``kept + (n,)``."""
+    nd = len(shape)
+    red = tuple(range(nd)) if dims is None else tuple(sorted(d % nd for d in dims))
+    kept = tuple(d for d in range(nd) if d not in red)
+    return kept + red, tuple(shape[d] for d in kept), int(np.prod([shape[d] for d in red]))
+
+
 def _prod_others(a, aux):
-    """Product of all other elements along the reduced dims: ``out / a`` like torch where a
-    slice has no zero, the exact exclusive product where it has one."""
+    """Product of all other elements of each one's reduced slice: ``out / a`` like torch where
+    a slice has no zero, the exact exclusive product where it has one. aux: (dims, keepdim,
+    the prod's value)."""
     a = np.asarray(a)
-    dims, out = aux[0], np.asarray(aux[-1])
-    if dims is None:
-        if not (a == 0).any():
-            return out / a
-        return _excl(a.reshape(-1)).reshape(a.shape)
-    d = dims[0]
-    ok = out if aux[1] else np.expand_dims(out, d)
-    zero = (a == 0).any(axis=d, keepdims=True)
-    excl = np.moveaxis(_excl(np.moveaxis(a, d, -1)), -1, d)
-    return np.where(zero, excl, ok / np.where(a == 0, 1.0, a))
+    out = np.asarray(aux[-1])
+    if not (a == 0).any():
+        return out.reshape(_kshape(out.shape, aux[0], aux[1], a.ndim)) / a
+    perm, kept, n = _reduced_rows(a.shape, aux[0])
+    rows = np.transpose(a, perm).reshape(kept + (n,))
+    excl = _excl(rows).reshape(tuple(a.shape[d] for d in perm))
+    return np.transpose(excl, np.argsort(perm))
 
 
 def _excl(x):
@@ -206,12 +213,36 @@ def _excl(x):
     return left * right
 
 
+def _prod_others_vjp(F, g, v, out, aux):
+    """d/da_i of prod_others(a)_k is the product of the slice without a_i and a_k (0 for i ==
+    k). With the reduced dims laid out as a row of n, each element i gets the row M_i = a with
+    a_i set to 1; the exclusive products of M_i, zeroed on the diagonal, weight g. Written in
+    registered ops (prod_others again), so it differentiates to any order."""
+    a = v[0]
+    shape = np.shape(a)
+    perm, kept, n = _reduced_rows(shape, aux[0])
+    moved = tuple(shape[d] for d in perm)
+    ident = perm == tuple(range(len(shape)))
+
+    def rows(x):
+        x = x if ident else F.permute(x, perm)
+        return F.reshape(x, (kept + (1, n), moved))
+
+    eye = np.eye(n, dtype=bool)
+    m = F.where(eye, 1.0, F.expand(rows(a), (kept + (n, n), kept + (1, n))))
+    axis = (len(kept) + 1,)
+    q = F.prod_others(m, (axis, True, np.prod(F.raw(m), axis=axis, keepdims=True)))
+    gx = F.sum(F.where(eye, F.zeros_like(q), q) * rows(g), (axis, False))
+    gx = F.reshape(gx, (moved, kept + (n,)))
+    return (gx if ident else F.permute(gx, tuple(np.argsort(perm))),)
+
+
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
          saves=False, vjp=_sum_vjp)
 register("mean", A, np=lambda a, aux: np.mean(a, axis=aux[0], keepdims=aux[1]), torch="mean",
          saves=False, vjp=_mean_vjp)
 register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp)
-register("prod_others", A, np=_prod_others, vjp=None)
+register("prod_others", A, np=_prod_others, vjp=_prod_others_vjp)
 
 
 def _extreme_np(fn):
@@ -443,7 +474,7 @@ def _outer_batch(values, out, g, aux, B):
 
 _BATCH = {
     "sum": _reduce_aux, "mean": _reduce_aux, "prod": _reduce_aux, "amax": _reduce_aux,
-    "amin": _reduce_aux, "norm": _reduce_aux, "logsumexp": _reduce_aux,
+    "amin": _reduce_aux, "prod_others": _reduce_aux, "norm": _reduce_aux, "logsumexp": _reduce_aux,
     "softmax": lambda aux, v, B: (aux[0] + 1,),
     "log_softmax": lambda aux, v, B: (aux[0] + 1,),
     "reshape": _shapes_aux, "expand": _shapes_aux, "sum_to": _shapes_aux,
