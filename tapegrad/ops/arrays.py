@@ -96,10 +96,13 @@ def _diag_np(a, aux):
 
 
 def _diag_vjp(F, g, v, out, aux):
-    a = v[0]
-    if np.ndim(a) == 1:
-        return (F.diag(g, (aux[0],)),)
-    return (F.index_scatter(g, (diag_index(np.shape(a), aux[0]), np.shape(a))),)
+    """aux: (offset,), or (offset, True) under a batch axis (is_grads_batched)."""
+    lead = (slice(None),) if len(aux) > 1 else ()
+    shape = np.shape(v[0])
+    if len(shape) - len(lead) == 1:  # diag built a matrix: its gradient is g's diagonal
+        gshape = np.shape(g)
+        return (F.getitem(g, (lead + diag_index(gshape[len(lead):], aux[0]), gshape)),)
+    return (F.index_scatter(g, (lead + diag_index(shape[len(lead):], aux[0]), shape)),)
 
 
 def diag_index(shape, k):
@@ -485,6 +488,7 @@ _BATCH = {
     "index_scatter": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
     "setitem": lambda aux, v, B: (_bidx(aux[0]), _bval(aux[1], B)),
     "where": lambda aux, v, B: aux,
+    "diag": lambda aux, v, B: (aux[0], True),
     "stack": lambda aux, v, B: (aux[0], aux[1] + 1),
     "cat": lambda aux, v, B: (aux[0], aux[1] + 1),
 }
