@@ -220,7 +220,9 @@ def _prod_others_vjp(F, g, v, out, aux):
     """d/da_i of prod_others(a)_k is the product of the slice without a_i and a_k (0 for i ==
     k). With the reduced dims laid out as a row of n, each element i gets the row M_i = a with
     a_i set to 1; the exclusive products of M_i, zeroed on the diagonal, weight g. Written in
-    registered ops (prod_others again), so it differentiates to any order."""
+    registered ops (prod_others again), so it differentiates to any order. It builds n x n
+    per slice: it runs only where a slice holds an exact zero (elsewhere prod's rule is
+    ``out / a``), and prod's reductions are short."""
     a = v[0]
     shape = np.shape(a)
     perm, kept, n = _reduced_rows(shape, aux[0])
