@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from ..interpreters import _generated_cpu, cpu, rerecord
+from ..interpreters import _generated_cpu, cpu, fused, rerecord
 from ..ops import ARRAY, BY_NAME, OPS
 from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
 from ..tensor import Tensor, _new, _plain, _plain_s, _pyfloat
@@ -173,7 +173,7 @@ def _scalar_case(y, inputs, arrays=False):
     tape = y._tape
     if (tape is None or y._d.__class__ is not _pyfloat or (tape.arrays and not arrays)
             or tape.nary or tape.retained or tape.freed is not None or tape.reentered
-            or tape.epoch != INPLACE[0] or ANOMALY.enabled):
+            or tape.epoch != INPLACE[0] or tape.dirty or ANOMALY.enabled):
         return None
     if inputs.__class__ is Tensor:
         inputs = (inputs,)
@@ -227,7 +227,7 @@ def _grad_flat(y, inputs, retain_graph):
         return None
     layout = cpu.flat_layout(tape, rows, need, lo, y._slot + 1)
     if layout is None:
-        return None
+        return _grad_fused(tape, rows, need, lo, y, ins, retain_graph)
     off, size, V, p0, p1 = layout
     A = np.zeros(len(V), dtype=np.float64)
     A[y._slot] = 1.0
@@ -242,6 +242,35 @@ def _grad_flat(y, inputs, retain_graph):
         else:
             o = off[s]
             out.append(_plain(A[o:o + v.size].reshape(v.shape).copy()))
+    if not retain_graph:
+        cpu.free_entries(tape, need)
+        end_tape(tape)
+    return tuple(out)
+
+
+def _grad_fused(tape, rows, need, lo, y, ins, retain_graph):
+    """``_grad_flat`` past the flat buffers' size limit: the array entries run as one
+    generated loop per shape (``interpreters.fused``), the scalar entries compiled. None
+    when the region does not fit that form or its loop is not compiled yet."""
+    p = fused.plan_for(tape, rows, need, lo, y._slot + 1, ins)
+    if p is None:
+        return None
+    fn = fused.kernel(p.text)
+    if fn is None:
+        return None
+    adj = np.zeros(len(rows), dtype=np.float64)
+    adj[y._slot] = 1.0
+    G = fused.run(p, fn, tape, rows, tape.values(), need, lo, y._slot + 1, adj)
+    out = []
+    arrays = tape.arrays
+    for s in ins.tolist():
+        v = arrays.get(s)
+        if v is None:
+            out.append(_plain_s(float(adj[s])))
+        elif s in G:
+            out.append(_plain(G[s].reshape(v.shape)))
+        else:
+            return None
     if not retain_graph:
         cpu.free_entries(tape, need)
         end_tape(tape)
