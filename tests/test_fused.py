@@ -125,6 +125,8 @@ def test_a_structure_compiles_on_its_second_sight_and_is_cached_on_disk(monkeypa
     monkeypatch.setattr(fused, "_dir", str(tmp_path))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(fused, "COMPILE_AFTER", 2)
+    monkeypatch.setattr(fused, "_kernels", {})
+    monkeypatch.setattr(fused, "_seen", {})
     x = leaf(tg, np.linspace(-1.0, 1.0, N))
     f = (x[1:] * x[:-1] * 3.25).sum()
     tape, rows = f._tape, f._tape.rows()
