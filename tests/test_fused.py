@@ -144,3 +144,17 @@ def test_a_structure_compiles_on_its_second_sight_and_is_cached_on_disk(monkeypa
     assert mod.startswith(fused.MODULE_PREFIX) and mod[:-3] in sys.modules
     fused._kernels.clear()  # a new process finds the module on disk: no second sighting
     assert fused.kernel(src) is not None
+
+
+def test_fused_path_gives_an_input_listed_twice_two_gradients(torch, kernels):
+    x0 = np.linspace(-1.0, 1.0, N)
+    got = {}
+    for M in (tg, torch):
+        x = leaf(M, x0)
+        got[M] = M.autograd.grad((M.sin(x[1:]) * x[:-1]).sum(), [x, x])
+    assert kernels and kernels[-1] is not None
+    a, b = got[tg]
+    np.testing.assert_allclose(arr(a), arr(got[torch][0]), rtol=1e-12, atol=1e-13)
+    np.testing.assert_array_equal(arr(a), arr(b))
+    a.numpy()[0] += 1.0  # separate memory
+    assert arr(b)[0] != arr(a)[0]

@@ -268,7 +268,9 @@ def _grad_fused(tape, rows, need, lo, y, ins, retain_graph):
         if v is None:
             out.append(_plain_s(float(adj[s])))
         elif s in G:
-            out.append(_plain(G[s].reshape(v.shape)))
+            g = G[s].reshape(v.shape)
+            G[s] = g.copy()  # an input listed twice gets a gradient of its own, as in torch
+            out.append(_plain(g))
         else:
             return None
     if not retain_graph:

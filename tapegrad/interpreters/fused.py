@@ -157,7 +157,7 @@ def plan(tape, rows, need, lo, hi, ins):
         a, b = int(rows[k, 1]), int(rows[k, 2])
         if code == SUM or code == MEAN:
             v = arrays.get(a)
-            if v is None or aux[k][0] is not None:
+            if v is None or aux[k][0] is not None or k in arrays:
                 return None
             seeds.append((k, a))
             continue
@@ -229,6 +229,10 @@ def plan(tape, rows, need, lo, hi, ins):
     p.tail = tail
     for shape in order:
         _emit_loop(p, tape, rows, shape, body[shape], cls, seeds, getitems, wanted)
+    # every adjoint array a loop adds into is an input's gradient or feeds a later loop
+    swept = {k for ks in body.values() for k in ks}
+    if any(need[s] and s not in swept for s, _ in p.adjs):
+        return None
     p.P_arr = np.array(p.P or [0], dtype=np.int64)
     p.text = source(p)
     return p
