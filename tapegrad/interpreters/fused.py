@@ -391,7 +391,7 @@ def source(p):
 def cache_dir():
     """Where generated kernels live: ``$TAPEGRAD_CACHE_DIR``, else ``~/.cache/tapegrad``
     (``$XDG_CACHE_HOME``), else a temporary directory; on ``sys.path`` so they import by
-    name (Numba caches a module's functions only then)."""
+    name (Numba caches a module's functions only then). None when none is writable."""
     global _dir
     if _dir is None:
         base = os.environ.get("TAPEGRAD_CACHE_DIR") or os.path.join(
@@ -404,7 +404,10 @@ def cache_dir():
                 raise OSError(d)
         except OSError:
             d = os.path.join(tempfile.gettempdir(), f"tapegrad-fused-{os.getuid()}")
-            os.makedirs(d, exist_ok=True)
+            try:
+                os.makedirs(d, exist_ok=True)
+            except OSError:
+                return None  # nowhere to write: the NumPy sweep runs
         if d not in sys.path:
             sys.path.append(d)
         _dir = d
@@ -427,6 +430,8 @@ def kernel(src, force=False):
         if fn is not None:
             return fn
         d = cache_dir()
+        if d is None:
+            return None
         path = os.path.join(d, name + ".py")
         seen = _seen[key] = _seen.get(key, 0) + 1
         if not (force or seen >= COMPILE_AFTER or os.path.exists(path)):
