@@ -9,8 +9,9 @@ size limit), the whole array part of the sweep can instead be one loop per shape
 rule text as the compiled scalar sweep, from the registry), and only the saved values a
 rule reads and the adjoints of the inputs' arrays touch memory.
 
-The loop's source depends only on the region's structure (opcodes, edges, shapes' ranks),
-not on sizes or constants, which it reads from arguments; it is generated once per
+The loop's source depends only on the region's structure (opcodes, edges, slice steps, and
+the constants a rule branches on, such as ``powc``'s exponent), not on sizes, slice
+starts, other constants or scalar values, which it reads from arguments; it is generated once per
 structure, written to a module in the kernel cache directory (importable by name, so Numba
 caches it on disk like the package's own generated modules) and compiled the second time a
 structure is swept (``COMPILE_AFTER``): a one-off backward never pays a compile.
@@ -137,9 +138,10 @@ def plan(tape, rows, need, lo, hi, ins):
     """The fused region of a backward from scalar entry ``hi - 1`` to the leaves ``ins``
     over the needed entries (``need``, from ``cpu._mark_scalar`` with ``cpu.FLAT``), or None
     when one loop per shape cannot run it: an array that is not float64 in C order, an
-    elementwise input of another shape than the output's (other than one element), a slice
-    of a base of the same shape or of more than one dimension, a sum or mean over some dims,
-    or a sum or mean whose value flows back into the region."""
+    elementwise array input of another shape than the output's (only 0-d scalar slots
+    broadcast), a slice of a base that is not 1-d or is an entry of the slice's own loop, a
+    sum or mean over some dims or kept as an array, or a sum or mean whose value flows back
+    into the region."""
     arrays, aux = tape.arrays, tape.aux
     codes = rows[lo:hi, 0].astype(np.int64)
     idx = np.nonzero(need[lo:hi] & (codes >= ARRAY))[0]
@@ -152,7 +154,7 @@ def plan(tape, rows, need, lo, hi, ins):
     cls = {}      # slot -> shape of the loop it lives in (array entries and direct arrays)
     body = {}     # shape -> entries in that loop, in tape order
     seeds = []    # (sum or mean entry, its input)
-    getitems = {}  # getitem entry -> (base, start, step)
+    getitems = {}  # needed getitem entry -> (start, step) into its 1-d base
     for k, code in zip(entries, ops):
         a, b = int(rows[k, 1]), int(rows[k, 2])
         if code == SUM or code == MEAN:
