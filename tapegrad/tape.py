@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import struct
 import threading
 import weakref
@@ -25,7 +26,7 @@ import weakref
 import numpy as np
 from numba import njit
 
-from .ops import ARRAY, OPS, ROW, BY_NAME
+from .ops import ARRAY, BINARY, BY_NAME, OPS, ROW, SPECIAL, UNARY
 
 ROLLOVER = 1 << 15  # entries per tape before the recorder starts a new one
 MAX_BYTES = 1 << 25  # bytes of saved arrays per tape before the recorder starts a new one
@@ -91,6 +92,46 @@ def code_rows(code, start, stop):
             pack = _pack_tail[n - i] = struct.Struct(_ROW_FMT * (n - i)).pack_into
         pack(m, 8 * ROW * i, *code[(start + i) * ROW:stop * ROW])
     _decode_rows(m, m.view(np.int64), start)
+    return m
+
+
+#: rows of the tapes converted last, by entry count: [copy of the code list, float matrix,
+#: (getter, packer) of the zero constants whose sign a rule could read, their packed bits].
+#: Optimization loops record the same program every step: a list comparison (identical
+#: small ints and constant objects compare by identity) costs a tenth of packing the rows.
+_SEEN = {}
+_SEEN_MAX = 4
+#: opcodes whose rows' constants no rule reads (their c0/c1 are always the 0.0 placeholders)
+_NO_CONSTS = frozenset(op.code for op in OPS if op.kind in (UNARY, BINARY, SPECIAL))
+
+
+def _zero_constants(m):
+    """Flat ``code`` positions of the zero constants in matrix ``m``'s rows whose op reads its
+    constants: ``==`` holds between 0.0 and -0.0, so a reused matrix checks their bits."""
+    ops = m[:, 0].astype(np.int64) & ~ARRAY
+    reads = ~np.isin(ops, list(_NO_CONSTS))
+    r, c = np.nonzero((m[:, 3:] == 0.0) & reads[:, None])
+    return (r * ROW + 3 + c).tolist()
+
+
+def seen_rows(code, n):
+    """``code_rows(code, 0, n)``, reusing the matrix of an earlier tape with equal code (and
+    the same bits in every zero constant a rule reads). Never write into the result."""
+    hit = _SEEN.get(n)
+    if hit is not None and hit[0] == code:
+        if hit[2] is None:  # first reuse: find the zero constants to check from now on
+            zs = _zero_constants(hit[1])
+            get = (lambda c, i=zs[0]: (c[i],)) if len(zs) == 1 else (
+                operator.itemgetter(*zs) if zs else None)
+            hit[2] = (get, struct.Struct(f"{len(zs)}d"))
+            hit[3] = hit[2][1].pack(*get(hit[0])) if get else b""
+        get, fmt = hit[2]
+        if get is None or fmt.pack(*get(code)) == hit[3]:
+            return hit[1]
+    m = code_rows(code, 0, n)
+    if len(_SEEN) >= _SEEN_MAX and n not in _SEEN:
+        _SEEN.pop(next(iter(_SEEN)), None)
+    _SEEN[n] = [code[:n * ROW], m, None, None]
     return m
 
 
@@ -260,10 +301,10 @@ class Tape:
         c = self._cache
         if c is not None and c[0] == n:
             return c[1]
-        start = 0 if c is None else c[0]
-        m = code_rows(self.code, start, n)
-        if start:
-            m = np.concatenate([c[1], m])
+        if c is None:
+            m = seen_rows(self.code, n)
+        else:
+            m = np.concatenate([c[1], code_rows(self.code, c[0], n)])
         self._cache = (n, m)
         return m
 

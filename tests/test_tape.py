@@ -131,6 +131,35 @@ def test_rows_follow_a_growing_tape(fresh_tape):
     assert tape.rows() is rows or np.array_equal(tape.rows(), rows)
 
 
+def test_rows_are_reused_for_a_program_recorded_again(fresh_tape):
+    """An optimization loop records the same program every step: the second tape's rows are
+    the first's matrix, found by comparing the code lists, and still equal a fresh packing."""
+    x = tg.tensor(0.5, requires_grad=True)
+    ys = []
+    for _ in range(2):
+        ys.append((tg.exp(x) * 3.0 + x) ** 2.0)
+        tape_mod.end_tape(ys[-1]._tape)
+    t1, t2 = ys[0]._tape, ys[1]._tape
+    assert t1 is not t2 and t1.code == t2.code
+    assert t2.rows() is t1.rows()
+    np.testing.assert_array_equal(t2.rows(), tape_mod.code_rows(t2.code, 0, len(t2)))
+
+
+@pytest.mark.parametrize("first, second", [(0.0, -0.0), (-0.0, 0.0)])
+def test_rows_are_not_reused_across_a_zero_constant_of_the_other_sign(fresh_tape, first,
+                                                                      second):
+    """0.0 == -0.0, so equal code lists may still differ in the sign of a constant that a
+    rule reads: x / c has gradient 1/c, +inf or -inf."""
+    x = tg.tensor(0.5, requires_grad=True)
+    grads = []
+    for c in (first, second, second, first):
+        y = x / c
+        assert y._tape.code[-2] == 0.0
+        (g,) = tg.autograd.grad(y, x)
+        grads.append(g.item())
+    assert grads == [np.copysign(np.inf, c) for c in (first, second, second, first)]
+
+
 def test_leaf_entered_once_per_tape(fresh_tape):
     x = tg.tensor(1.5, requires_grad=True)
     y = x * x + x
