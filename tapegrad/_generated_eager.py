@@ -4,7 +4,7 @@ Eager fast paths: the 0-d float64 case of each operator and elementwise function
 """
 from .ops import BY_NAME
 from .tape import STATE, current_tape
-from .tensor import Tensor, _new, binary_fallback, unary_fallback
+from .tensor import Tensor, binary_fallback, unary_fallback
 
 _float, _int = float, int
 _NEG = BY_NAME['neg']
@@ -78,23 +78,30 @@ def __add__(self, other):
                 if self._rg or other._rg:
                     tape = STATE.tape()
                     if tape is not False:
-                        if tape is None or len(tape.vals) >= tape.limit:
+                        if tape is None:
                             tape = current_tape()
                         sid = tape.sid
-                        a = self._slot if self._sid == sid else tape.enter(self)
-                        b = other._slot if other._sid == sid else tape.enter(other)
+                        a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
+                        b = other._slot if other._sid == sid else tape.enter(other) if len(tape.vals) < tape.limit else -1
                         vals = tape.vals
                         k = len(vals)
+                        if k >= tape.limit:
+                            tape = current_tape()
+                            sid = tape.sid
+                            a = self._slot if self._sid == sid else tape.enter(self)
+                            b = other._slot if other._sid == sid else tape.enter(other)
+                            vals = tape.vals
+                            k = len(vals)
                         vals.append(v)
                         tape.code += (35, k - a, k - b, 0.0, 0.0)
-                        t = _new(Tensor)
+                        t = Tensor()
                         t._d = v
                         t._rg = True
                         t._tape = tape
                         t._sid = sid
                         t._slot = k
                         return t
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = False
                 t._tape = None
@@ -107,22 +114,28 @@ def __add__(self, other):
             if self._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
+                    a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (26, k - a, 0, e, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -141,22 +154,28 @@ def __radd__(self, other):
         if self._rg:
             tape = STATE.tape()
             if tape is not False:
-                if tape is None or len(tape.vals) >= tape.limit:
+                if tape is None:
                     tape = current_tape()
                 sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
+                a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                 vals = tape.vals
                 k = len(vals)
+                if k >= tape.limit:
+                    tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
                 vals.append(v)
                 tape.code += (26, k - a, 0, e, 0.0)
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = True
                 t._tape = tape
                 t._sid = sid
                 t._slot = k
                 return t
-        t = _new(Tensor)
+        t = Tensor()
         t._d = v
         t._rg = False
         t._tape = None
@@ -177,23 +196,30 @@ def __sub__(self, other):
                 if self._rg or other._rg:
                     tape = STATE.tape()
                     if tape is not False:
-                        if tape is None or len(tape.vals) >= tape.limit:
+                        if tape is None:
                             tape = current_tape()
                         sid = tape.sid
-                        a = self._slot if self._sid == sid else tape.enter(self)
-                        b = other._slot if other._sid == sid else tape.enter(other)
+                        a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
+                        b = other._slot if other._sid == sid else tape.enter(other) if len(tape.vals) < tape.limit else -1
                         vals = tape.vals
                         k = len(vals)
+                        if k >= tape.limit:
+                            tape = current_tape()
+                            sid = tape.sid
+                            a = self._slot if self._sid == sid else tape.enter(self)
+                            b = other._slot if other._sid == sid else tape.enter(other)
+                            vals = tape.vals
+                            k = len(vals)
                         vals.append(v)
                         tape.code += (36, k - a, k - b, 0.0, 0.0)
-                        t = _new(Tensor)
+                        t = Tensor()
                         t._d = v
                         t._rg = True
                         t._tape = tape
                         t._sid = sid
                         t._slot = k
                         return t
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = False
                 t._tape = None
@@ -206,22 +232,28 @@ def __sub__(self, other):
             if self._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
+                    a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (26, k - a, 0, -e, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -240,22 +272,28 @@ def __rsub__(self, other):
         if self._rg:
             tape = STATE.tape()
             if tape is not False:
-                if tape is None or len(tape.vals) >= tape.limit:
+                if tape is None:
                     tape = current_tape()
                 sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
+                a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                 vals = tape.vals
                 k = len(vals)
+                if k >= tape.limit:
+                    tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
                 vals.append(v)
                 tape.code += (28, k - a, 0, e, 0.0)
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = True
                 t._tape = tape
                 t._sid = sid
                 t._slot = k
                 return t
-        t = _new(Tensor)
+        t = Tensor()
         t._d = v
         t._rg = False
         t._tape = None
@@ -276,23 +314,30 @@ def __mul__(self, other):
                 if self._rg or other._rg:
                     tape = STATE.tape()
                     if tape is not False:
-                        if tape is None or len(tape.vals) >= tape.limit:
+                        if tape is None:
                             tape = current_tape()
                         sid = tape.sid
-                        a = self._slot if self._sid == sid else tape.enter(self)
-                        b = other._slot if other._sid == sid else tape.enter(other)
+                        a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
+                        b = other._slot if other._sid == sid else tape.enter(other) if len(tape.vals) < tape.limit else -1
                         vals = tape.vals
                         k = len(vals)
+                        if k >= tape.limit:
+                            tape = current_tape()
+                            sid = tape.sid
+                            a = self._slot if self._sid == sid else tape.enter(self)
+                            b = other._slot if other._sid == sid else tape.enter(other)
+                            vals = tape.vals
+                            k = len(vals)
                         vals.append(v)
                         tape.code += (37, k - a, k - b, 0.0, 0.0)
-                        t = _new(Tensor)
+                        t = Tensor()
                         t._d = v
                         t._rg = True
                         t._tape = tape
                         t._sid = sid
                         t._slot = k
                         return t
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = False
                 t._tape = None
@@ -305,22 +350,28 @@ def __mul__(self, other):
             if self._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
+                    a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (27, k - a, 0, e, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -339,22 +390,28 @@ def __rmul__(self, other):
         if self._rg:
             tape = STATE.tape()
             if tape is not False:
-                if tape is None or len(tape.vals) >= tape.limit:
+                if tape is None:
                     tape = current_tape()
                 sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
+                a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                 vals = tape.vals
                 k = len(vals)
+                if k >= tape.limit:
+                    tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
                 vals.append(v)
                 tape.code += (27, k - a, 0, e, 0.0)
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = True
                 t._tape = tape
                 t._sid = sid
                 t._slot = k
                 return t
-        t = _new(Tensor)
+        t = Tensor()
         t._d = v
         t._rg = False
         t._tape = None
@@ -375,23 +432,30 @@ def __div__(self, other):
                 if self._rg or other._rg:
                     tape = STATE.tape()
                     if tape is not False:
-                        if tape is None or len(tape.vals) >= tape.limit:
+                        if tape is None:
                             tape = current_tape()
                         sid = tape.sid
-                        a = self._slot if self._sid == sid else tape.enter(self)
-                        b = other._slot if other._sid == sid else tape.enter(other)
+                        a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
+                        b = other._slot if other._sid == sid else tape.enter(other) if len(tape.vals) < tape.limit else -1
                         vals = tape.vals
                         k = len(vals)
+                        if k >= tape.limit:
+                            tape = current_tape()
+                            sid = tape.sid
+                            a = self._slot if self._sid == sid else tape.enter(self)
+                            b = other._slot if other._sid == sid else tape.enter(other)
+                            vals = tape.vals
+                            k = len(vals)
                         vals.append(v)
                         tape.code += (38, k - a, k - b, 0.0, 0.0)
-                        t = _new(Tensor)
+                        t = Tensor()
                         t._d = v
                         t._rg = True
                         t._tape = tape
                         t._sid = sid
                         t._slot = k
                         return t
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = False
                 t._tape = None
@@ -404,22 +468,28 @@ def __div__(self, other):
             if self._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
+                    a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (29, k - a, 0, e, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -438,22 +508,28 @@ def __rdiv__(self, other):
         if self._rg:
             tape = STATE.tape()
             if tape is not False:
-                if tape is None or len(tape.vals) >= tape.limit:
+                if tape is None:
                     tape = current_tape()
                 sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
+                a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                 vals = tape.vals
                 k = len(vals)
+                if k >= tape.limit:
+                    tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
                 vals.append(v)
                 tape.code += (30, k - a, 0, e, 0.0)
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = True
                 t._tape = tape
                 t._sid = sid
                 t._slot = k
                 return t
-        t = _new(Tensor)
+        t = Tensor()
         t._d = v
         t._rg = False
         t._tape = None
@@ -474,23 +550,30 @@ def __pow__(self, other):
                 if self._rg or other._rg:
                     tape = STATE.tape()
                     if tape is not False:
-                        if tape is None or len(tape.vals) >= tape.limit:
+                        if tape is None:
                             tape = current_tape()
                         sid = tape.sid
-                        a = self._slot if self._sid == sid else tape.enter(self)
-                        b = other._slot if other._sid == sid else tape.enter(other)
+                        a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
+                        b = other._slot if other._sid == sid else tape.enter(other) if len(tape.vals) < tape.limit else -1
                         vals = tape.vals
                         k = len(vals)
+                        if k >= tape.limit:
+                            tape = current_tape()
+                            sid = tape.sid
+                            a = self._slot if self._sid == sid else tape.enter(self)
+                            b = other._slot if other._sid == sid else tape.enter(other)
+                            vals = tape.vals
+                            k = len(vals)
                         vals.append(v)
                         tape.code += (39, k - a, k - b, 0.0, 0.0)
-                        t = _new(Tensor)
+                        t = Tensor()
                         t._d = v
                         t._rg = True
                         t._tape = tape
                         t._sid = sid
                         t._slot = k
                         return t
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = False
                 t._tape = None
@@ -503,22 +586,28 @@ def __pow__(self, other):
             if self._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = self._slot if self._sid == sid else tape.enter(self)
+                    a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = self._slot if self._sid == sid else tape.enter(self)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (31, k - a, 0, e, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -537,22 +626,28 @@ def __rpow__(self, other):
         if self._rg:
             tape = STATE.tape()
             if tape is not False:
-                if tape is None or len(tape.vals) >= tape.limit:
+                if tape is None:
                     tape = current_tape()
                 sid = tape.sid
-                a = self._slot if self._sid == sid else tape.enter(self)
+                a = self._slot if self._sid == sid else tape.enter(self) if len(tape.vals) < tape.limit else -1
                 vals = tape.vals
                 k = len(vals)
+                if k >= tape.limit:
+                    tape = current_tape()
+                    sid = tape.sid
+                    a = self._slot if self._sid == sid else tape.enter(self)
+                    vals = tape.vals
+                    k = len(vals)
                 vals.append(v)
                 tape.code += (32, k - a, 0, e, 0.0)
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = v
                 t._rg = True
                 t._tape = tape
                 t._sid = sid
                 t._slot = k
                 return t
-        t = _new(Tensor)
+        t = Tensor()
         t._d = v
         t._rg = False
         t._tape = None
@@ -570,22 +665,28 @@ def neg(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (3, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -603,22 +704,28 @@ def exp(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (4, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -636,22 +743,28 @@ def log(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (5, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -669,22 +782,28 @@ def log1p(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (6, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -702,22 +821,28 @@ def expm1(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (7, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -735,22 +860,28 @@ def sqrt(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (8, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -768,22 +899,28 @@ def rsqrt(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (9, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -801,22 +938,28 @@ def sin(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (10, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -834,22 +977,28 @@ def cos(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (11, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -867,22 +1016,28 @@ def tan(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (12, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -900,22 +1055,28 @@ def asin(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (13, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -933,22 +1094,28 @@ def acos(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (14, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -966,22 +1133,28 @@ def atan(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (15, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -999,22 +1172,28 @@ def sinh(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (16, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1032,22 +1211,28 @@ def cosh(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (17, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1065,22 +1250,28 @@ def tanh(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (18, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1098,22 +1289,28 @@ def sigmoid(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (19, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1131,22 +1328,28 @@ def relu(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (20, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1164,22 +1367,28 @@ def erf(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (21, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1197,22 +1406,28 @@ def abs(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (22, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1230,22 +1445,28 @@ def sign(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (23, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1263,22 +1484,28 @@ def square(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (24, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1296,22 +1523,28 @@ def reciprocal(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (25, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None
@@ -1329,22 +1562,28 @@ def clone(input):
             if input._rg:
                 tape = STATE.tape()
                 if tape is not False:
-                    if tape is None or len(tape.vals) >= tape.limit:
+                    if tape is None:
                         tape = current_tape()
                     sid = tape.sid
-                    a = input._slot if input._sid == sid else tape.enter(input)
+                    a = input._slot if input._sid == sid else tape.enter(input) if len(tape.vals) < tape.limit else -1
                     vals = tape.vals
                     k = len(vals)
+                    if k >= tape.limit:
+                        tape = current_tape()
+                        sid = tape.sid
+                        a = input._slot if input._sid == sid else tape.enter(input)
+                        vals = tape.vals
+                        k = len(vals)
                     vals.append(v)
                     tape.code += (45, k - a, 0, 0.0, 0.0)
-                    t = _new(Tensor)
+                    t = Tensor()
                     t._d = v
                     t._rg = True
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
                     return t
-            t = _new(Tensor)
+            t = Tensor()
             t._d = v
             t._rg = False
             t._tape = None

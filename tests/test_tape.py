@@ -485,6 +485,24 @@ def test_rollover_scalar_chain_matches_torch(torch, small_tapes):
         np.testing.assert_allclose(a.item(), b.item(), rtol=1e-12)
 
 
+def test_rollover_a_full_tape_takes_no_input_entries(torch, small_tapes):
+    """An op whose new inputs would be entered onto a full tape enters them on the next one:
+    with new leaves at every op, no tape grows past its limit, and the gradients hold."""
+    def run(M):
+        xs = [M.tensor(0.1 * i + 0.3, dtype=M.float64, requires_grad=True) for i in range(41)]
+        y = xs[0] * 1.0
+        for i in range(1, 41, 2):
+            y = y + xs[i] * xs[i + 1]
+        return y, xs, M.autograd.grad(y, xs)
+    yt, xt, gt = run(tg)
+    yp, _, gp = run(torch)
+    tapes = _tapes_of(yt)
+    assert len(tapes) >= 5
+    assert all(len(t) <= SMALL for t in tapes)
+    np.testing.assert_allclose(yt.item(), yp.item(), rtol=1e-13)
+    np.testing.assert_allclose([g.item() for g in gt], [g.item() for g in gp], rtol=1e-13)
+
+
 def test_rollover_array_chain_matches_torch(torch, small_tapes):
     rng = np.random.default_rng(3)
     xv, wv = rng.standard_normal(4), rng.standard_normal((4, 4)) * 0.5

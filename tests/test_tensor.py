@@ -301,6 +301,14 @@ def test_complex_raises_type_error(fn):
         fn()
 
 
+def test_tensor_class_is_not_a_constructor():
+    """Tensors come from tapegrad.tensor and the factories: Tensor(data) raises TypeError, and
+    a bare Tensor() says how to make one when printed."""
+    with pytest.raises(TypeError, match="no arguments"):
+        tapegrad.Tensor([1.0, 2.0])
+    assert "tapegrad.tensor(data)" in repr(tapegrad.Tensor())
+
+
 def test_complex_dtypes_exist():
     assert tapegrad.complex64.is_complex and tapegrad.complex128.is_complex
 

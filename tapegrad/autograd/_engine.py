@@ -9,7 +9,7 @@ import numpy as np
 from ..interpreters import _generated_cpu, cpu, fused, rerecord
 from ..ops import ARRAY, BY_NAME, OPS
 from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
-from ..tensor import Tensor, _new, _plain, _plain_s, _pyfloat
+from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 from ._tensor_backend import TensorF
 from .anomaly import ANOMALY, nan_error
 from .graph import GradientEdge, edge_tensor
@@ -302,7 +302,7 @@ def _grad_record(y, inputs):
         if s < 0:  # a constant gradient (no path through a recorded value)
             out.append(_plain_s(v))
             continue
-        t = _new(Tensor)
+        t = Tensor()
         t._d = v
         t._rg = True
         t._tape = tape
@@ -636,7 +636,7 @@ def _slot_tensors(graph):
             if tape.code[k * 5] & ~ARRAY in leafish:
                 t = tape.aux[k][0]
             else:
-                t = _new(Tensor)
+                t = Tensor()
                 t._d = graph.value(s)
                 t._rg = True
                 t._tape = tape

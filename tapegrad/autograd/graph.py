@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..tensor import Tensor, _GradFn, _new, _pyfloat
+from ..tensor import Tensor, _GradFn, _pyfloat
 
 
 class GradientEdge(NamedTuple):
@@ -61,7 +61,7 @@ def edge_tensor(edge):
         raise TypeError(f"GradientEdge.node must come from get_gradient_edge, got "
                         f"{type(node).__name__}")
     tape, k = node._tape, node._slot
-    t = _new(Tensor)
+    t = Tensor()
     v = tape.arrays.get(k, tape)
     t._d = tape.vals[k] if v is tape else v
     t._rg = True

@@ -508,35 +508,47 @@ Eager fast paths: the 0-d float64 case of each operator and elementwise function
 """
 from .ops import BY_NAME
 from .tape import STATE, current_tape
-from .tensor import Tensor, _new, binary_fallback, unary_fallback
+from .tensor import Tensor, binary_fallback, unary_fallback
 
 _float, _int = float, int
 '''
 
 def _record(x, y, op, c):
     """Source that records entry ``op`` with inputs ``x`` (and ``y``, or the float ``c``)."""
-    b = "" if y is None else f"b = {y}._slot if {y}._sid == sid else tape.enter({y})\n"
+    ins = (x,) if y is None else (x, y)
+    # the length read for the entry's slot also checks the tape's limit: a full (or sealed)
+    # tape takes no entry, not even an input's (-1 then), and the entry goes to a new tape
+    # where its inputs are entered (or imported) again
+    enter = "".join(f"{n} = {t}._slot if {t}._sid == sid else tape.enter({t}) "
+                    "if len(tape.vals) < tape.limit else -1\n" for n, t in zip("ab", ins))
+    again = "".join(f"{n} = {t}._slot if {t}._sid == sid else tape.enter({t})\n"
+                    for n, t in zip("ab", ins))
     db = "0" if y is None else "k - b"
-    body = f"""if tape is None or len(tape.vals) >= tape.limit:
+    body = f"""if tape is None:
     tape = current_tape()
 sid = tape.sid
-a = {x}._slot if {x}._sid == sid else tape.enter({x})
-{b}vals = tape.vals
+{enter}vals = tape.vals
 k = len(vals)
+if k >= tape.limit:
+    tape = current_tape()
+    sid = tape.sid
+{_ind(again, 4).rstrip(chr(10))}
+    vals = tape.vals
+    k = len(vals)
 vals.append(v)
 tape.code += ({op}, k - a, {db}, {c}, 0.0)
-t = _new(Tensor)
+t = Tensor()
 t._d = v
 t._rg = True
 t._tape = tape
 t._sid = sid
 t._slot = k
-return t""".replace("\n\n", "\n")
+return t"""
     # STATE.tape() is False while grad is disabled: one thread-local lookup per op
     return "tape = STATE.tape()\nif tape is not False:\n" + _ind(body, 4).rstrip("\n")
 
 
-_PLAIN = '''t = _new(Tensor)
+_PLAIN = '''t = Tensor()
 t._d = v
 t._rg = False
 t._tape = None
