@@ -7,6 +7,17 @@ from .tape import STATE, current_tape
 from .tensor import Tensor, binary_fallback, unary_fallback
 
 _float, _int = float, int
+
+
+class _IntFloats(dict):
+    """float(i) for Python ints, one object per small int: a program recorded again stores
+    the same constant objects, which the tape's code comparison matches by identity."""
+
+    def __missing__(self, i):
+        return _float(i)
+
+
+_INT_FLOAT = _IntFloats((i, _float(i)) for i in range(-1024, 1025))
 _NEG = BY_NAME['neg']
 _py_neg = _NEG.py
 _EXP = BY_NAME['exp']
@@ -109,7 +120,7 @@ def __add__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other if oc is _float else _float(other)
+            e = other if oc is _float else _INT_FLOAT[other]
             v = d + e
             if self._rg:
                 tape = STATE.tape()
@@ -149,7 +160,7 @@ def __radd__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other if oc is _float else _float(other)
+        e = other if oc is _float else _INT_FLOAT[other]
         v = e + d
         if self._rg:
             tape = STATE.tape()
@@ -227,7 +238,7 @@ def __sub__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other if oc is _float else _float(other)
+            e = other if oc is _float else _INT_FLOAT[other]
             v = d - e
             if self._rg:
                 tape = STATE.tape()
@@ -267,7 +278,7 @@ def __rsub__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other if oc is _float else _float(other)
+        e = other if oc is _float else _INT_FLOAT[other]
         v = e - d
         if self._rg:
             tape = STATE.tape()
@@ -345,7 +356,7 @@ def __mul__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other if oc is _float else _float(other)
+            e = other if oc is _float else _INT_FLOAT[other]
             v = d * e
             if self._rg:
                 tape = STATE.tape()
@@ -385,7 +396,7 @@ def __rmul__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other if oc is _float else _float(other)
+        e = other if oc is _float else _INT_FLOAT[other]
         v = e * d
         if self._rg:
             tape = STATE.tape()
@@ -463,7 +474,7 @@ def __div__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other if oc is _float else _float(other)
+            e = other if oc is _float else _INT_FLOAT[other]
             v = _py_div(d, e)
             if self._rg:
                 tape = STATE.tape()
@@ -503,7 +514,7 @@ def __rdiv__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other if oc is _float else _float(other)
+        e = other if oc is _float else _INT_FLOAT[other]
         v = _py_div(e, d)
         if self._rg:
             tape = STATE.tape()
@@ -581,7 +592,7 @@ def __pow__(self, other):
                 t._slot = -1
                 return t
         elif oc is _float or oc is _int:
-            e = other if oc is _float else _float(other)
+            e = other if oc is _float else _INT_FLOAT[other]
             v = d * d if e == 2.0 else _py_pow(d, e)
             if self._rg:
                 tape = STATE.tape()
@@ -621,7 +632,7 @@ def __rpow__(self, other):
     d = self._d
     oc = other.__class__
     if d.__class__ is _float and (oc is _float or oc is _int):
-        e = other if oc is _float else _float(other)
+        e = other if oc is _float else _INT_FLOAT[other]
         v = _py_pow(e, d)
         if self._rg:
             tape = STATE.tape()

@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 from numba import njit
 
-from .ops import ARRAY, BINARY, BY_NAME, OPS, ROW, SPECIAL, UNARY
+from .ops import ARRAY, BY_NAME, OPS, ROW
 
 ROLLOVER = 1 << 15  # entries per tape before the recorder starts a new one
 MAX_BYTES = 1 << 25  # bytes of saved arrays per tape before the recorder starts a new one
@@ -101,16 +101,15 @@ def code_rows(code, start, stop):
 #: small ints and constant objects compare by identity) costs a tenth of packing the rows.
 _SEEN = {}
 _SEEN_MAX = 4
-#: opcodes whose rows' constants no rule reads (their c0/c1 are always the 0.0 placeholders)
-_NO_CONSTS = frozenset(op.code for op in OPS if op.kind in (UNARY, BINARY, SPECIAL))
+#: per opcode, whether its forward or rule reads c0, c1 (the others are 0.0 placeholders)
+_READS = np.array([("c0" in op.uses, "c1" in op.uses) for op in OPS], dtype=bool)
 
 
 def _zero_constants(m):
-    """Flat ``code`` positions of the zero constants in matrix ``m``'s rows whose op reads its
-    constants: ``==`` holds between 0.0 and -0.0, so a reused matrix checks their bits."""
-    ops = m[:, 0].astype(np.int64) & ~ARRAY
-    reads = ~np.isin(ops, list(_NO_CONSTS))
-    r, c = np.nonzero((m[:, 3:] == 0.0) & reads[:, None])
+    """Flat ``code`` positions of the zero constants in matrix ``m`` that an op reads:
+    ``==`` holds between 0.0 and -0.0, so a reused matrix checks their bits."""
+    reads = _READS[m[:, 0].astype(np.int64) & ~ARRAY]
+    r, c = np.nonzero((m[:, 3:] == 0.0) & reads)
     return (r * ROW + 3 + c).tolist()
 
 

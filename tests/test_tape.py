@@ -137,10 +137,11 @@ def test_rows_are_reused_for_a_program_recorded_again(fresh_tape):
     x = tg.tensor(0.5, requires_grad=True)
     ys = []
     for _ in range(2):
-        ys.append((tg.exp(x) * 3.0 + x) ** 2.0)
+        ys.append((100 * tg.exp(x) * 3.0 + x) ** 2 - 1)  # int constants too
         tape_mod.end_tape(ys[-1]._tape)
     t1, t2 = ys[0]._tape, ys[1]._tape
     assert t1 is not t2 and t1.code == t2.code
+    assert all(a is b for a, b in zip(t1.code, t2.code))  # compared by identity
     assert t2.rows() is t1.rows()
     np.testing.assert_array_equal(t2.rows(), tape_mod.code_rows(t2.code, 0, len(t2)))
 

@@ -511,6 +511,17 @@ from .tape import STATE, current_tape
 from .tensor import Tensor, binary_fallback, unary_fallback
 
 _float, _int = float, int
+
+
+class _IntFloats(dict):
+    """float(i) for Python ints, one object per small int: a program recorded again stores
+    the same constant objects, which the tape's code comparison matches by identity."""
+
+    def __missing__(self, i):
+        return _float(i)
+
+
+_INT_FLOAT = _IntFloats((i, _float(i)) for i in range(-1024, 1025))
 '''
 
 def _record(x, y, op, c):
@@ -590,7 +601,7 @@ def _binary_methods(op):
     src += _ind(_record("self", "other", op.code, "0.0"), 20)
     src += _ind(_PLAIN, 16)
     src += "        elif oc is _float or oc is _int:\n"
-    src += "            e = other if oc is _float else _float(other)\n"
+    src += "            e = other if oc is _float else _INT_FLOAT[other]\n"
     src += _ind(_fwd(op, "d", "e"), 12)
     src += "            if self._rg:\n"
     src += _ind(_record("self", None, rc, f"{rs}e"), 16)
@@ -599,7 +610,7 @@ def _binary_methods(op):
     src += f"\n\ndef __r{n}__(self, other):\n"
     src += "    d = self._d\n    oc = other.__class__\n"
     src += "    if d.__class__ is _float and (oc is _float or oc is _int):\n"
-    src += "        e = other if oc is _float else _float(other)\n"
+    src += "        e = other if oc is _float else _INT_FLOAT[other]\n"
     src += _ind(_fwd(op, "e", "d"), 8)
     src += "        if self._rg:\n"
     src += _ind(_record("self", None, lc, f"{ls}e"), 12)

@@ -22,12 +22,17 @@ def _rule_uses(op):
     else:
         grads = op.vjp(SymF, sym["g"], sym["a"], sym["b"], sym["out"])
     text = " ".join(x.s if isinstance(x, Sym) else "" for x in grads)
-    return frozenset(n for n in ("a", "b", "out") if re.search(rf"\b{n}\b", text))
+    # constants count when the rule or the forward reads them (a replay runs the forward)
+    fwd = (op.nb or "c0 c1").replace("{", "").replace("}", "")
+    return frozenset([n for n in ("a", "b", "out") if re.search(rf"\b{n}\b", text)]
+                     + [n for n in ("c0", "c1") if re.search(rf"\b{n}\b", text + " " + fwd)])
 
 
 for _op in OPS:
     if _op.kind in (UNARY, UNARY_C, BINARY):
         _op.uses = _rule_uses(_op)
+    elif _op.kind != SPECIAL:  # array, compare and replay ops: any constant may matter
+        _op.uses = _op.uses | {"c0", "c1"}
 del _op
 
 __all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "COMPARE", "REPLAY", "OPS", "ROW", "SPECIAL", "UNARY",

@@ -63,7 +63,8 @@ class Op:
         # program rows through L (see interpreters/lowering.py); elementwise ops need none
         self.lower = lower
         self.code = len(OPS)
-        # which of the entry's values (a, b, out) its rule reads; filled in by ops/__init__
+        # which of the entry's values (a, b, out) its rule reads, and which constants (c0, c1)
+        # its rule or forward reads; filled in by ops/__init__
         self.uses = frozenset(("a", "b", "out")) if saves else frozenset()
 
     @property
