@@ -256,7 +256,7 @@ def __sub__(self, other):
                         vals = tape.vals
                         k = len(vals)
                     vals.append(v)
-                    tape.code += (26, k - a, 0, -e, 0.0)
+                    tape.code += (26, k - a, 0, (-e if oc is _float else _INT_FLOAT[-other]), 0.0)
                     t = Tensor()
                     t._d = v
                     t._rg = True

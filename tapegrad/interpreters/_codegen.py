@@ -604,7 +604,9 @@ def _binary_methods(op):
     src += "            e = other if oc is _float else _INT_FLOAT[other]\n"
     src += _ind(_fwd(op, "d", "e"), 12)
     src += "            if self._rg:\n"
-    src += _ind(_record("self", None, rc, f"{rs}e"), 16)
+    # a negated int constant is the shared float object too (see _INT_FLOAT)
+    neg = "(-e if oc is _float else _INT_FLOAT[-other])"
+    src += _ind(_record("self", None, rc, neg if rs else "e"), 16)
     src += _ind(_PLAIN, 12)
     src += f"    return binary_fallback(_{n.upper()}, self, other)\n"
     src += f"\n\ndef __r{n}__(self, other):\n"
@@ -613,7 +615,7 @@ def _binary_methods(op):
     src += "        e = other if oc is _float else _INT_FLOAT[other]\n"
     src += _ind(_fwd(op, "e", "d"), 8)
     src += "        if self._rg:\n"
-    src += _ind(_record("self", None, lc, f"{ls}e"), 12)
+    src += _ind(_record("self", None, lc, neg if ls else "e"), 12)
     src += _ind(_PLAIN, 8)
     src += f"    return binary_fallback(_{n.upper()}, other, self)\n"
     return src
