@@ -17,7 +17,7 @@ from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE, bump
 from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
-                     _to_dtype, _to_tensor, array_op, binary, result_dtype, tensor, unary)
+                     _to_dtype, _to_tensor, array_op, binary, quiet, result_dtype, tensor, unary)
 
 _O = BY_NAME
 _NUMBER = (float, int, bool)
@@ -188,8 +188,7 @@ def _reduce(op, npfn):
         if plain_sum and dim is None and dtype is None and input.__class__ is Tensor:
             a = input._d
             if a.__class__ is np.ndarray and a.dtype is _F64:  # the common case, short
-                with np.errstate(all="ignore"):
-                    v = _add_reduce(a, axis=None)
+                v = quiet(_add_reduce, a, None)
                 return array_op(op, [input], _pyfloat(v) if not keepdim else
                                 np.full((1,) * a.ndim, v), (None, keepdim))
         x = _t(input)
