@@ -160,7 +160,7 @@ class Tape:
         self.vals = self.vals_factory()
         self.arrays = {}
         self.aux = {}
-        self.leaves = {}      # id(leaf tensor) -> entries that entered it
+        self.leaves = {}      # id(leaf tensor) -> its entry, or a list when entered again
         self.freed = None     # bool array: entry freed by a backward without retain_graph
         self.retained = {}    # entry -> weakref to a non-leaf tensor that retains grad
         self.imports = []     # entries that import a value from another tape
@@ -201,37 +201,43 @@ class Tape:
         """Slot of tensor ``t`` on this tape, entering it (leaf, constant or import) if new."""
         value = t._d
         src = t._tape
-        if src is not None:
-            if src is not self:
-                return self._import(t, src, value)
+        if src is not None and src is not self:
+            return self._import(t, src, value)
         # leaves and constants keep (tensor, version): a backward checks the version to
         # catch in-place changes to a value it saved
         try:
-            box = t._ver
+            ver = t._ver[0]
         except AttributeError:
-            box = t._ver = [0]
+            t._ver = [0]
+            ver = 0
         vals = self.vals
         k = len(vals)
+        rg = t._rg
         if value.__class__ is float:  # the common case, written out
             vals.append(value)
-            self.code += (LEAF if t._rg else CONST, 0, 0, 0.0, 0.0)
-            self.aux[k] = (t, box[0])
+            self.code += (LEAF if rg else CONST, 0, 0, 0.0, 0.0)
+            self.aux[k] = (t, ver)
         else:
-            self.append((LEAF if t._rg else CONST) | ARRAY, -1, -1, 0.0, 0.0, value,
-                        (t, box[0]))
-        if t._rg:
-            leaves = self.leaves
-            key = id(t)
-            ks = leaves.get(key)
-            if ks is None:
-                leaves[key] = [k]
-            else:
-                ks.append(k)
+            self.append((LEAF if rg else CONST) | ARRAY, -1, -1, 0.0, 0.0, value, (t, ver))
+        if rg:
+            ks = self.leaves.setdefault(id(t), k)  # k itself (this very object) when new
+            if ks is not k:  # entered before: the entries become a list
+                self.leaves[id(t)] = (ks if ks.__class__ is list else [ks]) + [k]
                 self.reentered = True
         self.versioned.append(k)
         t._sid = self.sid
         t._slot = k
         return k
+
+    def leaf_slots(self, t):
+        """The entries that entered leaf ``t`` on this tape, as a list (empty: none)."""
+        ks = self.leaves.get(id(t))
+        return [] if ks is None else ks if ks.__class__ is list else [ks]
+
+    def leaf_items(self):
+        """(id of leaf tensor, list of its entries) for every leaf entered on this tape."""
+        for key, ks in self.leaves.items():
+            yield key, ks if ks.__class__ is list else [ks]
 
     def _import(self, t, src, value):
         """Enter non-leaf ``t`` from tape ``src`` as an import entry."""
@@ -283,7 +289,7 @@ class Tape:
         self.nary = [k for k in self.nary if k < n]
         self.versioned = [k for k in self.versioned if k < n]
         self.viewed = [v for v in self.viewed if v[0] < n]
-        for key, ks in list(self.leaves.items()):
+        for key, ks in list(self.leaf_items()):
             ks = [k for k in ks if k < n]
             if ks:
                 self.leaves[key] = ks

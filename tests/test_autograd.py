@@ -1302,6 +1302,10 @@ def test_one_call_path_sums_a_leaf_entered_twice(torch):
         with M.no_grad():
             x.mul_(2.0)
         z = y + x * x  # torch: y's graph used the old x, x * x the new one
+        if M is tg:
+            tape = z._tape
+            assert tape.reentered and len(tape.leaf_slots(x)) == 2
+            assert [ks for _, ks in tape.leaf_items()] == [tape.leaf_slots(x)]
         return M.autograd.grad(z, x)
     assert_all_same(run(tg), run(torch))
 

@@ -208,7 +208,16 @@ def _grad_scalar(y, inputs, retain_graph):
     if not retain_graph:
         tape.freed = need
         end_tape(tape)
-    return tuple([_plain_s(v) for v in grads.tolist()])
+    out = []
+    for v in grads.tolist():  # _plain_s, written out
+        t = Tensor()
+        t._d = v
+        t._rg = False
+        t._tape = None
+        t._sid = -1
+        t._slot = -1
+        out.append(t)
+    return tuple(out)
 
 
 def _grad_flat(y, inputs, retain_graph):
@@ -500,8 +509,8 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         collect = True
     else:
         if len(tapes) == 1:
-            leaves, tape0 = tapes[0].leaves, tapes[0]
-            slot_lists = [leaves.get(id(x), ()) if x._tape is None else
+            tape0 = tapes[0]
+            slot_lists = [tape0.leaf_slots(x) if x._tape is None else
                           ([x._slot] if x._tape is tape0 else []) for x in ins]
         else:
             slot_lists = [_slots_of(graph, x) for x in ins]
@@ -671,14 +680,13 @@ def _fill_retained(graph, need, reach, is_output, adj, adjd, skip, record=False)
 
 def _slots_of(graph, x):
     if len(graph.tapes) == 1 and x._tape is None:
-        ks = graph.tapes[0].leaves.get(id(x))
-        return ks if ks is not None else []
+        return graph.tapes[0].leaf_slots(x)
     if x._tape is not None:
         s = graph.slot(x._tape, x._slot)
         return [] if s is None else [s]
     out = []
     for t in graph.tapes:
-        ks = t.leaves.get(id(x))
+        ks = t.leaf_slots(x)
         if ks:
             off = graph.slot(t, 0)
             out.extend(off + k for k in ks)
@@ -690,7 +698,7 @@ def _graph_inputs(graph, outs):
     ins, slots, seen = [], [], {}
     for t in graph.tapes:
         off = graph.slot(t, 0)
-        for key, ks in t.leaves.items():
+        for key, ks in t.leaf_items():
             leaf = t.aux[ks[0]][0]
             if key not in seen:
                 seen[key] = len(ins)
