@@ -18,6 +18,16 @@ class _IntFloats(dict):
 
 
 _INT_FLOAT = _IntFloats((i, _float(i)) for i in range(-1024, 1025))
+
+
+class _NegIntFloats(dict):
+    """-float(i), as _INT_FLOAT: the constant of x - i (-0.0 for i = 0, as -float(0))."""
+
+    def __missing__(self, i):
+        return -_float(i)
+
+
+_NEG_INT_FLOAT = _NegIntFloats((i, -_float(i)) for i in range(-1024, 1025))
 _NEG = BY_NAME['neg']
 _py_neg = _NEG.py
 _EXP = BY_NAME['exp']
@@ -256,7 +266,7 @@ def __sub__(self, other):
                         vals = tape.vals
                         k = len(vals)
                     vals.append(v)
-                    tape.code += (26, k - a, 0, (-e if oc is _float else _INT_FLOAT[-other]), 0.0)
+                    tape.code += (26, k - a, 0, (-e if oc is _float else _NEG_INT_FLOAT[other]), 0.0)
                     t = Tensor()
                     t._d = v
                     t._rg = True

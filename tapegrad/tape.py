@@ -128,9 +128,13 @@ def seen_rows(code, n):
         if get is None or fmt.pack(*get(code)) == hit[3]:
             return hit[1]
     m = code_rows(code, 0, n)
-    if len(_SEEN) >= _SEEN_MAX and n not in _SEEN:
-        _SEEN.pop(next(iter(_SEEN)), None)
-    _SEEN[n] = [code[:n * ROW], m, None, None]
+    if n <= ROLLOVER:  # not the long tapes of traces and create_graph (no limit)
+        if len(_SEEN) >= _SEEN_MAX and n not in _SEEN:
+            try:  # the oldest; another thread may change the dict meanwhile
+                del _SEEN[next(iter(_SEEN))]
+            except (RuntimeError, StopIteration, KeyError):
+                pass
+        _SEEN[n] = [code[:n * ROW], m, None, None]
     return m
 
 

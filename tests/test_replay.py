@@ -123,6 +123,18 @@ def test_tie_and_singular_conventions_match_eager():
         close(g, ge)
 
 
+@pytest.mark.parametrize("c", [0, 0.0, 1, -3, 2.5, -0.0])
+def test_a_subtracted_constant_keeps_its_sign_in_replay(c):
+    """x - c records x + (-c): for an int 0 that is -0.0, as float arithmetic gives, so the
+    replay at x = -0.0 divides by -0.0 as the eager forward does."""
+    fn = (lambda a: 1.0 / (a - c))
+    prog = tg.trace(fn, np.array(1.0))
+    for x in (-0.0, 0.0, 2.0):
+        want = 1.0 / (np.float64(x) - c) if (x - c) != 0 else np.copysign(np.inf, x - c)
+        got = np.asarray(prog(np.array(x)))
+        assert got == want and np.signbit(got) == np.signbit(want)
+
+
 def test_branch_free_ops_replay_across_the_branch():
     fn = lambda x: (tg.where(x > 0, x.sqrt(), -x) + x.abs() + tg.maximum(x, 0.3 * x)  # noqa
                     + x.clamp(-0.2, 0.2)).sum()

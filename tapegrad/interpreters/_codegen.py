@@ -522,6 +522,16 @@ class _IntFloats(dict):
 
 
 _INT_FLOAT = _IntFloats((i, _float(i)) for i in range(-1024, 1025))
+
+
+class _NegIntFloats(dict):
+    """-float(i), as _INT_FLOAT: the constant of x - i (-0.0 for i = 0, as -float(0))."""
+
+    def __missing__(self, i):
+        return -_float(i)
+
+
+_NEG_INT_FLOAT = _NegIntFloats((i, -_float(i)) for i in range(-1024, 1025))
 '''
 
 def _record(x, y, op, c):
@@ -605,7 +615,7 @@ def _binary_methods(op):
     src += _ind(_fwd(op, "d", "e"), 12)
     src += "            if self._rg:\n"
     # a negated int constant is the shared float object too (see _INT_FLOAT)
-    neg = "(-e if oc is _float else _INT_FLOAT[-other])"
+    neg = "(-e if oc is _float else _NEG_INT_FLOAT[other])"
     src += _ind(_record("self", None, rc, neg if rs else "e"), 16)
     src += _ind(_PLAIN, 12)
     src += f"    return binary_fallback(_{n.upper()}, self, other)\n"
