@@ -335,3 +335,46 @@ def test_retain_graph_keeps_saved_arrays():
     (g1,) = tg.autograd.grad(y, x, retain_graph=True)
     (g2,) = tg.autograd.grad(y, x)
     np.testing.assert_array_equal(g1.numpy(), g2.numpy())
+
+
+class _FakeLibc:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def mallopt(self, param, value):
+        self.calls.append((param, value))
+        return 1
+
+
+def _fake_allocator(monkeypatch):
+    import tapegrad.tape as tape_mod
+    calls = []
+    monkeypatch.setattr(tape_mod, "ALLOCATOR", [False])
+    monkeypatch.setattr(tape_mod.ctypes, "CDLL", lambda name: _FakeLibc(calls))
+    return tape_mod, calls
+
+
+def test_allocator_is_tuned_once_at_the_first_large_array(monkeypatch):
+    """glibc would map each large array afresh and give the freed heap back after every
+    step (a page fault per 4 KiB touched): the first large array a tape records sets the
+    thresholds glibc itself reaches once a large block is freed."""
+    tape_mod, calls = _fake_allocator(monkeypatch)
+    monkeypatch.delenv("TAPEGRAD_MALLOC_TUNING", raising=False)
+    x = tg.tensor(np.ones(100), requires_grad=True)
+    (x * 2.0).sum()
+    assert calls == [] and not tape_mod.ALLOCATOR[0]  # small arrays leave it alone
+    x = tg.tensor(np.ones(1 << 15), requires_grad=True)
+    y = (x * 2.0) * 3.0
+    linux = sys.platform.startswith("linux")
+    assert tape_mod.ALLOCATOR[0]
+    assert calls == ([(-3, 32 << 20), (-1, 64 << 20)] if linux else [])
+    tg.autograd.grad(y.sum(), x)
+    assert len(calls) == (2 if linux else 0)  # once per process
+
+
+def test_allocator_tuning_can_be_turned_off(monkeypatch):
+    tape_mod, calls = _fake_allocator(monkeypatch)
+    monkeypatch.setenv("TAPEGRAD_MALLOC_TUNING", "0")
+    x = tg.tensor(np.ones(1 << 15), requires_grad=True)
+    (x * 2.0).sum()
+    assert tape_mod.ALLOCATOR[0] and calls == []
