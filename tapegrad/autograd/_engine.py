@@ -272,13 +272,16 @@ def _grad_fused(tape, rows, need, lo, y, ins, retain_graph):
     G = fused.run(p, fn, tape, rows, tape.values(), need, lo, y._slot + 1, adj)
     out = []
     arrays = tape.arrays
+    given = set()
     for s in ins.tolist():
         v = arrays.get(s)
         if v is None:
             out.append(_plain_s(float(adj[s])))
         elif s in G:
             g = G[s].reshape(v.shape)
-            G[s] = g.copy()  # an input listed twice gets a gradient of its own, as in torch
+            if s in given:  # an input listed twice gets a gradient of its own, as in torch
+                g = g.copy()
+            given.add(s)
             out.append(_plain(g))
         else:
             return None
