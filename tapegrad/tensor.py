@@ -835,53 +835,6 @@ def binary(op, x, y):
 _ND = np.ndarray
 
 
-def _binary_f64(op, x, xv, y, yv):
-    """The common array case in one call: float64 arrays (or a float64 array beside a 0-d
-    float64 tensor or a Python float or int) recorded as ``_record_binary`` would; None for
-    anything else (other dtypes, bools, shapes that do not broadcast), which the general
-    path handles."""
-    xc, yc = xv.__class__, yv.__class__
-    if xc is _ND:
-        if xv.dtype is not _F64 or not (yc is _ND and yv.dtype is _F64 or yc is _pyfloat
-                                         or yc is _pyint):
-            return None
-    elif yc is not _ND or yv.dtype is not _F64 or not (xc is _pyfloat or xc is _pyint):
-        return None
-    if (x.__class__ is not Tensor or y.__class__ is not Tensor) and op.name not in _CONST_OPS:
-        return None
-    try:
-        v = quiet(op.np, xv, yv) if op.name in _FLOAT_ONLY else op.np(xv, yv)
-    except ValueError:
-        return None
-    if v.__class__ is not _ND or v.ndim == 0 or v.dtype is not _F64:
-        return None
-    xr = x.__class__ is Tensor and x._rg
-    yr = y.__class__ is Tensor and y._rg
-    tape = STATE.tape() if xr or yr else False
-    if tape is False:  # nothing requires grad, or grad is disabled
-        t = Tensor()
-        t._d, t._rg, t._tape, t._sid, t._slot, t._ver = v, False, None, -1, -1, [0]
-        return t
-    if tape is None or len(tape.vals) >= tape.limit:
-        tape = current_tape()
-    sid = tape.sid
-    if y.__class__ is not Tensor:  # a Python number becomes the constant of the op's form
-        cop, sgn = _CONST_OPS[op.name][0]
-        a = x._slot if x._sid == sid else tape.enter(x)
-        k = tape.append(cop.code | ARRAY, a, -1, sgn * _pyfloat(y), 0.0, v)
-    elif x.__class__ is not Tensor:
-        cop, sgn = _CONST_OPS[op.name][1]
-        a = y._slot if y._sid == sid else tape.enter(y)
-        k = tape.append(cop.code | ARRAY, a, -1, sgn * _pyfloat(x), 0.0, v)
-    else:
-        a = x._slot if x._sid == sid else tape.enter(x)
-        b = y._slot if y._sid == sid else tape.enter(y)
-        k = tape.append(op.code | ARRAY, a, b, 0.0, 0.0, v)
-    t = Tensor()
-    t._d, t._rg, t._tape, t._sid, t._slot, t._ver = v, True, tape, sid, k, [0]
-    return t
-
-
 def _binary_general(op, x, y):
     xv = x._d if x.__class__ is Tensor else x
     yv = y._d if y.__class__ is Tensor else y
@@ -893,11 +846,7 @@ def _binary_general(op, x, y):
             or yc is _ND and yv.dtype.kind == "f" and xc in _NUMBER and (
                 yv.dtype is _F64 or x.__class__ is not Tensor):
         try:
-            if op.name in _FLOAT_ONLY:
-                with np.errstate(all="ignore"):
-                    v = op.np(xv, yv)
-            else:
-                v = op.np(xv, yv)
+            v = quiet(op.np, xv, yv) if op.name in _FLOAT_ONLY else op.np(xv, yv)
         except ValueError:
             return _binary_slow(op, x, y)
         if v.ndim == 0:
@@ -926,16 +875,9 @@ def _record_binary(op, x, y, v):
 def binary_fallback(op, x, y):
     """Binary ``op`` on anything but two 0-d float64 values (NotImplemented for foreign
     types, so Python can try the reflected operator)."""
-    xc, yc = x.__class__, y.__class__
-    if xc is Tensor or xc in _NUMBER:
-        if yc is Tensor or yc in _NUMBER:
-            if xc is Tensor and yc is not Tensor:
-                v = _binary_f64(op, x, x._d, y, y)
-            elif yc is Tensor:
-                v = _binary_f64(op, x, x._d if xc is Tensor else x, y, y._d)
-            else:
-                v = None
-            return _binary_general(op, x, y) if v is None else v
+    if (x.__class__ is Tensor or x.__class__ in _NUMBER) and \
+            (y.__class__ is Tensor or y.__class__ in _NUMBER):
+        return _binary_general(op, x, y)
     try:
         x = x if isinstance(x, Tensor) or x.__class__ in _NUMBER else _operand(x)
         y = y if isinstance(y, Tensor) or y.__class__ in _NUMBER else _operand(y)

@@ -834,7 +834,7 @@ def test_zero_fill_copy_overwrite_inf_and_nan(torch):
     assert res[0] == res[1]
 
 
-# --- the float64 array operators' one-call path (tensor._binary_f64) -------------------------
+# --- the float64 array operators' fast path (tensor._binary_general, warnings off by quiet) --
 
 _F64_CASES = [
     ("a / b", lambda a, b: a / b), ("a ** b", lambda a, b: a ** b),

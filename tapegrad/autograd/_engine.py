@@ -208,16 +208,7 @@ def _grad_scalar(y, inputs, retain_graph):
     if not retain_graph:
         tape.freed = need
         end_tape(tape)
-    out = []
-    for v in grads.tolist():  # _plain_s, written out
-        t = Tensor()
-        t._d = v
-        t._rg = False
-        t._tape = None
-        t._sid = -1
-        t._slot = -1
-        out.append(t)
-    return tuple(out)
+    return tuple([_plain_s(v) for v in grads.tolist()])
 
 
 def _grad_flat(y, inputs, retain_graph):
