@@ -141,6 +141,11 @@ def lower(tapes, inputs, outputs, refs=None, sites_base=0):
         """Slots of a traced-value reference: ("s", tape, slot) or ("c", constant)."""
         if ref[0] == "c":
             return L.const(ref[1])
+        if ref[0] == "u":
+            raise lowering.NotTraceable(
+                f"{ref[1]} depends on the traced inputs but cannot be recorded, so the "
+                f"program would replay it as a constant; compute it with tapegrad ops, or "
+                f"outside the traced function")
         return _scalar(maps[ref[1].sid][ref[2]]) if ref[1].sid in maps else \
             L.const(_value(ref[1], ref[2]))
 
@@ -173,9 +178,7 @@ def lower(tapes, inputs, outputs, refs=None, sites_base=0):
                 elif kind == COMPARE or name == "detach":
                     m[k] = L.op(name, *[resolve(r) for r in aux[k]])
                 elif name == "guard":
-                    r, expected, site = aux[k]
-                    m[k] = L.op("guard", _scalar(np.asarray(resolve(r)).reshape(())),
-                                c0=expected, c1=float(sites_base + site))
+                    m[k] = _lower_guard(L, resolve(aux[k][0]), aux[k], sites_base)
                 elif kind == ARRAY_OP:
                     ins = [m[s] for s in aux[k][0]] if op.nary else \
                         [m[a]] if b < 0 else [m[a], m[b]]
@@ -202,6 +205,23 @@ def lower(tapes, inputs, outputs, refs=None, sites_base=0):
         else:
             out_slots.append(np.asarray(L.const(o)))
     return L, in_slots, out_slots
+
+
+def _lower_guard(L, slots, aux, sites_base):
+    """Guard rows for a ``guard`` entry: aux (reference, expected, site[, "value"]). Every
+    element of the referenced value keeps its truth value (``expected``: 1.0/0.0 per
+    element), or with "value", its value (an ``eq`` row, ``ne(a, a)`` for NaN)."""
+    expected, site = aux[1], float(sites_base + aux[2])
+    values = len(aux) > 3 and aux[3] == "value"
+    slots = np.asarray(slots).reshape(-1)
+    exp = np.broadcast_to(np.asarray(expected, dtype=np.float64).reshape(-1), slots.shape)
+    g = -1
+    for s, e in zip(slots.tolist(), exp.tolist()):
+        if values:
+            s = L.op("ne", s, s) if e != e else L.op("eq", s, L.const(e))
+            e = 1.0
+        g = L.op("guard", s, c0=e, c1=site)
+    return g
 
 
 @njit(cache=True, nogil=True)
