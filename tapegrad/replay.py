@@ -807,9 +807,13 @@ class Program:
                 "branch" if self._fn is not None or not self.retrace else
                 "this program was loaded from a file, so it cannot re-trace: trace the "
                 "function again")
-        raise GuardError(f"the traced program took a branch at {f}:{line} ({text!r}) that "
-                         f"was {taken} while tracing and is {not taken} at this input{where}. "
-                         f"Replaying it would give a wrong result; {hint}.")
+        if isinstance(taken, bool):
+            raise GuardError(f"the traced program took a branch at {f}:{line} ({text!r}) "
+                             f"that was {taken} while tracing and is {not taken} at this "
+                             f"input{where}. Replaying it would give a wrong result; {hint}.")
+        raise GuardError(f"the traced program read a value at {f}:{line} ({text!r}) while "
+                         f"tracing ({taken}); it differs at this input{where}. Replaying it "
+                         f"would give a wrong result; {hint}.")
 
     # -- public API -------------------------------------------------------------------------
     def __call__(self, *xs):

@@ -445,11 +445,12 @@ class Tensor:
     def numpy(self, *, force=False):
         tr = STATE.trace
         if tr is not None:
-            tr.on_escape(self, "numpy()")
             force = force or id(self) in tr.detached
         if self._rg and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
+        if tr is not None:
+            tr.on_escape(self, "numpy()")
         d = self._d
         return np.array(d) if d.__class__ is _pyfloat else d
 
