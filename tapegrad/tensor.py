@@ -966,6 +966,9 @@ def _binary_slow(op, x, y):
 
 def _infer_np(data, nd):
     if isinstance(data, Tensor):
+        tr = STATE.trace
+        if tr is not None:  # a copy of a traced value is a constant: guarded
+            tr.on_escape(data, "tapegrad.tensor()")
         return np.array(data._d, dtype=nd)
     if isinstance(data, (list, tuple)):
         data = [d.tolist() if isinstance(d, Tensor) else d for d in data]
