@@ -156,6 +156,10 @@ def where(condition, input, other):
     c = np.broadcast_to(cond, shape)
     tr = STATE.trace
     ref = tr.ref(condition) if tr is not None and isinstance(condition, Tensor) else None
+    if ref is not None and not (x._rg or y._rg):
+        # a traced condition choosing between constants: recorded all the same
+        return tr.plain_op(lambda cp, a, b: array_op(_O["where"], [tr.taped(a), b], v,
+                                                      (c, ref)), (condition, x, y), _plain(v))
     return array_op(_O["where"], [x, y], v, (c,) if ref is None else (c, ref))
 
 
@@ -882,6 +886,8 @@ def _invert(self):
     tr = STATE.trace
     if tr is not None and t._d.dtype == np.bool_:
         tr.on_logic("logical_not", t, self)
+    elif tr is not None:
+        tr.untraceable(t, "~ (bitwise not) of a traced integer", self)
     return t
 
 

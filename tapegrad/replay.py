@@ -150,6 +150,8 @@ class _Trace:
         eager backward sees as a constant): operations on it are recorded too, and replay
         recomputes them."""
         r = self._tape_ref(source)
+        if r[0] == "u":
+            self._mark(result, r)
         if r[0] != "s":
             return result
         from .ops import ARRAY, BY_NAME
@@ -186,8 +188,29 @@ class _Trace:
         """Mark ``result`` as depending on the traced ``sources`` without being recorded."""
         if any(isinstance(t, Tensor) and (self.traced(t) or self.ref(t) is not None)
                for t in sources):
-            self.refs[id(result)] = (result, ("u", why))
+            self._mark(result, ("u", why))
         return result
+
+    def _mark(self, t, ref):
+        if t._d.__class__ is float:  # off the Python-float fast paths, which record only
+            t._d, t._ver = np.asarray(t._d), [0]  # tensors that require grad
+        self.refs[id(t)] = (t, ref)
+
+    def taped(self, t):
+        """``t`` as a tensor on the tape, so that an op on it is recorded: its stand-in when
+        it is a traced value kept off the tape, else a constant entry."""
+        if t._rg:
+            return t
+        if self.ref(t) is not None:
+            return self._proxy(t)
+        from .tape import current_tape
+        tape = current_tape()
+        k = tape.enter(t)
+        p = Tensor()
+        p._d, p._rg, p._tape, p._sid, p._slot = t._d, True, tape, tape.sid, k
+        if t._d.__class__ is not float:
+            p._ver = t._ver
+        return p
 
     def _proxy(self, t):
         """A stand-in for ``t`` that is on the tape at its reference's entry, so that
@@ -207,14 +230,11 @@ class _Trace:
             return out
         if not out._rg or out._tape is None:  # not recorded after all: never a constant
             if self.ref(out) is None:
-                self.refs[id(out)] = (out, ("u", "an operation on a traced comparison's "
-                                                  "result that tapegrad does not record"))
+                self._mark(out, ("u", "an operation on a traced comparison's result that "
+                                      "tapegrad does not record"))
             return out
-        # a 0-d float64 value stays an array: the Python-float fast paths record only
-        # tensors that require grad, and this one does not
-        d = np.asarray(out._d) if out._d.__class__ is float else out._d
-        res = _plain(d)
-        self.refs[id(res)] = (res, ("s", out._tape, out._slot))
+        res = _plain(out._d)
+        self._mark(res, ("s", out._tape, out._slot))
         return res
 
     def plain_op(self, run, inputs, result):
@@ -236,16 +256,14 @@ class _Trace:
                                            self.ref(t) is not None else t for t in inputs]))
             why = "a value computed from a traced comparison with grad disabled"
         if why is not None:
-            self.refs[id(result)] = (result, ("u", why))
+            self._mark(result, ("u", why))
         return result
 
     def rebind(self, x, res):
         """``x`` now holds ``res``'s value (an in-place op on a tensor that needs no grad)."""
         r = self.ref(res)
         if r is not None:
-            if x._d.__class__ is float:  # kept off the Python-float fast paths (_unproxy)
-                x._d, x._ver = np.asarray(x._d), [0]
-            self.refs[id(x)] = (x, r)
+            self._mark(x, r)
         elif self.ref(x) is not None:
             del self.refs[id(x)]
 
@@ -254,7 +272,7 @@ class _Trace:
         ``value`` or ``x`` was a traced value."""
         if self.ref(x) is not None or isinstance(value, Tensor) and (
                 self.ref(value) is not None or self.traced(value)):
-            self.refs[id(x)] = (x, ("u", f"{what} into a tensor that does not require grad"))
+            self._mark(x, ("u", f"{what} into a tensor that does not require grad"))
 
     # -- Python reading traced values: guards ----------------------------------------------
 

@@ -210,12 +210,14 @@ def test_guards_survive_derivative_programs_and_files(tmp_path):
 
 
 def test_counts_and_casts_of_masks_replay_branch_free():
-    """A mask used as numbers (cast, counted, combined) stays recomputed: no guard."""
+    """A mask used as numbers (cast, counted, combined, choosing between constants) stays
+    recomputed: no guard."""
     def fn(x):
         m = (x > 0).double()
         n = (x > 0).sum() + (x < -1).long().sum() * 2
         where = tg.where if isinstance(x, tg.Tensor) else torch.where
-        return (m * x).sum() + n * x.sum() + where(x.isfinite(), x, 0.0).sum()
+        s = where(x > 0, 1.0, -1.0).sum() + where((x > 0).logical_not(), 3.0, x).sum()
+        return (m * x).sum() + n * x.sum() + where(x.isfinite(), x, 0.0).sum() + s * x[0]
     prog = tg.trace(fn, np.array([1.0, -2.0, 3.0]), strict=True)
     for x in ([1.0, 2.0, 3.0], [-3.0, -0.5, 2.0], [-1.0, -2.0, -3.0]):
         v, g = prog.value_and_grad(np.array(x))
