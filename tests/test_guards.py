@@ -67,6 +67,8 @@ CASES = [
      [1.0, 2.0, -3.0], [1.0, 2.0, -3.0], [1.0, -2.0, -3.0], True),
     ("tolist_values", lambda x: x.sum() * max(x.detach().tolist()),
      [1.0, 2.0, -3.0], [1.0, 2.0, -3.0], [1.0, -2.0, -3.0], True),
+    ("operator_index", lambda x: x.sum() * len(range((x > 0).sum())),
+     [1.0, 2.0, -3.0], [3.0, -1.0, 1.0], [1.0, -2.0, -3.0], True),
     ("tensor_copy", lambda x: (x * _copy(x[1:])).sum(),
      [1.0, 2.0, -3.0], [5.0, 2.0, -3.0], [1.0, -2.0, -3.0], True),
 ]
@@ -244,6 +246,7 @@ def test_in_place_updates_of_counts_are_followed():
     (lambda x: x.sum() * float(x.max(0).indices), "indices of max"),
     (lambda x: A(x) if (x * 10.0).long().sum() > 3 else B(x), "cast of a traced value"),
     (lambda x: x.sum() * int((x > 0).long().clamp(0, 1).sum()), "clamp"),
+    (lambda x: x.sum() * int(~(x > 0).sum()), "bitwise not"),
 ])
 def test_values_that_cannot_be_recomputed_are_refused(fn, what):
     with pytest.raises(RuntimeError, match=f"{what}.*cannot recompute.*tapegrad.where"):
