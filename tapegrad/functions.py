@@ -669,7 +669,7 @@ def setitem(x, idx, value):
     nidx = _index(idx)
     tr = STATE.trace
     if tr is not None:
-        tr.on_index(idx, "index assignment")
+        tr.on_index(idx, "x[i] = v")
     v = value if isinstance(value, Tensor) else _tn(value, "value")
     vt = v if isinstance(v, Tensor) else None
     vv = np.asarray(v._d if vt is not None else v)

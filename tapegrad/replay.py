@@ -68,6 +68,14 @@ def _host(x):
     return np.asarray(x)
 
 
+def _stacklevel():
+    """``warnings.warn``'s stacklevel for the innermost frame outside tapegrad."""
+    f, level = sys._getframe(2), 2
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(_PKG):
+        f, level = f.f_back, level + 1
+    return level
+
+
 def _site():
     """(file, line, source text) of the innermost frame outside tapegrad."""
     f = sys._getframe(1)
@@ -346,10 +354,10 @@ class _Trace:
                f"Python branch on it) to have it recomputed at new inputs.")
         if self.strict:
             raise RuntimeError(msg + " (trace(..., strict=True) makes this an error)")
-        warnings.warn(msg, TraceWarning, stacklevel=3)
+        warnings.warn(msg, TraceWarning, stacklevel=_stacklevel())
         self._guard(t, r, False, f"{what}")
 
-    def on_index(self, idx, what="indexing"):
+    def on_index(self, idx, what="x[i]"):
         """Tensors in an index (``x[mask]``, ``x[i]``) choose elements while tracing: guard
         that a boolean mask is the same at replay, element by element; an integer index is
         a value read out of the tape (on_escape)."""
@@ -359,12 +367,14 @@ class _Trace:
             r = self.ref(i)
             if r is not None and r[0] == "u":
                 self._refuse(i, what, r[1])
-            if r is None and not self.traced(i):
-                continue
+            if r is None:
+                if not self.traced(i):
+                    continue
+                r = self._tape_ref(i)
             if i.dtype.np == np.bool_:
-                self._guard(i, r, True, f"the boolean mask of {what}")
+                self._guard(i, r, True, f"the boolean mask in {what}")
             else:
-                self.on_escape(i, f"an index tensor of {what}")
+                self.on_escape(i, f"the index tensor in {what}")
 
     @contextlib.contextmanager
     def quiet(self):
