@@ -1148,11 +1148,14 @@ def trace(fn, *example_inputs, retrace=False, strict=False, target="cpu"):
     *example_inputs : ndarray, float or Tensor
         Inputs to trace at (floating point). The program takes inputs of these shapes.
     retrace : bool
-        When a branch that depended on the inputs goes the other way at replay, trace
-        ``fn`` again there and keep both variants (default: raise :class:`GuardError`).
+        When a guard fails at replay (a branch that depended on the inputs goes the other
+        way, or a value Python read while tracing differs), trace ``fn`` again there and
+        keep both variants (default: raise :class:`GuardError`).
     strict : bool
-        Make values that leave the tape while tracing (``.item()``, ``float(t)``) errors
-        instead of :class:`TraceWarning` s.
+        Make values that leave the tape while tracing (``.item()``, ``float(t)``,
+        ``int(t)``, ``.tolist()``, ``.numpy()``) errors instead of :class:`TraceWarning` s
+        and value guards. Truth values (``if``, ``bool``, ``all()``, boolean masks) are
+        guarded either way.
     target : {"cpu", "parallel", "cuda"}
         Where batched calls run.
 
