@@ -1,6 +1,7 @@
 """Traced programs never replay a stale branch: tensor predicates (all, any, mask counts),
 conversions (bool, int, float, item, tolist, numpy) and boolean-mask indexing are guarded,
 or tracing refuses them."""
+import math
 import warnings
 
 import numpy as np
@@ -267,6 +268,16 @@ def _assign_plain(x):
     b = tg.zeros(3)
     b[0] = (x > 0).sum()
     return (b * x).sum()
+
+
+def test_a_value_guard_tells_zero_from_minus_zero():
+    def fn(x):
+        return x.sum() + math.copysign(1.0, float(x[0]))
+    prog = trace(fn, [0.0, 1.0])
+    close(prog(np.array([0.0, 2.0])), 3.0)
+    with pytest.raises(tg.GuardError):
+        prog(np.array([-0.0, 2.0]))
+    assert trace(fn, [0.0, 1.0], retrace=True)(np.array([-0.0, 2.0])) == 1.0
 
 
 def test_a_bool_cast_of_a_traced_value_is_recomputed():

@@ -210,7 +210,8 @@ def lower(tapes, inputs, outputs, refs=None, sites_base=0):
 def _lower_guard(L, slots, aux, sites_base):
     """Guard rows for a ``guard`` entry: aux (reference, expected, site[, "value"]). Every
     element of the referenced value keeps its truth value (``expected``: 1.0/0.0 per
-    element), or with "value", its value (an ``eq`` row, ``ne(a, a)`` for NaN)."""
+    element), or with "value", its value (an ``eq`` row, ``ne(a, a)`` for NaN, and for a
+    zero its sign too: ``1 / a > 0``, as Python may tell 0.0 from -0.0)."""
     expected, site = aux[1], float(sites_base + aux[2])
     values = len(aux) > 3 and aux[3] == "value"
     slots = np.asarray(slots).reshape(-1)
@@ -218,6 +219,9 @@ def _lower_guard(L, slots, aux, sites_base):
     g = -1
     for s, e in zip(slots.tolist(), exp.tolist()):
         if values:
+            if e == 0.0:
+                g = L.op("guard", L.op("gt", L.op("rdivc", s, c0=1.0), L.const(0.0)),
+                         c0=0.0 if math.copysign(1.0, e) < 0 else 1.0, c1=site)
             s = L.op("ne", s, s) if e != e else L.op("eq", s, L.const(e))
             e = 1.0
         g = L.op("guard", s, c0=e, c1=site)
