@@ -212,19 +212,28 @@ def _lower_guard(L, slots, aux, sites_base):
     element of the referenced value keeps its truth value (``expected``: 1.0/0.0 per
     element), or with "value", its value (an ``eq`` row, ``ne(a, a)`` for NaN, and for a
     zero its sign too: ``1 / a > 0``, as Python may tell 0.0 from -0.0)."""
-    expected, site = aux[1], float(sites_base + aux[2])
-    values = len(aux) > 3 and aux[3] == "value"
-    slots = np.asarray(slots).reshape(-1)
-    exp = np.broadcast_to(np.asarray(expected, dtype=np.float64).reshape(-1), slots.shape)
+    site = float(sites_base + aux[2])
+    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+    exp = np.broadcast_to(np.asarray(aux[1], dtype=np.float64).reshape(-1), slots.shape)
+    checks = []  # (slots, expected truth value), one guard row per slot
+    if len(aux) > 3 and aux[3] == "value":
+        nan, zero = exp != exp, exp == 0.0
+        if nan.any():
+            checks.append((L.op("ne", slots[nan], slots[nan]), 1.0))
+        if (~nan).any():
+            checks.append((L.op("eq", slots[~nan], L.const(exp[~nan])), 1.0))
+        if zero.any():
+            pos = L.op("gt", L.op("rdivc", slots[zero], c0=1.0), L.const(0.0))
+            neg = np.signbit(exp[zero])
+            checks += [(pos[~neg], 1.0), (pos[neg], 0.0)]
+    else:
+        truth = exp != 0.0
+        checks += [(slots[truth], 1.0), (slots[~truth], 0.0)]
     g = -1
-    for s, e in zip(slots.tolist(), exp.tolist()):
-        if values:
-            if e == 0.0:
-                g = L.op("guard", L.op("gt", L.op("rdivc", s, c0=1.0), L.const(0.0)),
-                         c0=0.0 if math.copysign(1.0, e) < 0 else 1.0, c1=site)
-            s = L.op("ne", s, s) if e != e else L.op("eq", s, L.const(e))
-            e = 1.0
-        g = L.op("guard", s, c0=e, c1=site)
+    for s, e in checks:
+        s = np.asarray(s, dtype=np.int64).reshape(-1)
+        if s.size:
+            g = int(np.asarray(L.op("guard", s, c0=e, c1=site)).reshape(-1)[-1])
     return g
 
 
