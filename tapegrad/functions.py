@@ -119,7 +119,9 @@ def clamp(input, min=None, max=None):
     hi = math.inf if max is None else float(max)
     if x.dtype.np.kind != "f":
         v = np.clip(np.asarray(x._d), min, max)
-        return _plain(v)
+        tr = STATE.trace
+        return _plain(v) if tr is None else tr.untraceable(
+            _plain(v), "clamp() of a traced integer tensor", x)
     return unary(_O["clamp"], x, lo, hi)
 
 
@@ -154,6 +156,10 @@ def where(condition, input, other):
     c = np.broadcast_to(cond, shape)
     tr = STATE.trace
     ref = tr.ref(condition) if tr is not None and isinstance(condition, Tensor) else None
+    if ref is not None and not (x._rg or y._rg):
+        # a traced condition choosing between constants: recorded all the same
+        return tr.plain_op(lambda cp, a, b: array_op(_O["where"], [tr.taped(a), b], v,
+                                                      (c, ref)), (condition, x, y), _plain(v))
     return array_op(_O["where"], [x, y], v, (c,) if ref is None else (c, ref))
 
 
@@ -265,7 +271,11 @@ def _extreme(op, npfn, argfn, pair_op, name):
             v = np.squeeze(v, axis=d)
         ind = np.expand_dims(idx, d) if keepdim else idx
         values = array_op(op, [x], v, ((d,), keepdim, idx))  # idx: reduced shape
-        return _minmax(values, _plain(np.asarray(ind, dtype=np.int64)))
+        ind = _plain(np.asarray(ind, dtype=np.int64))
+        tr = STATE.trace
+        if tr is not None:
+            tr.untraceable(ind, f"the indices of {name}(dim) of a traced tensor", x)
+        return _minmax(values, ind)
     fn.__name__ = name
     fn.__doc__ = (f"``{name}(x)``: the {name}imum (ties share the gradient evenly); "
                   f"``{name}(x, dim)``: (values, indices), gradient to the first index; "
@@ -600,6 +610,8 @@ def getitem(x, idx):
         if not (x._rg and STATE.grad_enabled):
             t = _plain(v)
             t._ver = x._ver
+            if STATE.trace is not None:  # a slice of a traced comparison: recorded
+                return STATE.trace.plain_op(lambda a: getitem(a, idx), (x,), t)
             return t
         return _record_view(x, v, idx, d.shape)
     if d.__class__ is _pyfloat:
@@ -612,10 +624,15 @@ def getitem(x, idx):
         v = d[nidx]
     except IndexError as e:
         raise IndexError(str(e).replace("axis", "dimension")) from None
+    tr = STATE.trace
+    if tr is not None:  # a traced mask or index chooses elements: guarded
+        tr.on_index(idx)
     if not (x._rg and STATE.grad_enabled):
         t = _plain(_norm_value(v))
         if isinstance(v, np.ndarray) and np.shares_memory(v, d):
             t._ver = x._ver  # a view: in-place writes through it bump the base's version
+        if tr is not None:
+            return tr.plain_op(lambda a: getitem(a, idx), (x,), t)
         return t
     basic = _basic_index(nidx)
     if not basic:
@@ -650,6 +667,9 @@ def setitem(x, idx, value):
     if scalar:
         d = np.asarray(d)
     nidx = _index(idx)
+    tr = STATE.trace
+    if tr is not None:
+        tr.on_index(idx, "x[i] = v")
     v = value if isinstance(value, Tensor) else _tn(value, "value")
     vt = v if isinstance(v, Tensor) else None
     vv = np.asarray(v._d if vt is not None else v)
@@ -678,6 +698,8 @@ def setitem(x, idx, value):
         res = array_op(_O["setitem"], [x, vt], out, (nidx, mask))
         _rebind(x, res)
         return
+    if tr is not None:
+        tr.written(x, v, "an index assignment (x[i] = v) of a traced value")
     if scalar:
         out = np.array(d, copy=True)
         out[nidx] = vv
@@ -746,6 +768,9 @@ def _inplace(op_fn):
                 setitem(view[0], view[1], self)
             return self
         v = res._d
+        tr = STATE.trace
+        if tr is not None:  # self takes res's value: and its reference, when traced
+            tr.rebind(self, res)
         if self._d.__class__ is _pyfloat:
             self._d = v if v.__class__ is _pyfloat else float(v)
             self._sid = -1
@@ -861,6 +886,8 @@ def _invert(self):
     tr = STATE.trace
     if tr is not None and t._d.dtype == np.bool_:
         tr.on_logic("logical_not", t, self)
+    elif tr is not None:
+        tr.untraceable(t, "~ (bitwise not) of a traced integer", self)
     return t
 
 
@@ -869,16 +896,37 @@ Tensor.__and__ = _logical(np.logical_and)
 Tensor.__or__ = _logical(np.logical_or)
 Tensor.__xor__ = _logical(np.logical_xor)
 Tensor.logical_not = _logical(np.logical_not)
-Tensor.any = lambda self, dim=None, keepdim=False: _plain(np.asarray(
-    np.any(np.asarray(self._d), axis=dim, keepdims=keepdim)))
-Tensor.all = lambda self, dim=None, keepdim=False: _plain(np.asarray(
-    np.all(np.asarray(self._d), axis=dim, keepdims=keepdim)))
-Tensor.isnan = lambda self: _plain(np.asarray(np.isnan(self._d)))
-Tensor.isfinite = lambda self: _plain(np.asarray(np.isfinite(self._d)))
-Tensor.argmax = lambda self, dim=None, keepdim=False: _plain(np.asarray(
-    np.argmax(np.asarray(self._d), axis=dim, keepdims=keepdim), dtype=np.int64))
-Tensor.argmin = lambda self, dim=None, keepdim=False: _plain(np.asarray(
-    np.argmin(np.asarray(self._d), axis=dim, keepdims=keepdim), dtype=np.int64))
+def _predicate(npfn, traced):
+    """A boolean method; while tracing, on a traced tensor, ``traced(self, ...)``: the same
+    value built from recorded comparisons and sums, so a program recomputes it."""
+    def f(self, *args, **kwargs):
+        tr = STATE.trace
+        if tr is not None and tr.traced(self):
+            return traced(self, *args, **kwargs)
+        return _plain(np.asarray(npfn(np.asarray(self._d), *args, **kwargs)))
+    return f
+
+
+def _arg(npfn, name):
+    def f(self, dim=None, keepdim=False):
+        r = _plain(np.asarray(npfn(np.asarray(self._d), axis=dim, keepdims=keepdim),
+                              dtype=np.int64))
+        tr = STATE.trace
+        return r if tr is None else tr.untraceable(r, f"{name}() of a traced tensor", self)
+    return f
+
+
+# all: no element is 0; any: some element is not (NaN counts as true, as in NumPy)
+Tensor.any = _predicate(lambda a, dim=None, keepdim=False: np.any(a, axis=dim,
+                                                                  keepdims=keepdim),
+                        lambda s, dim=None, keepdim=False: (s != 0).sum(dim, keepdim) > 0)
+Tensor.all = _predicate(lambda a, dim=None, keepdim=False: np.all(a, axis=dim,
+                                                                  keepdims=keepdim),
+                        lambda s, dim=None, keepdim=False: (s == 0).sum(dim, keepdim) == 0)
+Tensor.isnan = _predicate(np.isnan, lambda s: s != s)
+Tensor.isfinite = _predicate(np.isfinite, lambda s: (s - s) == 0)
+Tensor.argmax = _arg(np.argmax, "argmax")
+Tensor.argmin = _arg(np.argmin, "argmin")
 
 
 def _method(fn):

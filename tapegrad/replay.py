@@ -68,6 +68,14 @@ def _host(x):
     return np.asarray(x)
 
 
+def _stacklevel():
+    """``warnings.warn``'s stacklevel for the innermost frame outside tapegrad."""
+    f, level = sys._getframe(2), 2
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(_PKG):
+        f, level = f.f_back, level + 1
+    return level
+
+
 def _site():
     """(file, line, source text) of the innermost frame outside tapegrad."""
     f = sys._getframe(1)
@@ -97,7 +105,8 @@ class _Trace:
         self._quiet = 0
 
     def _tape_ref(self, t):
-        """("s", tape, slot) of a traced tensor, ("c", value) of anything else."""
+        """("s", tape, slot) of a traced tensor, ("u", why) of an untraceable one (see
+        ``untraceable``), ("c", value) of anything else."""
         if isinstance(t, Tensor):
             r = self.refs.get(id(t))
             if r is not None and r[0] is t:
@@ -120,7 +129,8 @@ class _Trace:
         return r[1] if r is not None and r[0] is t else None
 
     def traced(self, t):
-        return self._tape_ref(t)[0] == "s"
+        """Whether ``t`` depends on the traced inputs."""
+        return self._tape_ref(t)[0] != "c"
 
     def _record(self, name, result, refs, extra=()):
         from .ops import BY_NAME, ARRAY
@@ -135,6 +145,10 @@ class _Trace:
 
     def on_logic(self, name, result, *operands):
         refs = [self._tape_ref(o) for o in operands]
+        for r in refs:
+            if r[0] == "u":
+                self.refs[id(result)] = (result, r)
+                return
         if any(r[0] == "s" for r in refs):
             self._record({"logical_and": "logical_and", "logical_or": "logical_or",
                           "logical_xor": "logical_xor"}.get(name, name), result, refs)
@@ -144,6 +158,8 @@ class _Trace:
         eager backward sees as a constant): operations on it are recorded too, and replay
         recomputes them."""
         r = self._tape_ref(source)
+        if r[0] == "u":
+            self._mark(result, r)
         if r[0] != "s":
             return result
         from .ops import ARRAY, BY_NAME
@@ -169,9 +185,138 @@ class _Trace:
             raise RuntimeError(msg + " (trace(..., strict=True) makes this an error)")
         warnings.warn(msg, TraceWarning, stacklevel=4)
 
+    # -- values kept off the tape ------------------------------------------------------------
+    # Comparison results and what follows from them (counts, all/any, casts) do not require
+    # grad, so eager mode does not record them; tracing does, and keeps a reference to the
+    # entry in ``refs``. Values that depend on the inputs but cannot be recorded (argmax,
+    # a float cast to int) are marked ("u", why): using one in the program, or reading it in
+    # Python, refuses to trace rather than replay it as a constant.
+
+    def untraceable(self, result, why, *sources):
+        """Mark ``result`` as depending on the traced ``sources`` without being recorded."""
+        if any(isinstance(t, Tensor) and (self.traced(t) or self.ref(t) is not None)
+               for t in sources):
+            self._mark(result, ("u", why))
+        return result
+
+    def _mark(self, t, ref):
+        if t._d.__class__ is float:  # off the Python-float fast paths, which record only
+            t._d, t._ver = np.asarray(t._d), [0]  # tensors that require grad
+        self.refs[id(t)] = (t, ref)
+
+    def taped(self, t):
+        """``t`` as a tensor on the tape, so that an op on it is recorded: its stand-in when
+        it is a traced value kept off the tape, else a constant entry."""
+        if t._rg:
+            return t
+        if self.ref(t) is not None:
+            return self._proxy(t)
+        from .tape import current_tape
+        tape = current_tape()
+        k = tape.enter(t)
+        p = Tensor()
+        p._d, p._rg, p._tape, p._sid, p._slot = t._d, True, tape, tape.sid, k
+        if t._d.__class__ is not float:
+            p._ver = t._ver
+        return p
+
+    def _proxy(self, t):
+        """A stand-in for ``t`` that is on the tape at its reference's entry, so that
+        operations on it are recorded."""
+        _, tape, k = self.ref(t)
+        p = Tensor()
+        p._d, p._rg, p._tape, p._sid, p._slot = t._d, True, tape, tape.sid, k
+        if t._d.__class__ is not float:
+            p._ver = t._ver
+        return p
+
+    def _unproxy(self, out):
+        if isinstance(out, tuple):
+            return type(out)(self._unproxy(o) for o in out) if type(out) is tuple else \
+                type(out)(*[self._unproxy(o) for o in out])
+        if not isinstance(out, Tensor):
+            return out
+        if not out._rg or out._tape is None:  # not recorded after all: never a constant
+            if self.ref(out) is None:
+                self._mark(out, ("u", "an operation on a traced comparison's result that "
+                                      "tapegrad does not record"))
+            return out
+        res = _plain(out._d)
+        self._mark(res, ("s", out._tape, out._slot))
+        return res
+
+    def plain_op(self, run, inputs, result):
+        """An op gave the plain ``result`` (nothing required grad): when an input is a traced
+        value kept off the tape, run it again (``run(*inputs)``) on stand-ins so that it is
+        recorded, and return that result; when an input is untraceable, so is the result."""
+        why, lift = None, False
+        for t in inputs:
+            if t.__class__ is Tensor:
+                r = self.refs.get(id(t))
+                if r is not None and r[0] is t:
+                    if r[1][0] == "u":
+                        why = why or r[1][1]
+                    else:
+                        lift = True
+        if why is None and lift:
+            if STATE.grad_enabled:
+                return self._unproxy(run(*[self._proxy(t) if t.__class__ is Tensor and
+                                           self.ref(t) is not None else t for t in inputs]))
+            why = "a value computed from a traced comparison with grad disabled"
+        if why is not None:
+            self._mark(result, ("u", why))
+        return result
+
+    def rebind(self, x, res):
+        """``x`` now holds ``res``'s value (an in-place op on a tensor that needs no grad)."""
+        r = self.ref(res)
+        if r is not None:
+            self._mark(x, r)
+        elif self.ref(x) is not None:
+            del self.refs[id(x)]
+
+    def written(self, x, value, what):
+        """``x[...] = value`` wrote in place without recording: mark ``x`` untraceable when
+        ``value`` or ``x`` was a traced value."""
+        if self.ref(x) is not None or isinstance(value, Tensor) and (
+                self.ref(value) is not None or self.traced(value)):
+            self._mark(x, ("u", f"{what} into a tensor that does not require grad"))
+
+    # -- Python reading traced values: guards ----------------------------------------------
+
+    def _refuse(self, t, what, why):
+        f, line, text = _site()
+        raise RuntimeError(
+            f"tapegrad.trace: {what} at {f}:{line} ({text!r}) reads a value that depends on "
+            f"the traced inputs ({why}) but that the program cannot recompute, so it would "
+            f"replay the value it had while tracing. Compute it with tapegrad ops on the "
+            f"inputs (tapegrad.where instead of a Python branch), or outside the traced "
+            f"function")
+
+    def _guard(self, t, r, truth, desc):
+        """Record a guard: replay checks that every element of traced ``t`` (reference
+        ``r``) still has its truth value (``truth``) or its value; returns the site."""
+        from .tape import current_tape
+        v = np.asarray(t._d)
+        expected = (v != 0).astype(np.float64) if truth else v.astype(np.float64)
+        site = _site()
+        if v.size == 1 and truth:
+            taken = bool(expected.reshape(()))
+        else:
+            taken = desc if v.size > 8 else f"{desc} == {v.tolist()!r}"
+        self.sites.append(site + (taken,))
+        tape = current_tape()
+        tape.append(_prog.GUARD, -1, -1, 0.0, 0.0, float(expected.reshape(-1)[0])
+                    if v.size else 0.0,
+                    (r, float(expected.reshape(())) if v.size == 1 and truth else expected,
+                     len(self.sites) - 1) + (() if truth else ("value",)))
+        return site
+
     def on_bool(self, t):
         """Python needs the truth value of ``t``: record a guard when it is traced."""
         r = self.ref(t)
+        if r is not None and r[0] == "u":
+            self._refuse(t, "bool()", r[1])
         if r is None:
             if not self.traced(t) or t.numel() != 1:
                 return None
@@ -182,31 +327,54 @@ class _Trace:
             t = b
         if t.numel() != 1:
             return None  # the eager error follows
-        taken = bool(np.asarray(t._d).reshape(()))
-        from .tape import current_tape
-        tape = current_tape()
-        site = _site()
-        self.sites.append(site + (taken,))
-        tape.append(_prog.GUARD, -1, -1, 0.0, 0.0, 1.0 if taken else 0.0,
-                    (r, 1.0 if taken else 0.0, len(self.sites) - 1))
-        return taken
+        self._guard(t, r, True, "")
+        return bool(np.asarray(t._d).reshape(()))
 
     def on_escape(self, t, what):
+        """Python reads the value of ``t`` (``item()``, ``int()``, ``tolist()``...). A traced
+        truth value becomes a guard; any other traced value is frozen into the program, with
+        guards that it is the same at replay, and a TraceWarning (an error when strict)."""
         if self._quiet:
             return
-        if self.ref(t) is not None and t.numel() == 1 and t.dtype.np == np.bool_:
-            self.on_bool(t)  # a truth value read as a number: a guard, not a frozen value
-            return
-        if not self.traced(t):
+        r = self.ref(t)
+        if r is not None and r[0] == "u":
+            self._refuse(t, what, r[1])
+        if r is None:
+            if not self.traced(t):
+                return
+            r = self._tape_ref(t)
+        if t.dtype.np == np.bool_:
+            self._guard(t, r, True, f"{what} of a traced truth value")
             return
         f, line, text = _site()
         msg = (f"{what} on a traced tensor at {f}:{line} ({text!r}) takes its value out of "
-               f"the tape: the program replays it as the constant it was while tracing. Keep "
-               f"the computation in tapegrad ops (use where() instead of a Python branch on "
-               f"it) to have it recomputed at new inputs.")
+               f"the tape: the program replays it as the constant it was while tracing, and "
+               f"raises GuardError (or traces again, with retrace=True) at inputs where it "
+               f"differs. Keep the computation in tapegrad ops (use where() instead of a "
+               f"Python branch on it) to have it recomputed at new inputs.")
         if self.strict:
             raise RuntimeError(msg + " (trace(..., strict=True) makes this an error)")
-        warnings.warn(msg, TraceWarning, stacklevel=3)
+        warnings.warn(msg, TraceWarning, stacklevel=_stacklevel())
+        self._guard(t, r, False, f"{what}")
+
+    def on_index(self, idx, what="x[i]"):
+        """Tensors in an index (``x[mask]``, ``x[i]``) choose elements while tracing: guard
+        that a boolean mask is the same at replay, element by element; an integer index is
+        a value read out of the tape (on_escape)."""
+        for i in (idx if isinstance(idx, tuple) else (idx,)):
+            if not isinstance(i, Tensor):
+                continue
+            r = self.ref(i)
+            if r is not None and r[0] == "u":
+                self._refuse(i, what, r[1])
+            if r is None:
+                if not self.traced(i):
+                    continue
+                r = self._tape_ref(i)
+            if i.dtype.np == np.bool_:
+                self._guard(i, r, True, f"the boolean mask in {what}")
+            else:
+                self.on_escape(i, f"the index tensor in {what}")
 
     @contextlib.contextmanager
     def quiet(self):
@@ -667,9 +835,13 @@ class Program:
                 "branch" if self._fn is not None or not self.retrace else
                 "this program was loaded from a file, so it cannot re-trace: trace the "
                 "function again")
-        raise GuardError(f"the traced program took a branch at {f}:{line} ({text!r}) that "
-                         f"was {taken} while tracing and is {not taken} at this input{where}. "
-                         f"Replaying it would give a wrong result; {hint}.")
+        if isinstance(taken, bool):
+            raise GuardError(f"the traced program took a branch at {f}:{line} ({text!r}) "
+                             f"that was {taken} while tracing and is {not taken} at this "
+                             f"input{where}. Replaying it would give a wrong result; {hint}.")
+        raise GuardError(f"the traced program read a value at {f}:{line} ({text!r}) while "
+                         f"tracing ({taken}); it differs at this input{where}. Replaying it "
+                         f"would give a wrong result; {hint}.")
 
     # -- public API -------------------------------------------------------------------------
     def __call__(self, *xs):
@@ -976,11 +1148,14 @@ def trace(fn, *example_inputs, retrace=False, strict=False, target="cpu"):
     *example_inputs : ndarray, float or Tensor
         Inputs to trace at (floating point). The program takes inputs of these shapes.
     retrace : bool
-        When a branch that depended on the inputs goes the other way at replay, trace
-        ``fn`` again there and keep both variants (default: raise :class:`GuardError`).
+        When a guard fails at replay (a branch that depended on the inputs goes the other
+        way, or a value Python read while tracing differs), trace ``fn`` again there and
+        keep both variants (default: raise :class:`GuardError`).
     strict : bool
-        Make values that leave the tape while tracing (``.item()``, ``float(t)``) errors
-        instead of :class:`TraceWarning` s.
+        Make values that leave the tape while tracing (``.item()``, ``float(t)``,
+        ``int(t)``, ``.tolist()``, ``.numpy()``) errors instead of :class:`TraceWarning` s
+        and value guards. Truth values (``if``, ``bool``, ``all()``, boolean masks) are
+        guarded either way.
     target : {"cpu", "parallel", "cuda"}
         Where batched calls run.
 

@@ -445,11 +445,12 @@ class Tensor:
     def numpy(self, *, force=False):
         tr = STATE.trace
         if tr is not None:
-            tr.on_escape(self, "numpy()")
             force = force or id(self) in tr.detached
         if self._rg and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
+        if tr is not None:
+            tr.on_escape(self, "numpy()")
         d = self._d
         return np.array(d) if d.__class__ is _pyfloat else d
 
@@ -461,9 +462,12 @@ class Tensor:
         return d if d.__class__ is _pyfloat else d.tolist()
 
     def __array__(self, dtype=None, copy=None):
-        if self._rg:
+        tr = STATE.trace
+        if self._rg and (tr is None or id(self) not in tr.detached):
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
+        if tr is not None:
+            tr.on_escape(self, "numpy.asarray()")
         d = self._d
         a = np.array(d) if d.__class__ is _pyfloat else d
         if dtype is not None:
@@ -679,6 +683,8 @@ def unary(op, x, c0=0.0, c1=0.0):
         v = op.py(d, c0, c1) if op.kind == UNARY_C else op.py(d)
         if x._rg and STATE.grad_enabled:
             return _record(op.code, x, None, c0, c1, v)
+        if STATE.trace is not None:  # a traced comparison's result, say: recorded
+            return STATE.trace.plain_op(lambda a: unary(op, a, c0, c1), (x,), _plain(v))
         return _plain(v)
     if d.dtype.kind != "f" and not (
             op.name in _INT_PRESERVING and d.dtype.kind in "iu"
@@ -691,6 +697,8 @@ def unary(op, x, c0=0.0, c1=0.0):
         v = v.astype(d.dtype)
     if x._rg and STATE.grad_enabled:
         return _record(op.code | ARRAY, x, None, c0, c1, v)
+    if STATE.trace is not None:
+        return STATE.trace.plain_op(lambda a: unary(op, a, c0, c1), (x,), _plain(v))
     return _plain(v)
 
 
@@ -704,6 +712,9 @@ def array_op(op, inputs, value, aux):
                     return _record_nary(op, inputs, value, aux)
                 return _record(op.code | ARRAY, inputs[0],
                                inputs[1] if len(inputs) > 1 else None, 0.0, 0.0, value, aux)
+    if STATE.trace is not None:  # e.g. the count of a traced mask: recorded
+        return STATE.trace.plain_op(lambda *ins: array_op(op, list(ins), value, aux), inputs,
+                                    _plain(value))
     return _plain(value)
 
 
@@ -861,6 +872,9 @@ def _record_binary(op, x, y, v):
     xr = x.__class__ is Tensor and x._rg
     yr = y.__class__ is Tensor and y._rg
     if not ((xr or yr) and STATE.grad_enabled):
+        if STATE.trace is not None:
+            return STATE.trace.plain_op(lambda a, b: _record_binary(op, a, b, v),
+                                        (x, y), _plain(v))
         return _plain(v)
     forms = _CONST_OPS.get(op.name)
     if not yr and forms is not None and y.__class__ in _NUMBER:
@@ -952,6 +966,9 @@ def _binary_slow(op, x, y):
 
 def _infer_np(data, nd):
     if isinstance(data, Tensor):
+        tr = STATE.trace
+        if tr is not None:  # a copy of a traced value is a constant: guarded
+            tr.on_escape(data, "tapegrad.tensor()")
         return np.array(data._d, dtype=nd)
     if isinstance(data, (list, tuple)):
         data = [d.tolist() if isinstance(d, Tensor) else d for d in data]
@@ -1127,6 +1144,12 @@ def _to_dtype(x, nd):
         return x
     d = x._d
     if x._rg and nd.kind != "f":
+        tr = STATE.trace
+        if tr is not None:  # tracing: bool is x != 0, recorded; an int cast cannot be
+            if nd.kind == "b":
+                return x != 0
+            return tr.untraceable(_plain(np.asarray(d).astype(nd)),
+                                  f"a cast of a traced value to {nd}", x)
         return _plain(np.asarray(d).astype(nd))
     v = np.asarray(d).astype(nd)
     return array_op(BY_NAME["cast"], [x], v, (nd, np.asarray(d).dtype))

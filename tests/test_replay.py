@@ -306,7 +306,9 @@ def test_escaping_values_warn_or_raise_when_strict():
         return x * c
     with pytest.warns(tg.TraceWarning, match=r"item\(\) on a traced tensor at .*test_replay"):
         prog = tg.trace(f, np.array([1.0, 2.0]))
-    close(prog(np.array([2.0, 2.0])), [6.0, 6.0])  # frozen at 3.0, as the warning says
+    close(prog(np.array([2.0, 1.0])), [6.0, 3.0])  # frozen at 3.0, as the warning says
+    with pytest.raises(tg.GuardError, match=r"read a value .*item\(\) == 3.0"):
+        prog(np.array([2.0, 2.0]))  # and guarded: never replayed where it differs
     with pytest.raises(RuntimeError, match="strict=True"):
         tg.trace(f, np.array([1.0, 2.0]), strict=True)
     with pytest.warns(tg.TraceWarning, match=r"float\(\)"):

@@ -141,6 +141,11 @@ def lower(tapes, inputs, outputs, refs=None, sites_base=0):
         """Slots of a traced-value reference: ("s", tape, slot) or ("c", constant)."""
         if ref[0] == "c":
             return L.const(ref[1])
+        if ref[0] == "u":
+            raise lowering.NotTraceable(
+                f"{ref[1]} depends on the traced inputs but cannot be recorded, so the "
+                f"program would replay it as a constant; compute it with tapegrad ops, or "
+                f"outside the traced function")
         return _scalar(maps[ref[1].sid][ref[2]]) if ref[1].sid in maps else \
             L.const(_value(ref[1], ref[2]))
 
@@ -173,9 +178,7 @@ def lower(tapes, inputs, outputs, refs=None, sites_base=0):
                 elif kind == COMPARE or name == "detach":
                     m[k] = L.op(name, *[resolve(r) for r in aux[k]])
                 elif name == "guard":
-                    r, expected, site = aux[k]
-                    m[k] = L.op("guard", _scalar(np.asarray(resolve(r)).reshape(())),
-                                c0=expected, c1=float(sites_base + site))
+                    m[k] = _lower_guard(L, resolve(aux[k][0]), aux[k], sites_base)
                 elif kind == ARRAY_OP:
                     ins = [m[s] for s in aux[k][0]] if op.nary else \
                         [m[a]] if b < 0 else [m[a], m[b]]
@@ -202,6 +205,36 @@ def lower(tapes, inputs, outputs, refs=None, sites_base=0):
         else:
             out_slots.append(np.asarray(L.const(o)))
     return L, in_slots, out_slots
+
+
+def _lower_guard(L, slots, aux, sites_base):
+    """Guard rows for a ``guard`` entry: aux (reference, expected, site[, "value"]). Every
+    element of the referenced value keeps its truth value (``expected``: 1.0/0.0 per
+    element), or with "value", its value (an ``eq`` row, ``ne(a, a)`` for NaN, and for a
+    zero its sign too: ``1 / a > 0``, as Python may tell 0.0 from -0.0)."""
+    site = float(sites_base + aux[2])
+    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+    exp = np.broadcast_to(np.asarray(aux[1], dtype=np.float64).reshape(-1), slots.shape)
+    checks = []  # (slots, expected truth value), one guard row per slot
+    if len(aux) > 3 and aux[3] == "value":
+        nan, zero = exp != exp, exp == 0.0
+        if nan.any():
+            checks.append((L.op("ne", slots[nan], slots[nan]), 1.0))
+        if (~nan).any():
+            checks.append((L.op("eq", slots[~nan], L.const(exp[~nan])), 1.0))
+        if zero.any():
+            pos = L.op("gt", L.op("rdivc", slots[zero], c0=1.0), L.const(0.0))
+            neg = np.signbit(exp[zero])
+            checks += [(pos[~neg], 1.0), (pos[neg], 0.0)]
+    else:
+        truth = exp != 0.0
+        checks += [(slots[truth], 1.0), (slots[~truth], 0.0)]
+    g = -1
+    for s, e in checks:
+        s = np.asarray(s, dtype=np.int64).reshape(-1)
+        if s.size:
+            g = int(np.asarray(L.op("guard", s, c0=e, c1=site)).reshape(-1)[-1])
+    return g
 
 
 @njit(cache=True, nogil=True)

@@ -193,7 +193,13 @@ def _lower_where(L, ins, aux, value):
 
 
 def _lower_cast(L, ins, aux, value):
-    if np.dtype(aux[0]).kind != "f":
+    to = np.dtype(aux[0]).kind
+    src = np.dtype(aux[1]).kind if len(aux) > 1 else "f"
+    if to == "b":  # a truth value: x != 0, exactly as NumPy's cast
+        return L.op("ne", ins[0], L.const(0.0))
+    if to in "iu" and src in "biu":  # a count or a truth value: already a whole number
+        return ins[0]
+    if to != "f":
         raise NotTraceable(f"a traced program computes in floating point; casting a traced "
                            f"value to {np.dtype(aux[0])} would freeze it. Keep it floating "
                            f"point, or compute it outside the traced function")
