@@ -108,8 +108,8 @@ def fingerprint(fn):
     return h.hexdigest()
 
 
-class _Cache(FunctionCache):
-    """Numba's function cache with the dependency fingerprint in its index key, and a
+class _Keyed:
+    """Mixed into a Numba cache class: the dependency fingerprint in its index key, and a
     damaged cache file treated as a miss."""
 
     _fp = None
@@ -117,12 +117,12 @@ class _Cache(FunctionCache):
     def _index_key(self, sig, codegen):
         if self._fp is None:
             self._fp = fingerprint(self._py_func)
-        return super()._index_key(sig, codegen) + (self._fp,)
+        return super()._index_key(sig, codegen) + (("tapegrad", self._fp),)
 
     def _drop_index(self):
         try:
             os.unlink(self._cache_file._index_path)
-        except OSError:
+        except (OSError, AttributeError):
             pass
 
     def load_overload(self, sig, target_context):
@@ -146,17 +146,24 @@ class _Cache(FunctionCache):
                                "cached. Set NUMBA_CACHE_DIR to a writable directory.")
 
 
-def enable_cache(disp):
-    """Give Numba dispatcher ``disp`` the fingerprinted cache, or none (one warning) when
-    there is no writable place for it."""
-    if not hasattr(disp, "_cache"):  # NUMBA_DISABLE_JIT: a plain function
-        return disp
+class _Cache(_Keyed, FunctionCache):
+    pass
+
+
+_NO_LOCATOR = ("tapegrad: no writable location for Numba's cache ({}); compiled code is "
+               "not cached and compiles again in each process. Set NUMBA_CACHE_DIR to a "
+               "writable directory.")
+
+
+def enable_cache(disp, cls=_Cache):
+    """Give Numba dispatcher ``disp`` the fingerprinted cache ``cls``, or none (one
+    warning) when there is no writable place for it."""
+    if not hasattr(disp, "_cache") or not hasattr(disp, "py_func"):
+        return disp  # NUMBA_DISABLE_JIT or the CUDA simulator: nothing is compiled
     try:
-        disp._cache = _Cache(disp.py_func)
+        disp._cache = cls(disp.py_func)
     except RuntimeError as e:  # "cannot cache function ...: no locator available"
-        _warn_once("locator", f"tapegrad: no writable location for Numba's cache ({e}); "
-                              "compiled code is not cached and compiles again in each "
-                              "process. Set NUMBA_CACHE_DIR to a writable directory.")
+        _warn_once("locator", _NO_LOCATOR.format(e))
     return disp
 
 
@@ -177,7 +184,21 @@ def vectorize_cached(signatures, fn):
     try:
         return numba.vectorize(signatures, cache=True)(fn)
     except RuntimeError as e:
-        _warn_once("locator", f"tapegrad: no writable location for Numba's cache ({e}); "
-                              "compiled code is not cached. Set NUMBA_CACHE_DIR to a "
-                              "writable directory.")
+        _warn_once("locator", _NO_LOCATOR.format(e))
         return numba.vectorize(signatures)(fn)
+
+
+def cuda_jit_cached(**options):
+    """``numba.cuda.jit(cache=True, **options)`` with the fingerprinted cache (kernels
+    call the device functions generated from the registry)."""
+    from numba import cuda
+
+    def wrap(f):
+        disp = cuda.jit(**options)(f)
+        try:
+            from numba.cuda.dispatcher import CUDACache
+        except ImportError:  # the simulator: nothing is compiled or cached
+            return disp
+        return enable_cache(disp, type("_CUDACache", (_Keyed, CUDACache), {}))
+
+    return wrap
