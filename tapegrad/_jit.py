@@ -104,7 +104,9 @@ def fingerprint(fn):
     _deps(fn, files, set())
     h = hashlib.sha256()
     for path in sorted(files):
-        h.update(path.encode() + b"\0" + _file_hash(path))
+        # paths inside the package count relative to it: a moved install keeps its cache
+        name = os.path.relpath(path, _PKG) if _in_package(path) else path
+        h.update(name.encode() + b"\0" + _file_hash(path))
     return h.hexdigest()
 
 

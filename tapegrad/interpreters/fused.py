@@ -28,6 +28,7 @@ import stat
 import sys
 import threading
 import types
+import warnings
 
 import numpy as np
 
@@ -420,14 +421,24 @@ def cache_dir():
             os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
             "tapegrad")
         d = os.path.join(base, "fused")
+        _dir = False  # decided once per process, as a directory found usable
         try:
+            os.makedirs(base, mode=0o700, exist_ok=True)
             os.makedirs(d, mode=0o700, exist_ok=True)
-            if not (_trusted(d) and _trusted_parent(base) and os.access(d, os.W_OK)):
+            if not os.access(d, os.W_OK):
+                return None  # nowhere to write: the NumPy sweep runs
+            if not (_trusted(d) and _trusted_parent(base)):
+                from .._jit import CacheWarning
+                warnings.warn(f"tapegrad: not using the kernel cache {d}: it (or {base}) is "
+                              "another user's or writable by others, so code planted there "
+                              "could run here; the fused backward of large arrays is off. "
+                              "Make it yours alone (chmod 700) or set TAPEGRAD_CACHE_DIR.",
+                              CacheWarning, stacklevel=2)
                 return None
         except OSError:
-            return None  # nowhere to write: the NumPy sweep runs
+            return None
         _dir = d
-    return _dir
+    return _dir or None
 
 
 def _load(name, path, src):
@@ -479,7 +490,11 @@ def kernel(src, force=False):
         seen = _seen[key] = _seen.get(key, 0) + 1
         if not (force or seen >= COMPILE_AFTER or os.path.exists(path)):
             return None
-        fn = _kernels[key] = _kernels[src] = _load(name, path, src).fused
+        try:
+            mod = _load(name, path, src)
+        except OSError:  # the file cannot be written (disk full...): the NumPy sweep runs
+            return None
+        fn = _kernels[key] = _kernels[src] = mod.fused
     return fn
 
 
