@@ -1,8 +1,8 @@
 """Generates ``_generated_cpu.py``, the compiled scalar sweep, from the ops registry.
 
 Run ``python -m tapegrad.interpreters._codegen`` after changing an op; a test fails when
-the committed file is stale. Numba caches the generated module because it is importable
-by name (functions made with ``exec`` cannot be cached).
+the committed file is stale. Numba caches the generated module's functions because they
+live in a file (``njit_cached`` also keys every driver's cache on this file's content).
 """
 from __future__ import annotations
 
