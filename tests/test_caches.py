@@ -1,9 +1,10 @@
-"""Caches and compiled code: the fused kernel cache trusts only a directory of this user's
-alone and never runs a damaged kernel file; Numba's caches recompile when what they depend
-on changes or when a cache file is damaged; a read-only install works; opcodes never move.
+"""Caches and compiled code you can trust (``_jit.py``, the fused kernel cache, opcodes).
 
-The scenarios that need a cold process run in a subprocess on a copy of the package, so
-the worktree's own caches are never touched."""
+The fused kernel cache trusts only a directory of this user's alone and never runs a
+damaged kernel file; Numba's caches recompile when what they depend on changes or when a
+cache file is damaged; a read-only install works; opcodes never move. The scenarios that
+need a cold process run in a subprocess on a copy of the package, so the worktree's own
+caches are never touched."""
 import hashlib
 import os
 import shutil
