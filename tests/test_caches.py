@@ -227,8 +227,12 @@ def test_a_damaged_numba_cache_is_compiled_again(tmp_path):
     pkg = _copy_package(tmp_path)
     _run(GRAD, pkg)
     files = _numba_cache_files(pkg / "tapegrad")
-    assert any(f.endswith(".nbi") for f in files) and any(f.endswith(".nbc") for f in files)
-    for i, f in enumerate(sorted(files)):
+    # index and data files of the first compiled functions, each way (damaging them all
+    # would only make the test slower: every function recompiles alike)
+    hit = [f for f in sorted(files) if os.path.basename(f).startswith(
+        ("tape._decode_rows-", "cpu.grad_scalar-"))]
+    assert {f[-3:] for f in hit} == {"nbi", "nbc"}
+    for i, f in enumerate(hit):
         with open(f, "r+b") as fh:
             if i % 2:  # cut short
                 fh.truncate(max(os.path.getsize(f) // 2, 1))
@@ -238,6 +242,7 @@ def test_a_damaged_numba_cache_is_compiled_again(tmp_path):
     assert "Error" not in r.stderr
 
 
+@pytest.mark.slow  # three cold processes, 10-25 s (test_a_driver_cache_key_... runs by default)
 def test_drivers_compile_again_when_the_generated_code_changes(tmp_path):
     """An op inserted in the middle of its family (as a user's in-place upgrade might
     bring): the cached drivers must not keep the old generated sweep."""
