@@ -27,8 +27,8 @@ import threading
 import weakref
 
 import numpy as np
-from numba import njit
 
+from ._jit import njit_cached
 from .ops import ARRAY, BY_NAME, OPS, ROW
 
 ROLLOVER = 1 << 15  # entries per tape before the recorder starts a new one
@@ -68,7 +68,7 @@ _PACK_ROWS = struct.Struct(_ROW_FMT * _ROWS).pack_into
 _pack_tail = {}
 
 
-@njit(cache=True, nogil=True)
+@njit_cached(nogil=True)
 def _decode_rows(m, bits, start):
     """Rows packed as (int64, int64, int64, float64, float64) bits -> float64 matrix with
     absolute slots (-1 when absent); ``start``: the first row's slot."""

@@ -2,12 +2,12 @@
 import math
 
 import numpy as np
-from numba import njit
+from .._jit import njit_cached
 
 ARRAY = 256
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def sweep(rows, vals, adj, need, hi, lo):
     """Reverse sweep of the needed scalar entries ``hi-1 .. lo``, accumulating ``adj``."""
     for k in range(hi - 1, lo - 1, -1):
@@ -225,7 +225,7 @@ def sweep(rows, vals, adj, need, hi, lo):
     return 0
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def sweep_batched(rows, vals, adj, need, hi, lo):
     """``sweep`` for a batch of seeds at once: ``adj[slot, j]`` is sample ``j``'s adjoint
     (slots as rows, the batch innermost, so each rule runs over contiguous memory)."""
@@ -954,7 +954,7 @@ MAX_EMIT = 10
 RECORDS = (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45)
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def value(op, a, b, c0, c1):
     """The forward of scalar op ``op`` (its ``nb`` template) at ``a`` and ``b`` or ``c0``,
     ``c1``."""
@@ -1047,7 +1047,7 @@ def value(op, a, b, c0, c1):
     return math.nan
 
 
-@njit(cache=True, nogil=True)
+@njit_cached(nogil=True)
 def _put(orow, ocode, oval, m, base, op, sa, sb, c0, c1, v):
     """Write emitted entry ``m`` (slot ``base + m``): absolute row, relative code, value."""
     k = base + m
@@ -1063,7 +1063,7 @@ def _put(orow, ocode, oval, m, base, op, sa, sb, c0, c1, v):
     return m + 1
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def _binary(op, sx, vx, sy, vy, orow, ocode, oval, m, base):
     """``x <op> y`` as the tensor operators record it: folded when both are constants, a
     constant form (``mulc``...) when one is, the binary op otherwise. Returns (m, slot,
@@ -1083,7 +1083,7 @@ def _binary(op, sx, vx, sy, vy, orow, ocode, oval, m, base):
     return _put(orow, ocode, oval, m, base, op, sx, sy, 0.0, 0.0, v), base + m, v
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def sweep_record(rows, vals, need, hi, lo, aslot, aval, orow, ocode, oval, base):
     """The reverse sweep of entries ``hi-1 .. lo`` recorded as new entries: ``aslot[k]``,
     ``aval[k]`` hold slot ``k``'s adjoint (slot -1: a constant, -2: none yet). Emitted entry
@@ -1165,7 +1165,7 @@ def sweep_record(rows, vals, need, hi, lo, aslot, aval, orow, ocode, oval, base)
     return m
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
     """Reverse sweep of the needed entries ``hi-1 .. lo`` on flat buffers: slot ``k``'s
     values are ``V[off[k]:off[k] + size[k]]`` (C order), its adjoints the same part of

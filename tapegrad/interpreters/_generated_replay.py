@@ -4,14 +4,14 @@ Interpreters of traced programs: rows ``(opcode, a, b, c, c0, c1)``, one value p
 """
 import math
 
-from numba import njit
+from .._jit import njit_cached
 
 LEAF = 0
 CONST = 1
 GUARD = 87
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v):
     """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard."""
     for k in range(rows.shape[0]):
@@ -227,7 +227,7 @@ def forward(rows, x, v):
     return 0
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def forward_batch(rows, X, V, status):
     """``forward`` for samples in columns: ``X[i, j]`` input ``i`` of sample ``j``, ``V[k, j]``
     row ``k``'s value; ``status[j]`` is set to 1 + the row of sample ``j``'s first failed
@@ -588,7 +588,7 @@ def forward_batch(rows, X, V, status):
     return failed
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj):
     """The reverse sweep of one sample: ``adj`` seeded at the outputs."""
     for k in range(rows.shape[0] - 1, -1, -1):
@@ -851,7 +851,7 @@ def reverse(rows, v, adj):
     return 0
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def reverse_batch(rows, V, A):
     """``reverse`` for samples in columns (``V``, ``A``: rows x samples)."""
     nb = A.shape[1]
@@ -1304,7 +1304,7 @@ def reverse_batch(rows, V, A):
     return 0
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def reverse_multi(rows, v, A):
     """``reverse`` of one sample for many seeds at once: ``A[k, j]`` is row ``k``'s adjoint for seed ``j``."""
     nb = A.shape[1]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import bisect
 
 import numpy as np
-from numba import njit
 
+from .._jit import njit_cached
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF
 from ..ops._registry import Part
 from ..ops.arrays import sum_to
@@ -23,7 +23,7 @@ _THUNK = type(lambda: None)  # a rule's lazily built gradient
 _NO_NARY = (_NO_INT, np.zeros(1, dtype=np.int64), _NO_INT)  # read-only use in mark()
 
 
-@njit(cache=True, nogil=True)
+@njit_cached(nogil=True)
 def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
     """``need``: entries that depend on an input and reach an output; ``reach``: slots an
     output reaches through needed entries (an input with ``reach`` False is unused);
@@ -70,7 +70,7 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
     return need, reach, arr[:n_arr]
 
 
-@njit(cache=True, nogil=True)
+@njit_cached(nogil=True)
 def _mark_scalar(rows, ins, out, sweepable, lo):
     """``need`` and ``reach`` (as ``mark``) of a backward from scalar entry ``out`` to the
     entries ``ins``, over entries ``lo`` (at most the first input or import) to ``out``, and
@@ -108,7 +108,7 @@ def _mark_scalar(rows, ins, out, sweepable, lo):
     return need, reach, lo, True
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def grad_scalar(rows, vals, ins, out, sweepable, lo):
     """The common backward in one call: gradients of scalar entry ``out`` (seed 1) with
     respect to the scalar entries ``ins`` (see ``_mark_scalar``). Returns the gradients,
@@ -127,7 +127,7 @@ def grad_scalar(rows, vals, ins, out, sweepable, lo):
     return grads, need, used
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def grad_record(rows, vals, ins, out, seed_slot, seed, recordable, lo, base):
     """``grad_scalar`` with ``create_graph=True``: the sweep is recorded as new entries
     (slots from ``base``) so the gradients can be differentiated again. ``seed_slot`` is the
@@ -179,7 +179,7 @@ _F64 = np.dtype(np.float64)
 _SUM, _MEAN = (next(op.code for op in OPS if op.name == n) for n in ("sum", "mean"))
 
 
-@njit(cache=True, nogil=True)
+@njit_cached(nogil=True)
 def _flat_slots(rows, need, lo, hi, keys, sizes, special):
     """Offsets and sizes of every slot in the flat buffers (scalars at their slot, the
     arrays that needed entries ``lo .. hi-1`` read after them), those arrays' slots in

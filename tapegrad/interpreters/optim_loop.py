@@ -3,16 +3,16 @@ program's value and gradient and applies ``tapegrad.optim``'s update arithmetic.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from .._jit import njit_cached
 from ..optim import _adam_update, _sgd_update
 from .replay_cpu import run
 
-adam_update = njit(cache=True, error_model="numpy", nogil=True)(_adam_update)
-sgd_update = njit(cache=True, error_model="numpy", nogil=True)(_sgd_update)
+adam_update = njit_cached(error_model="numpy", nogil=True)(_adam_update)
+sgd_update = njit_cached(error_model="numpy", nogil=True)(_sgd_update)
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def adam_loop(rows, x, out_slots, in_slots, steps, step0, lr, beta1, beta2, eps,
               weight_decay, amsgrad, maximize, m, v, vmax, values):
     """``steps`` Adam steps from ``x`` (updated in place, with the state ``m``, ``v``,
@@ -29,7 +29,7 @@ def adam_loop(rows, x, out_slots, in_slots, steps, step0, lr, beta1, beta2, eps,
     return steps, 0
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def sgd_loop(rows, x, out_slots, in_slots, steps, first, lr, momentum, dampening,
              weight_decay, nesterov, maximize, buf, values):
     """``steps`` SGD steps from ``x`` (with momentum buffer ``buf``, empty on ``first``)."""

@@ -14,8 +14,8 @@ import math
 import struct
 
 import numpy as np
-from numba import njit
 
+from .._jit import njit_cached
 from ..ops import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, REPLAY, UNARY, UNARY_C,
                    lowering)
 
@@ -237,7 +237,7 @@ def _lower_guard(L, slots, aux, sites_base):
     return g
 
 
-@njit(cache=True, nogil=True)
+@njit_cached(nogil=True)
 def prune(rows, roots):
     """Keep the rows that ``roots`` (and guard and leaf rows) depend on, renumbered;
     returns (rows, new slot of each old slot, -1 when dropped)."""

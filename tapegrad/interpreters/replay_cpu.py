@@ -3,14 +3,15 @@ or spread over cores with ``prange``), and one sample with many seeds (Jacobians
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from .._jit import njit_cached
 from ._generated_replay import forward, forward_batch, reverse, reverse_batch, reverse_multi
 
 BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def run(rows, x, out_slots, seeds, in_slots, grad):
     """Forward at ``x``; with ``grad``, the reverse sweep seeded with ``seeds`` at the
     outputs. Returns (status, outputs, gradients at ``in_slots``)."""
@@ -31,7 +32,7 @@ def run(rows, x, out_slots, seeds, in_slots, grad):
     return status, outs, grads
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1):
     """``run`` for samples ``b0:b1`` (columns of ``X``, ``S``), written into ``status``,
     ``outs``, ``G``."""
@@ -63,7 +64,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1):
                 G[i, b0 + j] = ai[j]
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def run_batch(rows, X, out_slots, S, in_slots, grad, block):
     """``run`` for samples in columns, a block at a time."""
     B = X.shape[1]
@@ -76,7 +77,7 @@ def run_batch(rows, X, out_slots, S, in_slots, grad, block):
     return status, outs, G
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
+@njit_cached(error_model="numpy", parallel=True)
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     """``run_batch`` with the blocks spread over CPU cores."""
     B = X.shape[1]
@@ -91,7 +92,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     return status, outs, G
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def vjp_multi(rows, x, out_slots, S, in_slots):
     """(status, outputs, G) with ``G[:, j]`` the gradient seeded with ``S[:, j]`` at the
     outputs: one forward, one reverse sweep for all the seeds at once."""
@@ -117,7 +118,7 @@ def vjp_multi(rows, x, out_slots, S, in_slots):
     return status, outs, G
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def jacobian(rows, x, out_slots, in_slots):
     """(status, outputs, J) with ``J[i, j]`` = d output i / d input j: one forward, one
     reverse sweep seeded with every output at once."""
@@ -125,7 +126,7 @@ def jacobian(rows, x, out_slots, in_slots):
     return status, outs, G.T.copy()
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit_cached(error_model="numpy", nogil=True)
 def jacobian_batch(rows, X, out_slots, in_slots):
     """``jacobian`` of every sample (column of ``X``): (status (B,), J (B, outputs,
     inputs))."""

@@ -17,13 +17,14 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .._jit import cuda_jit_cached
 from ._generated_cuda import forward_one, reverse_one
 
 THREADS = 128            # threads per block
 CHUNK_BYTES = 1 << 30    # values + adjoints of one chunk of samples, in bytes
 
 
-@cuda.jit(cache=True)
+@cuda_jit_cached()
 def _forward(rows, X, V, out_slots, outs, status, b0):
     j = cuda.grid(1)
     if j < V.shape[1] and b0 + j < X.shape[1]:
@@ -34,7 +35,7 @@ def _forward(rows, X, V, out_slots, outs, status, b0):
             outs[i, b0 + j] = V[out_slots[i], j]
 
 
-@cuda.jit(cache=True)
+@cuda_jit_cached()
 def _reverse(rows, V, A, S, out_slots, in_slots, G, reps, t0, T):
     t = cuda.grid(1)
     if t < A.shape[1] and t0 + t < T:
@@ -48,7 +49,7 @@ def _reverse(rows, V, A, S, out_slots, in_slots, G, reps, t0, T):
             G[i, t0 + t] = A[in_slots[i], t]
 
 
-@cuda.jit(cache=True)
+@cuda_jit_cached()
 def _pack(src, X, off):
     """``X[off + i, b] = src[b, i]``: one input's (batch, elements) into the program's
     (elements, batch) layout, cast to float64."""
@@ -58,7 +59,7 @@ def _pack(src, X, off):
             X[off + i, b] = src[b, i]
 
 
-@cuda.jit(cache=True)
+@cuda_jit_cached()
 def _unpack(flat, off, dst):
     """``dst[b, i] = flat[off + i, b]``, cast to ``dst``'s dtype."""
     b = cuda.grid(1)
@@ -67,7 +68,7 @@ def _unpack(flat, off, dst):
             dst[b, i] = flat[off + i, b]
 
 
-@cuda.jit(cache=True)
+@cuda_jit_cached()
 def _unpack_jacobian(G, m, i0, j0, dst):
     """``dst[b, r, c] = G[j0 + c, b * m + i0 + r]``: one output-input block of a batch of
     Jacobians whose rows were swept as ``m`` seeds per sample."""
@@ -78,7 +79,7 @@ def _unpack_jacobian(G, m, i0, j0, dst):
                 dst[b, r, c] = G[j0 + c, b * m + i0 + r]
 
 
-@cuda.jit(cache=True)
+@cuda_jit_cached()
 def _identity_seeds(S, m):
     t = cuda.grid(1)
     if t < S.shape[1]:

@@ -1,10 +1,11 @@
 """The ops registry, by family. Everything else (recorder, interpreters, tests, docs) derives from it."""
-from . import elementwise, arrays, traced  # noqa: F401  (registration order fixes the opcodes)
+from . import elementwise, arrays, traced  # noqa: F401  (opcodes: _registry.OPCODES)
 from ._backends import Node, Sym, build_backends, build_node_backend
-from ._registry import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, REPLAY, ROW, SPECIAL,
-                        UNARY, UNARY_C,
-                        Op, opcode_enum)
+from ._registry import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPCODES, OPS, REPLAY, ROW,
+                        SPECIAL, UNARY, UNARY_C,
+                        Op, finish, opcode_enum)
 
+finish()
 Opcode = opcode_enum()
 SymF, NpF = build_backends()
 NodeF = build_node_backend()

@@ -29,7 +29,23 @@ ARRAY_OP = "array"   # array-only op with a Python ``aux`` (shape, axis, index..
 COMPARE = "compare"  # comparison or logic on 1.0/0.0 truth values: no gradient (traced)
 REPLAY = "replay"    # scalar op of traced programs only: select, pick, detach, guard
 
-OPS: list["Op"] = []
+#: Every op's opcode is its index here. Opcodes are stored in tapes, saved programs and
+#: compiled code, so this list only grows: a new op's name goes at the END (inserting or
+#: reordering would silently give existing ops other opcodes; a test pins the order).
+OPCODES = (
+    "leaf", "const", "import_", "neg", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "sigmoid", "relu",
+    "erf", "abs", "sign", "square", "reciprocal", "addc", "mulc", "rsubc", "divc", "rdivc",
+    "powc", "rpowc", "clamp", "softplus", "add", "sub", "mul", "div", "pow", "atan2",
+    "maximum", "minimum", "clamp_min_t", "clamp_max_t", "clone", "reshape", "expand",
+    "sum_to", "transpose", "permute", "cast", "stack", "cat", "diag", "getitem",
+    "index_scatter", "setitem", "where", "sum", "mean", "prod", "prod_others", "amax",
+    "amin", "norm", "logsumexp", "softmax", "log_softmax", "matmul", "outer", "function",
+    "function_out", "program", "lt", "le", "gt", "ge", "eq", "ne", "logical_and",
+    "logical_or", "logical_xor", "logical_not", "detach", "select", "pick", "guard",
+)
+
+OPS: list["Op"] = []  # by opcode (ops/__init__ sorts it once every family has registered)
 BY_NAME: dict[str, "Op"] = {}
 
 
@@ -62,7 +78,7 @@ class Op:
         # lower(L, inputs, aux, value): the op on arrays of program slots, emitting scalar
         # program rows through L (see interpreters/lowering.py); elementwise ops need none
         self.lower = lower
-        self.code = len(OPS)
+        self.code = OPCODES.index(name)
         # which of the entry's values (a, b, out) its rule reads, and which constants (c0, c1)
         # its rule or forward reads; filled in by ops/__init__
         self.uses = frozenset(("a", "b", "out")) if saves else frozenset()
@@ -92,10 +108,25 @@ def register(name, kind, **kw):
     if kw.get("vjp") is None and kind in (UNARY, UNARY_C, BINARY, ARRAY_OP):
         # create_graph differentiates every rule again: none may be missing
         raise ValueError(f"op {name!r} needs a derivative rule (vjp=...) written in F ops")
+    if name not in OPCODES:
+        raise ValueError(f"op {name!r} has no opcode: append its name at the end of OPCODES "
+                         "in tapegrad/ops/_registry.py (never insert: existing opcodes must "
+                         "not change)")
     op = Op(name, kind, **kw)
     OPS.append(op)
     BY_NAME[name] = op
     return op
+
+
+def finish():
+    """Order ``OPS`` by opcode once every op is registered, so ``OPS[code]`` is that op."""
+    OPS.sort(key=lambda op: op.code)
+    missing = [n for n in OPCODES if n not in BY_NAME]
+    if missing:
+        raise RuntimeError(f"opcodes without a registered op: {missing}")
+    assert [op.code for op in OPS] == list(range(len(OPCODES)))
+    if len(OPCODES) > ARRAY:
+        raise RuntimeError(f"more than {ARRAY} opcodes: the ARRAY flag would collide")
 
 
 def opcode_enum():

@@ -126,9 +126,9 @@ _np_erf = None
 def _np_erf_fn(a):
     global _np_erf
     if _np_erf is None:  # compiled on first use only
-        import numba
-        _np_erf = numba.vectorize(["float32(float32)", "float64(float64)"],
-                                  cache=True)(lambda x: math.erf(x))
+        from .._jit import vectorize_cached
+        _np_erf = vectorize_cached(["float32(float32)", "float64(float64)"],
+                                   lambda x: math.erf(x))
     return _np_erf(a)
 
 
