@@ -96,7 +96,7 @@ def _array(f, name, raw, kind, itemsize):
     if not isinstance(shape, tuple) or not all(type(d) is int and d >= 0 for d in shape):
         raise f.corrupt(f"array {name!r} has the invalid shape {_short(shape)}")
     if dtype.kind != kind or dtype.itemsize != itemsize:
-        raise f.corrupt(f"array {name!r} has dtype {_short(str(dtype))}, expected "
+        raise f.corrupt(f"array {name!r} has dtype {dtype}, expected "
                         f"{np.dtype(kind + str(itemsize))}")
     count = math.prod(shape)
     body = memoryview(raw)[fp.tell():]
@@ -227,7 +227,7 @@ def _rows(f, i, rows, ins, outs, vm, names):
     bad = ~(_integral(op) & (op >= 0) & (op < len(names)))
     if bad.any():
         k = _first(bad)
-        raise f.corrupt(f"{tag} row {k}: opcode {op[k]!r} is not an index into the header's "
+        raise f.corrupt(f"{tag} row {k}: opcode {float(op[k])!r} is not an index into the header's "
                         f"{len(names)} op names")
     remap = np.array([BY_NAME[m].code if m in BY_NAME else -1 for m in names], np.int64)
     codes = remap[op.astype(np.int64)]
@@ -250,8 +250,8 @@ def _rows(f, i, rows, ins, outs, vm, names):
         bad = np.where(used, ~(_integral(s) & (s >= 0) & (s < ks)), s != -1)
         if bad.any():
             k = _first(bad)
-            what = (f"reads slot {s[k]!r}; a row reads earlier rows only" if used[k] else
-                    f"is {s[k]!r}, but the op reads no slot there (-1)")
+            what = (f"reads slot {float(s[k])!r}; a row reads earlier rows only" if used[k]
+                    else f"is {float(s[k])!r}, but the op reads no slot there (-1)")
             raise f.corrupt(f"{tag} row {k} ({OPS[codes[k]].name}): column {col!r} {what}")
     nin = sum(math.prod(s) for s, _ in vm["inputs"])
     nout = sum(math.prod(s) for s, _ in vm["outputs"])
@@ -269,20 +269,20 @@ def _rows(f, i, rows, ins, outs, vm, names):
     bad = leaf & ~(_integral(c0) & (c0 >= 0) & (c0 < nin))
     if bad.any():
         k = _first(bad)
-        raise f.corrupt(f"{tag} row {k} (leaf): reads input element {c0[k]!r}, but the inputs "
-                        f"have {nin} elements")
+        raise f.corrupt(f"{tag} row {k} (leaf): reads input element {float(c0[k])!r}, but "
+                        f"the inputs have {nin} elements")
     guard = codes == BY_NAME["guard"].code
     sites = vm["sites"]
     c1 = rows[:, 5]
     bad = guard & ~(_integral(c1) & (c1 >= 0) & (c1 < len(sites)))
     if bad.any():
         k = _first(bad)
-        raise f.corrupt(f"{tag} row {k} (guard): names site {c1[k]!r}, but variant {i} has "
-                        f"{len(sites)} guard sites")
+        raise f.corrupt(f"{tag} row {k} (guard): names site {float(c1[k])!r}, but variant "
+                        f"{i} has {len(sites)} guard sites")
     for k in np.nonzero(guard)[0].tolist():
         if c0[k] != float(sites[int(c1[k])][3]):
-            raise f.corrupt(f"{tag} row {k} (guard): expects {c0[k]!r}, but its site says the "
-                            f"branch was {sites[int(c1[k])][3]}")
+            raise f.corrupt(f"{tag} row {k} (guard): expects {float(c0[k])!r}, but its site "
+                            f"says the branch was {sites[int(c1[k])][3]}")
     # input element j's gradient is read at the leaf row that reads element j
     bad = ~leaf[ins] | (c0[ins] != np.arange(nin))
     if bad.any():
