@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import zipfile
 
 import numpy as np
@@ -297,9 +298,12 @@ def read(path):
     """The variants of the program file at ``path`` (a path or a binary file), checked:
     [(rows, input slots, output slots, inputs, outputs, kind, sites)]."""
     if hasattr(path, "read"):
-        data = path.read()
+        data = path.read() if not isinstance(path, io.TextIOBase) else ""
+        if not isinstance(data, (bytes, bytearray)):
+            raise TypeError(f"load: {path!r} is open in text mode; open it with mode 'rb'")
+        data = bytes(data)
     else:
-        with open(path, "rb") as fh:  # OSError (missing file, permissions) is not ours
+        with open(os.fspath(path), "rb") as fh:  # OSError (no such file...) is not ours
             data = fh.read()
     f = _File(path)
     members = _members(f, data)

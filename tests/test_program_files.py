@@ -618,6 +618,11 @@ def test_not_a_program_file(tmp_path, saved):
     _rejects(tmp_path, pack(dict(arrs, extra=np.zeros(3))), "unexpected array 'extra'")
     with pytest.raises(FileNotFoundError):
         tg.load(tmp_path / "nothing.npz")
+    with pytest.raises(TypeError):  # not a path (open(3) would read file descriptor 3)
+        tg.load(3)
+    (tmp_path / "t.npz").write_bytes(data)
+    with open(tmp_path / "t.npz") as fh, pytest.raises(TypeError, match="mode 'rb'"):
+        tg.load(fh)
 
 
 def test_load_target_is_checked_first(tmp_path, saved):
