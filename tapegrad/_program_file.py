@@ -70,8 +70,11 @@ def _members(f, data):
         if info.file_size > limit or total > len(data) * _DEFLATE_RATIO:
             raise f.unreadable(f"member {_short(name)} claims {info.file_size} bytes, more "
                                f"than the file holds")
-        if not name.endswith(".npy") or name[:-4] in out:
-            raise f.corrupt(f"unexpected member {_short(name)} in the archive")
+        if not name.endswith(".npy"):
+            raise ValueError(f"{f.path} is not a tapegrad program file (its member "
+                             f"{_short(name)} is not a .npy array)")
+        if name[:-4] in out:
+            raise f.corrupt(f"the archive holds {_short(name)} twice")
         try:
             out[name[:-4]] = zf.read(info)
         except Exception as e:  # noqa: BLE001 (as above)
@@ -194,9 +197,14 @@ def _variant_header(f, i, vm):
 # --- the rows ------------------------------------------------------------------------------
 
 
+_NARGS = []
+
+
 def _op_tables():
     """How many slots (a, b, c) each opcode reads, -1 for ops the interpreters have no
     branch for: the selection ``_codegen`` generates the interpreters' branches from."""
+    if _NARGS:
+        return _NARGS[0]
     from .interpreters._codegen import _inputs, _replay_ops
     from .ops import BY_NAME, OPS
     nargs = np.full(len(OPS), -1, dtype=np.int64)  # -1: the interpreters have no branch
@@ -204,6 +212,7 @@ def _op_tables():
     nargs[BY_NAME["guard"].code] = 1
     for op in _replay_ops():
         nargs[op.code] = len(_inputs(op))
+    _NARGS.append(nargs)
     return nargs
 
 

@@ -604,6 +604,15 @@ def test_not_a_program_file(tmp_path, saved):
     _rejects(tmp_path, b"", "not a readable tapegrad program file")
     _rejects(tmp_path, data[:100], "not a readable tapegrad program file")
     _rejects(tmp_path, pack({"a": np.ones(3)}), "not a tapegrad program file")
+    _rejects(tmp_path, npz({"a.txt": b"hello"}), "not a tapegrad program file")
+    _rejects(tmp_path, npz({"meta.npy": npy(np.zeros(2, np.uint8)), "meta": b""}),
+             "not a tapegrad program file")
+    files = members(data)
+    dup = io.BytesIO()
+    with zipfile.ZipFile(dup, "w") as z, pytest.warns(UserWarning, match="Duplicate"):
+        for name, raw in list(files.items()) + [("rows0.npy", files["rows0.npy"])]:
+            z.writestr(name, raw)
+    _rejects(tmp_path, dup.getvalue(), "holds 'rows0.npy' twice")
     arrs = arrays(data)
     _rejects(tmp_path, pack(dict(arrs, meta=np.frombuffer(b"\xff\xfe", np.uint8))),
              "no valid header")
