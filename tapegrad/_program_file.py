@@ -10,11 +10,15 @@ import zipfile
 
 import numpy as np
 
+from .tensor import _DTYPES
+
 _MAX_DIM = 2 ** 31      # a dimension of an input or output shape
 _MAX_NDIM = 64          # NumPy's limit
 _DEFLATE_RATIO = 1100   # zlib expands at most ~1032x: more is a lie about the size
-_INPUT_DTYPES = ("float16", "float32", "float64")      # trace's inputs are floating point
-_OUTPUT_DTYPES = _INPUT_DTYPES + ("uint8", "int8", "int16", "int32", "int64", "bool")
+# tapegrad's dtypes by the names save writes; traced inputs are floating point, and
+# programs compute real numbers
+_OUTPUT_DTYPES = tuple(str(d) for d in _DTYPES if d.kind != "c")
+_INPUT_DTYPES = tuple(str(d) for d in _DTYPES if d.kind == "f")
 _META_KEYS = ("format", "version", "tapegrad", "ops", "variants")
 _VARIANT_KEYS = ("inputs", "outputs", "kind", "sites")
 
@@ -67,7 +71,8 @@ def _members(f, data):
             raise f.unreadable(f"member {_short(name)} uses compression method "
                                f"{info.compress_type}")
         total += info.file_size
-        if info.file_size > limit or total > len(data) * _DEFLATE_RATIO:
+        if info.file_size > limit or info.compress_size > len(data) or \
+                total > len(data) * _DEFLATE_RATIO:
             raise f.unreadable(f"member {_short(name)} claims {info.file_size} bytes, more "
                                f"than the file holds")
         if not name.endswith(".npy"):
@@ -109,7 +114,8 @@ def _array(f, name, raw, kind, itemsize):
                         f"{len(body)} bytes of data")
     a = np.frombuffer(body, dtype=dtype, count=count).reshape(shape,
                                                               order="F" if fortran else "C")
-    return np.ascontiguousarray(a, dtype=dtype.newbyteorder("="))
+    # a writable native copy: the interpreters are compiled for writable arrays
+    return np.array(a, dtype=dtype.newbyteorder("="), order="C")
 
 
 # --- the header --------------------------------------------------------------------------------
@@ -225,20 +231,20 @@ def _integral(x):
 
 
 def _rows(f, i, rows, ins, outs, vm, names):
-    """Check variant ``i``'s arrays; returns its rows with this tapegrad's opcodes."""
+    """Check variant ``i``'s arrays; returns ``rows`` (changed in place) with this
+    tapegrad's opcodes."""
     from .ops import BY_NAME, OPS
     from .interpreters.program import NCOL
     tag = f"rows{i}"
     if rows.ndim != 2 or rows.shape[1] != NCOL:
         raise f.corrupt(f"array {tag!r} has shape {list(rows.shape)}, expected [rows, {NCOL}]")
     n = rows.shape[0]
-    rows = rows.copy()
     op = rows[:, 0]
     bad = ~(_integral(op) & (op >= 0) & (op < len(names)))
     if bad.any():
         k = _first(bad)
-        raise f.corrupt(f"{tag} row {k}: opcode {float(op[k])!r} is not an index into the header's "
-                        f"{len(names)} op names")
+        raise f.corrupt(f"{tag} row {k}: opcode {float(op[k])!r} is not an index into the "
+                        f"header's {len(names)} op names")
     remap = np.array([BY_NAME[m].code if m in BY_NAME else -1 for m in names], np.int64)
     codes = remap[op.astype(np.int64)]
     if (codes < 0).any():
@@ -320,9 +326,11 @@ def read(path):
     f.version = meta["tapegrad"]
     variants = meta["variants"]
     want = {"meta"} | {f"{p}{i}" for i in range(len(variants)) for p in ("rows", "in", "out")}
-    for name in sorted(want - set(members)):
-        raise f.corrupt(f"array {name!r} is missing")
-    for name in sorted(set(members) - want):
+    missing, extra = sorted(want - set(members)), sorted(set(members) - want)
+    if missing:
+        raise f.corrupt(f"array {missing[0]!r} is missing")
+    if extra:
+        name = extra[0]
         raise f.corrupt(f"unexpected array {_short(name)} (the header lists "
                         f"{len(variants)} variant(s))")
     out = []

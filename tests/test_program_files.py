@@ -2,9 +2,8 @@
 file (random byte flips, edited fields) gives ValueError or a program that runs safely.
 
 The mutation loop runs in a subprocess, so a crash in compiled code fails the test
-instead of killing pytest; run it alone with ``python tests/test_program_files.py DIR SEED
-COUNT`` (DIR holds the saved programs ``test_mutations`` writes; PYTHONPATH=. so that the worktree's tapegrad is
-imported).
+instead of killing pytest; run it alone with ``PYTHONPATH=. python
+tests/test_program_files.py DIR SEED COUNT`` (DIR holds the programs ``_save_all`` writes).
 """
 from __future__ import annotations
 
@@ -477,6 +476,9 @@ def test_round_trip_computes_the_same(tmp_path, saved, name):
     data, prog, xs = saved[name]
     again = _load_bytes(tmp_path, data)
     assert len(again._variants) == len(prog._variants)
+    for c in again._variants:  # read-only arrays would compile the interpreters again
+        assert all(a.flags.writeable and a.flags.c_contiguous
+                   for a in (c.rows, c.in_slots, c.out_slots))
     assert _same(_results(again, xs), _results(prog, xs))
     with open(tmp_path / "m.npz", "rb") as fh:  # a binary file works as well as a path
         assert _same(_results(tg.load(fh), xs), _results(prog, xs))
