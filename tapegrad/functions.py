@@ -16,8 +16,9 @@ from . import _generated_eager as _eager
 from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE, bump
-from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
-                     _to_dtype, _to_tensor, array_op, binary, quiet, result_dtype, tensor, unary)
+from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _norm_value, _np_dtype, _plain,
+                     _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device, quiet,
+                     result_dtype, tensor, unary)
 
 _O = BY_NAME
 _NUMBER = (float, int, bool)
@@ -199,7 +200,7 @@ def _reduce(op, npfn):
             if x.dtype.np.kind != "f":
                 raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be "
                                    f"either a floating point or complex dtype. Got: "
-                                   f"{x.dtype.name.capitalize()}")
+                                   f"{TORCH_NAMES[x.dtype.name]}")
         dims = _dims(dim, x.ndim)
         a = np.asarray(x._d)
         with _errstate():
@@ -298,7 +299,11 @@ amin = _amax_amin(_O["amin"], np.min)
 
 def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
     """Vector p-norm over ``dim`` (all elements when None); ``'fro'`` is the 2-norm."""
-    x = _float_input(_t(input), "norm")
+    x = _t(input)
+    if x.dtype.np.kind != "f":  # torch does not promote here
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor "
+                           f"as input. Got {TORCH_NAMES[x.dtype.name]} (convert it first: "
+                           f"x.double() or x.float())")
     if p == "fro" or p is None:
         p = 2.0
     if isinstance(p, str):
@@ -334,7 +339,11 @@ def _softmax_fn(op):
         d = _dim(dim, x.ndim)
         if dtype is not None:
             x = _to_dtype(x, _np_dtype(dtype))
-        x = _float_input(x, op.name)
+        if x.dtype.np.kind != "f":  # torch does not promote here
+            raise NotImplementedError(
+                f"\"{op.name}_lastdim_kernel_impl\" not implemented for "
+                f"'{TORCH_NAMES[x.dtype.name]}' (pass dtype=tapegrad.float64, or convert it "
+                "first: x.double())")
         if x.ndim == 0:  # torch treats a 0-d input as one element
             return reshape(fn(reshape(x, (1,)), 0), ())
         a = np.asarray(x._d)
@@ -755,10 +764,10 @@ def _inplace(op_fn):
             if self._tape is not None:
                 self._tape.dirty[self._slot] = len(self._tape)
             return self
-        if np.asarray(v).dtype != self._d.dtype and np.asarray(v).dtype.kind == "f" \
-                and self._d.dtype.kind in "biu":
-            raise RuntimeError(f"result type Float can't be cast to the desired output type "
-                               f"{self.dtype.name.capitalize()}")
+        rt = np.asarray(v).dtype
+        if _cat(rt) > _cat(self._d.dtype):  # torch's canCast: no float into int, int into bool
+            raise RuntimeError(f"result type {TORCH_NAMES[rt.name]} can't be cast to the "
+                               f"desired output type {TORCH_NAMES[self.dtype.name]}")
         _inplace_write(self, lambda arr: np.copyto(arr, v, casting="unsafe"))
         return self
     return method
@@ -938,16 +947,13 @@ Tensor.bool = _cast(np.bool_)
 
 def _to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
     for a in args:
-        if isinstance(a, str):
+        if isinstance(a, str) or hasattr(a, "type") and hasattr(a, "index"):  # torch.device
             device = a
         elif isinstance(a, Tensor):
             dtype = a.dtype
         else:
             dtype = a
-    if device is not None and str(device) != "cpu":
-        raise RuntimeError(f"tapegrad tensors live on the CPU; device {device!r} is not "
-                           "available (the CUDA target runs traced programs, not eager "
-                           "tensors)")
+    check_device(device, "to")
     out = self if dtype is None else _to_dtype(self, _np_dtype(dtype))
     return out.clone() if copy and out is self else out
 
