@@ -740,6 +740,7 @@ _CONST_FORMS = {
 _CONST_OPS = {name: ((BY_NAME[r[0]], r[1]), (BY_NAME[lft[0]], lft[1]))
               for name, (r, lft) in _CONST_FORMS.items()}
 _NUMBER = (_pyfloat, _pyint, _pybool)
+_CAST = BY_NAME["cast"]
 _NUM_FAST = (_pyfloat, _pyint)  # a bool operand takes the slow path (bool - x raises)
 
 
@@ -1020,7 +1021,23 @@ def _binary_slow(op, x, y):
     if v.__class__ is not _pyfloat and v.dtype != rd:
         v = v.astype(rd)
         v = _norm_value(v)
+    if STATE.grad_enabled and (x.__class__ is Tensor and x._rg or y.__class__ is Tensor and y._rg):
+        # the op ran on its operands converted to its dtype, as torch's does: its rule must
+        # read those values (log of a float32 input of a float64 pow, a float32 beside a
+        # float64 in maximum's tie test), not the operands' own
+        if x.__class__ is Tensor and x._d.__class__ is not _pyfloat and x._d.dtype != rd:
+            x = _promoted(x, xv)
+        if y.__class__ is Tensor and y._d.__class__ is not _pyfloat and y._d.dtype != rd:
+            y = _promoted(y, yv)
     return _record_binary(op, x, y, v)
+
+
+def _promoted(x, v):
+    """Operand ``x`` as ``v``, its value converted to a binary op's dtype: a recorded cast
+    when ``x`` requires grad (cast's rule converts the gradient back), else a constant."""
+    if x._rg:
+        return array_op(_CAST, [x], v, (v.dtype, x._d.dtype))
+    return _plain(_norm_value(v))
 
 
 # ---------------------------------------------------------------------------------------
@@ -1069,7 +1086,8 @@ def check_device(device, fname):
                                   f"by tapegrad; {where}")
     if kind in ("cuda", "xpu"):  # what torch's CPU build raises for these
         raise AssertionError(f"{fname}(): device {text!r} is not available; {where}")
-    raise RuntimeError(f"{fname}(): device {text!r} is not supported; {where}")
+    # torch raises RuntimeError (tensor, to) or NotImplementedError (the rest), its subclass
+    raise NotImplementedError(f"{fname}(): device {text!r} is not supported; {where}")
 
 
 
