@@ -234,3 +234,16 @@ def test_the_output_keeps_its_own_value(paths):
     loss.backward()
     np.testing.assert_array_equal(h.detach().numpy(), np.sin(np.linspace(0.0, 1.0, N_SMALL) * 2.0))
     assert (h * 1.0).sum().item() == pytest.approx(float(h.detach().numpy().sum()))
+
+
+@pytest.mark.parametrize("n", [N_SMALL, N_LARGE])
+def test_create_graph_without_retain_graph_keeps_what_the_recorded_gradient_reads(torch, n):
+    """The gradient's entries are recorded onto the same tape, after the swept ones: the
+    release must see them as live (they read sin's input), not read past the freed mask."""
+    def run(M):
+        x = M.tensor(np.linspace(0.1, 1.0, n), requires_grad=True)
+        y = (x.sin() * 2.0).sum()
+        (g,) = M.autograd.grad(y, x, create_graph=True, retain_graph=False)
+        (h,) = M.autograd.grad((g * g).sum(), x)
+        return h.detach().numpy().copy()
+    np.testing.assert_allclose(run(tg), run(torch), rtol=1e-12, atol=1e-12)

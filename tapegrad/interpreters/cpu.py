@@ -396,14 +396,13 @@ def free_entries(t, sub):
     """Mark the entries ``sub`` of tape ``t`` freed (a backward without retain_graph) and
     release what no later backward can use: the saved arrays no unfreed entry reads, and
     the converted rows and values (rebuilt from the entries if a backward comes again)."""
-    n = len(t.vals)
+    n = len(t.vals)  # more than ``sub`` covers when the sweep recorded onto t (create_graph)
     f = t.freed
     if f is None:
-        f = t.freed = sub.copy()
-    else:
-        if len(f) < n:
-            f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
-        f |= sub
+        f = t.freed = np.zeros(n, np.bool_)
+    elif len(f) < n:
+        f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
+    f[:len(sub)] |= sub
     if t.nbytes >= _RELEASE_BYTES and sub.any():
         _release(t, f)
     # an output kept for logging (``losses.append(loss)``) keeps its tape: only what a
