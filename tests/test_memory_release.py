@@ -249,16 +249,17 @@ def test_create_graph_without_retain_graph_keeps_what_the_recorded_gradient_read
     np.testing.assert_allclose(run(tg), run(torch), rtol=1e-12, atol=1e-12)
 
 
-def test_a_backward_inside_a_trace_releases_nothing_the_program_needs():
+@pytest.mark.parametrize("n", [N_SMALL, 20_000])
+def test_a_backward_inside_a_trace_releases_nothing_the_program_needs(n):
     """A traced program re-runs every recorded entry, swept or not: releasing the constant
     a swept entry read would bake zeros into the program."""
-    c = tg.tensor(np.linspace(1.0, 2.0, N_SMALL))
+    c = tg.tensor(np.linspace(1.0, 2.0, n))
 
     def f(x):
         y = (x * c).sin().sum()
         tg.autograd.grad(y, x)
         return y
-    p = tg.trace(f, tg.tensor(np.linspace(0.0, 1.0, N_SMALL)))
-    x2 = np.linspace(0.0, 2.0, N_SMALL)
+    p = tg.trace(f, tg.tensor(np.linspace(0.0, 1.0, n)))
+    x2 = np.linspace(0.0, 2.0, n)
     assert p(tg.tensor(x2)).item() == pytest.approx(
-        float(np.sin(x2 * np.linspace(1.0, 2.0, N_SMALL)).sum()), rel=1e-12)
+        float(np.sin(x2 * np.linspace(1.0, 2.0, n)).sum()), rel=1e-12)

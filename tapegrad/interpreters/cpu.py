@@ -403,8 +403,8 @@ def free_entries(t, sub):
     elif len(f) < n:
         f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
     f[:len(sub)] |= sub
-    if t.nbytes >= _RELEASE_BYTES and sub.any():
-        _release(t, f)
+    if t.nbytes >= _RELEASE_BYTES and sub.any() and STATE.trace is None:
+        _release(t, f)  # a trace lowers every entry it recorded, swept or not: keep them
     # an output kept for logging (``losses.append(loss)``) keeps its tape: only what a
     # backward through its unfreed entries needs should stay
     t._cache = t._vcache = None
@@ -465,7 +465,7 @@ def _release(tape, freed):
                 drop[tape.aux[k][0]] = False
     drop = drop.tolist()
     arrays, aux, code, ph = tape.arrays, tape.aux, tape.code, _PLACEHOLDERS
-    consts = tracing = False
+    consts = False
     for k, v in arrays.items():
         if drop[k]:
             p = ph.get((v.shape, v.dtype))
@@ -473,11 +473,8 @@ def _release(tape, freed):
                 continue
             arrays[k] = _placeholder(v) if p is None else p
             if code[k * ROW] & ~ARRAY == CONST_CODE:
-                if not consts:
-                    tracing = STATE.trace is not None  # a trace lowers its constants
-                if not tracing:
-                    aux[k] = (None, aux[k][1])
-                    consts = True
+                aux[k] = (None, aux[k][1])
+                consts = True
     if consts:  # nothing left to check for in-place changes
         tape.versioned = [k for k in tape.versioned if aux[k][0] is not None]
 
