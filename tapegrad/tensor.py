@@ -673,7 +673,6 @@ _INT_PRESERVING = frozenset(("neg", "abs", "sign", "square", "clone", "addc", "m
                              "clamp", "relu"))
 
 
-
 def _bool_error(exc, msg):
     def f(d):
         raise exc(msg)
@@ -1088,7 +1087,6 @@ def check_device(device, fname):
         raise AssertionError(f"{fname}(): device {text!r} is not available; {where}")
     # torch raises RuntimeError (tensor, to) or NotImplementedError (the rest), its subclass
     raise NotImplementedError(f"{fname}(): device {text!r} is not supported; {where}")
-
 
 
 def _infer_np(data, nd):

@@ -10,7 +10,6 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.tape as tape_mod
-from tapegrad import _generated_eager  # noqa: F401  (imported before measuring)
 from tapegrad.autograd import _engine
 from tapegrad.interpreters import _generated_cpu, cpu, fused
 
