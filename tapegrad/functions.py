@@ -852,10 +852,15 @@ Tensor.eq, Tensor.ne, Tensor.lt = Tensor.__eq__, Tensor.__ne__, Tensor.__lt__
 Tensor.le, Tensor.gt, Tensor.ge = Tensor.__le__, Tensor.__gt__, Tensor.__ge__
 
 
-def _logical(npop):
+def _logical(npop, bitwise=None):
     def f(self, other=None):
         o = other._d if isinstance(other, Tensor) else other
         unary = other is None and npop is np.logical_not
+        if bitwise is not None:
+            rd = result_dtype(self, other if isinstance(other, Tensor) or
+                              other.__class__ in _NUMBER else _to_tensor(other))
+            if rd.kind != "b":  # torch: bitwise on integers, on floats not at all
+                return _bitwise(bitwise, rd, self, other, o)
         v = npop(np.asarray(self._d)) if unary else npop(np.asarray(self._d), o)
         t = _plain(np.asarray(v))
         tr = STATE.trace
@@ -863,6 +868,18 @@ def _logical(npop):
             tr.on_logic(npop.__name__, t, self, *(() if unary else (other,)))
         return t
     return f
+
+
+def _bitwise(npop, rd, x, y, yv):
+    name = npop.__name__
+    if rd.kind != "i" and rd.kind != "u":
+        raise NotImplementedError(f"\"{name}_cpu\" not implemented for '{TORCH_NAMES[rd.name]}'")
+    tr = STATE.trace
+    if tr is not None and any(isinstance(t, Tensor) and tr.ref(t) is not None for t in (x, y)):
+        raise NotImplementedError(f"{name} of traced integer tensors cannot be replayed yet; "
+                                  "compute it outside the traced function")
+    yv = np.asarray(yv).astype(rd) if isinstance(y, Tensor) else yv
+    return _plain(np.asarray(npop(np.asarray(x._d).astype(rd), yv), dtype=rd))
 
 
 def _invert(self):
@@ -874,9 +891,9 @@ def _invert(self):
 
 
 Tensor.__invert__ = _invert
-Tensor.__and__ = _logical(np.logical_and)
-Tensor.__or__ = _logical(np.logical_or)
-Tensor.__xor__ = _logical(np.logical_xor)
+Tensor.__and__ = _logical(np.logical_and, np.bitwise_and)
+Tensor.__or__ = _logical(np.logical_or, np.bitwise_or)
+Tensor.__xor__ = _logical(np.logical_xor, np.bitwise_xor)
 Tensor.logical_not = _logical(np.logical_not)
 Tensor.any = lambda self, dim=None, keepdim=False: _plain(np.asarray(
     np.any(np.asarray(self._d), axis=dim, keepdims=keepdim)))

@@ -326,3 +326,27 @@ def test_device_errors_say_what_to_do():
         tg.zeros(2, device="gpu")
     with pytest.raises(TypeError, match="argument 'device' must be"):
         tg.ones(2, device=1.5)
+
+
+@pytest.mark.parametrize("name", ["and_", "or_", "xor"])
+def test_bitwise_operators_as_torch(name):
+    """Logical on bools, bitwise on integers (6 & 3 is 2, not True), refused on floats."""
+    f = getattr(operator, name)
+    specs = [(d, k) for d in ("bool", "uint8", "int8", "int32", "int64", "float32", "float64")
+             for k in ("nd", "0d")]
+    for a in specs:
+        for b in specs + [True, 3, 2.5]:
+            def run(M):
+                x = M.tensor([6, 0, 5] if a[1] == "nd" else 6, dtype=_dt(M, a[0]))
+                y = b if not isinstance(b, tuple) else M.tensor(
+                    [3, 1, 0] if b[1] == "nd" else 3, dtype=_dt(M, b[0]))
+                return f(x, y)
+            same(lambda: run(tg), lambda: run(torch), f"{name}({a}, {b!r})")
+
+
+def test_result_dtype_with_python_complex_is_torch_result_type():
+    for spec in OPERANDS:
+        if spec in NUMBERS or spec[0] == "float16":  # torch's complex32: NumPy has none
+            continue
+        assert _name(result_dtype(make(tg, spec), 1j)) == _name(
+            torch.result_type(make(torch, spec), 1j)), spec
