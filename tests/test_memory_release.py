@@ -262,3 +262,32 @@ def test_a_backward_inside_a_trace_releases_nothing_the_program_needs(n):
     x2 = np.linspace(0.0, 2.0, n)
     assert p(tg.tensor(x2)).item() == pytest.approx(
         float(np.sin(x2 * np.linspace(1.0, 2.0, n)).sum()), rel=1e-12)
+
+
+def test_a_custom_functions_saved_tensors_are_released_like_torchs(torch):
+    def make(M):
+        class Twice(M.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                big = x * 3.0          # made here: only ctx keeps it
+                ctx.save_for_backward(big)
+                return x * 2.0
+
+            @staticmethod
+            def backward(ctx, g):
+                (big,) = ctx.saved_tensors
+                return g * 2.0
+        return Twice
+    for M in (tg, torch):
+        x = M.tensor(np.linspace(0.0, 1.0, 10), requires_grad=True)
+        Twice = make(M)
+        y = Twice.apply(x)
+        ctx = y.grad_fn if M is torch else y._tape.aux[y._tape.nary[0]][2]
+        ref = weakref.ref(ctx.saved_tensors[0])
+        y.sum().backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            ctx.saved_tensors
+        if M is tg:
+            gc.collect()
+            assert ref() is None, "the freed tape still holds what the Function saved"
+        np.testing.assert_array_equal(x.grad.numpy(), np.full(10, 2.0))

@@ -17,6 +17,7 @@ from . import _generated_cpu
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
 IMPORT_CODE = next(op.code for op in OPS if op.name == "import_")
 CONST_CODE = next(op.code for op in OPS if op.name == "const")
+FUNCTION_CODE = next(op.code for op in OPS if op.name == "function")
 _LAST_SPECIAL = max(op.code for op in OPS if op.kind == SPECIAL)
 #: opcodes whose ``b`` column is an input slot
 BSLOT = np.array([op.kind in (BINARY, ARRAY_OP) for op in OPS], dtype=np.bool_)
@@ -403,8 +404,11 @@ def free_entries(t, sub):
     elif len(f) < n:
         f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
     f[:len(sub)] |= sub
-    if t.nbytes >= _RELEASE_BYTES and sub.any() and STATE.trace is None:
-        _release(t, f)  # a trace lowers every entry it recorded, swept or not: keep them
+    if STATE.trace is None:  # a trace lowers every entry it recorded, swept or not
+        if t.nbytes >= _RELEASE_BYTES and sub.any():
+            _release(t, f)
+        if t.nary:
+            _release_contexts(t, f)
     # an output kept for logging (``losses.append(loss)``) keeps its tape: only what a
     # backward through its unfreed entries needs should stay
     t._cache = t._vcache = None
@@ -477,6 +481,17 @@ def _release(tape, freed):
                 consts = True
     if consts:  # nothing left to check for in-place changes
         tape.versioned = [k for k in tape.versioned if aux[k][0] is not None]
+
+
+def _release_contexts(tape, freed):
+    """A freed custom Function's saved tensors go, as torch's (``ctx.saved_tensors`` then
+    raises torch's error); what else the user put on ctx stays, as on torch's node."""
+    code, aux = tape.code, tape.aux
+    for k in tape.nary:
+        if freed[k] and code[k * ROW] & ~ARRAY == FUNCTION_CODE:
+            ctx = aux[k][2]
+            ctx._saved = None
+            ctx.to_save = ()
 
 
 def check_not_freed(graph, need):
