@@ -291,3 +291,17 @@ def test_a_custom_functions_saved_tensors_are_released_like_torchs(torch):
             gc.collect()
             assert ref() is None, "the freed tape still holds what the Function saved"
         np.testing.assert_array_equal(x.grad.numpy(), np.full(10, 2.0))
+
+
+def test_a_traced_program_calls_input_copy_is_released():
+    prog = tg.trace(lambda x: (x.sin() * x).sum(), tg.tensor(np.linspace(0.0, 1.0, N_SMALL)))
+    x = tg.tensor(np.linspace(0.0, 1.0, N_SMALL), requires_grad=True)
+    y = prog(x)
+    node = y._tape.nary[0]
+    assert y._tape.aux[node][3] is not None
+    (g,) = tg.autograd.grad(y, x)
+    assert y._tape.aux[node][3] is None, "the freed tape still holds the call's inputs"
+    xv = np.linspace(0.0, 1.0, N_SMALL)
+    np.testing.assert_allclose(g.numpy(), np.cos(xv) * xv + np.sin(xv), rtol=1e-12)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        tg.autograd.grad(y, x)

@@ -18,6 +18,7 @@ SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
 IMPORT_CODE = next(op.code for op in OPS if op.name == "import_")
 CONST_CODE = next(op.code for op in OPS if op.name == "const")
 FUNCTION_CODE = next(op.code for op in OPS if op.name == "function")
+PROGRAM_CODE = next(op.code for op in OPS if op.name == "program")
 _LAST_SPECIAL = max(op.code for op in OPS if op.kind == SPECIAL)
 #: opcodes whose ``b`` column is an input slot
 BSLOT = np.array([op.kind in (BINARY, ARRAY_OP) for op in OPS], dtype=np.bool_)
@@ -485,13 +486,18 @@ def _release(tape, freed):
 
 def _release_contexts(tape, freed):
     """A freed custom Function's saved tensors go, as torch's (``ctx.saved_tensors`` then
-    raises torch's error); what else the user put on ctx stays, as on torch's node."""
+    raises torch's error; what else the user put on ctx stays, as on torch's node), and a
+    freed traced Program call's copy of its inputs."""
     code, aux = tape.code, tape.aux
     for k in tape.nary:
-        if freed[k] and code[k * ROW] & ~ARRAY == FUNCTION_CODE:
-            ctx = aux[k][2]
-            ctx._saved = None
-            ctx.to_save = ()
+        if freed[k]:
+            op = code[k * ROW] & ~ARRAY
+            if op == FUNCTION_CODE:
+                ctx = aux[k][2]
+                ctx._saved = None
+                ctx.to_save = ()
+            elif op == PROGRAM_CODE and aux[k][3] is not None:
+                aux[k] = aux[k][:3] + (None,) + aux[k][4:]  # (slots, program, code, x, batch)
 
 
 def check_not_freed(graph, need):
