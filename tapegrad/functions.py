@@ -87,7 +87,11 @@ def softplus(input, beta=1.0, threshold=20.0):
         if not isinstance(v, numbers.Real):
             raise TypeError(f"softplus(): argument '{name}' must be a number, not "
                             f"{type(v).__name__}")
-    return unary(_O["softplus"], _t(input), float(beta), float(threshold))
+    x = _t(input)
+    if x.dtype.np.kind != "f":  # torch does not promote here
+        raise NotImplementedError(f"\"softplus_cpu\" not implemented for "
+                                  f"'{TORCH_NAMES[x.dtype.name]}' (convert it first: x.double())")
+    return unary(_O["softplus"], x, float(beta), float(threshold))
 
 
 def clamp(input, min=None, max=None):
@@ -239,6 +243,11 @@ _minmax = collections.namedtuple("return_types", ["values", "indices"])
 def _extreme(op, npfn, argfn, pair_op, name):
     def fn(input, dim=None, keepdim=False, *, other=None):
         x = _t(input)
+        if other is not None:  # max(x, other=y) is max(x, y), as torch
+            if dim is not None:
+                raise TypeError(f"{name}() received an invalid combination of arguments: pass "
+                                "either dim (a reduction) or other (elementwise), not both")
+            dim = _t(other, "other")
         if isinstance(dim, Tensor):
             return binary(pair_op, x, dim)
         if dim is None:

@@ -998,6 +998,9 @@ def _binary_slow(op, x, y):
         raise TypeError("complex tensors are not supported by tapegrad yet")
     xv = x._d if x.__class__ is Tensor else x
     yv = y._d if y.__class__ is Tensor else y
+    if rd.kind in "iu":  # a Python int wraps into the integer dtype (uint8 + -1), as torch's
+        xv = _wrap_int(xv, rd) if xv.__class__ is _pyint else xv
+        yv = _wrap_int(yv, rd) if yv.__class__ is _pyint else yv
     if xv.__class__ is not _pyfloat and isinstance(xv, np.ndarray) and xv.dtype != rd:
         xv = xv.astype(rd)
     if yv.__class__ is not _pyfloat and isinstance(yv, np.ndarray) and yv.dtype != rd:
@@ -1029,6 +1032,13 @@ def _binary_slow(op, x, y):
         if y.__class__ is Tensor and y._d.__class__ is not _pyfloat and y._d.dtype != rd:
             y = _promoted(y, yv)
     return _record_binary(op, x, y, v)
+
+
+def _wrap_int(v, rd):
+    """Python int ``v`` as integer dtype ``rd``, wrapping as a C cast does (torch's rule)."""
+    if not -(1 << 63) <= v < (1 << 64):
+        raise OverflowError(f"int too big to convert: {v} does not fit in 64 bits")
+    return np.array(v % (1 << 64), dtype=np.uint64).astype(rd)
 
 
 def _promoted(x, v):

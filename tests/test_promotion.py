@@ -350,3 +350,32 @@ def test_result_dtype_with_python_complex_is_torch_result_type():
             continue
         assert _name(result_dtype(make(tg, spec), 1j)) == _name(
             torch.result_type(make(torch, spec), 1j)), spec
+
+
+def test_python_ints_wrap_into_integer_dtypes_as_torch():
+    """NumPy raises OverflowError for uint8 + -1; torch wraps (a C cast)."""
+    for fn in (lambda M: M.tensor([3], dtype=M.uint8) + (-1),
+               lambda M: 300 + M.tensor([3], dtype=M.uint8),
+               lambda M: M.tensor([3], dtype=M.int8) * 200,
+               lambda M: M.tensor([3], dtype=M.uint8) - 5,
+               lambda M: M.tensor([3], dtype=M.uint8) ** 9,
+               lambda M: M.tensor(3, dtype=M.int16) * 70000,
+               lambda M: M.tensor([3]) * 2 ** 63,
+               lambda M: M.tensor([3], dtype=M.uint8) + 2 ** 70):
+        same(lambda: fn(tg), lambda: fn(torch), "python int")
+
+
+def test_max_and_min_with_other_are_elementwise():
+    for name in ("max", "min"):
+        def run(M):
+            return getattr(M, name)(M.tensor([1, 2, 3]), other=M.tensor(
+                [1.5, 1.5, 1.5], dtype=M.float32))
+        same(lambda: run(tg), lambda: run(torch), name)
+
+
+def test_softplus_refuses_integers_as_torch():
+    for d in ("int64", "bool", "uint8"):
+        with pytest.raises(NotImplementedError):
+            torch.nn.functional.softplus(make(torch, (d, "nd")))
+        with pytest.raises(NotImplementedError, match="softplus"):
+            tg.softplus(make(tg, (d, "nd")))
