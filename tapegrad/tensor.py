@@ -1023,14 +1023,17 @@ def _binary_slow(op, x, y):
     if v.__class__ is not _pyfloat and v.dtype != rd:
         v = v.astype(rd)
         v = _norm_value(v)
-    if STATE.grad_enabled and (x.__class__ is Tensor and x._rg or y.__class__ is Tensor and y._rg):
+    if STATE.grad_enabled:
         # the op ran on its operands converted to its dtype, as torch's does: its rule must
-        # read those values (log of a float32 input of a float64 pow, a float32 beside a
-        # float64 in maximum's tie test), not the operands' own
-        if x.__class__ is Tensor and x._d.__class__ is not _pyfloat and x._d.dtype != rd:
-            x = _promoted(x, xv)
-        if y.__class__ is Tensor and y._d.__class__ is not _pyfloat and y._d.dtype != rd:
-            y = _promoted(y, yv)
+        # read an input's value converted too (log of a float32 input of a float64 pow, a
+        # float32 beside a float64 in maximum's tie test). A constant stays itself (a trace
+        # follows it by identity; NumPy promotes it beside the gradient in the rule).
+        if x.__class__ is Tensor and x._rg and x._d.__class__ is not _pyfloat \
+                and x._d.dtype != rd:
+            x = array_op(_CAST, [x], xv, (rd, x._d.dtype))
+        if y.__class__ is Tensor and y._rg and y._d.__class__ is not _pyfloat \
+                and y._d.dtype != rd:
+            y = array_op(_CAST, [y], yv, (rd, y._d.dtype))
     return _record_binary(op, x, y, v)
 
 
@@ -1039,14 +1042,6 @@ def _wrap_int(v, rd):
     if not -(1 << 63) <= v < (1 << 64):
         raise OverflowError(f"int too big to convert: {v} does not fit in 64 bits")
     return np.array(v % (1 << 64), dtype=np.uint64).astype(rd)
-
-
-def _promoted(x, v):
-    """Operand ``x`` as ``v``, its value converted to a binary op's dtype: a recorded cast
-    when ``x`` requires grad (cast's rule converts the gradient back), else a constant."""
-    if x._rg:
-        return array_op(_CAST, [x], v, (v.dtype, x._d.dtype))
-    return _plain(_norm_value(v))
 
 
 # ---------------------------------------------------------------------------------------
