@@ -400,19 +400,23 @@ def free_entries(t, sub):
     the converted rows and values (rebuilt from the entries if a backward comes again)."""
     n = len(t.vals)  # more than ``sub`` covers when the sweep recorded onto t (create_graph)
     f = t.freed
-    if f is None:
-        f = t.freed = np.zeros(n, np.bool_)
-    elif len(f) < n:
-        f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
-    f[:len(sub)] |= sub
-    if STATE.trace is None:  # a trace lowers every entry it recorded, swept or not
-        if t.nbytes >= _RELEASE_BYTES and sub.any():
-            _release(t, f)
-        if t.nary:
-            _release_contexts(t, f)
+    if f is None and len(sub) == n:
+        f = t.freed = sub  # the sweep's own mask: nothing reads it after the free
+    else:
+        if f is None:
+            f = t.freed = np.zeros(n, np.bool_)
+        elif len(f) < n:
+            f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
+        f[:len(sub)] |= sub
     # an output kept for logging (``losses.append(loss)``) keeps its tape: only what a
     # backward through its unfreed entries needs should stay
     t._cache = t._vcache = None
+    big = t.nbytes >= _RELEASE_BYTES
+    if (big or t.nary) and STATE.trace is None:  # a trace lowers every entry it recorded
+        if big and sub.any():
+            _release(t, f)
+        if t.nary:
+            _release_contexts(t, f)
 
 
 #: a tape whose saved arrays take fewer bytes keeps them: they weigh about what its entries
