@@ -16,8 +16,9 @@ from . import _generated_eager as _eager
 from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE, bump
-from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
-                     _to_dtype, _to_tensor, array_op, binary, quiet, result_dtype, tensor, unary)
+from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _norm_value, _np_dtype, _plain,
+                     _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device, quiet,
+                     result_dtype, tensor, unary)
 
 _O = BY_NAME
 _NUMBER = (float, int, bool)
@@ -86,7 +87,11 @@ def softplus(input, beta=1.0, threshold=20.0):
         if not isinstance(v, numbers.Real):
             raise TypeError(f"softplus(): argument '{name}' must be a number, not "
                             f"{type(v).__name__}")
-    return unary(_O["softplus"], _t(input), float(beta), float(threshold))
+    x = _t(input)
+    if x.dtype.np.kind != "f":  # torch does not promote here
+        raise NotImplementedError(f"\"softplus_cpu\" not implemented for "
+                                  f"'{TORCH_NAMES[x.dtype.name]}' (convert it first: x.double())")
+    return unary(_O["softplus"], x, float(beta), float(threshold))
 
 
 def clamp(input, min=None, max=None):
@@ -205,7 +210,7 @@ def _reduce(op, npfn):
             if x.dtype.np.kind != "f":
                 raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be "
                                    f"either a floating point or complex dtype. Got: "
-                                   f"{x.dtype.name.capitalize()}")
+                                   f"{TORCH_NAMES[x.dtype.name]}")
         dims = _dims(dim, x.ndim)
         a = np.asarray(x._d)
         with _errstate():
@@ -244,6 +249,11 @@ _minmax = collections.namedtuple("return_types", ["values", "indices"])
 def _extreme(op, npfn, argfn, pair_op, name):
     def fn(input, dim=None, keepdim=False, *, other=None):
         x = _t(input)
+        if other is not None:  # max(x, other=y) is max(x, y), as torch
+            if dim is not None:
+                raise TypeError(f"{name}() received an invalid combination of arguments: pass "
+                                "either dim (a reduction) or other (elementwise), not both")
+            dim = _t(other, "other")
         if isinstance(dim, Tensor):
             return binary(pair_op, x, dim)
         if dim is None:
@@ -308,7 +318,11 @@ amin = _amax_amin(_O["amin"], np.min)
 
 def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
     """Vector p-norm over ``dim`` (all elements when None); ``'fro'`` is the 2-norm."""
-    x = _float_input(_t(input), "norm")
+    x = _t(input)
+    if x.dtype.np.kind != "f":  # torch does not promote here
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor "
+                           f"as input. Got {TORCH_NAMES[x.dtype.name]} (convert it first: "
+                           f"x.double() or x.float())")
     if p == "fro" or p is None:
         p = 2.0
     if isinstance(p, str):
@@ -344,7 +358,11 @@ def _softmax_fn(op):
         d = _dim(dim, x.ndim)
         if dtype is not None:
             x = _to_dtype(x, _np_dtype(dtype))
-        x = _float_input(x, op.name)
+        if x.dtype.np.kind != "f":  # torch does not promote here
+            raise NotImplementedError(
+                f"\"{op.name}_lastdim_kernel_impl\" not implemented for "
+                f"'{TORCH_NAMES[x.dtype.name]}' (pass dtype=tapegrad.float64, or convert it "
+                "first: x.double())")
         if x.ndim == 0:  # torch treats a 0-d input as one element
             return reshape(fn(reshape(x, (1,)), 0), ())
         a = np.asarray(x._d)
@@ -780,10 +798,10 @@ def _inplace(op_fn):
             if self._tape is not None:
                 self._tape.dirty[self._slot] = len(self._tape)
             return self
-        if np.asarray(v).dtype != self._d.dtype and np.asarray(v).dtype.kind == "f" \
-                and self._d.dtype.kind in "biu":
-            raise RuntimeError(f"result type Float can't be cast to the desired output type "
-                               f"{self.dtype.name.capitalize()}")
+        rt = np.asarray(v).dtype
+        if _cat(rt) > _cat(self._d.dtype):  # torch's canCast: no float into int, int into bool
+            raise RuntimeError(f"result type {TORCH_NAMES[rt.name]} can't be cast to the "
+                               f"desired output type {TORCH_NAMES[self.dtype.name]}")
         _inplace_write(self, lambda arr: np.copyto(arr, v, casting="unsafe"))
         return self
     return method
@@ -868,10 +886,15 @@ Tensor.eq, Tensor.ne, Tensor.lt = Tensor.__eq__, Tensor.__ne__, Tensor.__lt__
 Tensor.le, Tensor.gt, Tensor.ge = Tensor.__le__, Tensor.__gt__, Tensor.__ge__
 
 
-def _logical(npop):
+def _logical(npop, bitwise=None):
     def f(self, other=None):
         o = other._d if isinstance(other, Tensor) else other
         unary = other is None and npop is np.logical_not
+        if bitwise is not None:
+            rd = result_dtype(self, other if isinstance(other, Tensor) or
+                              other.__class__ in _NUMBER else _to_tensor(other))
+            if rd.kind != "b":  # torch: bitwise on integers, on floats not at all
+                return _bitwise(bitwise, rd, self, other, o)
         v = npop(np.asarray(self._d)) if unary else npop(np.asarray(self._d), o)
         t = _plain(np.asarray(v))
         tr = STATE.trace
@@ -879,6 +902,18 @@ def _logical(npop):
             tr.on_logic(npop.__name__, t, self, *(() if unary else (other,)))
         return t
     return f
+
+
+def _bitwise(npop, rd, x, y, yv):
+    name = npop.__name__
+    if rd.kind != "i" and rd.kind != "u":
+        raise NotImplementedError(f"\"{name}_cpu\" not implemented for '{TORCH_NAMES[rd.name]}'")
+    tr = STATE.trace
+    if tr is not None and any(isinstance(t, Tensor) and tr.ref(t) is not None for t in (x, y)):
+        raise NotImplementedError(f"{name} of traced integer tensors cannot be replayed yet; "
+                                  "compute it outside the traced function")
+    yv = np.asarray(yv).astype(rd) if isinstance(y, Tensor) else yv
+    return _plain(np.asarray(npop(np.asarray(x._d).astype(rd), yv), dtype=rd))
 
 
 def _invert(self):
@@ -892,9 +927,9 @@ def _invert(self):
 
 
 Tensor.__invert__ = _invert
-Tensor.__and__ = _logical(np.logical_and)
-Tensor.__or__ = _logical(np.logical_or)
-Tensor.__xor__ = _logical(np.logical_xor)
+Tensor.__and__ = _logical(np.logical_and, np.bitwise_and)
+Tensor.__or__ = _logical(np.logical_or, np.bitwise_or)
+Tensor.__xor__ = _logical(np.logical_xor, np.bitwise_xor)
 Tensor.logical_not = _logical(np.logical_not)
 def _predicate(npfn, traced):
     """A boolean method; while tracing, on a traced tensor, ``traced(self, ...)``: the same
@@ -986,16 +1021,13 @@ Tensor.bool = _cast(np.bool_)
 
 def _to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
     for a in args:
-        if isinstance(a, str):
+        if isinstance(a, str) or hasattr(a, "type") and hasattr(a, "index"):  # torch.device
             device = a
         elif isinstance(a, Tensor):
             dtype = a.dtype
         else:
             dtype = a
-    if device is not None and str(device) != "cpu":
-        raise RuntimeError(f"tapegrad tensors live on the CPU; device {device!r} is not "
-                           "available (the CUDA target runs traced programs, not eager "
-                           "tensors)")
+    check_device(device, "to")
     out = self if dtype is None else _to_dtype(self, _np_dtype(dtype))
     return out.clone() if copy and out is self else out
 

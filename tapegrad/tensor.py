@@ -5,6 +5,7 @@ import functools
 import inspect
 import math
 import numbers
+import re
 import warnings
 
 import numpy as np
@@ -676,6 +677,24 @@ _INT_PRESERVING = frozenset(("neg", "abs", "sign", "square", "clone", "addc", "m
                              "clamp", "relu"))
 
 
+def _bool_error(exc, msg):
+    def f(d):
+        raise exc(msg)
+    return f
+
+
+# torch's results on a bool tensor where they are not "compute in the default float dtype"
+_BOOL_RULES = {
+    "neg": _bool_error(RuntimeError, "Negation, the `-` operator, on a bool tensor is not "
+                       "supported. If you are trying to invert a mask, use the `~` or "
+                       "`logical_not()` operator instead."),
+    "relu": _bool_error(RuntimeError, "Boolean inputs not supported for relu"),
+    "abs": _bool_error(NotImplementedError, "\"abs_cpu\" not implemented for 'Bool'"),
+    "sign": lambda d: d.copy(),
+    "square": lambda d: d.astype(np.int64),
+}
+
+
 def unary(op, x, c0=0.0, c1=0.0):
     """Apply elementwise ``op`` to tensor ``x`` (constants ``c0``, ``c1`` for unary_c ops)."""
     d = x._d
@@ -686,6 +705,8 @@ def unary(op, x, c0=0.0, c1=0.0):
         if STATE.trace is not None:  # a traced comparison's result, say: recorded
             return STATE.trace.plain_op(lambda a: unary(op, a, c0, c1), (x,), _plain(v))
         return _plain(v)
+    if d.dtype.kind == "b" and op.name in _BOOL_RULES:
+        return _plain(_BOOL_RULES[op.name](d))
     if d.dtype.kind != "f" and not (
             op.name in _INT_PRESERVING and d.dtype.kind in "iu"
             or op.name == "clone" and d.dtype.kind == "b"):
@@ -729,39 +750,64 @@ _CONST_FORMS = {
 _CONST_OPS = {name: ((BY_NAME[r[0]], r[1]), (BY_NAME[lft[0]], lft[1]))
               for name, (r, lft) in _CONST_FORMS.items()}
 _NUMBER = (_pyfloat, _pyint, _pybool)
+_CAST = BY_NAME["cast"]
+_NUM_FAST = (_pyfloat, _pyint)  # a bool operand takes the slow path (bool - x raises)
 
 
 def _cat(nd):
     k = nd.kind
-    return 0 if k == "b" else 1 if k in "iu" else 2
+    return 0 if k == "b" else 1 if k in "iu" else 2 if k == "f" else 3
+
+
+def promote_types(a, b):
+    """torch.promote_types on NumPy dtypes: within a category (bool, integer, floating,
+    complex) as NumPy; across categories the higher one's dtype (int64 with float32 is
+    float32, where NumPy gives float64), complex widened to the float's precision."""
+    if a is b or a == b:
+        return a
+    ca, cb = _cat(a), _cat(b)
+    if ca == cb or ca + cb == 5:  # complex with float: NumPy's rule is torch's
+        return np.result_type(a, b)
+    return a if ca > cb else b
+
+
+#: dtypes by name as torch's error messages spell them
+TORCH_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short",
+               "int32": "Int", "int64": "Long", "float16": "Half", "float32": "Float",
+               "float64": "Double", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
 
 
 def result_dtype(*operands):
-    """torch's type promotion: dimensioned tensors win over 0-d ones and Python numbers of
-    the same category; a higher category promotes to the default dtype (float64)."""
-    dims, zeros, num_cat = [], [], -1
+    """torch.result_type: dimensioned tensors win over 0-d ones and Python numbers of the
+    same category; a 0-d tensor of a higher category gives its dtype, a Python number of a
+    higher category the default dtype of its category (float64: tapegrad's default)."""
+    dims = zeros = None
+    num_cat = -1
     for o in operands:
         if o.__class__ is Tensor:
             d = o._d
             if d.__class__ is _pyfloat:
-                zeros.append(_F64)
+                zeros = _F64 if zeros is None else promote_types(zeros, _F64)
             elif d.ndim:
-                dims.append(d.dtype)
+                dims = d.dtype if dims is None else promote_types(dims, d.dtype)
             else:
-                zeros.append(d.dtype)
+                zeros = d.dtype if zeros is None else promote_types(zeros, d.dtype)
         elif isinstance(o, _pybool):
             num_cat = max(num_cat, 0)
         elif isinstance(o, numbers.Integral):
             num_cat = max(num_cat, 1)
+        elif isinstance(o, numbers.Complex) and not isinstance(o, numbers.Real):
+            num_cat = 3
         else:
             num_cat = max(num_cat, 2)
-    r = np.result_type(*dims) if dims else None
-    if zeros:
-        z = np.result_type(*zeros)
-        if r is None or _cat(z) > _cat(r):
-            r = z
+    r = dims
+    if zeros is not None and (r is None or _cat(zeros) > _cat(r)):
+        r = zeros
     if num_cat >= 0 and (r is None or num_cat > _cat(r)):
-        r = (np.dtype(np.bool_), np.dtype(np.int64), _F64)[num_cat]
+        if num_cat == 3 and r is not None and r.kind == "f":
+            r = np.result_type(r, np.complex64)  # float32 with 1j: complex64, as torch
+        else:
+            r = (np.dtype(np.bool_), np.dtype(np.int64), _F64, np.dtype(np.complex128))[num_cat]
     return r
 
 
@@ -818,7 +864,7 @@ def binary(op, x, y):
             if STATE.grad_enabled and (x._rg or y._rg):
                 return _record(op.code, x, y, 0.0, 0.0, v)
             return _plain(v)
-    elif xc is Tensor and yc in _NUMBER:
+    elif xc is Tensor and yc in _NUM_FAST:
         xd = x._d
         if xd.__class__ is _pyfloat:
             v = op.py(xd, _pyfloat(y))
@@ -829,7 +875,7 @@ def binary(op, x, y):
                     return _record(cop.code, x, None, sgn * y, 0.0, v)
                 return _record(op.code, x, _plain(_pyfloat(y)), 0.0, 0.0, v)
             return _plain(v)
-    elif yc is Tensor and xc in _NUMBER:
+    elif yc is Tensor and xc in _NUM_FAST:
         yd = y._d
         if yd.__class__ is _pyfloat:
             v = op.py(_pyfloat(x), yd)
@@ -853,8 +899,8 @@ def _binary_general(op, x, y):
     # fast path: float arrays of one dtype, or a float64 array beside a Python number
     if xc is _ND and xv.dtype.kind == "f" and (
             (yc is _ND and yv.dtype is xv.dtype)
-            or (yc in _NUMBER and (xv.dtype is _F64 or y.__class__ is not Tensor))) \
-            or yc is _ND and yv.dtype.kind == "f" and xc in _NUMBER and (
+            or (yc in _NUM_FAST and (xv.dtype is _F64 or y.__class__ is not Tensor))) \
+            or yc is _ND and yv.dtype.kind == "f" and xc in _NUM_FAST and (
                 yv.dtype is _F64 or x.__class__ is not Tensor):
         try:
             v = quiet(op.np, xv, yv) if op.name in _FLOAT_ONLY else op.np(xv, yv)
@@ -896,8 +942,24 @@ def binary_fallback(op, x, y):
         x = x if isinstance(x, Tensor) or x.__class__ in _NUMBER else _operand(x)
         y = y if isinstance(y, Tensor) or y.__class__ in _NUMBER else _operand(y)
     except TypeError:
+        if isinstance(x, complex) or isinstance(y, complex):
+            _complex_error(op, x, y)
         return NotImplemented
     return binary(op, x, y)
+
+
+def _complex_error(op, x, y):
+    z = x if isinstance(x, complex) else y
+    raise TypeError(f"{op.torch or op.name}() with the complex number {z!r}: complex tensors "
+                    "are not supported by tapegrad yet; use real numbers (float64 or float32)")
+
+
+def _kind(x):
+    """NumPy dtype kind of a binary op's operand (a tensor or a Python number)."""
+    if x.__class__ is Tensor:
+        d = x._d
+        return "f" if d.__class__ is _pyfloat else d.dtype.kind
+    return "b" if x.__class__ is _pybool else "i" if isinstance(x, numbers.Integral) else "f"
 
 
 def _operand(x):
@@ -920,11 +982,26 @@ def _as_operand(x):
 
 
 def _binary_slow(op, x, y):
+    if isinstance(x, complex) or isinstance(y, complex):
+        _complex_error(op, x, y)
     if x.__class__ not in _NUMBER:
         x = _to_tensor(x)
     if y.__class__ not in _NUMBER:
         y = _to_tensor(y)
     rd = result_dtype(x, y)
+    if op.name == "sub" and "b" in (_kind(x), _kind(y)):
+        if _kind(x) == _kind(y):
+            raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                               "supported. Use the `^` or `logical_xor()` operator instead.")
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not "
+                           "supported. If you are trying to invert a mask, use the `~` or "
+                           "`logical_not()` operator instead.")
+    if op.name == "pow" and rd.kind == "b":
+        if x.__class__ is not Tensor or y.__class__ is Tensor:
+            raise NotImplementedError("\"pow\" not implemented for 'Bool'")
+        # bool tensor ** bool: x ** True is x, x ** False is True (torch keeps bool)
+        v = np.asarray(x._d) if y else np.ones(np.shape(x._d), dtype=np.bool_)
+        return _record_binary(op, x, y, np.array(v, dtype=np.bool_))
     if op.name in _FLOAT_ONLY and rd.kind != "f" and not (op.name == "pow" and rd.kind in "iu"):
         rd = _F64
     if op.name == "pow" and rd.kind in "iu":
@@ -935,6 +1012,9 @@ def _binary_slow(op, x, y):
         raise TypeError("complex tensors are not supported by tapegrad yet")
     xv = x._d if x.__class__ is Tensor else x
     yv = y._d if y.__class__ is Tensor else y
+    if rd.kind in "iu":  # a Python int wraps into the integer dtype (uint8 + -1), as torch's
+        xv = _wrap_int(xv, rd) if xv.__class__ is _pyint else xv
+        yv = _wrap_int(yv, rd) if yv.__class__ is _pyint else yv
     if xv.__class__ is not _pyfloat and isinstance(xv, np.ndarray) and xv.dtype != rd:
         xv = xv.astype(rd)
     if yv.__class__ is not _pyfloat and isinstance(yv, np.ndarray) and yv.dtype != rd:
@@ -957,11 +1037,75 @@ def _binary_slow(op, x, y):
     if v.__class__ is not _pyfloat and v.dtype != rd:
         v = v.astype(rd)
         v = _norm_value(v)
+    if STATE.grad_enabled:
+        # the op ran on its operands converted to its dtype, as torch's does: its rule must
+        # read an input's value converted too (log of a float32 input of a float64 pow, a
+        # float32 beside a float64 in maximum's tie test). A constant stays itself (a trace
+        # follows it by identity; NumPy promotes it beside the gradient in the rule).
+        if x.__class__ is Tensor and x._rg and x._d.__class__ is not _pyfloat \
+                and x._d.dtype != rd:
+            x = array_op(_CAST, [x], xv, (rd, x._d.dtype))
+        if y.__class__ is Tensor and y._rg and y._d.__class__ is not _pyfloat \
+                and y._d.dtype != rd:
+            y = array_op(_CAST, [y], yv, (rd, y._d.dtype))
     return _record_binary(op, x, y, v)
+
+
+def _wrap_int(v, rd):
+    """Python int ``v`` as integer dtype ``rd``, wrapping as a C cast does (torch's rule)."""
+    if not -(1 << 63) <= v < (1 << 64):
+        raise OverflowError(f"int too big to convert: {v} does not fit in 64 bits")
+    return np.array(v % (1 << 64), dtype=np.uint64).astype(rd)
 
 
 # ---------------------------------------------------------------------------------------
 # factories
+
+#: the device types torch knows (its error for any other names them)
+_DEVICE_TYPES = ("cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve",
+                 "fpga", "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia",
+                 "privateuseone")
+_DEVICE_STRING = re.compile(r"([a-zA-Z_]+)(?::(0|[1-9][0-9]*))?")
+
+
+def check_device(device, fname):
+    """A factory's ``device`` argument, as torch's CPU build takes it: None, ``"cpu"``,
+    ``"cpu:N"`` (or a torch.device of type cpu) pass; anything else raises what torch raises
+    there, saying that tapegrad tensors live on the CPU. torch accepts ``"meta"`` (shape-only
+    tensors); tapegrad has none and raises NotImplementedError rather than make a CPU one."""
+    if device is None:
+        return
+    if isinstance(device, str):
+        text = device
+    elif isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise RuntimeError("Device index must not be negative")
+        raise RuntimeError(f"Cannot access accelerator device when none is available: device="
+                           f"{device} names an accelerator; tapegrad tensors live on the CPU "
+                           "(device='cpu', or leave it out)")
+    elif hasattr(device, "type") and hasattr(device, "index"):  # a torch.device
+        text = str(device)
+    else:
+        raise TypeError(f"{fname}(): argument 'device' must be torch.device, not "
+                        f"{type(device).__name__}")
+    m = _DEVICE_STRING.fullmatch(text)
+    if m is None:
+        raise RuntimeError(f"Invalid device string: {text!r}")
+    kind = m.group(1)
+    if kind not in _DEVICE_TYPES:
+        raise RuntimeError(f"Expected one of {', '.join(_DEVICE_TYPES)} device type at start "
+                           f"of device string: {text}")
+    if kind == "cpu":
+        return
+    where = ("tapegrad tensors live on the CPU: pass device='cpu' or leave it out (a traced "
+             "program runs on an NVIDIA GPU with target='cuda', see docs/cuda.md)")
+    if kind == "meta":
+        raise NotImplementedError(f"{fname}(): meta tensors (device='meta') are not supported "
+                                  f"by tapegrad; {where}")
+    if kind in ("cuda", "xpu"):  # what torch's CPU build raises for these
+        raise AssertionError(f"{fname}(): device {text!r} is not available; {where}")
+    # torch raises RuntimeError (tensor, to) or NotImplementedError (the rest), its subclass
+    raise NotImplementedError(f"{fname}(): device {text!r} is not supported; {where}")
 
 
 def _infer_np(data, nd):
@@ -1015,6 +1159,8 @@ def tensor(data, dtype=None, requires_grad=False, device=None):
     >>> tapegrad.tensor([1.0, 2.0], requires_grad=True).shape
     (2,)
     """
+    if device is not None:
+        check_device(device, "tensor")
     nd = _np_dtype(dtype)
     if isinstance(data, Tensor):
         warnings.warn("To copy construct from a tensor, it is recommended to use "
@@ -1033,6 +1179,7 @@ def tensor(data, dtype=None, requires_grad=False, device=None):
 
 def as_tensor(data, dtype=None, device=None):
     """Like ``tensor`` but shares memory with a NumPy array or tensor where it can."""
+    check_device(device, "as_tensor")
     nd = _np_dtype(dtype)
     if isinstance(data, Tensor):
         if nd is None or data.dtype.np == nd:
@@ -1065,16 +1212,17 @@ def _size_args(size):
     return tuple(_pyint(s) for s in size)
 
 
-def _factory(fill):
+def _factory(fill, fname):
     def make(*size, dtype=None, requires_grad=False, device=None):
+        check_device(device, fname)
         shape = _size_args(size)
         nd = _np_dtype(dtype) or _F64
         return _finish(fill(shape, nd), requires_grad)
     return make
 
 
-zeros = _factory(lambda shape, nd: np.zeros(shape, dtype=nd))
-ones = _factory(lambda shape, nd: np.ones(shape, dtype=nd))
+zeros = _factory(lambda shape, nd: np.zeros(shape, dtype=nd), "zeros")
+ones = _factory(lambda shape, nd: np.ones(shape, dtype=nd), "ones")
 zeros.__doc__ = "Tensor of zeros: ``zeros(2, 3)`` or ``zeros((2, 3))``."
 ones.__doc__ = "Tensor of ones: ``ones(2, 3)`` or ``ones((2, 3))``."
 
@@ -1087,13 +1235,14 @@ def manual_seed(seed):
     _rng = np.random.default_rng(seed)
 
 
-rand = _factory(lambda shape, nd: _rng.random(shape).astype(nd))
-randn = _factory(lambda shape, nd: _rng.standard_normal(shape).astype(nd))
+rand = _factory(lambda shape, nd: _rng.random(shape).astype(nd), "rand")
+randn = _factory(lambda shape, nd: _rng.standard_normal(shape).astype(nd), "randn")
 rand.__doc__ = "Uniform samples on [0, 1)."
 randn.__doc__ = "Standard normal samples."
 
 
 def full(size, fill_value, dtype=None, requires_grad=False, device=None):
+    check_device(device, "full")
     shape = _size_args((size,) if not isinstance(size, (tuple, list)) else (tuple(size),))
     nd = _np_dtype(dtype)
     if nd is None:
@@ -1102,8 +1251,9 @@ def full(size, fill_value, dtype=None, requires_grad=False, device=None):
     return _finish(np.full(shape, fill_value, dtype=nd), requires_grad)
 
 
-def _like(fill):
+def _like(fill, fname):
     def make(input, dtype=None, requires_grad=False, device=None):
+        check_device(device, fname)
         if not isinstance(input, Tensor):
             raise TypeError(f"expected a Tensor, got {type(input).__name__}")
         nd = _np_dtype(dtype) or input.dtype.np
@@ -1111,11 +1261,12 @@ def _like(fill):
     return make
 
 
-zeros_like = _like(lambda shape, nd: np.zeros(shape, dtype=nd))
-ones_like = _like(lambda shape, nd: np.ones(shape, dtype=nd))
+zeros_like = _like(lambda shape, nd: np.zeros(shape, dtype=nd), "zeros_like")
+ones_like = _like(lambda shape, nd: np.ones(shape, dtype=nd), "ones_like")
 
 
 def arange(start, end=None, step=1, dtype=None, requires_grad=False, device=None):
+    check_device(device, "arange")
     if end is None:
         start, end = 0, start
     if step == 0:
@@ -1128,6 +1279,7 @@ def arange(start, end=None, step=1, dtype=None, requires_grad=False, device=None
 
 
 def linspace(start, end, steps, dtype=None, requires_grad=False, device=None):
+    check_device(device, "linspace")
     if not isinstance(steps, (_pyint, np.integer)) or steps < 0:
         raise RuntimeError("number of steps must be non-negative")
     nd = _np_dtype(dtype) or _F64
@@ -1135,6 +1287,7 @@ def linspace(start, end, steps, dtype=None, requires_grad=False, device=None):
 
 
 def eye(n, m=None, dtype=None, requires_grad=False, device=None):
+    check_device(device, "eye")
     nd = _np_dtype(dtype) or _F64
     return _finish(np.eye(n, m, dtype=nd), requires_grad)
 

@@ -206,7 +206,7 @@ def _grad_scalar(y, inputs, retain_graph):
     if not used:
         return None  # an unused input: the general path raises or returns None for it
     if not retain_graph:
-        tape.freed = need
+        cpu.free_entries(tape, need)
         end_tape(tape)
     return tuple([_plain_s(v) for v in grads.tolist()])
 
@@ -638,6 +638,8 @@ def _slot_tensors(graph):
             tape, k = (single, s) if single is not None else graph.locate(s)
             if tape.code[k * 5] & ~ARRAY in leafish:
                 t = tape.aux[k][0]
+                if t is None:  # a constant a backward released (cpu._release): its shape
+                    t = _plain(graph.value(s))
             else:
                 t = Tensor()
                 t._d = graph.value(s)

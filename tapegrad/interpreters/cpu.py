@@ -11,10 +11,14 @@ from .._jit import njit_cached
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF
 from ..ops._registry import Part
 from ..ops.arrays import sum_to
+from ..tape import STATE
 from . import _generated_cpu
 
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
 IMPORT_CODE = next(op.code for op in OPS if op.name == "import_")
+CONST_CODE = next(op.code for op in OPS if op.name == "const")
+FUNCTION_CODE = next(op.code for op in OPS if op.name == "function")
+PROGRAM_CODE = next(op.code for op in OPS if op.name == "program")
 _LAST_SPECIAL = max(op.code for op in OPS if op.kind == SPECIAL)
 #: opcodes whose ``b`` column is an input slot
 BSLOT = np.array([op.kind in (BINARY, ARRAY_OP) for op in OPS], dtype=np.bool_)
@@ -392,43 +396,112 @@ class Graph:
 
 def free_entries(t, sub):
     """Mark the entries ``sub`` of tape ``t`` freed (a backward without retain_graph) and
-    drop the large saved arrays no live entry reads."""
-    n = len(t.vals)
+    release what no later backward can use: the saved arrays no unfreed entry reads, and
+    the converted rows and values (rebuilt from the entries if a backward comes again)."""
+    n = len(t.vals)  # more than ``sub`` covers when the sweep recorded onto t (create_graph)
     f = t.freed
-    if f is None:
-        f = t.freed = sub.copy()
+    if f is None and len(sub) == n:
+        f = t.freed = sub  # the sweep's own mask: nothing reads it after the free
     else:
-        if len(f) < n:
+        if f is None:
+            f = t.freed = np.zeros(n, np.bool_)
+        elif len(f) < n:
             f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
-        f |= sub
-    if t.nbytes >= _RELEASE_BYTES and sub.any():
-        _release(t, f)
+        f[:len(sub)] |= sub
+    # an output kept for logging (``losses.append(loss)``) keeps its tape: only what a
+    # backward through its unfreed entries needs should stay
+    t._cache = t._vcache = None
+    big = t.nbytes >= _RELEASE_BYTES
+    if (big or t.nary) and STATE.trace is None:  # a trace lowers every entry it recorded
+        if big and sub.any():
+            _release(t, f)
+        if t.nary:
+            _release_contexts(t, f)
 
 
-_RELEASE_BYTES = 1 << 16  # smaller saved arrays are not worth the bookkeeping
+#: a tape whose saved arrays take fewer bytes keeps them: they weigh about what its entries
+#: do, and releasing them would cost a tenth of a small backward (the 10-element Rosenbrock)
+_RELEASE_BYTES = 1 << 12
+
+#: zero-stride stand-ins of released arrays, by (shape, dtype): read-only, so tapes share them
+_PLACEHOLDERS = {}
+
+
+def _placeholder(v):
+    """A zero-stride read-only array of ``v``'s shape and dtype (rules that save nothing
+    still read their inputs' shapes)."""
+    key = (v.shape, v.dtype)
+    p = _PLACEHOLDERS.get(key)
+    if p is None:
+        if len(_PLACEHOLDERS) >= 256:
+            _PLACEHOLDERS.clear()
+        p = _PLACEHOLDERS[key] = np.broadcast_to(np.zeros((), v.dtype), v.shape)
+    return p
+
+
+@njit(cache=True, nogil=True)
+def _droppable(rows, freed, last_special, bslot):
+    """Entries whose saved value no later backward reads: freed or bookkeeping, and not an
+    input of an unfreed entry; and whether any entry is unfreed."""
+    n = rows.shape[0]
+    drop = np.empty(n, dtype=np.bool_)
+    for k in range(n):
+        drop[k] = freed[k] or (int(rows[k, 0]) & ~256) <= last_special
+    keep = np.zeros(n, dtype=np.bool_)
+    live = False
+    for k in range(n):
+        if not drop[k]:
+            live = True
+            a, b = int(rows[k, 1]), int(rows[k, 2])
+            if a >= 0:
+                keep[a] = True
+            if b >= 0 and bslot[int(rows[k, 0]) & ~256]:
+                keep[b] = True
+    for k in range(n):
+        drop[k] = drop[k] and not keep[k]
+    return drop, live
 
 
 def _release(tape, freed):
-    """Drop the data of large arrays whose producing entry is freed (or is bookkeeping) and
-    that no unfreed entry reads; a tensor that holds such a value keeps its own reference."""
-    big = [k for k, v in tape.arrays.items() if v.nbytes >= _RELEASE_BYTES and any(v.strides)]
-    if not big:
-        return
-    rows = tape.rows()
-    ops = rows[:, 0].astype(np.int64) & ~ARRAY
-    live = ~freed & (ops > _LAST_SPECIAL)
-    read = set(rows[live, 1].astype(np.int64).tolist())
-    read.update(rows[live & BSLOT[ops], 2].astype(np.int64).tolist())
+    """Drop the saved arrays whose producing entry is freed (or is bookkeeping) and that no
+    unfreed entry reads; a tensor that holds such a value keeps its own reference. A
+    constant's tensor goes too (torch frees saved inputs at backward), leaves stay (a later
+    backward accumulates their ``.grad``)."""
+    drop, live = _droppable(tape.rows(), freed, _LAST_SPECIAL, BSLOT)
+    if live:
+        for k in tape.nary:
+            if not drop[k] and not freed[k]:
+                drop[tape.aux[k][0]] = False
+    drop = drop.tolist()
+    arrays, aux, code, ph = tape.arrays, tape.aux, tape.code, _PLACEHOLDERS
+    consts = False
+    for k, v in arrays.items():
+        if drop[k]:
+            p = ph.get((v.shape, v.dtype))
+            if p is v:  # released by an earlier backward
+                continue
+            arrays[k] = _placeholder(v) if p is None else p
+            if code[k * ROW] & ~ARRAY == CONST_CODE:
+                aux[k] = (None, aux[k][1])
+                consts = True
+    if consts:  # nothing left to check for in-place changes
+        tape.versioned = [k for k in tape.versioned if aux[k][0] is not None]
+
+
+def _release_contexts(tape, freed):
+    """A freed custom Function's saved tensors go, as torch's (``ctx.saved_tensors`` then
+    raises torch's error; what else the user put on ctx stays, as on torch's node), and a
+    freed traced Program call's copy of its inputs."""
+    code, aux = tape.code, tape.aux
     for k in tape.nary:
-        if live[k]:
-            read.update(tape.aux[k][0])
-    arrays = tape.arrays
-    for k in big:
-        if (freed[k] or ops[k] <= _LAST_SPECIAL) and k not in read:
-            v = arrays[k]
-            # keep shape and dtype (rules that save nothing still need them), not the data
-            arrays[k] = np.ndarray(v.shape, v.dtype, buffer=np.zeros(1, v.dtype),
-                                   strides=(0,) * v.ndim)
+        if freed[k]:
+            op = code[k * ROW] & ~ARRAY
+            if op == FUNCTION_CODE:
+                ctx = aux[k][2]
+                ctx._saved = None
+                ctx.to_save = ()
+            elif op == PROGRAM_CODE and aux[k][3] is not None:
+                aux[k] = aux[k][:3] + (None,) + aux[k][4:]  # (slots, program, code, x, batch)
 
 
 def check_not_freed(graph, need):
