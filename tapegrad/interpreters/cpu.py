@@ -439,7 +439,7 @@ def _placeholder(v):
     return p
 
 
-@njit(cache=True, nogil=True)
+@njit_cached(nogil=True)
 def _droppable(rows, freed, last_special, bslot):
     """Entries whose saved value no later backward reads: freed or bookkeeping, and not an
     input of an unfreed entry; and whether any entry is unfreed."""
