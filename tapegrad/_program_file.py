@@ -195,7 +195,7 @@ def _variant_header(f, i, vm):
     for j, s in enumerate(sites):
         if not (isinstance(s, list) and len(s) == 4 and isinstance(s[0], str) and
                 (s[1] is None or type(s[1]) is int) and isinstance(s[2], str) and
-                type(s[3]) is bool):
+                type(s[3]) in (bool, str)):
             raise f.corrupt(f"{where}['sites'][{j}] is {_short(s)}, not [file, line, text, "
                             f"taken]")
 
@@ -296,9 +296,12 @@ def _rows(f, i, rows, ins, outs, vm, names):
         raise f.corrupt(f"{tag} row {k} (guard): names site {float(c1[k])!r}, but variant "
                         f"{i} has {len(sites)} guard sites")
     for k in np.nonzero(guard)[0].tolist():
-        if c0[k] != float(sites[int(c1[k])][3]):
+        # a branch site (taken: bool) has one guard row expecting it; a mask or value site
+        # (taken: what was read) has a row per element, each expecting 1.0 or 0.0
+        taken = sites[int(c1[k])][3]
+        if (c0[k] != float(taken) if type(taken) is bool else c0[k] not in (0.0, 1.0)):
             raise f.corrupt(f"{tag} row {k} (guard): expects {float(c0[k])!r}, but its site "
-                            f"says the branch was {sites[int(c1[k])][3]}")
+                            f"says the branch was {taken}")
     # input element j's gradient is read at the leaf row that reads element j
     bad = ~leaf[ins] | (c0[ins] != np.arange(nin))
     if bad.any():
