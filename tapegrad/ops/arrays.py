@@ -471,6 +471,30 @@ def _matmul_batch(values, out, g, aux, B):
     return [_bval(a, B), _bval(b, B)], None, g, aux, post
 
 
+def _broadcast_batch(values, out, g, aux, B):
+    """expand / sum_to (aux: this entry's shape, its input's shape). A broadcast aligns
+    shapes at the right, which under a leading batch axis would align the batch with a data
+    axis: the smaller shape is padded with leading 1s to the larger's length instead (and
+    g with it, where g has the smaller shape); the sweep's batched fit drops the 1s again."""
+    to, frm = tuple(aux[0]), tuple(aux[1])
+    n = max(len(to), len(frm))
+    pto, pfrm = (1,) * (n - len(to)) + to, (1,) * (n - len(frm)) + frm
+    if pto != to:
+        g = g.reshape((B,) + pto)
+    return [_bval(v, B) for v in values], _bval(out, B), g, ((B,) + pto, (B,) + pfrm), None
+
+
+def _setitem_batch(values, out, g, aux, B):
+    """The written value's gradient is g at the index, summed to the value's shape. Under
+    the batch axis that sum must keep the batch axis: the rule sees the value as shaped like
+    the indexed region (its sum_to is then the identity) and the sweep's batched fit sums
+    it to the value's own shape."""
+    a, b = values
+    region = np.empty(np.shape(out), dtype=np.bool_)[aux[0]].shape
+    return ([_bval(a, B), np.broadcast_to(np.zeros(()), (B,) + region)], _bval(out, B), g,
+            (_bidx(aux[0]), _bval(aux[1], B)), None)
+
+
 def _outer_batch(values, out, g, aux, B):
     a, b = values
     return ([_bval(a[None, :], B), _bval(b[:, None], B)], None, g, aux,
@@ -482,13 +506,12 @@ _BATCH = {
     "amin": _reduce_aux, "prod_others": _reduce_aux, "norm": _reduce_aux, "logsumexp": _reduce_aux,
     "softmax": lambda aux, v, B: (aux[0] + 1,),
     "log_softmax": lambda aux, v, B: (aux[0] + 1,),
-    "reshape": _shapes_aux, "expand": _shapes_aux, "sum_to": _shapes_aux,
+    "reshape": _shapes_aux,
     "transpose": lambda aux, v, B: tuple(d + 1 if d >= 0 else d for d in aux),
     "permute": lambda aux, v, B: (0,) + tuple(p + 1 for p in aux),
     "cast": lambda aux, v, B: aux,
     "getitem": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
     "index_scatter": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
-    "setitem": lambda aux, v, B: (_bidx(aux[0]), _bval(aux[1], B)),
     "where": lambda aux, v, B: aux,
     "diag": lambda aux, v, B: (aux[0], True),
     "stack": lambda aux, v, B: (aux[0], aux[1] + 1),
@@ -496,6 +519,8 @@ _BATCH = {
 }
 for _name, _shift in _BATCH.items():
     BY_NAME[_name].batch = _plain_batch(_shift)
+BY_NAME["setitem"].batch = _setitem_batch
+BY_NAME["expand"].batch = BY_NAME["sum_to"].batch = _broadcast_batch
 BY_NAME["matmul"].batch = _matmul_batch
 BY_NAME["outer"].batch = _outer_batch
 del _name, _shift

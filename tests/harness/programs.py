@@ -499,7 +499,9 @@ class Program:
             lines.extend("    " + ln for ln in code.split("\n"))
         used = {a for ins in self.instrs for a in ins.args}
         sinks = [k for k in range(n_in, len(names)) if k not in used] or list(range(n_in))
-        terms = [f"{names[k]}.sum() * {1.0 if k % 2 else -0.5}" for k in sinks]
+        shapes = self.shapes
+        terms = [f"{names[k]}{'.sum()' if shapes[k] != () else ''} * {1.0 if k % 2 else -0.5}"
+                 for k in sinks]
         lines.append(f"    y = {' + '.join(terms)}")
         lines.append(f"    return [{', '.join(names)}], y")
         return "\n".join(lines) + "\n"
@@ -525,7 +527,8 @@ class Program:
                         f"requires_grad={rg})" for v, rg in self.inputs)
         drv = "\n".join("    " + ln for ln in (driver or "nodes, y = program(M, H, *xs)\n"
                                                 "print(M.__name__, y)").split("\n"))
-        return (f"# seed {self.seed}\nimport numpy as np\nimport tapegrad\nimport torch\n\n"
+        return (f"# seed {self.seed}\nimport contextlib\n\nimport numpy as np\nimport tapegrad\n"
+                f"import torch\n\n"
                 f"{self.source()}\n\nfor M in (tapegrad, torch):\n"
                 + "\n".join(("    " + ln).rstrip() for ln in HELPERS_SRC.strip().split("\n"))
                 + f"\n    xs = [{ins}]\n{drv}\n")
@@ -541,7 +544,7 @@ def well_defined(t):
     return bool(np.all(np.isfinite(v)) and np.all(np.abs(v) <= LIMIT))
 
 
-def generate(seed, n_ops=12, arrays=True, forms=None):
+def generate(seed, n_ops=12, arrays=True, forms=None, shapes=None):
     """A program drawn from ``seed``: inputs and ``n_ops`` instructions, each run at once in
     torch (its shape comes from there; a candidate torch rejects, or whose value is not
     well defined, is redrawn). ``arrays=False``: 0-d inputs and elementwise ops only (the
@@ -552,10 +555,11 @@ def generate(seed, n_ops=12, arrays=True, forms=None):
     inputs = []
     n_in = int(rng.integers(2, 5))
     for i in range(n_in):
-        s = SHAPES[int(rng.integers(0, len(SHAPES)))] if arrays else ()
+        pool = shapes or SHAPES
+        s = pool[int(rng.integers(0, len(pool)))] if arrays else ()
         v = np.round(rng.uniform(-1.5, 1.5, s), 3)
         inputs.append((float(v) if s == () else v, i < n_in - 1 or rng.random() < 0.7))
-    forms = sorted(ARRAY_FORMS if forms is None else forms) if arrays else []
+    forms = sorted(set(ARRAY_FORMS) - {"slice1d"} if forms is None else forms) if arrays else []
     prog = Program(seed, inputs, [])
     with torch.no_grad():
         vals = [torch.tensor(v, dtype=torch.float64) for v, _ in inputs]
@@ -613,3 +617,133 @@ def _run_instr(torch, H, ins, vals):
     if not isinstance(out, torch.Tensor) or out.dtype != torch.float64 or not well_defined(out):
         return None
     return out
+
+
+def f_slice1d(rng, shapes):
+    """What the flat and fused paths take besides elementwise ops: 1-d slices, full sums and
+    means."""
+    i = _pick_shape(rng, shapes, lambda s: len(s) == 1)
+    if i is None:
+        return None
+    n = shapes[i][0]
+    k = int(rng.integers(0, 4))
+    if k == 0:
+        return (i,), "{out} = {0}.sum()", ("sum",)
+    if k == 1:
+        return (i,), "{out} = {0}.mean()", ("mean",)
+    lo = int(rng.integers(0, n))
+    hi = int(rng.integers(lo + 1, n + 1))
+    step = int(rng.integers(1, 3))
+    return (i,), "{out} = {0}[%d:%d:%d]" % (lo, hi, step), ("getitem",)
+
+
+ARRAY_FORMS["slice1d"] = f_slice1d
+#: program families: generate() keywords, one per kind of path they reach
+FAMILIES = {
+    "scalar": dict(arrays=False),                       # scalar, record
+    "flat": dict(shapes=[(), (5,), (5,)], forms=("slice1d",)),  # flat, fused
+    "array": dict(),                                    # sweep, rerecord, batched, checked
+}
+
+
+# --- shrinking -----------------------------------------------------------------------------
+
+def revalidate(prog):
+    """``prog`` with every node's shape recomputed in torch, or None when torch rejects it or
+    a value is not well defined (a shrink candidate that is no longer a valid program)."""
+    torch = _torch()
+    H = helpers(torch)
+    vals = [torch.tensor(v, dtype=torch.float64) for v, _ in prog.inputs]
+    instrs = []
+    for ins in prog.instrs:
+        if any(a >= len(vals) for a in ins.args):
+            return None
+        v = _run_instr(torch, H, ins, vals)
+        if v is None:
+            return None
+        instrs.append(dataclasses.replace(ins, shape=tuple(v.shape)))
+        vals.append(v)
+    return Program(prog.seed, list(prog.inputs), instrs)
+
+
+def _without(prog, j):
+    """Candidates without instruction ``j``: its uses replaced by one of its arguments."""
+    n_in = len(prog.inputs)
+    node = n_in + j
+    for sub in dict.fromkeys(prog.instrs[j].args):
+        instrs = []
+        for ins in prog.instrs[:j] + prog.instrs[j + 1:]:
+            args = tuple(sub if a == node else (a - 1 if a > node else a) for a in ins.args)
+            instrs.append(dataclasses.replace(ins, args=args))
+        yield Program(prog.seed, list(prog.inputs), instrs)
+    # or without it and everything that depends on it
+    dead = {node}
+    keep = []
+    for k, ins in enumerate(prog.instrs):
+        if n_in + k in dead or any(a in dead for a in ins.args):
+            dead.add(n_in + k)
+        else:
+            keep.append(k)
+    remap = {i: i for i in range(n_in)}
+    instrs = []
+    for k in keep:
+        ins = prog.instrs[k]
+        remap[n_in + k] = n_in + len(instrs)
+        instrs.append(dataclasses.replace(ins, args=tuple(remap[a] for a in ins.args)))
+    yield Program(prog.seed, list(prog.inputs), instrs)
+
+
+def _smaller_inputs(prog):
+    """Candidates with one input smaller (fewer elements) or with rounder values."""
+    for i, (v, rg) in enumerate(prog.inputs):
+        s = np.shape(v)
+        cands = []
+        for d, n in enumerate(s):
+            if n > 1:
+                cands.append(np.take(v, range(n - 1), axis=d))
+                cands.append(np.take(v, [0], axis=d))
+        if s:
+            cands.append(float(np.asarray(v).reshape(-1)[0]))
+        r = np.round(np.asarray(v, dtype=np.float64), 1)
+        if not np.array_equal(r, v):
+            cands.append(float(r) if s == () else r)
+        if not rg:
+            cands.append(v)  # the same value, requiring grad
+        for c in cands:
+            inputs = list(prog.inputs)
+            inputs[i] = (c, rg or c is v)
+            yield Program(prog.seed, inputs, list(prog.instrs))
+
+
+def shrink(prog, fails, budget=300):
+    """A smallest program (fewest instructions, then smallest inputs) for which ``fails``
+    still holds, trying at most ``budget`` candidates."""
+    tried = 0
+    progress = True
+    while progress and tried < budget:
+        progress = False
+        for j in reversed(range(len(prog.instrs))):
+            if j >= len(prog.instrs):
+                continue
+            for cand in _without(prog, j):
+                cand = revalidate(cand)
+                tried += 1
+                if cand is not None and _holds(fails, cand):
+                    prog, progress = cand, True
+                    break
+        for cand in _smaller_inputs(prog):
+            if tried >= budget:
+                break
+            cand = revalidate(cand)
+            tried += 1
+            if cand is not None and _holds(fails, cand):
+                prog, progress = cand, True
+                break
+    return prog
+
+
+def _holds(fails, prog):
+    try:
+        return bool(fails(prog))
+    except Exception:
+        return False

@@ -1,0 +1,393 @@
+"""The differential harness: random programs (tests/harness/programs.py) over every
+differentiable op, run in tapegrad and torch, compared leg by leg: values, gradients,
+create_graph gradients and a Hessian-vector product, third-order derivatives (scalar
+programs), is_grads_batched, backward() accumulating twice, and every backward path
+FORCED (tapegrad.autograd.paths) on the programs it accepts.
+
+A leg is a function ``leg(M, prog, ctx, first)`` returning a list of results (arrays or
+None) for library ``M``; ``first`` is a context manager for its first differentiation (a
+forced path applies there). Adding a leg (replay at new inputs, batched replay...) is one
+such function and one entry in ``LEGS``.
+
+A failing program is shrunk to a smallest one that still fails and printed as runnable
+code (tapegrad and torch) with its seed. Default tier: a few hundred seeded programs
+(about a minute); ``-m slow``: thousands.
+"""
+import collections
+import contextlib
+import sys
+import traceback
+import warnings
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad.autograd import paths
+from tapegrad.ops import OPS
+
+torch = pytest.importorskip("torch")
+
+from harness.programs import (FAMILIES, Program, generate, helpers,  # noqa: E402
+                              shrink)
+
+RTOL = 1e-10
+#: ops a program never records: bookkeeping, and the trace-only ones (the replay legs')
+NOT_GENERATED = {"leaf", "const", "import_"}
+TRACE_ONLY_KINDS = ("compare", "replay")
+
+
+class NotApplicable(Exception):
+    """The leg does not apply to this program (torch rejects it, a forced path declines, or
+    tapegrad says clearly that it does not implement it)."""
+
+
+# --- legs ----------------------------------------------------------------------------------
+
+def _arr(t):
+    if t is None:
+        return None
+    return np.array(t.detach().numpy(), dtype=np.float64)  # a copy: .grad changes in place
+
+
+def leg_values(M, prog, ctx, first):
+    xs, nodes, y = prog.run(M)
+    return [_arr(t) for t in nodes] + [_arr(y)]
+
+
+def _used(M, prog):
+    """Inputs, their used subset (torch decides), and the loss."""
+    xs, nodes, y = prog.run(M)
+    if not y.requires_grad:
+        raise NotApplicable("the loss does not require grad")
+    return xs, [xs[i] for i in ctx_used(prog)], y
+
+
+_USED = {}
+
+
+def ctx_used(prog):
+    """Indices of the inputs the loss depends on (from torch, once per program)."""
+    key = prog.source(), repr(prog.inputs)
+    got = _USED.get(key)
+    if got is None:
+        xs, nodes, y = prog.run(torch)
+        rg = [i for i, x in enumerate(xs) if x.requires_grad]
+        if not y.requires_grad or not rg:
+            got = ()
+        else:
+            gs = torch.autograd.grad(y, [xs[i] for i in rg], allow_unused=True)
+            got = tuple(i for i, g in zip(rg, gs) if g is not None)
+        if len(_USED) > 64:
+            _USED.clear()
+        _USED[key] = got
+    if not got:
+        raise NotApplicable("the loss depends on no input")
+    return got
+
+
+def leg_grad(M, prog, ctx, first):
+    """First-order gradients, default options (so the fast paths may take it)."""
+    xs, used, y = _used(M, prog)
+    with first():
+        gs = M.autograd.grad(y, used)
+    return [_arr(g) for g in gs]
+
+
+def leg_hvp(M, prog, ctx, first):
+    """create_graph gradients, then a Hessian-vector product through them."""
+    xs, used, y = _used(M, prog)
+    with first():
+        gs = M.autograd.grad(y, used, create_graph=True)
+    rng = np.random.default_rng(prog.seed)
+    s = None
+    for g in gs:
+        v = M.tensor(rng.uniform(-1, 1, tuple(g.shape)), dtype=M.float64)
+        term = (g * v).sum()
+        s = term if s is None else s + term
+    out = [_arr(g) for g in gs]
+    if s.requires_grad:
+        hs = M.autograd.grad(s, used, allow_unused=True, materialize_grads=True)
+        out += [_arr(h) for h in hs]
+    else:
+        out += [np.zeros(tuple(x.shape)) for x in used]
+    return out
+
+
+def leg_third(M, prog, ctx, first):
+    """A third derivative: d/dx_j of d/dx0 of d/dx0 of the loss (scalar programs)."""
+    if not prog.scalar:
+        raise NotApplicable("third order runs on scalar programs")
+    xs, used, y = _used(M, prog)
+    x0 = used[0]
+    with first():
+        (g,) = M.autograd.grad(y, x0, create_graph=True)
+    out = [_arr(g)]
+    if not g.requires_grad:
+        return out + [0.0, [0.0] * len(used)]
+    (g2,) = M.autograd.grad(g, x0, create_graph=True, allow_unused=True,
+                            materialize_grads=True)
+    out.append(_arr(g2))
+    if not g2.requires_grad:
+        return out + [np.zeros(len(used))]
+    g3 = M.autograd.grad(g2, used, allow_unused=True, materialize_grads=True)
+    return out + [np.array([float(_arr(t)) for t in g3])]
+
+
+def leg_batched(M, prog, ctx, first):
+    """is_grads_batched: the loss and the last non-scalar node that requires grad, seeded
+    with a batch of 3."""
+    xs, nodes, y = prog.run(M)
+    used = [xs[i] for i in ctx_used(prog)]
+    rng = np.random.default_rng(prog.seed + 1)
+    outs = [y]
+    for t in reversed(nodes):
+        if t.requires_grad and t.ndim > 0 and t is not y:
+            outs.append(t)
+            break
+    gos = [M.tensor(rng.uniform(-1, 1, (3,) + tuple(t.shape)), dtype=M.float64) for t in outs]
+    with first():
+        gs = M.autograd.grad(outs, used, gos, is_grads_batched=True, allow_unused=True,
+                             materialize_grads=True)
+    return [_arr(g) for g in gs]
+
+
+def leg_backward(M, prog, ctx, first):
+    """backward() twice on one graph: .grad accumulates."""
+    xs, used, y = _used(M, prog)
+    with first():
+        M.autograd.backward(y, retain_graph=True)
+    out = [_arr(x.grad) for x in used]
+    y.backward()
+    return out + [_arr(x.grad) for x in used]
+
+
+LEGS = {
+    "values": leg_values,
+    "grad": leg_grad,
+    "hvp": leg_hvp,
+    "third": leg_third,
+    "batched": leg_batched,
+    "backward": leg_backward,
+}
+#: the leg each forced path runs (a path applies to the first differentiation only)
+FORCED = {
+    "scalar": "grad", "flat": "grad", "fused": "grad", "sweep": "grad", "checked": "grad",
+    "record": "hvp", "rerecord": "hvp", "batched": "batched",
+}
+#: relative tolerance per leg (higher orders compound ulps of libm)
+LEG_RTOL = {"hvp": 1e-9, "third": 1e-8}
+
+
+# --- running and comparing -----------------------------------------------------------------
+
+def run_leg(M, leg, prog, first=contextlib.nullcontext, took=None):
+    """(results, warnings) of a leg in library ``M``; raises NotApplicable. ``took`` gets
+    the path the leg's first differentiation took."""
+    @contextlib.contextmanager
+    def first_noted():
+        with first():
+            yield
+        if took is not None:
+            took.append(paths.last())
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            out = LEGS[leg](M, prog, None, first_noted)
+        except paths.PathDeclined as e:
+            raise NotApplicable(str(e)) from None
+        except NotApplicable:
+            raise
+        except Exception as e:
+            if M is torch:  # torch cannot run it (vmap over a custom Function...)
+                raise NotApplicable(f"torch: {type(e).__name__}: {e}") from None
+            if isinstance(e, NotImplementedError):
+                raise NotApplicable(f"tapegrad: {e}") from None
+            raise
+    return out, {str(w.message) for w in warned}
+
+
+def compare(prog, leg, got, want, rtol):
+    """None when ``got`` (tapegrad) matches ``want`` (torch), else what differs."""
+    if prog.has_cast:
+        rtol = max(rtol, 1e-5)  # float32 rounding of a value or gradient a ulp apart
+    if len(got) != len(want):
+        return f"{len(got)} results, torch has {len(want)}"
+    scale = max([1.0] + [float(np.max(np.abs(w))) for w in want
+                         if w is not None and np.size(w)])
+    for i, (a, b) in enumerate(zip(got, want)):
+        if (a is None) != (b is None):
+            return f"result {i}: {'None' if a is None else 'a value'}, torch has " \
+                   f"{'None' if b is None else 'a value'}"
+        if a is None:
+            continue
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if a.shape != b.shape:
+            return f"result {i}: shape {a.shape}, torch has {b.shape}"
+        # libm differs by an ulp between the libraries; where a program cancels, that ulp
+        # is a large relative error of a tiny value: pass within a floor of the largest
+        if not np.allclose(a, b, rtol=rtol, atol=rtol * 0.1 * scale, equal_nan=True):
+            return f"result {i}:\n  tapegrad {a.tolist()}\n  torch    {b.tolist()}"
+    return None
+
+
+class Stats:
+    """Per run: how often each path ran (default or forced) and each leg did not apply."""
+
+    def __init__(self):
+        self.paths = collections.Counter()
+        self.forced = collections.Counter()
+        self.skipped = collections.Counter()
+
+
+def _failure(prog, leg, path, why):
+    """Does ``leg`` (with ``path`` forced) still fail on ``prog``? (for the shrinker)"""
+    return _check(prog, leg, path, Stats()) is not None
+
+
+def _check(prog, leg, path, stats):
+    """None, or a string saying how ``leg`` (``path`` forced, when given) fails."""
+    try:
+        want, warned_p = run_leg(torch, leg, prog)
+    except NotApplicable as e:
+        stats.skipped[(leg, "torch")] += 1
+        return None
+    first = (lambda: paths.force(path)) if path else contextlib.nullcontext
+    took = []
+    try:
+        got, warned_t = run_leg(tg, leg, prog, first, took)
+    except NotApplicable as e:
+        stats.skipped[(leg, path or "-", str(e)[:60])] += 1
+        return None
+    except Exception as e:
+        return "tapegrad raised " + "".join(traceback.format_exception_only(e)).strip()
+    if path:
+        stats.forced[path] += 1
+    elif took:
+        stats.paths[took[0]] += 1
+    extra = warned_t - warned_p
+    if extra:
+        return f"tapegrad warned {sorted(extra)} where torch did not"
+    return compare(prog, leg, got, want, LEG_RTOL.get(leg, RTOL))
+
+
+DRIVERS = {
+    "values": "nodes, y = program(M, H, *xs)\nprint(M.__name__, [n.tolist() for n in nodes])",
+    "grad": ("nodes, y = program(M, H, *xs)\nwith {first}:\n"
+             "    gs = M.autograd.grad(y, {used})\nprint(M.__name__, gs)"),
+    "hvp": ("nodes, y = program(M, H, *xs)\nwith {first}:\n"
+            "    gs = M.autograd.grad(y, {used}, create_graph=True)\nprint(M.__name__, gs)\n"
+            "s = sum((g * M.ones_like(g)).sum() for g in gs)\n"
+            "print(M.__name__, M.autograd.grad(s, {used}, allow_unused=True))"),
+    "third": ("nodes, y = program(M, H, *xs)\nx = {used}[0]\nwith {first}:\n"
+              "    (g,) = M.autograd.grad(y, x, create_graph=True)\n"
+              "(g2,) = M.autograd.grad(g, x, create_graph=True)\n"
+              "print(M.__name__, g, g2, M.autograd.grad(g2, {used}, allow_unused=True))"),
+    "batched": ("nodes, y = program(M, H, *xs)\nwith {first}:\n"
+                "    gs = M.autograd.grad(y, {used}, M.ones(3, dtype=M.float64), "
+                "is_grads_batched=True)\nprint(M.__name__, gs)"),
+    "backward": ("nodes, y = program(M, H, *xs)\nwith {first}:\n"
+                 "    M.autograd.backward(y, retain_graph=True)\ny.backward()\n"
+                 "print(M.__name__, [x.grad for x in {used}])"),
+}
+
+
+def report(prog, leg, path, why):
+    """The assertion message: the seed, the failure, and the shrunk program as code."""
+    small = shrink(prog, lambda p: _failure(p, leg, path, why), budget=150)
+    why_small = _check(small, leg, path, Stats()) or why
+    try:
+        used = "[" + ", ".join(f"xs[{i}]" for i in ctx_used(small)) + "]"
+    except NotApplicable:
+        used = "xs"
+    first = (f"(tapegrad.autograd.paths.force({path!r}) if M is tapegrad else "
+             "contextlib.nullcontext())" if path else "contextlib.nullcontext()")
+    driver = DRIVERS[leg].format(used=used, first=first)
+    return (f"seed {prog.seed}: leg {leg!r}{f' with path {path!r} forced' if path else ''}: "
+            f"{why}\n--- shrunk to {len(small.instrs)} instructions ({why_small}) ---\n"
+            f"{small.code(driver)}")
+
+
+def check_program(prog, stats, legs=None, forced=None):
+    """Every leg (and every forced path) on ``prog``; asserts with a shrunk reproducer."""
+    for leg in legs or LEGS:
+        if leg == "third" and not prog.scalar:
+            continue
+        why = _check(prog, leg, None, stats)
+        if why is not None:
+            pytest.fail(report(prog, leg, None, why), pytrace=False)
+    for path in forced or ():
+        why = _check(prog, FORCED[path], path, stats)
+        if why is not None:
+            pytest.fail(report(prog, FORCED[path], path, why), pytrace=False)
+
+
+# --- coverage ------------------------------------------------------------------------------
+
+def _differentiable_ops():
+    return {op.name for op in OPS
+            if op.name not in NOT_GENERATED and op.kind not in TRACE_ONLY_KINDS}
+
+
+def test_generator_covers_every_differentiable_op():
+    seen = set()
+    for fam, kw in FAMILIES.items():
+        for seed in range(60):
+            seen |= generate(seed, 14, **kw).ops
+    missing = _differentiable_ops() - seen
+    assert not missing, f"registered ops no random program reaches: {sorted(missing)}"
+
+
+def test_generator_is_deterministic():
+    assert generate(7, 15).source() == generate(7, 15).source()
+    assert generate(7, 15).source() != generate(8, 15).source()
+
+
+# --- tiers ---------------------------------------------------------------------------------
+
+#: family -> (programs in the default tier, ops per program, paths forced, minimum runs of
+#: each path (default or forced) the family must reach)
+TIERS = {
+    "scalar": (60, (8, 20), ("scalar", "record", "sweep", "rerecord", "checked"),
+               {"scalar": 20, "record": 20, "rerecord": 10}),
+    "flat": (40, (6, 14), ("flat", "fused", "sweep", "checked"),
+             {"flat": 10, "fused": 3, "sweep": 10}),
+    "array": (120, (6, 16), ("sweep", "rerecord", "checked", "batched"),
+              {"sweep": 60, "rerecord": 40, "checked": 40, "batched": 30}),
+}
+#: forced fused compiles one loop per structure (a second or more each): the default tier
+#: forces it on this many programs
+FUSED_DEFAULT = 6
+
+
+def _run_family(fam, seeds, n_fused):
+    n, (lo, hi), forced, minimum = TIERS[fam]
+    stats = Stats()
+    fused_left = n_fused
+    for seed in seeds:
+        prog = generate(seed, lo + seed % (hi - lo + 1), **FAMILIES[fam])
+        fp = [p for p in forced if p != "fused" or fused_left > 0]
+        before = stats.forced["fused"]
+        check_program(prog, stats, forced=fp)
+        fused_left -= stats.forced["fused"] - before
+    return stats, minimum
+
+
+@pytest.mark.parametrize("fam", list(TIERS))
+def test_differential(fam):
+    n = TIERS[fam][0]
+    base = {"scalar": 0, "flat": 10_000, "array": 20_000}[fam]
+    stats, minimum = _run_family(fam, range(base, base + n), FUSED_DEFAULT)
+    ran = stats.paths + stats.forced
+    short = {p: (ran[p], m) for p, m in minimum.items() if ran[p] < m}
+    assert not short, (f"paths exercised fewer times than required (ran, minimum): {short}; "
+                       f"skipped: {dict(stats.skipped)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(8))
+@pytest.mark.parametrize("fam", list(TIERS))
+def test_differential_slow(fam, block):
+    base = {"scalar": 100_000, "flat": 200_000, "array": 300_000}[fam] + block * 500
+    _run_family(fam, range(base, base + 500), 10**9)
