@@ -170,7 +170,10 @@ def _numel(x):
 
 
 def _mean_vjp(F, g, v, out, aux):
-    n = _numel(v[0]) // max(_numel(out), 1) if _numel(v[0]) else 0
+    # the count from the reduced dims, not from out: the recorded sweep passes no out
+    # (mean saves nothing), and numel(a) / 1 counted every element, not one slice's
+    shape = np.shape(v[0])
+    n = _numel(v[0]) if aux[0] is None else int(np.prod([shape[d] for d in aux[0]]))
     gk = _gk(F, g, v[0], aux)
     return (F.expand(gk, (np.shape(v[0]), np.shape(gk))) / float(n),)
 
@@ -262,7 +265,9 @@ def _extreme_vjp(F, g, v, out, aux):
         ra, ok = F.raw(a), F.raw(_gk(F, out, a, aux))
         mask = np.asarray(ra == ok)
         if even:  # a NaN result goes to the NaNs, as torch's evenly_distribute_backward
-            mask = mask | (np.isnan(ra) & np.isnan(ok))
+            # an array, also for a 0-d input: NumPy's bool scalar is not an operand a tensor
+            # takes (create_graph multiplies a tensor by it)
+            mask = np.asarray(mask | (np.isnan(ra) & np.isnan(ok)))
         count = np.sum(mask, axis=aux[0], keepdims=True)
         return (mask * (_gk(F, g, a, aux) / count),)  # torch's form: all-NaN when count is 0
     dim, index = aux[0][0], aux[2]
@@ -447,7 +452,10 @@ def _plain_batch(shift_aux):
 
 
 def _reduce_aux(aux, values, B):
-    rest = tuple(_bval(r, B) if isinstance(r, np.ndarray) else r for r in aux[2:])
+    # a saved index (max/min over a dim) gets the batch axis too; over the only dim of a
+    # 1-d input it is a NumPy integer, not an array
+    rest = tuple(_bval(r, B) if isinstance(r, (np.ndarray, np.integer)) else r
+                 for r in aux[2:])
     return (_bdims(aux[0], np.ndim(values[0])), aux[1]) + rest
 
 
