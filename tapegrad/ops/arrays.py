@@ -247,7 +247,14 @@ def _prod_others_vjp(F, g, v, out, aux):
 
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
          saves=False, vjp=_sum_vjp)
-register("mean", A, np=lambda a, aux: np.mean(a, axis=aux[0], keepdims=aux[1]), torch="mean",
+def _mean_np(a, aux):
+    if np.size(a) == 0:  # NaN (0 / 0) without NumPy's "Mean of empty slice" warning, as torch
+        with np.errstate(all="ignore"):
+            return np.sum(a, axis=aux[0], keepdims=aux[1]) / 0.0
+    return np.mean(a, axis=aux[0], keepdims=aux[1])
+
+
+register("mean", A, np=_mean_np, torch="mean",
          saves=False, vjp=_mean_vjp)
 register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp)
 register("prod_others", A, np=_prod_others, vjp=_prod_others_vjp)

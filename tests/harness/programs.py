@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 
 import numpy as np
 
@@ -618,7 +619,8 @@ def _run_instr(torch, H, ins, vals):
     ns = {"M": torch, "H": H, "abs": abs}
     ns.update(zip(names, vals))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's deprecations, in shrink candidates
             exec(code, ns)
     except Exception:
         return None
