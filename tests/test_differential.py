@@ -391,3 +391,255 @@ def test_differential(fam):
 def test_differential_slow(fam, block):
     base = {"scalar": 100_000, "flat": 200_000, "array": 300_000}[fam] + block * 500
     _run_family(fam, range(base, base + 500), 10**9)
+
+
+from conftest import set_rollover as _set_rollover  # noqa: E402
+
+
+@pytest.mark.parametrize("fam", ["scalar", "array"])
+def test_differential_across_small_tapes(monkeypatch, fam):
+    # every few entries the recorder starts a new tape: each backward spans many tapes and
+    # values reach later tapes through import entries
+    _set_rollover(monkeypatch, 7)
+    stats = Stats()
+    n, (lo, hi), forced, _ = TIERS[fam]
+    for seed in range(50_000, 50_015):
+        check_program(generate(seed, lo + seed % (hi - lo + 1), **FAMILIES[fam]), stats,
+                      forced=[p for p in forced if p in paths.GENERAL])
+
+
+def test_no_numpy_warnings_from_well_defined_array_ops():
+    # torch computes these without a warning; so must tapegrad, whatever the user's filters
+    def run(M):
+        x = M.tensor([-800.0, 0.5, 800.0], dtype=M.float64, requires_grad=True)
+        z = M.tensor([0.0, 1.0, 4.0], dtype=M.float64, requires_grad=True)
+        e = M.tensor([[]], dtype=M.float64, requires_grad=True)
+        ys = [M.sigmoid(x), M.exp(x), M.log(z), M.sqrt(z), M.rsqrt(z), 1.0 / z, M.cosh(x),
+              M.softmax(x, 0), M.tanh(x), e.mean(), M.softmax(e, 1), M.log_softmax(e, 1)]
+        y = (M.sigmoid(x) * z).sum() + M.norm(z * 0.0, dim=0)
+        g = M.autograd.grad(y, [x, z], create_graph=True)
+        M.autograd.grad(g[1].sum(), z)
+        return [_arr(t) for t in ys]
+    with warnings.catch_warnings(record=True) as warned_p:
+        warnings.simplefilter("always")
+        vp = run(torch)
+    with warnings.catch_warnings(record=True) as warned_t:
+        warnings.simplefilter("always")
+        vt = run(tg)
+    assert not warned_p
+    for a, b in zip(vt, vp):
+        np.testing.assert_allclose(a, b, rtol=RTOL)
+    assert [str(w.message) for w in warned_t] == []
+
+
+# --- the harness itself ---------------------------------------------------------------------
+
+def test_shrinker_finds_a_smallest_program_and_prints_it_runnable(capsys):
+    prog = next(p for p in (generate(s, 14) for s in range(100))
+                if any(i.code.startswith("{out} = M.cat(") for i in p.instrs))
+
+    def has_cat(p):
+        return any(i.code.startswith("{out} = M.cat(") for i in p.instrs)
+    small = shrink(prog, has_cat)
+    assert has_cat(small) and len(small.instrs) == 1
+    assert all(np.size(v) <= np.size(w) for (v, _), (w, _) in zip(small.inputs, prog.inputs))
+    used = "[" + ", ".join(f"xs[{i}]" for i in ctx_used(small)) + "]"
+    code = small.code(DRIVERS["grad"].format(used=used, first="contextlib.nullcontext()"))
+    exec(compile(code, "<reproducer>", "exec"), {"__name__": "reproducer"})
+    out = capsys.readouterr().out
+    assert out.startswith("tapegrad (tensor(") and "\ntorch (tensor(" in out
+
+
+def test_a_failure_reports_seed_and_shrunk_code(monkeypatch):
+    # a deliberately wrong rule (cos's derivative negated) must be caught, shrunk and printed
+    from tapegrad.ops import BY_NAME
+    op = BY_NAME["cos"]
+    real = op.vjp
+    prog = next(p for p in (generate(s, 12, arrays=False) for s in range(200))
+                if any(i.form == "cos" for i in p.instrs) and _check(p, "hvp", None, Stats())
+                is None)
+    monkeypatch.setattr(op, "vjp", lambda F, g, a, out: tuple(-r for r in real(F, g, a, out)))
+    why = _check(prog, "hvp", "rerecord", Stats())
+    assert why is not None
+    msg = report(prog, "hvp", "rerecord", why)
+    assert msg.startswith(f"seed {prog.seed}: leg 'hvp' with path 'rerecord' forced")
+    assert "M.cos(" in msg and "def program(M, H" in msg and "for M in (tapegrad, torch)" in msg
+    small = msg.split("--- shrunk to ")[1]
+    assert int(small.split()[0]) <= 3
+
+
+# --- paths ----------------------------------------------------------------------------------
+
+def test_paths_force_disable_and_last():
+    x = tg.tensor(1.5, requires_grad=True)
+    assert tg.autograd.grad(x * x, x)[0].item() == 3.0 and paths.last() == "scalar"
+    with paths.force("sweep"):
+        assert tg.autograd.grad(x * x, x)[0].item() == 3.0
+    assert paths.last() == "sweep"
+    with paths.disable("scalar"):
+        tg.autograd.grad(x * x, x)
+    assert paths.last() == "sweep"
+    with paths.force("checked"):  # the checked sweep, anomaly mode off
+        tg.autograd.grad(x * x, x)
+    assert paths.last() == "checked"
+    with paths.force("record"):
+        (g,) = tg.autograd.grad(x * x * x, x, create_graph=True)
+    assert paths.last() == "record" and g.item() == 6.75
+    a = tg.tensor(np.arange(3.0), requires_grad=True)
+    for name in ("flat", "fused"):  # fused compiles at once when forced
+        with paths.force(name):
+            assert tg.autograd.grad((a * a).sum(), a)[0].tolist() == [0.0, 2.0, 4.0]
+        assert paths.last() == name
+    with pytest.raises(ValueError, match="unknown backward path"):
+        with paths.force("fast"):
+            pass
+
+
+@pytest.mark.parametrize("name", ["flat", "fused", "record", "batched", "rerecord"])
+def test_a_forced_path_that_declines_raises_and_consumes_nothing(name):
+    x = tg.tensor(1.5, requires_grad=True)
+    y = x * x
+    with pytest.raises(paths.PathDeclined, match=f"forced backward path '{name}' declined"):
+        with paths.force(name):
+            tg.autograd.grad(y, x)
+    # nothing ran and nothing was freed: the default path still takes the graph
+    assert tg.autograd.grad(y, x)[0].item() == 3.0
+
+
+def test_backward_reports_its_path_and_declines_fast_paths():
+    x = tg.tensor([1.0, 2.0], requires_grad=True)
+    (x * x).sum().backward()
+    assert paths.last() == "sweep"
+    with pytest.raises(paths.PathDeclined):
+        with paths.force("scalar"):
+            (x * x).sum().backward()
+    with paths.disable("sweep"), pytest.raises(paths.PathDeclined):
+        (x * x).sum().backward()
+
+
+def test_paths_are_per_thread():
+    import threading
+    seen = []
+
+    def other():
+        x = tg.tensor(2.0, requires_grad=True)
+        tg.autograd.grad(x * x, x)
+        seen.append(paths.last())
+    with paths.force("sweep"):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert seen == ["scalar"]
+
+
+# --- regressions the harness found (each compared to torch) ---------------------------------
+
+def _both(fn):
+    return [fn(tg), fn(torch)]
+
+
+def _close(pair, rtol=1e-12):
+    a, b = pair
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        np.testing.assert_allclose(u, v, rtol=rtol, atol=1e-14)
+
+
+def test_mean_over_a_dim_second_order():
+    # create_graph counted 1/numel instead of 1/(slice size): wrong, silently
+    a = np.arange(6.).reshape(2, 3) / 7 + 0.3
+    w = np.linspace(-1, 1, 2).reshape(2, 1)
+
+    def run(M):
+        x = M.tensor(a, dtype=M.float64, requires_grad=True)
+        (g,) = M.autograd.grad((x.mean(dim=1, keepdim=True) * M.tensor(w)).sum(), x,
+                               create_graph=True)
+        (h,) = M.autograd.grad((g * x.mean(dim=0)).sum(), x)
+        return [_arr(g), _arr(h)]
+    _close(_both(run))
+
+
+@pytest.mark.parametrize("f", ["max", "min", "amax", "amin"])
+def test_reduction_of_a_0d_tensor_under_create_graph(f):
+    # the rule multiplied a NumPy bool scalar by a tensor: TypeError
+    def run(M):
+        x = M.tensor(0.7, dtype=M.float64, requires_grad=True)
+        y = getattr(x, f)() if f in ("max", "min") else getattr(M, f)(x)
+        (g,) = M.autograd.grad(y * x, x, create_graph=True)
+        return [_arr(g), _arr(M.autograd.grad(g, x)[0])]
+    _close(_both(run))
+
+
+def test_batched_grad_through_setitem_on_a_clone():
+    # setitem's batch rule summed the written value's gradient across the batch axis
+    def run(M):
+        a = M.tensor([1.0, 2.0, 3.0], dtype=M.float64, requires_grad=True)
+        b = M.tensor([0.5, -1.0], dtype=M.float64, requires_grad=True)
+        c = a.clone()
+        c[0] = b.sum()
+        c[1:] = a[1:] * b
+        go = M.tensor(np.arange(6.0).reshape(2, 3), dtype=M.float64)
+        return [_arr(g) for g in M.autograd.grad(c, [a, b], go, is_grads_batched=True)]
+    _close(_both(run))
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_batched_grad_through_expand_and_broadcasting(create_graph):
+    # expand / sum_to aligned the batch axis with a data axis
+    def run(M):
+        s = M.tensor(0.5, dtype=M.float64, requires_grad=True)
+        v = M.tensor([1.0, -2.0, 3.0], dtype=M.float64, requires_grad=True)
+        y = s.expand((2, 2)).sum() + (v.expand((2, 3)) * M.tensor([[1.0], [2.0]])).sum()
+        gs = M.autograd.grad(y, [s, v], M.tensor([1.0, 2.0, -1.0], dtype=M.float64),
+                             is_grads_batched=True, create_graph=create_graph)
+        return [_arr(g) for g in gs]
+    _close(_both(run))
+
+
+def test_batched_grad_through_max_over_the_only_dim():
+    def run(M):
+        x = M.tensor([0.3, -1.0, 2.0], dtype=M.float64, requires_grad=True)
+        y = x.min(dim=0)[0] + x.max(dim=0, keepdim=True)[0].sum()
+        return [_arr(M.autograd.grad(y, x, M.tensor([1.0, 2.0], dtype=M.float64),
+                                     is_grads_batched=True)[0])]
+    _close(_both(run))
+
+
+def test_create_graph_through_an_inplace_op_on_a_constant():
+    # the recorded sweep read the constant's tensor, which the in-place op had rebound to
+    # its result: d(c * x)/dx came out as c * x
+    def run(M):
+        x = M.tensor(-1.3, dtype=M.float64, requires_grad=True)
+        c = M.tensor([[-1.1, 0.4]], dtype=M.float64) * 1.0
+        c *= x
+        (g,) = M.autograd.grad(c.sum(), x, create_graph=True)
+        return [_arr(g)]
+    _close(_both(run))
+
+
+def test_batched_grad_of_an_input_entered_on_several_tapes(monkeypatch):
+    # each tape's row of the batched adjoints was a list: an input on two tapes got the
+    # two lists concatenated (a (2B,) gradient, then a broadcast error)
+    _set_rollover(monkeypatch, 4)
+
+    def run(M):
+        x1 = M.tensor(-1.2, dtype=M.float64, requires_grad=True)
+        x2 = M.tensor(-1.0, dtype=M.float64, requires_grad=True)
+        v3 = (M.sigmoid(x2) * 2.0 + 0.1) ** 2.0
+        v4 = (M.sigmoid(x1) * 2.0 + 0.1) ** (M.tanh(x2) * 2.0)
+        y = v3 * 1.0 + v4 * -0.5
+        gs = M.autograd.grad(y, [x1, x2], M.tensor([1.0, 2.0, 3.0], dtype=M.float64),
+                             is_grads_batched=True)
+        return [_arr(g) for g in gs]
+    _close(_both(run))
+
+
+def test_batched_grad_through_a_traced_program_with_an_empty_output():
+    def run(M):
+        x = M.tensor([[0.3, 0.5]], dtype=M.float64, requires_grad=True)
+        e = M.diag(x, -1)  # empty
+        H = helpers(M)
+        y = H.trace(lambda u, w: M.exp(M.tanh(u)) * M.cos(w), e, e)(e, e).sum() + x.sum()
+        return [_arr(M.autograd.grad(y, x, M.tensor([1.0, 2.0, 3.0], dtype=M.float64),
+                                     is_grads_batched=True)[0])]
+    _close(_both(run))

@@ -616,7 +616,9 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
                     end_tape(t)
             return results, True
     reach_l = reach.tolist()
-    adj_l = adj.tolist()
+    # batched: each slot's row stays an array (an input entered on several tapes sums its
+    # rows; lists would concatenate)
+    adj_l = adj.tolist() if not batch else list(adj)
     if record:
         pass
     elif len(tapes) == 1:
