@@ -24,7 +24,7 @@ import pytest
 
 import tapegrad as tg
 from tapegrad.autograd import paths
-from tapegrad.ops import OPS
+from tapegrad.ops import ARRAY, OPS
 
 torch = pytest.importorskip("torch")
 
@@ -330,13 +330,45 @@ def _differentiable_ops():
             if op.name not in NOT_GENERATED and op.kind not in TRACE_ONLY_KINDS}
 
 
+def _recorded(ts):
+    out = set()
+    for t in ts:
+        tape = getattr(t, "_tape", None)
+        if tape is not None:
+            out |= {OPS[int(c) & ~ARRAY].name for c in tape.rows()[:, 0]}
+    return out
+
+
 def test_generator_covers_every_differentiable_op():
-    seen = set()
+    # what the programs record on tapegrad's tape (forward, and the rules create_graph
+    # re-records up to second order), not what the forms claim
+    seen, declared = set(), set()
     for fam, kw in FAMILIES.items():
         for seed in range(60):
-            seen |= generate(seed, 14, **kw).ops
+            prog = generate(seed, 14, **kw)
+            declared |= prog.ops
+            xs, nodes, y = prog.run(tg)
+            seen |= _recorded(nodes)
+            if not y.requires_grad or not ctx_used_or_none(prog):
+                continue
+            used = [xs[i] for i in ctx_used(prog)]
+            with contextlib.suppress(NotImplementedError):
+                gs = tg.autograd.grad(y, used, create_graph=True)
+                seen |= _recorded(gs)
+                s = sum((g * 1.0).sum() for g in gs)
+                if s.requires_grad:
+                    seen |= _recorded(tg.autograd.grad(s, used, create_graph=True,
+                                                       allow_unused=True))
     missing = _differentiable_ops() - seen
-    assert not missing, f"registered ops no random program reaches: {sorted(missing)}"
+    assert not missing, f"registered ops no random program records: {sorted(missing)}"
+    assert not declared - seen, f"forms claim ops never recorded: {sorted(declared - seen)}"
+
+
+def ctx_used_or_none(prog):
+    try:
+        return ctx_used(prog)
+    except NotApplicable:
+        return None
 
 
 def test_generator_is_deterministic():
@@ -642,4 +674,28 @@ def test_batched_grad_through_a_traced_program_with_an_empty_output():
         y = H.trace(lambda u, w: M.exp(M.tanh(u)) * M.cos(w), e, e)(e, e).sum() + x.sum()
         return [_arr(M.autograd.grad(y, x, M.tensor([1.0, 2.0, 3.0], dtype=M.float64),
                                      is_grads_batched=True)[0])]
+    _close(_both(run))
+
+
+@pytest.mark.parametrize("which", ["program", "function", "two outputs"])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_multi_output_entry_and_its_outputs_on_different_tapes(monkeypatch, which,
+                                                                 create_graph):
+    # a tape rollover between a custom Function / traced Program entry and its outputs put
+    # an import between them, which dropped the gathered output gradients: zero, silently
+    _set_rollover(monkeypatch, 4)
+
+    def run(M):
+        H = helpers(M)
+        x = M.tensor(0.7, dtype=M.float64, requires_grad=True)
+        z = M.tensor(0.6, dtype=M.float64, requires_grad=True)
+        pad = (z * 2.0) * 3.0
+        if which == "program":
+            v = H.trace(lambda u, w: M.sin(u) * w, x, z)(x, z)
+        elif which == "function":
+            v = H.Fn1.apply(x, z)
+        else:
+            a, b = H.Fn2.apply(x)
+            v = a + b * z
+        return [_arr(g) for g in M.autograd.grad(v + pad, [x, z], create_graph=create_graph)]
     _close(_both(run))

@@ -347,7 +347,7 @@ def f_reduce(rng, shapes):
     name = ["sum", "mean", "prod", "amax", "amin", "max", "min", "norm", "logsumexp"][
         int(rng.integers(0, 9))]
     ops = {"sum": ("sum", "expand"), "mean": ("mean", "expand"),
-           "prod": ("prod", "prod_others", "where", "expand", "permute", "tanh", "mulc"),
+           "prod": ("prod", "prod_others", "where", "expand", "permute", "tanh", "mulc", "relu"),
            "amax": ("amax", "where", "expand"), "amin": ("amin", "where", "expand"),
            "max": ("amax", "where", "expand"), "min": ("amin", "where", "expand"),
            "norm": ("norm", "div", "expand", "addc"), "logsumexp": ("logsumexp", "exp", "expand")}[name]
@@ -360,8 +360,8 @@ def f_reduce(rng, shapes):
     else:
         dim = None
     x = "{0}"
-    if name == "prod":  # products of many values stay bounded
-        x = "(M.tanh({0}) * 1.3)"
+    if name == "prod":  # products of many values stay bounded; with exact zeros sometimes
+        x = "(M.tanh({0}) * 1.3)" if rng.random() < 0.6 else "(M.relu(M.tanh({0})) * 1.3)"
     elif name == "norm":  # away from an exact 0 (x - x, relu...): there its second
         x = "({0} + 0.3717)"  # derivative is a matter of convention (torch: NaN)
     if dim is None:
