@@ -361,7 +361,7 @@ def f_reduce(rng, shapes):
         dim = None
     x = "{0}"
     if name == "prod":  # products of many values stay bounded; with exact zeros sometimes
-        x = "(M.tanh({0}) * 1.3)" if rng.random() < 0.6 else "(M.relu(M.tanh({0})) * 1.3)"
+        x = "(M.tanh({0}) * 1.3)" if rng.random() < 0.5 else "(M.relu(M.tanh({0})) * 1.3)"
     elif name == "norm":  # away from an exact 0 (x - x, relu...): there its second
         x = "({0} + 0.3717)"  # derivative is a matter of convention (torch: NaN)
     if dim is None:
@@ -567,6 +567,7 @@ def generate(seed, n_ops=12, arrays=True, forms=None, shapes=None):
         v = np.round(rng.uniform(-1.5, 1.5, s), 3)
         inputs.append((float(v) if s == () else v, i < n_in - 1 or rng.random() < 0.7))
     forms = sorted(set(ARRAY_FORMS) - {"slice1d"} if forms is None else forms) if arrays else []
+    forms = [f for f in forms for _ in range(WEIGHTS.get(f, 1))]
     prog = Program(seed, inputs, [])
     with torch.no_grad():
         vals = [torch.tensor(v, dtype=torch.float64) for v, _ in inputs]
@@ -649,6 +650,9 @@ def f_slice1d(rng, shapes):
 
 
 ARRAY_FORMS["slice1d"] = f_slice1d
+#: how often a form is drawn relative to the others: reductions (dims, keepdim, nine ops)
+#: and indexing have the most variants
+WEIGHTS = {"reduce": 3, "getitem": 2}
 #: program families: generate() keywords, one per kind of path they reach
 FAMILIES = {
     "scalar": dict(arrays=False),                       # scalar, record
