@@ -145,7 +145,9 @@ ELEMENTWISE = {
     "mul": (2, lambda a, p: f"({a[0]} * {a[1]})"),
     "div": (2, lambda a, p: f"({a[0]} / {g_pos(a[1], p['k'])})"),
     "pow": (2, lambda a, p: f"({g_pos(a[0], p['k'])} ** {g_b(a[1], 2.0)})"),
-    "atan2": (2, lambda a, p: f"M.atan2({a[0]}, {a[1]})"),
+    # away from the origin, where derivatives are a convention (tapegrad 0, torch's second
+    # order NaN): x - x, relu and prod give exact zeros
+    "atan2": (2, lambda a, p: f"M.atan2({a[0]}, {a[1]} + 0.3717)"),
     "maximum": (2, lambda a, p: f"M.maximum({a[0]}, {a[1]})"),
     "minimum": (2, lambda a, p: f"M.minimum({a[0]}, {a[1]})"),
     "clamp_min_t": (2, lambda a, p: f"M.clamp({a[0]}, min={a[1]})"),
