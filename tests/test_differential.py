@@ -48,6 +48,8 @@ class NotApplicable(Exception):
 def _arr(t):
     if t is None:
         return None
+    if isinstance(t, torch.Tensor) and t._is_zerotensor():
+        return np.zeros(tuple(t.shape))  # torch's internal zero (API.md: we give plain zeros)
     return np.array(t.detach().numpy(), dtype=np.float64)  # a copy: .grad changes in place
 
 
@@ -425,7 +427,7 @@ def test_differential(fam):
 @pytest.mark.parametrize("fam", list(TIERS))
 def test_differential_slow(fam, block):
     base = {"scalar": 100_000, "flat": 200_000, "array": 300_000}[fam] + block * 500
-    _run_family(fam, range(base, base + 500), 10**9)
+    _run_family(fam, range(base, base + 500), 100)  # fused: a compile per structure
 
 
 from conftest import set_rollover as _set_rollover  # noqa: E402
