@@ -5,8 +5,9 @@ programs), is_grads_batched, backward() accumulating twice, and every backward p
 FORCED (tapegrad.autograd.paths) on the programs it accepts.
 
 A leg is a function ``leg(M, prog, ctx, first)`` returning a list of results (arrays or
-None) for library ``M``; ``first`` is a context manager for its first differentiation (a
-forced path applies there). Adding a leg (replay at new inputs, batched replay...) is one
+None) for library ``M``; ``ctx`` is reserved for what legs of one program share (None
+today); ``first`` is a context manager for its first differentiation (a forced path
+applies there). Adding a leg (replay at new inputs, batched replay...) is one
 such function and one entry in ``LEGS``.
 
 A failing program is shrunk to a smallest one that still fails and printed as runnable

@@ -247,6 +247,8 @@ def _prod_others_vjp(F, g, v, out, aux):
 
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
          saves=False, vjp=_sum_vjp)
+
+
 def _mean_np(a, aux):
     if np.size(a) == 0:  # NaN (0 / 0) without NumPy's "Mean of empty slice" warning, as torch
         with np.errstate(all="ignore"):

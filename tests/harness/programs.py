@@ -352,7 +352,8 @@ def f_reduce(rng, shapes):
            "prod": ("prod", "prod_others", "where", "expand", "permute", "tanh", "mulc", "relu"),
            "amax": ("amax", "where", "expand"), "amin": ("amin", "where", "expand"),
            "max": ("amax", "where", "expand"), "min": ("amin", "where", "expand"),
-           "norm": ("norm", "div", "expand", "addc"), "logsumexp": ("logsumexp", "exp", "expand")}[name]
+           "norm": ("norm", "div", "expand", "addc"),
+           "logsumexp": ("logsumexp", "exp", "expand")}[name]
     how = int(rng.integers(0, 4)) if nd else 0  # 0 full, 1 dim, 2 dim keepdim, 3 dim tuple
     keep = how == 2 or (how == 3 and rng.random() < 0.5)
     if how == 3 and nd >= 2 and name not in ("prod", "max", "min"):
@@ -372,7 +373,8 @@ def f_reduce(rng, shapes):
         if name == "logsumexp":
             return (i,), "{out} = M.logsumexp({0}, dim=%r)" % ((tuple(range(nd)) or 0),), ops
         if name == "norm" and rng.random() < 0.5:
-            return (i,), "{out} = M.norm(%s, p=%r)" % (x, (2, 1, "fro")[int(rng.integers(0, 3))]), ops
+            p = (2, 1, "fro")[int(rng.integers(0, 3))]
+            return (i,), "{out} = M.norm(%s, p=%r)" % (x, p), ops
         if rng.random() < 0.5:
             return (i,), "{out} = M.%s(%s)" % (name, x), ops
         return (i,), "{out} = %s.%s()" % (x, name), ops
@@ -563,8 +565,8 @@ def generate(seed, n_ops=12, arrays=True, forms=None, shapes=None):
     H = helpers(torch)
     inputs = []
     n_in = int(rng.integers(2, 5))
+    pool = shapes or SHAPES
     for i in range(n_in):
-        pool = shapes or SHAPES
         s = pool[int(rng.integers(0, len(pool)))] if arrays else ()
         v = np.round(rng.uniform(-1.5, 1.5, s), 3)
         inputs.append((float(v) if s == () else v, i < n_in - 1 or rng.random() < 0.7))
@@ -577,12 +579,12 @@ def generate(seed, n_ops=12, arrays=True, forms=None, shapes=None):
     tries = 0
     while len(prog.instrs) < n_ops and tries < n_ops * 20:
         tries += 1
-        shapes = [tuple(v.shape) for v in vals]
+        have = [tuple(v.shape) for v in vals]
         p = _params(rng)
         if forms and rng.random() < 0.4:
             form = forms[int(rng.integers(0, len(forms)))]
             try:
-                got = ARRAY_FORMS[form](rng, shapes)
+                got = ARRAY_FORMS[form](rng, have)
             except ValueError:  # nothing to draw from (an empty value's range)
                 got = None
             if got is None:
@@ -595,12 +597,12 @@ def generate(seed, n_ops=12, arrays=True, forms=None, shapes=None):
             first = fresh[0] if fresh else _pick(rng, list(range(len(vals))))
             args = (first,)
             if arity == 2:
-                partner = [j for j, s in enumerate(shapes) if _bcast(shapes[first], s) is not None]
+                partner = [j for j, s in enumerate(have) if _bcast(have[first], s) is not None]
                 args += (_pick(rng, partner),)
             code = "{out} = " + tmpl(["{%d}" % k for k in range(arity)], p)
             ops = (form,) + tuple(sorted({m for m in re.findall(r"M\.(\w+)\(", code)}
                                          & GUARD_OPS))
-            if arity == 2 and shapes[args[0]] != shapes[args[1]]:
+            if arity == 2 and have[args[0]] != have[args[1]]:
                 ops += ("sum_to", "expand")
         ins = Instr(form, tuple(args), code, tuple(ops))
         v = _run_instr(torch, H, ins, vals)
