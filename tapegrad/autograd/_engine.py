@@ -13,6 +13,7 @@ from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 from ._tensor_backend import TensorF
 from .anomaly import ANOMALY, nan_error
 from .graph import GradientEdge, edge_tensor
+from .paths import FAST as _FAST, STATE as _PATHS, declined as _declined
 
 
 _LATER = ("{what} is not implemented yet: it comes with tapegrad's higher-order derivatives "
@@ -105,7 +106,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     """
     if (outputs.__class__ is Tensor and not is_grads_batched and grad_outputs is None
             and allow_unused is None and not materialize_grads and only_inputs):
-        if not create_graph:
+        ctl = _PATHS.ctl
+        if ctl is not None:  # a path forced or disabled (paths.py, a testing aid)
+            r = _grad_fast_controlled(ctl, outputs, inputs, retain_graph, create_graph)
+        elif not create_graph:
             r = _grad_scalar(outputs, inputs, retain_graph)
             if r is None and outputs._tape is not None and outputs._tape.arrays:
                 r = _grad_flat(outputs, inputs, retain_graph)
@@ -165,6 +169,28 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     return tuple(out)
 
 
+def _grad_fast_controlled(ctl, y, inputs, retain_graph, create_graph):
+    """The fast paths of ``grad`` under ``paths.force``/``disable``: only the allowed ones
+    are tried, and a forced one that declines raises ``PathDeclined``."""
+    if not create_graph:
+        if ctl.allows("scalar"):
+            r = _grad_scalar(y, inputs, retain_graph)
+            if r is not None:
+                return r
+        if ((ctl.allows("flat") or ctl.allows("fused")) and y._tape is not None
+                and y._tape.arrays):
+            r = _grad_flat(y, inputs, retain_graph, ctl)
+            if r is not None:
+                return r
+    elif retain_graph is not False and ctl.allows("record"):
+        r = _grad_record(y, inputs)
+        if r is not None:
+            return r
+    if ctl.forced in _FAST:
+        _declined(ctl.forced, "the call is not one this path covers")
+    return None
+
+
 def _scalar_case(y, inputs, arrays=False):
     """(tape, input slots) when ``grad(y, inputs)`` is the case the one-call paths cover:
     a 0-d float64 loss on one tape of scalar entries (no arrays, N-ary or retained entries,
@@ -208,10 +234,11 @@ def _grad_scalar(y, inputs, retain_graph):
     if not retain_graph:
         cpu.free_entries(tape, need)
         end_tape(tape)
+    _PATHS.last = "scalar"
     return tuple([_plain_s(v) for v in grads.tolist()])
 
 
-def _grad_flat(y, inputs, retain_graph):
+def _grad_flat(y, inputs, retain_graph, ctl=None):
     """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
     call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
     tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
@@ -226,8 +253,11 @@ def _grad_flat(y, inputs, retain_graph):
     if not ok or not reach[ins].all():
         return None
     layout = cpu.flat_layout(tape, rows, need, lo, y._slot + 1)
-    if layout is None:
-        return _grad_fused(tape, rows, need, lo, y, ins, retain_graph)
+    if layout is None or (ctl is not None and not ctl.allows("flat")):
+        if ctl is not None and not ctl.allows("fused"):
+            return None
+        return _grad_fused(tape, rows, need, lo, y, ins, retain_graph,
+                           ctl is not None and ctl.forced == "fused")
     off, size, V, p0, p1 = layout
     A = np.zeros(len(V), dtype=np.float64)
     A[y._slot] = 1.0
@@ -245,17 +275,19 @@ def _grad_flat(y, inputs, retain_graph):
     if not retain_graph:
         cpu.free_entries(tape, need)
         end_tape(tape)
+    _PATHS.last = "flat"
     return tuple(out)
 
 
-def _grad_fused(tape, rows, need, lo, y, ins, retain_graph):
+def _grad_fused(tape, rows, need, lo, y, ins, retain_graph, compile_now=False):
     """``_grad_flat`` past the flat buffers' size limit: the array entries run as one
     generated loop per shape (``interpreters.fused``), the scalar entries compiled. None
-    when the region does not fit that form or its loop is not compiled yet."""
+    when the region does not fit that form or its loop is not compiled yet (``compile_now``:
+    compile it at once, as forcing the path does)."""
     p = fused.plan_for(tape, rows, need, lo, y._slot + 1, ins)
     if p is None:
         return None
-    fn = fused.kernel(p.text)
+    fn = fused.kernel(p.text, force=compile_now)
     if fn is None:
         return None
     adj = np.zeros(len(rows), dtype=np.float64)
@@ -279,6 +311,7 @@ def _grad_fused(tape, rows, need, lo, y, ins, retain_graph):
     if not retain_graph:
         cpu.free_entries(tape, need)
         end_tape(tape)
+    _PATHS.last = "fused"
     return tuple(out)
 
 
@@ -300,6 +333,7 @@ def _grad_record(y, inputs):
     if not ok:
         return None
     tape.extend(rows, codes, values)
+    _PATHS.last = "record"
     sid, out = tape.sid, []
     for s, v in zip(gslots.tolist(), gvals.tolist()):
         if s < 0:  # a constant gradient (no path through a recorded value)
@@ -488,6 +522,15 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     and retained non-leaves, returned as a third value. With ``record`` (create_graph) the
     seeds are tensors and the sweep re-records every rule, so the results are tensors (an
     input ``allow_unused`` rejects is rejected before anything is recorded)."""
+    path = ("rerecord" if record else "batched" if batch else
+            "checked" if ANOMALY.enabled and ANOMALY.check_nan else "sweep")
+    ctl = _PATHS.ctl
+    if ctl is not None and not ctl.allows(path):
+        if ctl.forced == "checked" and path == "sweep":
+            path = "checked"  # the checked sweep takes whatever the general one takes
+        else:
+            _declined(ctl.forced or path, f"this call takes the {path!r} path")
+    _PATHS.last = path
     roots = []
     for y in outs:
         if y._tape is not None and all(y._tape is not r for r in roots):
@@ -558,7 +601,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         adj = np.zeros(n)
     elif batch:
         cpu.sweep_batched(graph, need, adj, adjd, arr)
-    elif ANOMALY.enabled and ANOMALY.check_nan:
+    elif path == "checked":
         cpu.sweep_checked(graph, need, adj, adjd, lambda k, i: nan_error(graph, k, i))
     else:
         cpu.sweep(graph, need, adj, adjd, arr)
@@ -573,7 +616,9 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
                     end_tape(t)
             return results, True
     reach_l = reach.tolist()
-    adj_l = adj.tolist()
+    # batched: each slot's row stays an array (an input entered on several tapes sums its
+    # rows; lists would concatenate)
+    adj_l = adj.tolist() if not batch else list(adj)
     if record:
         pass
     elif len(tapes) == 1:
@@ -636,7 +681,13 @@ def _slot_tensors(graph):
         t = cache.get(s)
         if t is None:
             tape, k = (single, s) if single is not None else graph.locate(s)
-            if tape.code[k * 5] & ~ARRAY in leafish:
+            code = tape.code[k * 5] & ~ARRAY
+            if code == CONST:
+                # the value recorded, not the tensor: an in-place op with grad since then
+                # (``c *= x``, c not requiring grad) rebinds that tensor to its result
+                v = graph.value(s)
+                t = _plain_s(v) if v.__class__ is _pyfloat else _plain(v)
+            elif code in leafish:
                 t = tape.aux[k][0]
                 if t is None:  # a constant a backward released (cpu._release): its shape
                     t = _plain(graph.value(s))

@@ -290,6 +290,26 @@ def order_tapes(roots):
     return order
 
 
+_FUNCTION_OUT = next(op.code for op in OPS if op.name == "function_out")
+
+
+def _outputs_to_their_entry(rows):
+    """Point each ``function_out`` entry (an output of a custom Function or traced Program)
+    at its multi-output entry itself where a tape rollover put an import between them: the
+    output gradients are gathered on that entry ({index: gradient}), which an import,
+    passing one adjoint through, would drop."""
+    codes = rows[:, 0].astype(np.int64) & ~ARRAY
+    outs = np.nonzero(codes == _FUNCTION_OUT)[0]
+    if not len(outs):
+        return
+    for _ in range(len(rows)):  # an import of an import: follow it to the entry
+        src = rows[outs, 1].astype(np.int64)
+        via = codes[src] == IMPORT_CODE
+        if not via.any():
+            return
+        rows[outs[via], 1] = rows[src[via], 1]
+
+
 class Graph:
     """The tapes of one backward laid end to end, with slots renumbered to match."""
 
@@ -325,6 +345,7 @@ class Graph:
                 parts.append(r)
             self.rows = np.concatenate(parts) if parts else np.zeros((0, 5))
             self.vals = np.concatenate([t.values() for t in tapes])
+            _outputs_to_their_entry(self.rows)
         self._nary()
 
     def _nary(self):

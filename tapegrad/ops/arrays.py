@@ -170,7 +170,10 @@ def _numel(x):
 
 
 def _mean_vjp(F, g, v, out, aux):
-    n = _numel(v[0]) // max(_numel(out), 1) if _numel(v[0]) else 0
+    # the count from the reduced dims, not from out: the recorded sweep passes no out
+    # (mean saves nothing), and numel(a) / 1 counted every element, not one slice's
+    shape = np.shape(v[0])
+    n = _numel(v[0]) if aux[0] is None else int(np.prod([shape[d] for d in aux[0]]))
     gk = _gk(F, g, v[0], aux)
     return (F.expand(gk, (np.shape(v[0]), np.shape(gk))) / float(n),)
 
@@ -244,7 +247,16 @@ def _prod_others_vjp(F, g, v, out, aux):
 
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
          saves=False, vjp=_sum_vjp)
-register("mean", A, np=lambda a, aux: np.mean(a, axis=aux[0], keepdims=aux[1]), torch="mean",
+
+
+def _mean_np(a, aux):
+    if np.size(a) == 0:  # NaN (0 / 0) without NumPy's "Mean of empty slice" warning, as torch
+        with np.errstate(all="ignore"):
+            return np.sum(a, axis=aux[0], keepdims=aux[1]) / 0.0
+    return np.mean(a, axis=aux[0], keepdims=aux[1])
+
+
+register("mean", A, np=_mean_np, torch="mean",
          saves=False, vjp=_mean_vjp)
 register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp)
 register("prod_others", A, np=_prod_others, vjp=_prod_others_vjp)
@@ -262,7 +274,9 @@ def _extreme_vjp(F, g, v, out, aux):
         ra, ok = F.raw(a), F.raw(_gk(F, out, a, aux))
         mask = np.asarray(ra == ok)
         if even:  # a NaN result goes to the NaNs, as torch's evenly_distribute_backward
-            mask = mask | (np.isnan(ra) & np.isnan(ok))
+            # an array, also for a 0-d input: NumPy's bool scalar is not an operand a tensor
+            # takes (create_graph multiplies a tensor by it)
+            mask = np.asarray(mask | (np.isnan(ra) & np.isnan(ok)))
         count = np.sum(mask, axis=aux[0], keepdims=True)
         return (mask * (_gk(F, g, a, aux) / count),)  # torch's form: all-NaN when count is 0
     dim, index = aux[0][0], aux[2]
@@ -299,8 +313,11 @@ def _norm_vjp(F, g, v, out, aux):
     ok = _gk(F, out, a, aux)
     if isinstance(ok, float):  # 0.0 ** negative: inf like NumPy, not ZeroDivisionError
         ok = np.float64(ok)
+    # the masked-out places divide by 1, not 0: no inf * 0 computed (a NumPy warning that
+    # torch does not give), same values and derivatives
+    zero = F.raw(ok) == 0.0
     if p == 2:
-        return (F.where(F.raw(ok) == 0.0, F.zeros_like(a), a * (gk / ok)),)
+        return (F.where(zero, F.zeros_like(a), a * (gk / F.where(zero, 1.0, ok))),)
     if p == 1:
         return (F.sign(a) * gk,)
     if p == 0:
@@ -309,8 +326,10 @@ def _norm_vjp(F, g, v, out, aux):
         mask = np.abs(F.raw(a)) == F.raw(ok)
         cnt = np.sum(mask, axis=aux[0], keepdims=True)
         return (F.where(mask, F.sign(a) * gk / cnt, F.zeros_like(a)),)
-    return (F.where((F.raw(ok) == 0.0) | (F.raw(a) == 0.0), F.zeros_like(a),
-                    F.sign(a) * F.abs(a) ** (p - 1.0) * gk / ok ** (p - 1.0)),)
+    za = F.raw(a) == 0.0
+    return (F.where(zero | za, F.zeros_like(a),
+                    F.sign(a) * F.where(za, 1.0, F.abs(a)) ** (p - 1.0) * gk
+                    / F.where(zero, 1.0, ok) ** (p - 1.0)),)
 
 
 register("norm", A, np=_norm_np, torch="norm", vjp=_norm_vjp)
@@ -331,14 +350,14 @@ register("logsumexp", A, np=_lse_np, torch="logsumexp",
 
 def _softmax_np(a, aux):
     d = aux[0]
-    m = np.max(a, axis=d, keepdims=True)
+    m = np.max(a, axis=d, keepdims=True, initial=-np.inf)  # initial: an empty input
     e = np.exp(a - np.where(np.isfinite(m), m, 0.0))
     return e / np.sum(e, axis=d, keepdims=True)
 
 
 def _log_softmax_np(a, aux):
     d = aux[0]
-    m = np.max(a, axis=d, keepdims=True)
+    m = np.max(a, axis=d, keepdims=True, initial=-np.inf)
     z = a - np.where(np.isfinite(m), m, 0.0)
     return z - np.log(np.sum(np.exp(z), axis=d, keepdims=True))
 
@@ -447,7 +466,10 @@ def _plain_batch(shift_aux):
 
 
 def _reduce_aux(aux, values, B):
-    rest = tuple(_bval(r, B) if isinstance(r, np.ndarray) else r for r in aux[2:])
+    # a saved index (max/min over a dim) gets the batch axis too; over the only dim of a
+    # 1-d input it is a NumPy integer, not an array
+    rest = tuple(_bval(r, B) if isinstance(r, (np.ndarray, np.integer)) else r
+                 for r in aux[2:])
     return (_bdims(aux[0], np.ndim(values[0])), aux[1]) + rest
 
 
@@ -471,6 +493,30 @@ def _matmul_batch(values, out, g, aux, B):
     return [_bval(a, B), _bval(b, B)], None, g, aux, post
 
 
+def _broadcast_batch(values, out, g, aux, B):
+    """expand / sum_to (aux: this entry's shape, its input's shape). A broadcast aligns
+    shapes at the right, which under a leading batch axis would align the batch with a data
+    axis: the smaller shape is padded with leading 1s to the larger's length instead (and
+    g with it, where g has the smaller shape); the sweep's batched fit drops the 1s again."""
+    to, frm = tuple(aux[0]), tuple(aux[1])
+    n = max(len(to), len(frm))
+    pto, pfrm = (1,) * (n - len(to)) + to, (1,) * (n - len(frm)) + frm
+    if pto != to:
+        g = g.reshape((B,) + pto)
+    return [_bval(v, B) for v in values], _bval(out, B), g, ((B,) + pto, (B,) + pfrm), None
+
+
+def _setitem_batch(values, out, g, aux, B):
+    """The written value's gradient is g at the index, summed to the value's shape. Under
+    the batch axis that sum must keep the batch axis: the rule sees the value as shaped like
+    the indexed region (its sum_to is then the identity) and the sweep's batched fit sums
+    it to the value's own shape."""
+    a, b = values
+    region = np.empty(np.shape(out), dtype=np.bool_)[aux[0]].shape
+    return ([_bval(a, B), np.broadcast_to(np.zeros(()), (B,) + region)], _bval(out, B), g,
+            (_bidx(aux[0]), _bval(aux[1], B)), None)
+
+
 def _outer_batch(values, out, g, aux, B):
     a, b = values
     return ([_bval(a[None, :], B), _bval(b[:, None], B)], None, g, aux,
@@ -482,13 +528,12 @@ _BATCH = {
     "amin": _reduce_aux, "prod_others": _reduce_aux, "norm": _reduce_aux, "logsumexp": _reduce_aux,
     "softmax": lambda aux, v, B: (aux[0] + 1,),
     "log_softmax": lambda aux, v, B: (aux[0] + 1,),
-    "reshape": _shapes_aux, "expand": _shapes_aux, "sum_to": _shapes_aux,
+    "reshape": _shapes_aux,
     "transpose": lambda aux, v, B: tuple(d + 1 if d >= 0 else d for d in aux),
     "permute": lambda aux, v, B: (0,) + tuple(p + 1 for p in aux),
     "cast": lambda aux, v, B: aux,
     "getitem": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
     "index_scatter": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
-    "setitem": lambda aux, v, B: (_bidx(aux[0]), _bval(aux[1], B)),
     "where": lambda aux, v, B: aux,
     "diag": lambda aux, v, B: (aux[0], True),
     "stack": lambda aux, v, B: (aux[0], aux[1] + 1),
@@ -496,6 +541,8 @@ _BATCH = {
 }
 for _name, _shift in _BATCH.items():
     BY_NAME[_name].batch = _plain_batch(_shift)
+BY_NAME["setitem"].batch = _setitem_batch
+BY_NAME["expand"].batch = BY_NAME["sum_to"].batch = _broadcast_batch
 BY_NAME["matmul"].batch = _matmul_batch
 BY_NAME["outer"].batch = _outer_batch
 del _name, _shift
