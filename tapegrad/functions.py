@@ -209,7 +209,10 @@ def _reduce(op, npfn):
         dims = _dims(dim, x.ndim)
         a = np.asarray(x._d)
         with _errstate():
-            v = npfn(a, axis=dims, keepdims=keepdim)
+            if a.size == 0 and op.name == "mean":  # nan, quietly, as torch (np.mean warns)
+                v = np.sum(a, axis=dims, keepdims=keepdim) / 0.0
+            else:
+                v = npfn(a, axis=dims, keepdims=keepdim)
         if op.name == "sum" and a.dtype.kind in "bui":
             v = np.asarray(v).astype(np.int64)
         else:

@@ -27,6 +27,20 @@ hardware = pytest.mark.skipif(SIM, reason="needs a real GPU (timing, device memo
 RTOL = 1e-12
 
 
+@pytest.fixture(autouse=True, scope="module")
+def small_blocks_in_the_simulator():
+    # the simulator runs every thread of a block as a Python thread, idle ones included: 4
+    # threads a block (not 128) keeps a batch of 9 at 12 threads, and spreads it over blocks
+    if not SIM:
+        yield
+        return
+    from tapegrad.interpreters import replay_cuda
+    mp = pytest.MonkeyPatch()
+    mp.setattr(replay_cuda, "THREADS", 4)
+    yield
+    mp.undo()
+
+
 def rosen(x):
     return (100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2).sum()
 

@@ -24,6 +24,8 @@ def _cases(m):
         "matmul overflow": lambda: t([BIG, BIG], requires_grad=True) @ t(BIG),
         "dot inf - inf": lambda: m.dot(t([np.inf, -np.inf]), t([1.0, 1.0])),
         "outer overflow": lambda: m.outer(t(BIG, requires_grad=True), t(BIG)),
+        "mean of nothing": lambda: t([], requires_grad=True).mean(),
+        "mean of nothing along a dim": lambda: m.zeros(2, 0, dtype=m.float64).mean(1),
         "sum overflow": lambda: t([1.7e308, 1.7e308], requires_grad=True).sum(),
     }
 
