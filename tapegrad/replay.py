@@ -13,6 +13,7 @@ import zipfile
 
 import numpy as np
 
+from . import _notice
 from .interpreters import program as _prog
 from .interpreters import replay_cpu as _cpu
 from .tape import STATE, Tape
@@ -759,6 +760,9 @@ class Program:
     def _execute(self, code, x, batch, seeds, grad):
         if self._cuda is not None:
             return self._execute_cuda(code, x, batch, seeds, grad)
+        key = "replay" if batch is None else "parallel" if self.target == "parallel" else "batch"
+        if key in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+            _notice.announce(key)
         if batch is None:
             return _cpu.run(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
         fn = _cpu.run_parallel if self.target == "parallel" else _cpu.run_batch
@@ -970,9 +974,13 @@ class Program:
                 J = _host(G).reshape(nin, B, m).transpose(1, 2, 0).copy()
                 x = _host(x).reshape(nin, B)
         elif batch is None:
+            if "jacobian" in _notice.PENDING:
+                _notice.announce("jacobian")
             st, _, J = _cpu.jacobian(code.rows, x, code.out_slots, code.in_slots)
             status, J, x = np.array([st]), J[None], x.reshape(-1, 1)
         else:
+            if "jacobian_batch" in _notice.PENDING:
+                _notice.announce("jacobian_batch")
             status, J = _cpu.jacobian_batch(code.rows, x, code.out_slots, code.in_slots)
         # samples that failed the first variant's guards: the other variants, one by one
         for b in np.nonzero(status)[0].tolist():
