@@ -10,7 +10,8 @@ _WHAT = {
     "gradient": ("the reverse sweep for the first gradient", 5,
                  [("tapegrad.interpreters.cpu", "grad_scalar"),
                   ("tapegrad.interpreters.cpu", "mark"),
-                  ("tapegrad.interpreters._generated_cpu", "sweep")]),
+                  ("tapegrad.interpreters._generated_cpu", "sweep"),
+                  ("tapegrad.tape", "_decode_rows")]),
     "replay": ("the replay interpreter of traced programs", 5,
                [("tapegrad.interpreters.replay_cpu", "run")]),
     "batch": ("the batched replay interpreter", 25,
@@ -45,8 +46,10 @@ def _cached(dispatcher):
 
 
 def will_compile(key):
-    """Whether the first use of ``key`` compiles (False when it cannot tell)."""
-    return any(_cached(getattr(importlib.import_module(mod), name)) is False
+    """Whether the first use of ``key`` compiles: none of its dispatchers is cached (one that
+    is means this path ran before; a path that differs a little compiles less, and quietly:
+    the notice must never fire on a warm cache). False when it cannot tell."""
+    return all(_cached(getattr(importlib.import_module(mod), name)) is False
                for mod, name in _WHAT[key][2])
 
 
