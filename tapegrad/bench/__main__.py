@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import sys
 import time
 import traceback
@@ -541,7 +542,7 @@ def environment(settings: Settings, with_torch: bool) -> dict[str, Any]:
 
     env = {
         "mode": settings.mode,
-        "command": " ".join(["python -m tapegrad.bench", *sys.argv[1:]]),
+        "command": " ".join(["python -m tapegrad.bench", shlex.join(sys.argv[1:])]).strip(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
