@@ -55,6 +55,8 @@ def will_compile(key):
 
 def announce(key, stream=None):
     """Say on stderr, once per process, that ``key`` compiles now, when its cache is cold."""
+    if key not in PENDING:
+        return
     PENDING.discard(key)
     if os.environ.get("TAPEGRAD_QUIET", "") not in ("", "0"):
         return

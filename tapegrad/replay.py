@@ -760,11 +760,13 @@ class Program:
     def _execute(self, code, x, batch, seeds, grad):
         if self._cuda is not None:
             return self._execute_cuda(code, x, batch, seeds, grad)
-        key = "replay" if batch is None else "parallel" if self.target == "parallel" else "batch"
-        if key in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
-            _notice.announce(key)
+        # a cold cache compiles for seconds: say so, once (a set lookup on the hot path)
         if batch is None:
+            if "replay" in _notice.PENDING:
+                _notice.announce("replay")
             return _cpu.run(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
+        if _notice.PENDING:
+            _notice.announce("parallel" if self.target == "parallel" else "batch")
         fn = _cpu.run_parallel if self.target == "parallel" else _cpu.run_batch
         return fn(code.rows, x, code.out_slots, seeds, code.in_slots, grad, self.block)
 

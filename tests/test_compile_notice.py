@@ -31,9 +31,11 @@ def tiny(tmp_path, monkeypatch):
                                                  [("tiny_jit_mod", "twice")]))
     yield mod
     sys.modules.pop("tiny_jit_mod", None)
+    _notice.PENDING.discard("tiny")
 
 
 def said(key):
+    _notice.PENDING.add(key)
     out = io.StringIO()
     _notice.announce(key, stream=out)
     return out.getvalue()
@@ -45,6 +47,9 @@ def test_a_cold_cache_gets_one_line_then_none(tiny):
     assert line == ("tapegrad: compiling the tiny function, once: about 3 s on 2 cores; "
                     "cached on disk afterwards (TAPEGRAD_QUIET=1 hides this line)\n")
     assert "tiny" not in _notice.PENDING  # once per process
+    out = io.StringIO()
+    _notice.announce("tiny", stream=out)
+    assert out.getvalue() == ""
     tiny.twice(1.0)
     assert not _notice.will_compile("tiny")  # compiled here
     assert said("tiny") == ""
