@@ -19,12 +19,9 @@ def _blocks(path):
 def _cases():
     for path in [ROOT / "README.md"] + [DOCS / p for p in PAGES]:
         for i, block in enumerate(_blocks(path)):
-            marks = []
-            if "target=\"parallel\"" in block:
-                # compiling the parallel target takes a minute on a cold cache:
-                # tests/test_replay.py covers it in the default run
-                marks.append(pytest.mark.slow)
-            yield pytest.param(path, i, block, id=f"{path.name}[{i}]", marks=marks)
+            # fast-loops.md's target="parallel" block compiles the parallel interpreter on a
+            # cold cache (half a minute), which tests/test_replay.py would compile anyway
+            yield pytest.param(path, i, block, id=f"{path.name}[{i}]")
 
 
 @pytest.fixture
