@@ -100,8 +100,9 @@ def test_the_real_entry_points_are_silent_once_compiled(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_a_cold_first_gradient_says_so_in_a_fresh_process(tmp_path):
-    code = ("import tapegrad as tg; x = tg.tensor([1.0, 2.0], requires_grad=True); "
-            "(x * x).sum().backward(); print(x.grad.tolist())")
+    code = ("import numpy as np, tapegrad as tg; x = tg.tensor([1.0, 2.0], requires_grad=True); "
+            "(x * x).sum().backward(); print(x.grad.tolist()); "
+            "p = tg.trace(lambda x: (x * x).sum(), np.zeros(2)); p.value_and_grad(np.ones(2))")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), TAPEGRAD_CACHE_DIR=str(tmp_path))
     env.pop("TAPEGRAD_QUIET", None)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,6 +110,8 @@ def test_a_cold_first_gradient_says_so_in_a_fresh_process(tmp_path):
                           env=env, cwd=root, timeout=600)
     assert cold.stdout.strip() == "[2.0, 4.0]"
     assert cold.stderr.count("tapegrad: compiling the reverse sweep") == 1, cold.stderr
+    # value_and_grad of one input takes a fast path of its own: it says so too
+    assert cold.stderr.count("tapegrad: compiling the replay interpreter") == 1, cold.stderr
     warm = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, cwd=root, timeout=600)
     assert "compiling" not in warm.stderr, warm.stderr

@@ -24,7 +24,8 @@ from tapegrad.bench import cases
 
 @dataclass(frozen=True)
 class Settings:
-    """How hard each mode works; quick must finish in under 2 minutes on 2 cores."""
+    """How hard each mode works. quick: about 1.5 minutes on 2 cores with a warm Numba cache,
+    about 3 on a fresh clone (README.md's numbers)."""
 
     mode: str
     budget_s: float  # timing budget per case per library, after warm-up
