@@ -86,3 +86,18 @@ def test_bench_commands_in_the_docs_parse():
         argv = [a.strip("'\"") for a in tail.split()]
         args = cli.build_parser().parse_args(argv)
         assert not cli.unmatched_patterns(cli.split_patterns(args.only)), tail
+
+
+def test_extras_are_what_the_docs_say():
+    import tomllib
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    # the simulator needs numba-cuda alone: no toolkit (about 500 MB of NVIDIA packages)
+    cuda_reqs = [r for r in extras["test"] if r.startswith("numba-cuda")]
+    assert cuda_reqs and not any("[" in r for r in cuda_reqs), extras["test"]
+    assert any(r.startswith("numba-cuda[cu") for r in extras["cuda"])
+    assert "torch==2.13.0" in extras["test"] and "torch==2.13.0" in extras["bench"]
+    assert "matplotlib" in extras["plot"]
+    started = (DOCS / "getting-started.md").read_text()
+    for extra in ("test", "bench", "plot", "cuda"):
+        assert f"'.[{extra}]'" in started, extra
