@@ -214,7 +214,10 @@ def _reduce(op, npfn):
         dims = _dims(dim, x.ndim)
         a = np.asarray(x._d)
         with _errstate():
-            v = npfn(a, axis=dims, keepdims=keepdim)
+            if a.size == 0 and op.name == "mean":  # nan, quietly, as torch (np.mean warns)
+                v = np.sum(a, axis=dims, keepdims=keepdim) / 0.0
+            else:
+                v = npfn(a, axis=dims, keepdims=keepdim)
         if op.name == "sum" and a.dtype.kind in "bui":
             v = np.asarray(v).astype(np.int64)
         else:
@@ -238,7 +241,8 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     if dtype is not None:
         x = _to_dtype(x, _np_dtype(dtype))
     a = np.asarray(x._d)
-    v = np.prod(a, axis=dims, keepdims=keepdim)
+    with _errstate():  # torch gives inf and nan quietly
+        v = np.prod(a, axis=dims, keepdims=keepdim)
     v = np.asarray(v).astype(np.int64 if a.dtype.kind in "bui" else a.dtype)
     return array_op(_O["prod"], [x], v, (dims, keepdim))
 
@@ -398,7 +402,7 @@ def matmul(input, other):
                            f"{'x'.join(map(str, b.shape))}): the inner sizes {ka} and {kb} "
                            "differ")
     try:
-        v = np.matmul(a, b)
+        v = quiet(np.matmul, a, b)  # torch gives inf and nan quietly
     except ValueError as e:
         raise RuntimeError(f"matmul: batch dimensions do not broadcast: {e}") from None
     return array_op(_O["matmul"], [x, y], v, None)
@@ -427,7 +431,7 @@ def outer(input, vec2):
     if x.dtype is not y.dtype:
         raise RuntimeError(f"expected both arguments to have the same dtype, got {x.dtype} "
                            f"and {y.dtype}")
-    v = np.multiply.outer(np.asarray(x._d), np.asarray(y._d))
+    v = quiet(np.multiply.outer, np.asarray(x._d), np.asarray(y._d))
     return array_op(_O["outer"], [x, y], v, None)
 
 

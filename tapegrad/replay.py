@@ -12,6 +12,7 @@ import weakref
 
 import numpy as np
 
+from . import _notice
 from .interpreters import program as _prog
 from .interpreters import replay_cpu as _cpu
 from .tape import STATE, Tape
@@ -759,8 +760,13 @@ class Program:
     def _execute(self, code, x, batch, seeds, grad):
         if self._cuda is not None:
             return self._execute_cuda(code, x, batch, seeds, grad)
+        # a cold cache compiles for seconds: say so, once (a set lookup on the hot path)
         if batch is None:
+            if "replay" in _notice.PENDING:
+                _notice.announce("replay")
             return _cpu.run(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
+        if _notice.PENDING:
+            _notice.announce("parallel" if self.target == "parallel" else "batch")
         fn = _cpu.run_parallel if self.target == "parallel" else _cpu.run_batch
         return fn(code.rows, x, code.out_slots, seeds, code.in_slots, grad, self.block)
 
@@ -900,6 +906,8 @@ class Program:
             xc = x.__class__
             d = x if xc is np.ndarray else x._d if xc is Tensor else None
             if d.__class__ is np.ndarray and d.dtype == _F64 and d.shape == code.inputs[0][0]:
+                if "replay" in _notice.PENDING:
+                    _notice.announce("replay")
                 st, outs, grads = _cpu.run(code.rows, d.reshape(-1), code.out_slots, _ONE,
                                            code.in_slots, True)
                 if st == 0:
@@ -970,9 +978,13 @@ class Program:
                 J = _host(G).reshape(nin, B, m).transpose(1, 2, 0).copy()
                 x = _host(x).reshape(nin, B)
         elif batch is None:
+            if "jacobian" in _notice.PENDING:
+                _notice.announce("jacobian")
             st, _, J = _cpu.jacobian(code.rows, x, code.out_slots, code.in_slots)
             status, J, x = np.array([st]), J[None], x.reshape(-1, 1)
         else:
+            if "jacobian_batch" in _notice.PENDING:
+                _notice.announce("jacobian_batch")
             status, J = _cpu.jacobian_batch(code.rows, x, code.out_slots, code.in_slots)
         # samples that failed the first variant's guards: the other variants, one by one
         for b in np.nonzero(status)[0].tolist():

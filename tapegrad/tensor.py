@@ -475,6 +475,11 @@ class Tensor:
             a = a.astype(dtype)
         return a
 
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        # a NumPy function of a tensor gives a tensor that requires no grad, as torch's does
+        # (NumPy 2's signature: the two-argument one is deprecated)
+        return tensor(array)
+
     def __float__(self):
         tr = STATE.trace
         if tr is not None:
@@ -903,7 +908,7 @@ def _binary_general(op, x, y):
             or yc is _ND and yv.dtype.kind == "f" and xc in _NUM_FAST and (
                 yv.dtype is _F64 or x.__class__ is not Tensor):
         try:
-            v = quiet(op.np, xv, yv) if op.name in _FLOAT_ONLY else op.np(xv, yv)
+            v = quiet(op.np, xv, yv)  # torch gives inf and nan quietly
         except ValueError:
             return _binary_slow(op, x, y)
         if v.ndim == 0:

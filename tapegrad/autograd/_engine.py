@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 
+from .. import _notice
 from ..interpreters import _generated_cpu, cpu, fused, rerecord
 from ..ops import ARRAY, BY_NAME, OPS
 from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
@@ -104,6 +105,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     >>> tapegrad.autograd.grad(x * x, x)[0].item()
     6.0
     """
+    if "gradient" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+        _notice.announce("gradient")
     if (outputs.__class__ is Tensor and not is_grads_batched and grad_outputs is None
             and allow_unused is None and not materialize_grads and only_inputs):
         ctl = _PATHS.ctl
@@ -444,6 +447,8 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     >>> w.grad.tolist()
     [2.0, 4.0]
     """
+    if "gradient" in _notice.PENDING:
+        _notice.announce("gradient")
     if grad_variables is not None:
         warnings.warn("'grad_variables' is deprecated. Use 'grad_tensors' instead.",
                       FutureWarning, stacklevel=2)
