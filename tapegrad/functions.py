@@ -16,7 +16,7 @@ from . import _generated_eager as _eager
 from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE, bump
-from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
+from .tensor import (Tensor, _dim, _errstate, _hint, _norm_value, _np_dtype, _plain, _pyfloat,
                      _to_dtype, _to_tensor, array_op, binary, quiet, result_dtype, tensor, unary)
 
 _O = BY_NAME
@@ -469,13 +469,13 @@ def squeeze(input, dim=None):
     else:
         d = _dim(dim, x.ndim)
         new = shape[:d] + shape[d + 1:] if x.ndim and shape[d] == 1 else shape
-    return reshape(x, new)
+    return _hint(reshape(x, new), "SqueezeBackward0" if dim is None else "SqueezeBackward1")
 
 
 def unsqueeze(input, dim):
     x = _t(input)
     d = _dim(dim, x.ndim + 1)
-    return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
+    return _hint(reshape(x, x.shape[:d] + (1,) + x.shape[d:]), "UnsqueezeBackward0")
 
 
 def transpose(input, dim0, dim1):
@@ -509,7 +509,7 @@ def t(input):
     x = _t(input)
     if x.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
-    return transpose(x, 0, 1) if x.ndim == 2 else x
+    return _hint(transpose(x, 0, 1), "TBackward0") if x.ndim == 2 else x
 
 
 def _seq(tensors, fname):
