@@ -6,8 +6,9 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"tapegrad(\.|$)",
                          message=r"(divide by zero|invalid value|overflow|underflow) "
                                  r"encountered")
-from . import autograd
+from . import autograd, nn
 from .functions import (abs, absolute, acos, add, amax, amin, arccos, arcsin, arctan, arctan2,
+                        argsort, equal, index_add, mm, sort,
                         asin, atan, atan2, broadcast_to, cat, clamp, clamp_max, clamp_min, clip,
                         clone, concat, cos, cosh, diag, div, divide, dot, erf, exp, expm1,
                         flatten, log, log1p, log_softmax, logsumexp, matmul, max, maximum, mean,

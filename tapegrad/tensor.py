@@ -343,7 +343,7 @@ class Tensor:
     # _sid: sid of the tape whose slot _slot is valid (leaves: cache of their entering);
     # _ver: [version] shared with views (arrays only)
     __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains", "_view",
-                 "_hooks", "__weakref__")
+                 "_hooks", "_param", "__weakref__")
     __array_priority__ = 1000
     # No __init__: ``Tensor()`` is the recorder's constructor (the C one, 30 ns cheaper per op
     # than object.__new__(Tensor)); users make tensors with tapegrad.tensor(data, ...) or a
@@ -641,7 +641,10 @@ class Tensor:
             extra.append(f"grad_fn=<{self.grad_fn.name()}>")
         elif self._rg:
             extra.append("requires_grad=True")
-        return _format.with_suffixes("tensor(" + _format.body(a, 7), extra, 7)
+        text = _format.with_suffixes("tensor(" + _format.body(a, 7), extra, 7)
+        if getattr(self, "_param", False):
+            return "Parameter containing:\n" + text
+        return text
 
     def __reduce__(self):
         return (tensor, (self.tolist(), self.dtype, self._rg))

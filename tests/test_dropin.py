@@ -113,3 +113,238 @@ def test_size_is_a_tuple_that_prints_like_torch():
     assert tapegrad.zeros(4, 2).size() == s and tapegrad.zeros(3).size(0) == 3
     a, b = s
     assert (a, b) == (4, 2)
+
+
+# -- tensor functions ---------------------------------------------------------------------------
+
+
+def _grads(M, fn, arrays, create_graph=False):
+    ts = [M.tensor(a, requires_grad=True) for a in arrays]
+    out = fn(M, *ts)
+    val = out[0] if isinstance(out, tuple) else out
+    gs = M.autograd.grad((val * M.arange(val.numel()).reshape(val.shape).to(val.dtype) + 1)
+                         .sum() if val.ndim else val, ts, create_graph=create_graph)
+    return out, gs, ts
+
+
+def _np(t):
+    return t.detach().numpy() if hasattr(t, "detach") else np.asarray(t)
+
+
+def _compare(fn, arrays, second=True):
+    """Values, first derivatives and (``second``) the derivative of the gradient's sum
+    against torch."""
+    res = []
+    for M in (torch, tapegrad):
+        out, gs, ts = _grads(M, fn, arrays, create_graph=second)
+        outs = out if isinstance(out, tuple) else (out,)
+        g2 = None
+        if second:
+            total = sum(((g * t) ** 2).sum() for g, t in zip(gs, ts))
+            g2 = M.autograd.grad(total, ts, allow_unused=True)
+        res.append((outs, gs, g2))
+    (o1, g1, h1), (o2, g2, h2) = res
+    for a, b in zip(o1, o2):
+        np.testing.assert_allclose(_np(b), _np(a), rtol=1e-12, atol=1e-12)
+        assert str(_np(a).dtype) == str(_np(b).dtype)
+    for a, b in zip(g1, g2):
+        np.testing.assert_allclose(_np(b), _np(a), rtol=1e-10, atol=1e-12)
+    if second:
+        for a, b in zip(h1, h2):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_allclose(_np(b), _np(a), rtol=1e-10, atol=1e-12)
+
+
+RNG = np.random.default_rng(20)
+X34 = RNG.normal(size=(3, 4))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda M, x: M.sort(x),
+    lambda M, x: M.sort(x, dim=0, descending=True),
+    lambda M, x: x.sort(-1, True),
+    lambda M, x: M.sort(x[0]),
+    lambda M, x: (M.sort(x * x, 1).values * x).sum(1),
+], ids=["sort", "sort0desc", "method", "1d", "chain"])
+def test_sort_values_indices_and_gradients(fn):
+    _compare(fn, [X34])
+
+
+def test_sort_ties_and_nan_like_torch():
+    a = np.array([2.0, 1.0, 2.0, np.nan, 1.0, -np.inf, 2.0])
+    for desc in (False, True):
+        v1, i1 = torch.sort(torch.tensor(a), descending=desc, stable=True)
+        v2, i2 = tapegrad.sort(tapegrad.tensor(a), descending=desc, stable=True)
+        np.testing.assert_array_equal(v2.numpy(), v1.numpy())
+        assert i2.tolist() == i1.tolist()
+        assert tapegrad.argsort(tapegrad.tensor(a), descending=desc).tolist() == \
+            torch.argsort(torch.tensor(a), descending=desc, stable=True).tolist()
+    s = tapegrad.sort(tapegrad.tensor([3.0, 1.0]))
+    assert type(s).__name__ == "sort" and s.indices.dtype is tapegrad.int64
+
+
+def test_argsort_2d():
+    for d in (0, 1):
+        assert tapegrad.argsort(tapegrad.tensor(X34), d).tolist() == \
+            torch.argsort(torch.tensor(X34), d).tolist()
+        assert tapegrad.tensor(X34).argsort(dim=d, descending=True).tolist() == \
+            torch.tensor(X34).argsort(dim=d, descending=True).tolist()
+
+
+def test_mm_and_errors():
+    _compare(lambda M, a, b: M.mm(a, b), [X34, X34.T.copy()])
+    _compare(lambda M, a, b: a.mm(b), [X34.T.copy(), X34])
+    for bad in [(np.ones(3), np.ones((3, 2))), (np.ones((2, 3)), np.ones((2, 3)))]:
+        for M in (torch, tapegrad):
+            with pytest.raises(RuntimeError):
+                M.mm(M.tensor(bad[0]), M.tensor(bad[1]))
+
+
+def test_equal():
+    for a, b in [([1.0, 2.0], [1.0, 2.0]), ([1.0, 2.0], [1.0, 3.0]), ([1.0], [1.0, 1.0]),
+                 ([float("nan")], [float("nan")]), ([[1, 2]], [[1, 2]]), (3.0, 3.0)]:
+        assert tapegrad.equal(tapegrad.tensor(a), tapegrad.tensor(b)) == \
+            torch.equal(torch.tensor(a), torch.tensor(b))
+        assert tapegrad.tensor(a).equal(tapegrad.tensor(b)) is torch.equal(torch.tensor(a),
+                                                                            torch.tensor(b))
+
+
+def _index_add_fn(dim, index, alpha=1):
+    def fn(M, x, s):
+        y = x * 1.0
+        y.index_add_(dim, M.tensor(index), s * s, alpha=alpha)
+        return y
+    return fn
+
+
+@pytest.mark.parametrize("dim,index,alpha", [(0, [0, 2, 0], 1), (1, [3, 3, 1], 2.5),
+                                             (-1, [0, 1, 2], -1)])
+def test_index_add(dim, index, alpha):
+    x = RNG.normal(size=(3, 4))
+    shape = list(x.shape)
+    shape[dim] = len(index)
+    s = RNG.normal(size=shape)
+    _compare(_index_add_fn(dim, index, alpha), [x, s])
+    _compare(lambda M, a, b: M.index_add(a, dim, M.tensor(index), b, alpha=alpha), [x, s])
+    y = tapegrad.tensor(x, requires_grad=True) * 1.0
+    assert repr(y.index_add_(dim, tapegrad.tensor(index), tapegrad.tensor(s))).endswith(
+        "grad_fn=<IndexAddBackward0>)")
+
+
+def test_index_add_errors_record_nothing():
+    for M in (torch, tapegrad):
+        x = M.zeros(3, 2, requires_grad=True)
+        with pytest.raises(RuntimeError):  # in place on a leaf that requires grad
+            x.index_add_(0, M.tensor([0]), M.ones(1, 2))
+        y = M.zeros(3, 2)
+        with pytest.raises((RuntimeError, IndexError)):
+            y.index_add_(0, M.tensor([0, 1]), M.ones(1, 2))  # source of the wrong shape
+        with pytest.raises((RuntimeError, IndexError)):
+            y.index_add_(0, M.tensor([5]), M.ones(1, 2))  # out of range
+        assert y.sum().item() == 0.0
+
+
+# -- tapegrad.nn --------------------------------------------------------------------------------
+
+
+def test_parameter():
+    for M in (torch, tapegrad):
+        base = M.ones(2)
+        p = M.nn.Parameter(base)
+        assert p.requires_grad and p.is_leaf and isinstance(p, M.nn.Parameter)
+        assert isinstance(p, M.Tensor) and not isinstance(base, M.nn.Parameter)
+        assert not M.nn.Parameter(M.ones(2), requires_grad=False).requires_grad
+        with M.no_grad():
+            p -= 0.5
+        assert base.tolist() == [0.5, 0.5]  # shares memory with the data
+    _same_repr(tapegrad.nn.Parameter(tapegrad.tensor([1.5, 2.0])),
+               torch.nn.Parameter(torch.tensor([1.5, 2.0])))
+
+
+X43 = RNG.normal(size=(4, 3)) * 3
+T43 = RNG.uniform(size=(4, 3))
+W3 = RNG.uniform(0.5, 2.0, size=3)
+IDX = np.array([0, 2, 1, 2])
+
+LOSSES = {
+    "mse": (lambda M, a, b: M.nn.functional.mse_loss(a, b), [X43, T43]),
+    "mse_none": (lambda M, a, b: M.nn.functional.mse_loss(a, b, reduction="none"), [X43, T43]),
+    "mse_sum": (lambda M, a, b: M.nn.functional.mse_loss(a, b, reduction="sum"), [X43, T43]),
+    "bce": (lambda M, a, b: M.nn.functional.binary_cross_entropy_with_logits(a, b),
+            [X43 * 10, T43]),
+    "bce_extreme": (lambda M, a, b: M.nn.functional.binary_cross_entropy_with_logits(a, b),
+                    [np.array([[-800.0, -30.0, 0.0], [1e-3, 25.0, 800.0]]), T43[:2]]),
+    "logsigmoid_extreme": (lambda M, a: M.nn.functional.logsigmoid(a),
+                           [np.array([-800.0, -30.0, 0.0, 1e-3, 25.0, 800.0])]),
+    "bce_weights": (lambda M, a, b: M.nn.functional.binary_cross_entropy_with_logits(
+        a, b, weight=M.tensor(W3), pos_weight=M.tensor(W3[::-1].copy()), reduction="sum"),
+        [X43, T43]),
+    "ce": (lambda M, a: M.nn.functional.cross_entropy(a, M.tensor(IDX)), [X43]),
+    "ce_weight_ignore": (lambda M, a: M.nn.functional.cross_entropy(
+        a, M.tensor(IDX), weight=M.tensor(W3), ignore_index=1), [X43]),
+    "ce_smoothing": (lambda M, a: M.nn.functional.cross_entropy(
+        a, M.tensor(IDX), weight=M.tensor(W3), label_smoothing=0.2), [X43]),
+    "ce_none": (lambda M, a: M.nn.functional.cross_entropy(a, M.tensor(IDX),
+                                                           reduction="none"), [X43]),
+    "ce_probs": (lambda M, a, b: M.nn.functional.cross_entropy(
+        a, b.softmax(1), label_smoothing=0.1), [X43, T43]),
+    "ce_1d": (lambda M, a: M.nn.functional.cross_entropy(a[0], M.tensor(2)), [X43]),
+    "ce_kdim": (lambda M, a: M.nn.functional.cross_entropy(
+        a.reshape(2, 3, 2), M.tensor([[0, 2], [1, 1]])), [X43]),
+    "nll": (lambda M, a: M.nn.functional.nll_loss(a.log_softmax(1), M.tensor(IDX),
+                                                  weight=M.tensor(W3)), [X43]),
+    "softplus": (lambda M, a: M.nn.functional.softplus(a, beta=2, threshold=3), [X43]),
+    "logsigmoid": (lambda M, a: M.nn.functional.logsigmoid(a * 10), [X43]),
+}
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_functional_losses(name):
+    fn, arrays = LOSSES[name]
+    _compare(fn, arrays)
+    names = [fn(M, *[M.tensor(a, requires_grad=True) for a in arrays]).grad_fn.name()
+             for M in (torch, tapegrad)]
+    if name not in ("ce_probs",):
+        assert names[0] == names[1]
+
+
+def test_losses_batched_and_traced():
+    F = tapegrad.nn.functional
+    x = tapegrad.tensor(X43, requires_grad=True)
+    loss = F.cross_entropy(x, tapegrad.tensor(IDX)) + F.mse_loss(x, tapegrad.tensor(T43))
+    (g,) = tapegrad.autograd.grad(loss, x, create_graph=True)
+    vs = tapegrad.tensor(RNG.normal(size=(5, 4, 3)))
+    (h,) = tapegrad.autograd.grad(g, x, vs, is_grads_batched=True)
+    xt = torch.tensor(X43, requires_grad=True)
+    lt = torch.nn.functional.cross_entropy(xt, torch.tensor(IDX)) + \
+        torch.nn.functional.mse_loss(xt, torch.tensor(T43))
+    (gt,) = torch.autograd.grad(lt, xt, create_graph=True)
+    (ht,) = torch.autograd.grad(gt, xt, torch.tensor(vs.numpy()), is_grads_batched=True)
+    np.testing.assert_allclose(h.numpy(), ht.numpy(), rtol=1e-10, atol=1e-12)
+
+    def f(w):
+        return F.binary_cross_entropy_with_logits(w, tapegrad.tensor(T43)) + \
+            F.logsigmoid(w).sum()
+    prog = tapegrad.trace(f, tapegrad.tensor(X43))
+    for s in range(2):
+        w = RNG.normal(size=(4, 3))
+        wt = torch.tensor(w, requires_grad=True)
+        lt = torch.nn.functional.binary_cross_entropy_with_logits(wt, torch.tensor(T43)) + \
+            torch.nn.functional.logsigmoid(wt).sum()
+        (gt,) = torch.autograd.grad(lt, wt)
+        np.testing.assert_allclose(prog.grad(w), gt.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_loss_errors():
+    F = tapegrad.nn.functional
+    x = tapegrad.ones(4, 3, requires_grad=True)
+    with pytest.raises(ValueError):
+        F.mse_loss(x, tapegrad.ones(3))
+    with pytest.raises(ValueError):
+        F.mse_loss(x, tapegrad.ones(4, 3), reduction="avg")
+    with pytest.raises(IndexError):
+        F.cross_entropy(x, tapegrad.tensor([0, 1, 2, 3]))
+    with pytest.raises(RuntimeError):
+        F.binary_cross_entropy_with_logits(x, x.detach(), weight=tapegrad.ones(3,
+                                                                          requires_grad=True))
