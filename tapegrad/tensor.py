@@ -544,7 +544,8 @@ class Tensor:
         tr = STATE.trace
         if tr is not None:
             force = force or id(self) in tr.detached
-        if self._rg and not force:
+        # as torch, only while grad mode is on (a custom Function's forward may call it)
+        if self._rg and not force and STATE.grad_enabled:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
         if tr is not None:
@@ -561,7 +562,7 @@ class Tensor:
 
     def __array__(self, dtype=None, copy=None):
         tr = STATE.trace
-        if self._rg and (tr is None or id(self) not in tr.detached):
+        if self._rg and STATE.grad_enabled and (tr is None or id(self) not in tr.detached):
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
         if tr is not None:

@@ -348,3 +348,98 @@ def test_loss_errors():
     with pytest.raises(RuntimeError):
         F.binary_cross_entropy_with_logits(x, x.detach(), weight=tapegrad.ones(3,
                                                                           requires_grad=True))
+
+
+# -- custom Function edge cases -----------------------------------------------------------------
+
+
+def _fn_classes(M):
+    class Scale(M.autograd.Function):  # backward returns Nones for the non-tensor arguments
+        @staticmethod
+        def forward(ctx, x, k, note):
+            ctx.k = k
+            return x * k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.k, None, None, None, None
+
+    class BadExtra(M.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2, g
+
+    class TripleInPlace(M.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            x.mul_(3.0)
+            ctx.mark_dirty(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3.0
+
+    class NumpyCube(M.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return M.tensor(x.numpy() ** 3)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 3 * x * x * g
+    return Scale, BadExtra, TripleInPlace, NumpyCube
+
+
+@pytest.mark.parametrize("value", [[1.0, -2.0], 1.5])
+def test_function_edge_cases_like_torch(value):
+    res = []
+    for M in (torch, tapegrad):
+        Scale, BadExtra, TripleInPlace, NumpyCube = _fn_classes(M)
+        a = M.tensor(value, requires_grad=True)
+        y = Scale.apply(a, 2.5, "note")
+        (ga,) = M.autograd.grad(y.sum(), a)
+        with pytest.raises(RuntimeError, match="incorrect number of gradients"):
+            M.autograd.grad(BadExtra.apply(a).sum(), a)
+        b = a.clone()
+        z = TripleInPlace.apply(b)
+        same = z is b
+        name = b.grad_fn.name()
+        (gb,) = M.autograd.grad((z * z).sum(), a)
+        with pytest.raises(RuntimeError, match="leaf Variable"):
+            TripleInPlace.apply(M.tensor(value, requires_grad=True))
+        c = NumpyCube.apply(a)
+        (gc,) = M.autograd.grad(c.sum(), a)
+        res.append((ga.tolist(), same, name, gb.tolist(), c.tolist(), gc.tolist(), repr(c)))
+    assert res[0] == res[1]
+
+
+def test_mark_dirty_must_return_the_tensor():
+    class Forgot(tapegrad.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            x.add_(1.0)
+            ctx.mark_dirty(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+    with pytest.raises(RuntimeError, match="does not return"):
+        Forgot.apply(tapegrad.tensor([1.0], requires_grad=True).clone())
+
+
+def test_numpy_under_no_grad_like_torch():
+    for M in (torch, tapegrad):
+        x = M.tensor([1.0, 2.0], requires_grad=True)
+        with pytest.raises(RuntimeError, match="requires grad"):
+            x.numpy()
+        with M.no_grad():
+            assert x.numpy().tolist() == [1.0, 2.0]
+            assert np.asarray(x).tolist() == [1.0, 2.0]
