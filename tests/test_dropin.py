@@ -443,3 +443,60 @@ def test_numpy_under_no_grad_like_torch():
         with M.no_grad():
             assert x.numpy().tolist() == [1.0, 2.0]
             assert np.asarray(x).tolist() == [1.0, 2.0]
+
+
+# -- graph nodes ------------------------------------------------------------------------------
+
+
+def _walk(fn, seen=None):
+    """(name, [children...]) of a node, with leaves as ('leaf', index of variable)."""
+    if fn is None:
+        return None
+    nexts = [(_walk(n) if not hasattr(n, "variable") else ("AccumulateGrad", tuple(n.variable.shape)))
+             for n, _ in fn.next_functions]
+    return (fn.name(), nexts)
+
+
+@pytest.mark.parametrize("expr", ["(x * w).sum()", "(x.exp() + w).sin().mean(0)",
+                                  "M.stack([x, w]).max()", "x * 2 + 1", "(x @ w) * x.sum()",
+                                  "(x - 2) / 3 - 1", "2 - x ** 2"])
+def test_node_graph_like_torch(expr):
+    graphs = []
+    for M in (torch, tapegrad):
+        x = M.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        w = M.tensor([0.5, -1.0, 2.0], requires_grad=True)
+        y = eval(expr, {"M": M, "x": x, "w": w})
+        assert isinstance(y.grad_fn, M.autograd.graph.Node)
+        assert not isinstance(x, M.autograd.graph.Node) and x.grad_fn is None
+        graphs.append(_walk(y.grad_fn))
+    assert graphs[0] == graphs[1]
+
+
+def test_node_accumulate_grad_and_metadata():
+    for M in (torch, tapegrad):
+        x = M.tensor([1.0, 2.0], requires_grad=True)
+        c = M.tensor([3.0, 4.0])
+        y = x * c
+        (acc, i), (none, j) = y.grad_fn.next_functions
+        assert acc.variable is x and i == 0 and none is None and j == 0
+        assert isinstance(acc, M.autograd.graph.Node) and acc.next_functions == ()
+        assert y.grad_fn.metadata == {}
+        y.grad_fn.metadata["tag"] = 7
+        assert y.grad_fn.metadata == {"tag": 7}  # kept by the node across accesses
+
+
+def test_saved_tensors_like_torch():
+    for M in (torch, tapegrad):
+        x = M.tensor([1.0, 2.0], requires_grad=True)
+        w = M.tensor([3.0, 4.0], requires_grad=True)
+        y = x * w
+        assert y.grad_fn._saved_self is x and y.grad_fn._saved_other is w
+        e = x.exp()
+        assert M.equal(e.grad_fn._saved_result, e)
+        s = (x * 2).sin()
+        assert M.equal(s.grad_fn._saved_self, x * 2)
+        with pytest.raises(AttributeError):
+            e.grad_fn._saved_other
+        s.sum().backward()
+        with pytest.raises(RuntimeError, match="freed"):
+            s.grad_fn._saved_self

@@ -200,6 +200,10 @@ def entry_inputs(tape, k):
     return [s for s in (a, b) if s >= 0]
 
 
+# constant forms whose torch node has the Python number as a second input (edge to None)
+_NUMBER_EDGE = frozenset(("addc", "mulc", "divc", "rdivc"))
+
+
 def next_functions(tape, k):
     out = []
     for s in entry_inputs(tape, k):
@@ -213,6 +217,8 @@ def next_functions(tape, k):
             out.append((_GradFn(src, j), 0))
         else:
             out.append((_GradFn(tape, s), 0))
+    if OPS[int(tape.code[k * 5]) & ~ARRAY].name in _NUMBER_EDGE:
+        out.append((None, 0))
     return tuple(out)
 
 
