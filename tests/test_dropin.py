@@ -500,3 +500,194 @@ def test_saved_tensors_like_torch():
         s.sum().backward()
         with pytest.raises(RuntimeError, match="freed"):
             s.grad_fn._saved_self
+
+
+# -- hooks ----------------------------------------------------------------------------------
+
+
+def _tl(t):
+    return None if t is None else np.round(np.asarray(t.tolist(), dtype=float), 10).tolist()
+
+
+def _hooks_basic(M, x0):
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    w = M.tensor(np.full(np.shape(x0), 0.5) if np.ndim(x0) else 0.5, requires_grad=True)
+    x.register_hook(lambda g: log.append(("x", _tl(g))))
+    x.register_hook(lambda g: g * 10)
+    x.register_post_accumulate_grad_hook(lambda p: log.append(("x post", _tl(p.grad))))
+    y = x * w
+    y.register_hook(lambda g: log.append(("y", _tl(g))) or g * 2)
+    y.retain_grad()
+    z = y.sin() + y
+    z.grad_fn.register_prehook(lambda gos: log.append(("z pre", [_tl(g) for g in gos])))
+    z.grad_fn.register_hook(lambda gis, gos: log.append(("z post", [_tl(g) for g in gis])))
+    y.grad_fn.register_hook(lambda gis, gos: (gis[0] * 3, gis[1]))
+    h = w.register_hook(lambda g: log.append(("w", _tl(g))))
+    loss = z.sum() if np.ndim(x0) else z
+    loss.register_hook(lambda g: log.append(("loss", _tl(g))))
+    loss.backward(retain_graph=True)
+    log.append(("grads", _tl(x.grad), _tl(w.grad), _tl(y.grad)))
+    h.remove()
+    g = M.autograd.grad(loss, [x, y])
+    log.append(("grad()", [_tl(t) for t in g]))
+    return log
+
+
+def _hooks_prehook_replaces(M, x0):
+    log = []
+    a = M.tensor(x0, requires_grad=True)
+    b = a.clone()
+    h = b.grad_fn.register_prehook(lambda gos: (gos[0] * 2,))
+    b.sum().backward(retain_graph=True)
+    log.append(_tl(a.grad))
+    h.remove()
+    a.grad = None
+    b.sum().backward()
+    log.append(_tl(a.grad))
+    return log
+
+
+def _hooks_leaf_used_twice(M, x0):
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    x.register_hook(lambda g: log.append(("x", _tl(g))) or g.clamp(-1.0, 1.0))
+    y = (x * x).sum() + (x.exp() * 3).sum()
+    (g,) = M.autograd.grad(y, x)
+    log.append(("grad", _tl(g)))
+    y2 = (x * 3).sum() * (x * 2).sum()
+    y2.backward()
+    log.append(("x.grad", _tl(x.grad)))
+    return log
+
+
+def _hooks_function(M, x0):
+    log = []
+
+    class Cube(M.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 3 * x * x * g
+    x = M.tensor(x0, requires_grad=True)
+    y = Cube.apply(x * 2)
+    y.register_hook(lambda g: log.append(("y", _tl(g))) or g + 1)
+    y.grad_fn.register_prehook(lambda gos: log.append(("pre", [_tl(g) for g in gos])))
+    y.grad_fn.register_hook(lambda gis, gos: log.append(("post", [_tl(g) for g in gis])))
+    (y.sum() if np.ndim(x0) else y).backward()
+    log.append(("x.grad", _tl(x.grad)))
+    return log
+
+
+def _hooks_clip_and_count(M, x0):
+    calls = []
+    w = M.tensor(x0, requires_grad=True)
+    w.register_hook(lambda g: calls.append(1) or g.clamp(-0.5, 0.5))
+    for _ in range(3):
+        loss = ((w - 3.0) ** 2).sum()
+        loss.backward()
+        with M.no_grad():
+            w -= 0.1 * w.grad
+        w.grad = None
+    return [len(calls), _tl(w)]
+
+
+def _hooks_node_post_on_leaf_inputs(M, x0):
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    c = M.tensor(np.ones(np.shape(x0)) * 2 if np.ndim(x0) else 2.0)
+    y = (x * c + x / 3.0 - 1.0) * x
+    for node in (y.grad_fn, y.grad_fn.next_functions[0][0]):
+        node.register_hook(lambda gis, gos, n=node.name(): log.append(
+            (n, [_tl(g) for g in gis], [_tl(g) for g in gos])))
+    (y.sum() if np.ndim(x0) else y).backward()
+    log.append(_tl(x.grad))
+    return log
+
+
+HOOK_SCENARIOS = [_hooks_basic, _hooks_prehook_replaces, _hooks_leaf_used_twice,
+                  _hooks_function, _hooks_clip_and_count, _hooks_node_post_on_leaf_inputs]
+
+
+@pytest.mark.parametrize("x0", [1.5, [1.0, 2.0, -0.5]], ids=["scalar", "array"])
+@pytest.mark.parametrize("scenario", HOOK_SCENARIOS, ids=lambda f: f.__name__)
+def test_hooks_order_count_and_values_like_torch(scenario, x0):
+    assert scenario(tapegrad, x0) == scenario(torch, x0)
+
+
+def test_hooks_removed_leave_fast_paths():
+    from tapegrad.autograd.graph import HOOKS
+    before = HOOKS[0]
+    x = tapegrad.tensor(2.0, requires_grad=True)
+    h = x.register_hook(lambda g: g * 2)
+    assert HOOKS[0] == before + 1
+    assert tapegrad.autograd.grad(x * x, x)[0].item() == 8.0
+    h.remove()
+    h.remove()  # a second remove does nothing, as in torch
+    assert HOOKS[0] == before
+    assert tapegrad.autograd.grad(x * x, x)[0].item() == 4.0
+
+
+def test_hook_errors():
+    x = tapegrad.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2
+    for M, t in ((tapegrad, tapegrad.tensor([1.0])), (torch, torch.tensor([1.0]))):
+        with pytest.raises(RuntimeError):
+            t.register_hook(lambda g: g)  # does not require grad
+        with pytest.raises(RuntimeError):
+            (M.tensor([1.0], requires_grad=True) * 2).register_post_accumulate_grad_hook(
+                lambda p: None)
+    h = y.register_hook(lambda g: tapegrad.ones(3))
+    with pytest.raises(RuntimeError, match="shape"):
+        y.sum().backward(retain_graph=True)
+    h.remove()
+    h = y.register_hook(lambda g: g)
+    with pytest.raises(NotImplementedError, match="create_graph"):
+        tapegrad.autograd.grad(y.sum(), x, create_graph=True)
+    h.remove()
+    assert tapegrad.autograd.grad(y.sum(), x, create_graph=True)[0].tolist() == [2.0, 2.0]
+
+
+def test_saved_tensors_hooks_on_functions():
+    for M in (torch, tapegrad):
+        log = []
+
+        class Square(M.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x
+
+            @staticmethod
+            def backward(ctx, g):
+                (x,) = ctx.saved_tensors
+                return 2 * x * g
+
+        def pack(t):
+            log.append("pack")
+            return ("box", t.detach().clone() if M is torch else t)
+
+        def unpack(p):
+            log.append("unpack")
+            return p[1]
+        x = M.tensor([1.0, 3.0], requires_grad=True)
+        with M.autograd.graph.saved_tensors_hooks(pack, unpack):
+            y = Square.apply(x)
+        y.sum().backward()
+        assert log == ["pack", "unpack"] and x.grad.tolist() == [2.0, 6.0]
+        with M.autograd.graph.save_on_cpu():
+            z = Square.apply(x)
+        assert M.autograd.grad(z.sum(), x)[0].tolist() == [2.0, 6.0]
+
+
+def test_saved_tensors_hooks_warn_for_builtin_ops():
+    x = tapegrad.tensor([1.0, 3.0], requires_grad=True)
+    with pytest.warns(UserWarning, match="built-in ops"):
+        with tapegrad.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            y = (x * x).sum()
+    assert tapegrad.autograd.grad(y, x)[0].tolist() == [2.0, 6.0]
