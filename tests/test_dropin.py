@@ -631,6 +631,14 @@ def test_hooks_removed_leave_fast_paths():
     h.remove()  # a second remove does nothing, as in torch
     assert HOOKS[0] == before
     assert tapegrad.autograd.grad(x * x, x)[0].item() == 4.0
+    y = x * 3
+    y.register_hook(lambda g: g)
+    x.register_hook(lambda g: g)
+    assert HOOKS[0] == before + 2
+    del x, y  # hooks die with their tensors and tapes: the fast paths come back
+    import gc
+    gc.collect()
+    assert HOOKS[0] == before
 
 
 def test_hook_errors():

@@ -53,6 +53,7 @@ class RemovableHandle:
         d = self._ref() if self._ref is not None else None
         if d is not None and self.id in d:
             del d[self.id]
+            d.live[0] -= 1
             HOOKS[0] -= 1
 
     def __enter__(self):
@@ -63,7 +64,17 @@ class RemovableHandle:
 
 
 class _HookDict(dict):
-    """A dict of hooks in registration order (a class, so a handle can hold a weakref)."""
+    """A dict of hooks in registration order (a class, so a handle can hold a weakref).
+    When it dies with its tensor or tape, its hooks leave the live count."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = [0]
+        weakref.finalize(self, _forget, self.live)
+
+
+def _forget(live):
+    HOOKS[0] -= live[0]
 
 
 def _add(hooks, fn):
@@ -71,6 +82,7 @@ def _add(hooks, fn):
         raise TypeError(f"hook must be callable, got {type(fn).__name__}")
     key = next(_ids)
     hooks[key] = fn
+    hooks.live[0] += 1
     HOOKS[0] += 1
     return RemovableHandle(hooks, key)
 
