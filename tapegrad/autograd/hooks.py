@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..interpreters import cpu
-from ..ops import ARRAY, OPS
+from ..ops import ARRAY, ARRAY_OP, OPS, NpF
+from ..ops._registry import Part
+from ..ops.arrays import sum_to
 from ..tensor import _plain, _pyfloat, no_grad
 from .graph import HOOKS, _NUMBER_EDGE, leaf_hooks, node_state
 
@@ -31,13 +33,6 @@ def graph_has_hooks(graph, ins):
             if leaf_hooks(t.aux[ks[0]][0], "tensor"):
                 return True
     return bool(ins) and any(leaf_hooks(x, "tensor") for x in ins)
-
-
-class _Scratch(dict):
-    """Scalar adjoints of one entry's inputs, kept apart until its post-hooks have run."""
-
-    def __missing__(self, key):
-        return 0.0
 
 
 def _as_tensor(v, like):
@@ -213,28 +208,58 @@ def _inputs(graph, s, name=None):
     return [x for x in (a, b) if x >= 0]
 
 
-def _with_post_hooks(graph, adj, adjd, s, hooks, multi, tape, k, name):
-    """Run entry ``s``'s rule into scratch adjoints, let its post-hooks see (and replace) the
-    gradients it made, then add them to the real adjoints."""
-    scratch = _Scratch()
-    scratch_d = {}
-    if graph.is_array(s) or multi:
-        if s in adjd:
-            scratch_d[s] = adjd[s]
+def _rule_grads(graph, s, adj, adjd, multi):
+    """(input slot, gradient) per argument of entry ``s``'s rule, one per argument even when
+    an input appears twice (``x * x``), so post-hooks see torch's grad_inputs."""
+    code, a, b, c0, c1 = graph.row(s)
+    op = OPS[code & ~ARRAY]
+    value = graph.value
+    out = value(s)
+    if multi:
+        g = adjd.get(s)
+    elif graph.is_array(s):
+        g = adjd.get(s)
+        if g is None:
+            g = np.zeros_like(out)
     else:
-        scratch[s] = adj[s]
-    gos, _ = _outputs(graph, adj, adjd, s, multi, tape, k)
-    cpu.array_vjp(graph, s, scratch, scratch_d)
-    ins = _inputs(graph, s, name)
-    gis = []
-    for i in ins:
-        code = _NAMES[int(graph.rows[i, 0]) & ~ARRAY]
-        if code == "const":
-            gis.append(None)
+        g = adj[s]
+    if op.kind is ARRAY_OP:
+        inputs = graph.nary_inputs(s) if op.nary else ((a,) if b < 0 else (a, b))
+        grads = op.vjp(NpF, g, [value(x) for x in inputs], out, graph.aux(s))
+    else:
+        inputs, grads = cpu.elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
+    res = []
+    for x, gr in zip(inputs, grads):
+        if gr is not None and gr.__class__ is cpu._THUNK:
+            gr = gr()
+        if gr is None or gr.__class__ is Part:
+            res.append((x, gr))
             continue
-        v = scratch_d.get(i) if (graph.is_array(i) or isinstance(scratch_d.get(i), dict)) \
-            else scratch.get(i)
-        gis.append(None if v is None or isinstance(v, dict) else _as_tensor(v, graph.value(i)))
+        v = value(x)
+        if graph.is_array(x):
+            if gr.__class__ is not np.ndarray:
+                gr = np.broadcast_to(np.asarray(gr, dtype=v.dtype), v.shape)
+            elif gr.shape != v.shape:
+                gr = sum_to(gr, v.shape)
+            gr = np.asarray(gr, dtype=v.dtype)
+        elif gr.__class__ is not float:
+            gr = float(np.sum(gr))
+        res.append((x, gr))
+    return res
+
+
+def _with_post_hooks(graph, adj, adjd, s, hooks, multi, tape, k, name):
+    """Run entry ``s``'s rule, let its post-hooks see (and replace) the gradients it made
+    for each argument, then add them to the adjoints."""
+    gos, _ = _outputs(graph, adj, adjd, s, multi, tape, k)
+    pairs = _rule_grads(graph, s, adj, adjd, multi)
+    gis = []
+    for x, gr in pairs:
+        if gr is None or gr.__class__ is Part or \
+                _NAMES[int(graph.rows[x, 0]) & ~ARRAY] == "const":
+            gis.append(None)
+        else:
+            gis.append(_as_tensor(gr, graph.value(x)))
     if name in _NUMBER_EDGE:
         gis.append(None)
     gis = tuple(gis)
@@ -246,24 +271,18 @@ def _with_post_hooks(graph, adj, adjd, s, hooks, multi, tape, k, name):
                 raise RuntimeError(f"hook returned {len(r)} gradients, expected {len(gis)} "
                                    f"(one per input of {name})")
             gis = r
-    for i, g in zip(ins, gis):
-        raw = scratch_d.get(i)
-        if isinstance(raw, dict):  # a custom Function's output part: passed on as made
-            prev = adjd.get(i)
-            if prev is None:
-                adjd[i] = dict(raw)
-            else:
-                for j, v in raw.items():
-                    prev[j] = v if j not in prev else prev[j] + v
+    for (x, gr), g in zip(pairs, gis):
+        if gr.__class__ is Part:  # a custom Function's output: passed on as made
+            cpu._gather(adjd, x, gr)
             continue
         if g is None:
             continue
-        v = _value_of(g, graph.value(i))
-        if graph.is_array(i):
-            prev = adjd.get(i)
-            adjd[i] = v if prev is None else prev + v
+        v = _value_of(g, graph.value(x))
+        if graph.is_array(x):
+            prev = adjd.get(x)
+            adjd[x] = v if prev is None else prev + v
         else:
-            adj[i] += v
+            adj[x] += v
 
 
 def post_accumulate(x):
