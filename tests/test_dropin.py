@@ -610,7 +610,18 @@ def _hooks_node_post_on_leaf_inputs(M, x0):
     return log
 
 
-HOOK_SCENARIOS = [_hooks_basic, _hooks_prehook_replaces, _hooks_leaf_used_twice,
+def _hooks_on_leaf_output(M, x0):
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    x.register_hook(lambda g: log.append(_tl(g)) or g * 3)
+    x.register_post_accumulate_grad_hook(lambda p: log.append(("post", _tl(p.grad))))
+    x.backward(M.ones_like(x) * 2)
+    log.append(_tl(x.grad))
+    log.append(_tl(M.autograd.grad(x, x, M.ones_like(x))[0]))
+    return log
+
+
+HOOK_SCENARIOS = [_hooks_on_leaf_output, _hooks_basic, _hooks_prehook_replaces, _hooks_leaf_used_twice,
                   _hooks_function, _hooks_clip_and_count, _hooks_node_post_on_leaf_inputs]
 
 

@@ -740,6 +740,8 @@ def _leaf_outputs_only(outs, seeds, ins):
         for y, s in zip(outs, seeds):
             if y is x:
                 total = s if total is None else total + s
+        if HOOKS[0] and total is not None:  # a leaf's own hooks, on its seed
+            total = hooks.leaf_output_hooks(x, total)
         results.append(total)
         used.append(total is not None)
     return (results, used, ins) if collect else (results, used)

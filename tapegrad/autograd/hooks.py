@@ -292,3 +292,12 @@ def post_accumulate(x):
         with no_grad():
             for fn in list(hooks.values()):
                 fn(x)
+
+
+def leaf_output_hooks(x, total):
+    """The tensor hooks of leaf ``x`` when a backward's output is ``x`` itself."""
+    hooks = leaf_hooks(x, "tensor")
+    if not hooks:
+        return total
+    with no_grad():
+        return _call_tensor_hooks(hooks, total, x._d)
