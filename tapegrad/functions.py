@@ -705,6 +705,9 @@ def setitem(x, idx, value):
         out[nidx] = vv
         x._d = _pyfloat(out)
         x._sid = -1
+        if x._tape is not None:
+            x._tape.dirty[x._slot] = len(x._tape)
+            _keep_on_tape(x)
         return
     _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
 
@@ -736,6 +739,28 @@ def _inplace_write(x, write):
         write(d)
         bump(x._ver)
     x._sid = -1
+    if x._tape is not None:
+        _keep_on_tape(x)
+
+
+def _keep_on_tape(x):
+    """After an unrecorded in-place change (under no_grad) of non-leaf ``x``: enter its new
+    value on its tape as an identity of the old entry, so later ops read the new value and
+    the gradient flows through the in-place op unchanged, as in torch (``x`` keeps its
+    history; without this it would be entered again as a leaf of its own)."""
+    if STATE.trace is not None:
+        return
+    tape, old = x._tape, x._slot
+    v = x._d
+    k = tape.append(_CLONE if v.__class__ is _pyfloat else _CLONE | ARRAY, old, -1, 0.0, 0.0,
+                    v)
+    x._slot, x._sid = k, tape.sid
+    if getattr(x, "_retains", False):
+        import weakref
+        tape.retained.pop(old, None)
+        tape.retained[k] = weakref.ref(x)
+    from .autograd.graph import entry_name
+    _hint(x, entry_name(tape, old))  # it prints as the op that made it, as torch's
 
 
 def _inplace(op_fn):
@@ -779,6 +804,7 @@ def _inplace(op_fn):
                 bump(box)
             if self._tape is not None:
                 self._tape.dirty[self._slot] = len(self._tape)
+                _keep_on_tape(self)
             return self
         if np.asarray(v).dtype != self._d.dtype and np.asarray(v).dtype.kind == "f" \
                 and self._d.dtype.kind in "biu":
@@ -793,6 +819,7 @@ def _inplace(op_fn):
 
 _ADD, _SUB, _MUL, _DIV, _POW = _O["add"], _O["sub"], _O["mul"], _O["div"], _O["pow"]
 _NEG, _ABS = _O["neg"], _O["abs"]
+_CLONE = _O["clone"].code
 
 
 def _binop(op):

@@ -712,3 +712,24 @@ def test_saved_tensors_hooks_warn_for_builtin_ops():
         with tapegrad.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
             y = (x * x).sum()
     assert tapegrad.autograd.grad(y, x)[0].tolist() == [2.0, 6.0]
+
+
+# -- in-place changes under no_grad keep a non-leaf's history (torch) ---------------------------
+
+
+@pytest.mark.parametrize("value", [[1.0, 2.0], 1.5])
+@pytest.mark.parametrize("change", [lambda t: t.mul_(2), lambda t: t.__setitem__(..., 5.0),
+                                    lambda t: t.zero_(), lambda t: t.add_(t * 0 + 1)],
+                         ids=["mul_", "setitem", "zero_", "add_"])
+def test_no_grad_inplace_on_non_leaf_like_torch(value, change):
+    res = []
+    for M in (torch, tapegrad):
+        a = M.tensor(value, requires_grad=True)
+        y = a * 2
+        y.retain_grad()
+        with M.no_grad():
+            change(y)
+        (g1,) = M.autograd.grad((y * 3).sum(), a, retain_graph=True)
+        (y * y + a).sum().backward()
+        res.append((_tl(y), y.is_leaf, y.grad_fn.name(), _tl(g1), _tl(a.grad), _tl(y.grad)))
+    assert res[0] == res[1]
