@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+import threading
 import weakref
 from typing import Any, NamedTuple
 
@@ -340,8 +341,6 @@ class saved_tensors_hooks:
     the hooks do not see them; ops recorded inside the context other than custom Functions
     get a warning (docs/differences.md)."""
 
-    _stack = []
-
     def __init__(self, pack_hook, unpack_hook):
         self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
 
@@ -349,11 +348,11 @@ class saved_tensors_hooks:
         from ..tape import STATE
         tape = STATE.tape()
         self._start = (tape, len(tape.vals) if tape is not None else 0)
-        saved_tensors_hooks._stack.append(self)
+        _stack().append(self)
         return self
 
     def __exit__(self, *exc):
-        saved_tensors_hooks._stack.pop()
+        _stack().pop()
         _warn_builtin(self._start)
         return False
 
@@ -386,6 +385,17 @@ def _warn_builtin(start):
             return
 
 
+_LOCAL = threading.local()  # the contexts are per thread, as torch's
+
+
+def _stack():
+    st = getattr(_LOCAL, "stack", None)
+    if st is None:
+        st = _LOCAL.stack = []
+    return st
+
+
 def current_saved_hooks():
-    """The innermost active ``saved_tensors_hooks``, or None."""
-    return saved_tensors_hooks._stack[-1] if saved_tensors_hooks._stack else None
+    """The innermost active ``saved_tensors_hooks`` of this thread, or None."""
+    st = _stack()
+    return st[-1] if st else None
