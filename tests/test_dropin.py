@@ -631,6 +631,34 @@ def test_hooks_order_count_and_values_like_torch(scenario, x0):
     assert scenario(tapegrad, x0) == scenario(torch, x0)
 
 
+def _hooks_inputs_and_many_tapes(M):
+    log = []
+    x = M.tensor([1.0, 2.0], requires_grad=True)
+    w = M.tensor([3.0, -1.0], requires_grad=True)
+    x.register_hook(lambda g: log.append(("x", _tl(g))) or g * 2)
+    w.register_hook(lambda g: log.append(("w", _tl(g))))
+    w.register_post_accumulate_grad_hook(lambda p: log.append(("w post", _tl(p.grad))))
+    m = (x * w).exp() * x
+    m.register_hook(lambda g: log.append(("m", _tl(g))))
+    m.sum().backward(inputs=[w], retain_graph=True)
+    log.append((x.grad, _tl(w.grad)))
+    log.append([_tl(t) for t in M.autograd.grad(m.sum(), [m, x])])
+    s = M.tensor(0.5, requires_grad=True)
+    s.register_hook(lambda g: log.append(("s", round(g.item(), 8))))
+    v = s
+    for _ in range(300):  # over several tapes in tapegrad (the rollover is lowered)
+        v = v * 0.999 + 0.001 * s.sin()
+    v.backward()
+    log.append(round(s.grad.item(), 8))
+    return log
+
+
+def test_hooks_with_inputs_and_across_tapes(monkeypatch):
+    expected = _hooks_inputs_and_many_tapes(torch)
+    monkeypatch.setattr(tapegrad.tape, "ROLLOVER", 200)
+    assert _hooks_inputs_and_many_tapes(tapegrad) == expected
+
+
 def test_hooks_removed_leave_fast_paths():
     import gc
 
