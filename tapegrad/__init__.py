@@ -6,8 +6,9 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"tapegrad(\.|$)",
                          message=r"(divide by zero|invalid value|overflow|underflow) "
                                  r"encountered")
-from . import autograd
+from . import autograd, nn
 from .functions import (abs, absolute, acos, add, amax, amin, arccos, arcsin, arctan, arctan2,
+                        argsort, equal, index_add, mm, sort,
                         asin, atan, atan2, broadcast_to, cat, clamp, clamp_max, clamp_min, clip,
                         clone, concat, cos, cosh, diag, div, divide, dot, erf, exp, expm1,
                         flatten, log, log1p, log_softmax, logsumexp, matmul, max, maximum, mean,
@@ -15,7 +16,7 @@ from .functions import (abs, absolute, acos, add, amax, amin, arccos, arcsin, ar
                         prod, reciprocal, relu, reshape, rsqrt, sigmoid, sign, sin, sinh,
                         softmax, softplus, sqrt, square, squeeze, stack, sub, subtract, sum, t,
                         tan, tanh, transpose, unsqueeze, where)
-from .tensor import (Tensor, arange, as_tensor, bool_, complex64, complex128, dtype, enable_grad,
+from .tensor import (Size, Tensor, arange, as_tensor, bool_, complex64, complex128, dtype, enable_grad,
                      eye, float16, float32, float64, from_numpy, full, inference_mode,
                      int8, int16, int32, int64, is_grad_enabled, is_inference_mode_enabled,
                      linspace, manual_seed, no_grad, ones, ones_like, rand, randn,

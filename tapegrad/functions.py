@@ -16,9 +16,9 @@ from . import _generated_eager as _eager
 from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE, bump
-from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _norm_value, _np_dtype, _plain,
-                     _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device, quiet,
-                     result_dtype, tensor, unary)
+from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _hint, _norm_value, _np_dtype,
+                     _plain, _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device,
+                     quiet, result_dtype, tensor, unary)
 
 _O = BY_NAME
 _NUMBER = (float, int, bool)
@@ -491,13 +491,13 @@ def squeeze(input, dim=None):
     else:
         d = _dim(dim, x.ndim)
         new = shape[:d] + shape[d + 1:] if x.ndim and shape[d] == 1 else shape
-    return reshape(x, new)
+    return _hint(reshape(x, new), "SqueezeBackward0" if dim is None else "SqueezeBackward1")
 
 
 def unsqueeze(input, dim):
     x = _t(input)
     d = _dim(dim, x.ndim + 1)
-    return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
+    return _hint(reshape(x, x.shape[:d] + (1,) + x.shape[d:]), "UnsqueezeBackward0")
 
 
 def transpose(input, dim0, dim1):
@@ -531,7 +531,7 @@ def t(input):
     x = _t(input)
     if x.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
-    return transpose(x, 0, 1) if x.ndim == 2 else x
+    return _hint(transpose(x, 0, 1), "TBackward0") if x.ndim == 2 else x
 
 
 def _seq(tensors, fname):
@@ -727,6 +727,9 @@ def setitem(x, idx, value):
         out[nidx] = vv
         x._d = _pyfloat(out)
         x._sid = -1
+        if x._tape is not None:
+            x._tape.dirty[x._slot] = len(x._tape)
+            _keep_on_tape(x)
         return
     _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
 
@@ -758,6 +761,28 @@ def _inplace_write(x, write):
         write(d)
         bump(x._ver)
     x._sid = -1
+    if x._tape is not None:
+        _keep_on_tape(x)
+
+
+def _keep_on_tape(x):
+    """After an unrecorded in-place change (under no_grad) of non-leaf ``x``: enter its new
+    value on its tape as an identity of the old entry, so later ops read the new value and
+    the gradient flows through the in-place op unchanged, as in torch (``x`` keeps its
+    history; without this it would be entered again as a leaf of its own)."""
+    if STATE.trace is not None:
+        return
+    tape, old = x._tape, x._slot
+    v = x._d
+    k = tape.append(_CLONE if v.__class__ is _pyfloat else _CLONE | ARRAY, old, -1, 0.0, 0.0,
+                    v)
+    x._slot, x._sid = k, tape.sid
+    if getattr(x, "_retains", False):
+        import weakref
+        tape.retained.pop(old, None)
+        tape.retained[k] = weakref.ref(x)
+    from .autograd.graph import entry_name
+    _hint(x, entry_name(tape, old))  # it prints as the op that made it, as torch's
 
 
 def _inplace(op_fn):
@@ -801,6 +826,7 @@ def _inplace(op_fn):
                 bump(box)
             if self._tape is not None:
                 self._tape.dirty[self._slot] = len(self._tape)
+                _keep_on_tape(self)
             return self
         rt = np.asarray(v).dtype
         if _cat(rt) > _cat(self._d.dtype):  # torch's canCast: no float into int, int into bool
@@ -815,6 +841,7 @@ def _inplace(op_fn):
 
 _ADD, _SUB, _MUL, _DIV, _POW = _O["add"], _O["sub"], _O["mul"], _O["div"], _O["pow"]
 _NEG, _ABS = _O["neg"], _O["abs"]
+_CLONE = _O["clone"].code
 
 
 def _binop(op):
@@ -1055,3 +1082,126 @@ __all__ = [n for n in ("exp log log1p expm1 sqrt rsqrt sin cos tan asin acos ata
                        "reshape transpose permute flatten squeeze unsqueeze stack cat concat "
                        "diag clone add sub mul div neg t broadcast_to").split()]
 _unused = (builtins, OPS, UNARY, UNARY_C, ARRAY, diag_index)
+
+
+# --- sorting, matrix products, comparisons, index_add (built from recorded ops) ----------------
+
+_sort_result = collections.namedtuple("sort", ["values", "indices"])
+
+
+def _sort_indices(a, d, descending):
+    """Stable sort indices along ``d``; NaN sorts as the largest value, as in torch."""
+    if not descending:
+        return np.argsort(a, axis=d, kind="stable")
+    n = a.shape[d]
+    rev = np.flip(a, axis=d)  # ties keep their order: sort the reversed array, then flip
+    return (n - 1) - np.flip(np.argsort(rev, axis=d, kind="stable"), axis=d)
+
+
+def _along(idx, d):
+    """An advanced index picking ``idx`` (same shape as the input) along dim ``d``."""
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[d] = idx
+    return tuple(grids)
+
+
+def sort(input, dim=-1, descending=False, stable=False):
+    """(values, indices) sorted along ``dim``; the values are differentiable (their gradient
+    goes back to where each value came from). Ties keep their order (a stable sort), where
+    torch's unstable sort may order tied indices otherwise."""
+    x = _t(input)
+    if x.ndim == 0:
+        return _sort_result(_hint(clone(x), "SortBackward0") if x._rg else clone(x),
+                            _plain(np.asarray(0, dtype=np.int64)))
+    d = _dim(dim, x.ndim)
+    a = np.asarray(x._d)
+    idx = _sort_indices(a, d, descending)
+    values = _hint(getitem(x, _along(idx, d)), "SortBackward0")
+    return _sort_result(values, _plain(idx.astype(np.int64)))
+
+
+def argsort(input, dim=-1, descending=False, stable=False):
+    """Indices that sort ``input`` along ``dim`` (int64; ties in order)."""
+    x = _t(input)
+    if x.ndim == 0:
+        return _plain(np.asarray(0, dtype=np.int64))
+    d = _dim(dim, x.ndim)
+    return _plain(_sort_indices(np.asarray(x._d), d, descending).astype(np.int64))
+
+
+def mm(input, mat2):
+    """Matrix product of two 2-D tensors (``matmul`` restricted to matrices, as torch)."""
+    x, y = _t(input), _t(mat2, "mat2")
+    if x.ndim != 2:
+        raise RuntimeError(f"self must be a matrix (mm needs 2-D tensors), got {x.ndim}-D")
+    if y.ndim != 2:
+        raise RuntimeError(f"mat2 must be a matrix (mm needs 2-D tensors), got {y.ndim}-D")
+    if x.shape[1] != y.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({x.shape[0]}x"
+                           f"{x.shape[1]} and {y.shape[0]}x{y.shape[1]})")
+    return matmul(x, y)
+
+
+def equal(input, other):
+    """True when both tensors have the same shape and elements (NaN is unequal)."""
+    x, y = _t(input), _t(other, "other")
+    if x.shape != y.shape:
+        return False
+    return builtins.bool(np.array_equal(np.asarray(x._d), np.asarray(y._d)))
+
+
+def _index_added(self, dim, index, source, alpha):
+    """``self`` with ``alpha * source`` added at ``index`` along ``dim`` (repeats add up),
+    recorded as ``self + index_scatter(...)`` so every order of derivative follows."""
+    x = _t(self, "self")
+    d = _dim(dim, builtins.max(x.ndim, 1))
+    if not isinstance(index, Tensor) or np.asarray(index._d).dtype.kind not in "iu" \
+            or index.ndim > 1:
+        raise IndexError("index_add_(): index must be a 1-D tensor of integers (int64), got "
+                         f"{index if not isinstance(index, Tensor) else index.dtype}")
+    src = _tn(source, "source")
+    if not isinstance(src, Tensor):
+        raise TypeError(f"index_add_(): source must be a Tensor, got {type(source).__name__}")
+    idx = np.asarray(index._d).reshape(-1).astype(np.int64)
+    shape = x.shape
+    want = shape[:d] + (len(idx),) + shape[d + 1:] if x.ndim else (len(idx),)
+    if tuple(src.shape if src.ndim else (1,) * builtins.max(x.ndim, 1)) != tuple(want) \
+            and not (x.ndim == 0 and src.numel() == len(idx) == 1):
+        raise RuntimeError(f"index_add_(): source has shape {list(src.shape)}; it must be "
+                           f"the shape of self with dim {d} of size len(index) = {list(want)}")
+    n = shape[d] if x.ndim else 1
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"index_add_(): index out of range for dimension {d} of size {n}")
+    if x.ndim == 0:  # index is [0] or [], source a single value
+        return src.reshape(()) * alpha if len(idx) else zeros_like_t(x)
+    nidx = (slice(None),) * d + (idx,)
+    scaled = src if alpha == 1 else src * alpha
+    if scaled.dtype is not x.dtype:
+        scaled = _to_dtype(scaled, x.dtype.np)
+    z = np.zeros(shape, dtype=x.dtype.np)
+    np.add.at(z, nidx, np.asarray(scaled._d))
+    return array_op(_O["index_scatter"], [scaled], z, (nidx, tuple(shape), False))
+
+
+def zeros_like_t(x):
+    return _plain(np.zeros(x.shape, x.dtype.np)) if x.ndim else _plain(0.0)
+
+
+def index_add(input, dim, index, source, *, alpha=1):
+    """Out-of-place ``index_add_``."""
+    r = add(input, _index_added(input, dim, index, source, alpha))
+    return _hint(r, "IndexAddBackward0") if r._tape is not None else r
+
+
+def _index_add_(self, dim, index, source, *, alpha=1):
+    scattered = _index_added(self, dim, index, source, alpha)
+    _inplace(lambda s, o: binary(_ADD, s, o))(self, scattered)
+    return _hint(self, "IndexAddBackward0") if self._tape is not None else self
+
+
+Tensor.sort = _method(sort)
+Tensor.argsort = _method(argsort)
+Tensor.mm = _method(mm)
+Tensor.equal = _method(equal)
+Tensor.index_add = _method(index_add)
+Tensor.index_add_ = _index_add_

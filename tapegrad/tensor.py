@@ -7,11 +7,14 @@ import math
 import numbers
 import re
 import warnings
+import weakref
 
 import numpy as np
 
 from .ops import ARRAY, BY_NAME, UNARY_C
 from .tape import STATE, bump, current_tape, set_grad_mode
+
+_FUNCTION_OUT = BY_NAME["function_out"].code
 
 # ---------------------------------------------------------------------------------------
 # dtypes
@@ -51,6 +54,8 @@ bool_ = dtype("bool", np.bool_)
 _DTYPES = {d.np: d for d in (float16, float32, float64, complex64, complex128, uint8, int8,
                              int16, int32, int64, bool_)}
 _pyfloat, _pyint, _pybool = type(0.0), type(0), type(True)
+# dtypes a repr leaves unsaid, as torch's (with float64 as the default dtype)
+_REPR_DEFAULT = (np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_))
 _F64 = np.dtype(np.float64)
 
 
@@ -233,8 +238,47 @@ class inference_mode(_GradMode):
 # Tensor
 
 
+class Size(tuple):
+    """A tensor's shape: a tuple that prints as ``tapegrad.Size([4, 2])`` (torch.Size)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return f"tapegrad.Size({list(self)})"
+
+    __str__ = __repr__
+
+    def __getitem__(self, i):
+        r = tuple.__getitem__(self, i)
+        return Size(r) if isinstance(i, slice) else r
+
+    def numel(self):
+        return math.prod(self)
+
+    def __reduce__(self):
+        return (Size, (tuple(self),))
+
+
+_SIZE0 = Size()
+# per tape: {entry: (opcode, torch name)} for entries whose op alone does not say which torch
+# function made them (squeeze and view both record ``reshape``); read by graph.entry_name
+_HINTS = weakref.WeakKeyDictionary()
+
+
+def _hint(t, name):
+    """Name ``t``'s node as torch would (``t``: the result just recorded); returns ``t``."""
+    tape = t._tape
+    if tape is not None:
+        h = _HINTS.get(tape)
+        if h is None:
+            h = _HINTS[tape] = {}
+        h[t._slot] = (tape.code[t._slot * 5], name)
+    return t
+
+
 class _GradFn:
-    """What ``Tensor.grad_fn`` returns: names the op that recorded the tensor."""
+    """What ``Tensor.grad_fn`` returns: the node of the tape entry that made a tensor
+    (``torch.autograd.graph.Node``: name, next_functions, metadata, hooks, saved values)."""
 
     __slots__ = ("_tape", "_slot")
 
@@ -242,13 +286,38 @@ class _GradFn:
         self._tape, self._slot = tape, slot
 
     def name(self):
-        from .interpreters.cpu import backward_name
-        from .ops import OPS
-        op = int(self._tape.entry(self._slot)[0]) & ~ARRAY
-        return backward_name(OPS[op])
+        from .autograd.graph import entry_name
+        return entry_name(self._tape, self._slot)
+
+    @property
+    def next_functions(self):
+        from .autograd.graph import next_functions
+        return next_functions(self._tape, self._slot)
+
+    @property
+    def metadata(self):
+        from .autograd.graph import node_state
+        return node_state(self._tape, self._slot)["metadata"]
+
+    def register_hook(self, fn):
+        """``fn(grad_inputs, grad_outputs)`` after this node ran; it may return new
+        grad_inputs."""
+        from .autograd.graph import _add, node_state
+        return _add(node_state(self._tape, self._slot)["post"], fn)
+
+    def register_prehook(self, fn):
+        """``fn(grad_outputs)`` before this node runs; it may return new grad_outputs."""
+        from .autograd.graph import _add, node_state
+        return _add(node_state(self._tape, self._slot)["pre"], fn)
+
+    def __getattr__(self, name):
+        if name in ("_saved_self", "_saved_other", "_saved_result"):
+            from .autograd.graph import saved
+            return saved(self._tape, self._slot, name)
+        raise AttributeError(f"'{self.name()}' object has no attribute '{name}'")
 
     def __repr__(self):
-        return f"<{self.name()} object (tape entry %{self._slot})>"
+        return f"<{self.name()} object at {id(self):#x}>"
 
     def __eq__(self, other):
         return (isinstance(other, _GradFn) and other._tape is self._tape
@@ -275,7 +344,7 @@ class Tensor:
     # _sid: sid of the tape whose slot _slot is valid (leaves: cache of their entering);
     # _ver: [version] shared with views (arrays only)
     __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains", "_view",
-                 "__weakref__")
+                 "_hooks", "_param", "__weakref__")
     __array_priority__ = 1000
     # No __init__: ``Tensor()`` is the recorder's constructor (the C one, 30 ns cheaper per op
     # than object.__new__(Tensor)); users make tensors with tapegrad.tensor(data, ...) or a
@@ -285,7 +354,7 @@ class Tensor:
     @property
     def shape(self):
         d = self._d
-        return () if d.__class__ is _pyfloat else d.shape
+        return _SIZE0 if d.__class__ is _pyfloat else Size(d.shape)
 
     def size(self, dim=None):
         s = self.shape
@@ -352,7 +421,36 @@ class Tensor:
 
     @property
     def grad_fn(self):
-        return None if self._tape is None else _GradFn(self._tape, self._slot)
+        tape = self._tape
+        if tape is None:
+            return None
+        k = self._slot
+        if tape.code[k * 5] & ~ARRAY == _FUNCTION_OUT:  # a custom Function's output: its node
+            return _GradFn(tape, k - int(tape.code[k * 5 + 1]))
+        return _GradFn(tape, k)
+
+    # -- hooks (the sweep calls them: autograd/hooks.py) -----------------------------------
+    def register_hook(self, hook):
+        """``hook(grad)`` when this tensor's gradient is computed; returning a tensor
+        replaces the gradient (torch.Tensor.register_hook)."""
+        if not self._rg:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require "
+                               "gradient")
+        from .autograd.graph import _add, leaf_hooks, node_state
+        if self._tape is None:
+            return _add(leaf_hooks(self, "tensor", create=True), hook)
+        return _add(node_state(self._tape, self._slot)["tensor"], hook)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """``hook(tensor)`` after ``backward`` accumulated into this leaf's ``.grad``."""
+        if not self._rg:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require "
+                               "gradient")
+        if self._tape is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf "
+                               "tensors")
+        from .autograd.graph import _add, leaf_hooks
+        return _add(leaf_hooks(self, "post", create=True), hook)
 
     @property
     def grad(self):
@@ -447,7 +545,8 @@ class Tensor:
         tr = STATE.trace
         if tr is not None:
             force = force or id(self) in tr.detached
-        if self._rg and not force:
+        # as torch, only while grad mode is on (a custom Function's forward may call it)
+        if self._rg and not force and STATE.grad_enabled:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
         if tr is not None:
@@ -464,7 +563,7 @@ class Tensor:
 
     def __array__(self, dtype=None, copy=None):
         tr = STATE.trace
-        if self._rg and (tr is None or id(self) not in tr.detached):
+        if self._rg and STATE.grad_enabled and (tr is None or id(self) not in tr.detached):
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
         if tr is not None:
@@ -535,19 +634,24 @@ class Tensor:
         except AttributeError:  # made by calling Tensor() directly
             return ("<empty tapegrad.Tensor: make tensors with tapegrad.tensor(data) or a "
                     "factory such as tapegrad.zeros>")
+        from . import _format
         a = np.asarray(d)
-        body = np.array2string(a, precision=4, separator=", ", prefix="tensor(",
-                               floatmode="maxprec_equal")
         extra = []
-        if a.dtype != _F64 and not (a.dtype == np.int64 and a.size):
-            extra.append(f"dtype={self.dtype}")
         if a.size == 0:
-            extra.append(f"size={tuple(a.shape)}")
+            if a.ndim != 1:
+                extra.append(f"size={tuple(a.shape)}")
+            if a.dtype != _F64:
+                extra.append(f"dtype={self.dtype}")
+        elif a.dtype not in _REPR_DEFAULT:
+            extra.append(f"dtype={self.dtype}")
         if self._tape is not None:
             extra.append(f"grad_fn=<{self.grad_fn.name()}>")
         elif self._rg:
             extra.append("requires_grad=True")
-        return "tensor(" + ", ".join([body] + extra) + ")"
+        text = _format.with_suffixes("tensor(" + _format.body(a, 7), extra, 7)
+        if getattr(self, "_param", False):
+            return "Parameter containing:\n" + text
+        return text
 
     def __reduce__(self):
         return (tensor, (self.tolist(), self.dtype, self._rg))

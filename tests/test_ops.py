@@ -113,8 +113,19 @@ def check(fn, arrays, requires=None, tol=F64, seed=0, chain=False):
     return tg_out
 
 
+# torch's node names where they are not the op's name (checked against torch in test_dropin)
+_TORCH_NODE = {"square": "PowBackward0", "pow": "PowBackward1", "clamp": "ClampBackward1",
+               "clamp_min_t": "ClampMinBackward1", "clamp_max_t": "ClampMaxBackward1",
+               "mulc": "MulBackward0", "rsubc": "RsubBackward1", "divc": "DivBackward0",
+               "rdivc": "MulBackward0", "powc": "PowBackward0", "rpowc": "PowBackward2"}
+
+
 def _grad_fn_name(op_name):
-    return "".join(p.capitalize() for p in op_name.rstrip("_").split("_")) + "Backward0"
+    if op_name == "addc":  # x + c or x - c
+        return ("AddBackward0", "SubBackward0")
+    if op_name in _TORCH_NODE:
+        return (_TORCH_NODE[op_name],)
+    return ("".join(p.capitalize() for p in op_name.rstrip("_").split("_")) + "Backward0",)
 
 
 # ---------------------------------------------------------------------------------------
@@ -422,7 +433,7 @@ def test_elementwise_scalar_path(name, label, fn, spec):
                 assert isinstance(out._d, float), "0-d float64 result left the scalar path"
             if all(requires):
                 assert out.grad_fn is not None
-                assert out.grad_fn.name() == _grad_fn_name(name)
+                assert out.grad_fn.name() in _grad_fn_name(name)
 
 
 def _bcast_shapes(rng):
@@ -450,7 +461,7 @@ BINARY_SHAPES = [((3, 4), (3, 4)), ((2, 3, 4), (4,)), ((4,), (2, 3, 4)), ((3, 1)
 def test_unary_array_path(name, label, fn, spec, shape):
     rng = np.random.default_rng(_seed(name, label, shape))
     out = check(fn, [spec.domains[0](rng, shape)], seed=1)
-    assert out.grad_fn.name() == _grad_fn_name(name)
+    assert out.grad_fn.name() in _grad_fn_name(name)
     check(fn, [spec.domains[0](rng, shape)], seed=2, chain=True)
 
 
@@ -462,7 +473,7 @@ def test_binary_array_path(name, label, fn, spec, shapes):
     rng = np.random.default_rng(_seed(name, label, shapes))
     xs = [d(rng, s) for d, s in zip(spec.domains, shapes)]
     out = check(fn, xs, seed=3)
-    assert out.grad_fn.name() == _grad_fn_name(name)
+    assert out.grad_fn.name() in _grad_fn_name(name)
     for requires in ([True, False], [False, True]):
         check(fn, xs, requires, seed=4)
 

@@ -217,7 +217,7 @@ GOLDEN = """\
 %12   = A sum(%11, aux=((1), False))  [2]
 %13   = A mul(%12, %1)  [2]
 %14   = A stack(aux=([12, 13], 0))  [2, 2]
-%15   = A const(aux=(tensor([ 0.5, -1.0]), 0))  [2]
+%15   = A const(aux=(tensor([ 0.5000, -1.0000]), 0))  [2]
 %16   = A matmul(%14, %15)  [2]
 %17   = A getitem(%16, aux=(0, (2), True))  []
 %18   = S add(%17, %6)  []"""

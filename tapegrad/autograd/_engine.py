@@ -13,7 +13,8 @@ from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
 from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 from ._tensor_backend import TensorF
 from .anomaly import ANOMALY, nan_error
-from .graph import GradientEdge, edge_tensor
+from . import hooks
+from .graph import HOOKS, GradientEdge, edge_tensor
 from .paths import FAST as _FAST, STATE as _PATHS, declined as _declined
 
 
@@ -202,7 +203,7 @@ def _scalar_case(y, inputs, arrays=False):
     tape = y._tape
     if (tape is None or y._d.__class__ is not _pyfloat or (tape.arrays and not arrays)
             or tape.nary or tape.retained or tape.freed is not None or tape.reentered
-            or tape.epoch != INPLACE[0] or tape.dirty or ANOMALY.enabled):
+            or tape.epoch != INPLACE[0] or tape.dirty or ANOMALY.enabled or HOOKS[0]):
         return None
     if inputs.__class__ is Tensor:
         inputs = (inputs,)
@@ -469,19 +470,29 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
         retain_graph = create_graph
     if create_graph:
         seeds = _seed_tensors(outs, seeds, grad_tensors)
+    taken = set()  # leaves a hooked sweep accumulated itself, in torch's order
+    accumulate = None
+    if HOOKS[0]:
+        def accumulate(x, r):
+            taken.add(id(x))
+            _accumulate(x, r)
+            hooks.post_accumulate(x)
     if ins is not None:
         ins = list({id(x): x for x in ins}.values())
         for x in ins:
             if not x._rg:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
         results, used = _run(outs, seeds, ins, retain_graph, {id(x) for x in ins},
-                             record=create_graph)
+                             record=create_graph, accumulate=accumulate)
         targets = ins
     else:
-        results, used, targets = _run(outs, seeds, None, retain_graph, record=create_graph)
+        results, used, targets = _run(outs, seeds, None, retain_graph, record=create_graph,
+                                      accumulate=accumulate)
     for x, r, u in zip(targets, results, used):
-        if u:
+        if u and id(x) not in taken:
             _accumulate(x, r)
+            if HOOKS[0]:
+                hooks.post_accumulate(x)
 
 
 def _zeros_for(x):
@@ -522,7 +533,7 @@ def _accumulate_locked(x, r):
 
 
 def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=False,
-         batch=None, allow_unused=True):
+         batch=None, allow_unused=True, accumulate=None):
     """One reverse sweep. With ``ins`` None (backward), the inputs are the graph's leaves
     and retained non-leaves, returned as a third value. With ``record`` (create_graph) the
     seeds are tensors and the sweep re-records every rule, so the results are tensors (an
@@ -584,7 +595,16 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     graph.wanted = need | is_input  # slots whose gradient anyone will read
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
-    if record:
+    hooked = HOOKS[0] and hooks.graph_has_hooks(graph, ins)  # hooks run in hooks.sweep
+    if hooked and (record or batch):
+        raise NotImplementedError(
+            "backward hooks with create_graph=True or is_grads_batched=True are not supported "
+            "by tapegrad yet; remove the hooks (handle.remove()) for this call, or apply the "
+            "change the hook makes to the gradients you get back")
+    if hooked:
+        fast_leaves = False
+        hooks.sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate)
+    elif record:
         if not allow_unused:  # raise before recording anything
             for i, sl in enumerate(slot_lists):
                 if not any(reach[s] for s in sl) and id(ins[i]) not in direct:
@@ -778,6 +798,8 @@ def _leaf_outputs_only(outs, seeds, ins):
         for y, s in zip(outs, seeds):
             if y is x:
                 total = s if total is None else total + s
+        if HOOKS[0] and total is not None:  # a leaf's own hooks, on its seed
+            total = hooks.leaf_output_hooks(x, total)
         results.append(total)
         used.append(total is not None)
     return (results, used, ins) if collect else (results, used)

@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 
+from ..functions import _rebind
 from ..ops import BY_NAME, NpF
 from ..ops._registry import Part
 from ..tensor import Tensor, _plain, _pyfloat, array_op, enable_grad, is_grad_enabled, no_grad
@@ -30,6 +31,8 @@ class FunctionCtx:
         self.non_differentiable = set()
         self.materialize_grads = True
         self._saved = None
+        self._dirty = ()
+        self._unpack = None  # saved_tensors_hooks' unpack hook, when they packed _saved
 
     def save_for_backward(self, *tensors):
         for i, t in enumerate(tensors):
@@ -45,14 +48,21 @@ class FunctionCtx:
                                "directly access saved tensors after they have already been "
                                "freed). Specify retain_graph=True if you need to backward "
                                "through the graph a second time.")
+        if self._unpack is not None:
+            return tuple(None if p is None else self._unpack(p) for p in self._saved)
         return self._saved
 
     def mark_non_differentiable(self, *tensors):
         self.non_differentiable.update(id(t) for t in tensors)
 
     def mark_dirty(self, *tensors):
-        raise NotImplementedError("tapegrad Functions cannot modify their inputs in place "
-                                  "(mark_dirty); return a new tensor instead")
+        """Declare inputs that ``forward`` modified in place; each must be returned as an
+        output, and becomes that output (its ``grad_fn`` is this Function's node)."""
+        for i, t in enumerate(tensors):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"mark_dirty expects Tensors, but argument {i} is "
+                                f"{type(t).__name__}")
+        self._dirty = tensors
 
     def set_materialize_grads(self, value):
         self.materialize_grads = bool(value)
@@ -109,6 +119,9 @@ class Function(metaclass=_FunctionMeta):
         tensor_args = [(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         setup = cls.__dict__.get("setup_context")
+        # where each input sat on the tape: an input forward modifies in place (mark_dirty)
+        # is recorded as the value it was, then rebound to the output
+        before = [(a, a._tape, a._sid, a._slot) for _, a in tensor_args]
         with no_grad():
             if setup is not None and not _takes_ctx(cls.forward):
                 outputs = cls.forward(*args, **kwargs)
@@ -123,9 +136,23 @@ class Function(metaclass=_FunctionMeta):
                 raise TypeError(f"{cls.__name__}.forward must return Tensors (or a tuple of "
                                 f"them); output {i} is {type(o).__name__}")
         record = is_grad_enabled() and any(a.requires_grad for _, a in tensor_args)
+        dirty = {id(t) for t in ctx._dirty}
+        for t in ctx._dirty:
+            if all(o is not t for o in outs):
+                raise RuntimeError(f"{cls.__name__}.forward marked a tensor dirty "
+                                   "(ctx.mark_dirty) that it does not return: return every "
+                                   "tensor it modified in place as an output")
+            if record and t.requires_grad and t.is_leaf:
+                raise RuntimeError("a leaf Variable that requires grad has been used in an "
+                                   f"in-place operation ({cls.__name__} with "
+                                   "ctx.mark_dirty). Pass a clone (x.clone()) or modify it "
+                                   "inside tapegrad.no_grad().")
         if not record:
-            ctx._saved = tuple(ctx.to_save)
+            _save(ctx, tuple(ctx.to_save))
             return outputs
+        for a, tape, sid, slot in before:
+            if id(a) in dirty and tape is not None:
+                a._tape, a._sid, a._slot = tape, sid, slot
         inputs = [a for _, a in tensor_args]
         node = array_op(_FUNCTION, inputs, 0.0,
                         (cls, ctx, len(outs), [i for i, _ in tensor_args], len(args),
@@ -135,10 +162,25 @@ class Function(metaclass=_FunctionMeta):
             if o is None or id(o) in ctx.non_differentiable or not o.dtype.is_floating_point:
                 recorded.append(o)
                 continue
-            recorded.append(array_op(_FUNCTION_OUT, [node], o._d, (i,)))
+            r = array_op(_FUNCTION_OUT, [node], o._d, (i,))
+            if id(o) in dirty:  # the modified input becomes this output, as in torch
+                _rebind(o, r)
+                r = o
+            recorded.append(r)
         swap = {id(o): r for o, r in zip(outs, recorded) if o is not None}
-        ctx._saved = tuple(swap.get(id(t), t) for t in ctx.to_save)
+        _save(ctx, tuple(swap.get(id(t), t) for t in ctx.to_save))
         return tuple(recorded) if is_tuple else recorded[0]
+
+
+def _save(ctx, tensors):
+    """Keep what forward saved; inside ``saved_tensors_hooks``, as its pack hook made it."""
+    from .graph import current_saved_hooks
+    hooks = current_saved_hooks()
+    if hooks is None:
+        ctx._saved = tensors
+        return
+    ctx._saved = tuple(None if t is None else hooks.pack_hook(t) for t in tensors)
+    ctx._unpack = hooks.unpack_hook
 
 
 def _takes_ctx(fn):
@@ -179,6 +221,8 @@ def _call_backward(recorded, grads, aux):
     with mode:
         res = cls.backward(ctx, *gs)
     res = res if isinstance(res, tuple) else (res,)
+    if len(res) > n_args and all(r is None for r in res[n_args:]):
+        res = res[:n_args]  # torch accepts extra trailing Nones
     if len(res) != n_args:
         raise RuntimeError(f"function {cls._backward_cls_name} returned an incorrect number of "
                            f"gradients (expected {n_args}, got {len(res)})")
