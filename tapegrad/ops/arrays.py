@@ -465,9 +465,19 @@ def _matmul_batch(values, out, g, aux, B):
         a, g = a[None, :], g[..., None, :]
     if one_b:
         b, g = b[:, None], g[..., None]
+    # the batch axis goes in front of both: a side with fewer dims than the other first
+    # gets its broadcast axes, or (B, 4, 30) would meet (B, 22, 4, 4) misaligned
+    nd = max(np.ndim(a), np.ndim(b))
+    pads = [nd - np.ndim(a), nd - np.ndim(b)]
+    a, b = (x.reshape((1,) * p + tuple(np.shape(x))) if p else x for x, p in zip((a, b), pads))
 
-    post = ((lambda ga: ga[..., 0, :]) if one_a else None,
-            (lambda gb: gb[..., 0]) if one_b else None)
+    def unpad(p, then):
+        if not p:
+            return then
+        return lambda gx: (then or (lambda y: y))(gx.reshape(
+            (np.shape(gx)[0],) + tuple(np.shape(gx)[1 + p:])))
+    post = (unpad(pads[0], (lambda ga: ga[..., 0, :]) if one_a else None),
+            unpad(pads[1], (lambda gb: gb[..., 0]) if one_b else None))
     return [_bval(a, B), _bval(b, B)], None, g, aux, post
 
 
