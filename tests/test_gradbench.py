@@ -229,3 +229,156 @@ def test_main_exits_at_end_of_input(monkeypatch, capsys):
         '{"id": 0, "kind": "start", "eval": "hello"}\n'))
     main([])
     assert json.loads(capsys.readouterr().out) == {"id": 0, "tool": "tapegrad"}
+
+
+# --- functions the pytorch tool uses: values, gradients and second order against torch ----
+
+
+def _orders(fn_tg, fn_torch, arrays, seed=0, rtol=1e-10):
+    """Value, gradient and a Hessian-vector product (create_graph) of sum(w * fn(*xs)),
+    tapegrad against torch."""
+    res = []
+    for M, fn in ((tapegrad, fn_tg), (torch, fn_torch)):
+        r = np.random.default_rng(seed)
+        xs = [M.tensor(a, requires_grad=True) for a in arrays]
+        out = fn(*xs)
+        w = M.tensor(r.normal(size=tuple(out.shape)))
+        gs = M.autograd.grad((out * w).sum(), xs, create_graph=True)
+        vs = [M.tensor(r.normal(size=a.shape)) for a in arrays]
+        s = sum((g * v).sum() for g, v in zip(gs, vs))
+        hv = (M.autograd.grad(s, xs, allow_unused=True, materialize_grads=True)
+              if s.requires_grad else [M.zeros_like(x) for x in xs])  # linear: H = 0
+        res.append([out.detach().numpy()] + [g.detach().numpy() for g in gs]
+                   + [h.detach().numpy() for h in hv])
+    for a, b in zip(*res):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-12)
+
+
+EINSUMS = [("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+           ("ii", [(4, 4)]), ("ii->i", [(4, 4)]), ("i,j->ij", [(3,), (4,)]),
+           ("ij->", [(3, 4)]), ("ij->j", [(3, 4)]), ("ij->ji", [(3, 4)]),
+           ("i,i->", [(5,)] * 2), ("ij,ij->i", [(3, 4)] * 2), ("ijk,ik->ij", [(2, 3, 4), (2, 4)]),
+           ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]), ("...ij,jk", [(2, 3, 4), (4, 5)]),
+           ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]), ("bi,bj,bk->ijk", [(2, 3), (2, 4), (2, 2)]),
+           ("ij,jk", [(3, 4), (4, 5)]), ("ba,ac->", [(3, 4), (4, 2)]),
+           ("nkd,kde->nke", [(5, 2, 3), (2, 3, 3)]), ("iij->j", [(3, 3, 2)])]
+
+
+@pytest.mark.parametrize("eq,shapes", EINSUMS)
+def test_einsum_against_torch(eq, shapes):
+    rng = np.random.default_rng(len(eq))
+    arrays = [rng.normal(size=s) for s in shapes]
+    _orders(lambda *x: tapegrad.einsum(eq, *x), lambda *x: torch.einsum(eq, *x), arrays)
+
+
+def test_einsum_batched_and_errors():
+    rng = np.random.default_rng(1)
+    a0, b0 = rng.normal(size=(3, 4)), rng.normal(size=(4, 2))
+    V = rng.normal(size=(5, 3, 2))
+    res = []
+    for M in (tapegrad, torch):
+        a, b = M.tensor(a0, requires_grad=True), M.tensor(b0, requires_grad=True)
+        res.append([g.numpy() for g in M.autograd.grad(
+            M.einsum("ij,jk->ik", a, b), (a, b), grad_outputs=(M.tensor(V),),
+            is_grads_batched=True)])
+    for x, y in zip(*res):
+        np.testing.assert_allclose(x, y, rtol=1e-12)
+    a = tapegrad.tensor(a0)
+    for eq, ops in (("ij,jk->ik", (a, a)), ("ij->k", (a,)), ("ij,jk->ik", (a,)),
+                    ("ijk->", (a,)), ("i1->i", (a,))):
+        with pytest.raises(RuntimeError):
+            tapegrad.einsum(eq, *ops)
+        with pytest.raises(RuntimeError):
+            torch.einsum(eq, *[torch.tensor(o.numpy()) for o in ops])
+
+
+def test_einsum_traced():
+    rng = np.random.default_rng(2)
+    a0, b0 = rng.normal(size=(3, 4)), rng.normal(size=(4, 3))
+    prog = tapegrad.trace(lambda a, b: tapegrad.einsum("ij,ji", a, b), a0, b0)
+    v, (ga, gb) = prog.value_and_grad(a0, b0)
+    assert np.isclose(v, np.trace(a0 @ b0))
+    np.testing.assert_allclose(ga, b0.T)
+    np.testing.assert_allclose(gb, a0.T)
+
+
+@pytest.mark.parametrize("repeats,dim", [(2, None), (3, 0), (2, 1), ([1, 0, 2], 0),
+                                         ([2, 1, 1, 3], -1)])
+def test_repeat_interleave_against_torch(repeats, dim):
+    a = np.random.default_rng(0).normal(size=(3, 4))
+    _orders(lambda x: tapegrad.repeat_interleave(x, tapegrad.tensor(repeats)
+                                                 if isinstance(repeats, list) else repeats,
+                                                 dim),
+            lambda x: torch.repeat_interleave(x, torch.tensor(repeats)
+                                              if isinstance(repeats, list) else repeats, dim),
+            [a])
+    t = tapegrad.tensor(a)
+    assert t.repeat_interleave(2).shape == torch.tensor(a).repeat_interleave(2).shape
+
+
+def test_repeat_interleave_counts_and_errors():
+    got = tapegrad.repeat_interleave(tapegrad.tensor([2, 0, 1]))
+    assert got.tolist() == torch.repeat_interleave(torch.tensor([2, 0, 1])).tolist()
+    x = tapegrad.tensor([1.0, 2.0])
+    for bad in ([1, 2, 3], [-1, 1]):
+        with pytest.raises(RuntimeError):
+            tapegrad.repeat_interleave(x, tapegrad.tensor(bad))
+        with pytest.raises(RuntimeError):
+            torch.repeat_interleave(torch.tensor([1.0, 2.0]), torch.tensor(bad))
+
+
+def test_cross_against_torch():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(4, 3)), rng.normal(size=(1, 3))
+    _orders(lambda x, y: tapegrad.linalg.cross(x, y), lambda x, y: torch.linalg.cross(x, y),
+            [a, b])
+    c, d = rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
+    _orders(lambda x, y: tapegrad.cross(x, y, dim=0), lambda x, y: torch.cross(x, y, dim=0),
+            [c, d])
+    _orders(lambda x, y: x.cross(y, 0), lambda x, y: x.cross(y, 0), [c, d])
+    for x, y in ((c, d), (a, b[0])):
+        with pytest.raises(RuntimeError):
+            tapegrad.linalg.cross(tapegrad.tensor(x), tapegrad.tensor(y))
+        with pytest.raises(RuntimeError):
+            torch.linalg.cross(torch.tensor(x), torch.tensor(y))
+    with pytest.raises(RuntimeError):
+        torch.linalg.cross(torch.tensor(c), torch.tensor(d))
+
+
+def test_multigammaln_against_torch():
+    a = np.array([1.7, 2.5, 3.25, 13.0, 40.0])
+    for p in (1, 2, 4):  # torch's trigamma is good to 5e-10 only (ours to 1e-15: below)
+        _orders(lambda x: tapegrad.special.multigammaln(x, p),
+                lambda x: torch.special.multigammaln(x, p), [a], rtol=2e-9)
+    # third order (polygamma 2) through one more create_graph
+    res = []
+    for M in (tapegrad, torch):
+        x = M.tensor(a, requires_grad=True)
+        g = M.autograd.grad(M.special.multigammaln(x, 3).sum(), x, create_graph=True)[0]
+        h = M.autograd.grad(g.sum(), x, create_graph=True)[0]
+        res.append(M.autograd.grad(h.sum(), x)[0].numpy())
+    np.testing.assert_allclose(res[0], res[1], rtol=1e-10)
+    # below (p - 1) / 2 torch 2.13 no longer raises: log|Gamma| terms, inf at the poles
+    x = np.array([0.9, 0.5, 1.0, -0.25])
+    np.testing.assert_allclose(tapegrad.special.multigammaln(tapegrad.tensor(x), 3).numpy(),
+                               torch.special.multigammaln(torch.tensor(x), 3).numpy(),
+                               rtol=1e-12)
+    with pytest.raises(RuntimeError):
+        tapegrad.special.multigammaln(tapegrad.tensor([2.0]), 0)
+    with pytest.raises(RuntimeError):
+        torch.special.multigammaln(torch.tensor([2.0]), 0)
+
+
+def test_polygamma_series_against_scipy():
+    special = pytest.importorskip("scipy.special")
+    from tapegrad.functions import _lgamma_np, _polygamma_np
+    x = np.array([0.05, 0.2, 0.7, 1.2, 3.5, 11.9, 12.0, 13.0, 250.0])
+    np.testing.assert_allclose(_lgamma_np(x), special.gammaln(x), rtol=1e-14)
+    for n in range(4):
+        np.testing.assert_allclose(_polygamma_np(n, x), special.polygamma(n, x), rtol=1e-13)
+
+
+def test_empty():
+    t = tapegrad.empty(2, 3, requires_grad=True)
+    assert t.shape == (2, 3) and t.requires_grad and t.dtype == tapegrad.float64
+    assert tapegrad.empty((4,), dtype=tapegrad.float32).dtype == tapegrad.float32
