@@ -9,11 +9,12 @@ import builtins
 import collections
 import math
 import numbers
+import sys
 
 import numpy as np
 
 from . import _generated_eager as _eager
-from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
+from .ops import ARRAY, BY_NAME, OPS, ROW, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE, bump
 from .tensor import (Tensor, _dim, _errstate, _norm_value, _np_dtype, _plain, _pyfloat,
@@ -674,13 +675,13 @@ def setitem(x, idx, value):
     vt = v if isinstance(v, Tensor) else None
     vv = np.asarray(v._d if vt is not None else v)
     try:
-        target = d[nidx]
-        np.broadcast_to(vv, np.shape(target))
+        tshape = np.shape(d[nidx])  # no view of d kept: _owned_write counts its holders
+        np.broadcast_to(vv, tshape)
     except IndexError as e:
         raise IndexError(str(e).replace("axis", "dimension")) from None
     except ValueError:
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(vv.shape)} cannot be "
-                           f"broadcast to indexing result of shape {list(np.shape(target))}") \
+                           f"broadcast to indexing result of shape {list(tshape)}") \
             from None
     grad = STATE.grad_enabled and (x._rg or (vt is not None and vt._rg))
     if grad:
@@ -688,14 +689,17 @@ def setitem(x, idx, value):
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
                                "in-place operation (index assignment). Assign into a clone "
                                "(y = x.clone(); y[...] = v) or wrap it in tapegrad.no_grad().")
-        out = np.array(d, copy=True)
-        out[nidx] = vv.astype(d.dtype, copy=False)
-        mask = np.zeros(d.shape, dtype=np.bool_)
-        mask[nidx] = True
         vt = vt if vt is not None else _plain(_norm_value(vv.astype(d.dtype)))
         if vt.dtype.np != d.dtype:
             vt = _to_dtype(vt, d.dtype)
-        res = array_op(_O["setitem"], [x, vt], out, (nidx, mask))
+        own = _owned_write(x, d)
+        out = d if own else np.array(d, copy=True)
+        out[nidx] = vv.astype(d.dtype, copy=False)
+        res = array_op(_O["setitem"], [x, vt], out, (nidx, None))
+        if own:  # the older entry's value is dead (see _owned_write): a zero-stride stand-in
+            # keeps its shape and frees its hold on the array; the tape counted it once
+            res._tape.arrays[x._slot] = np.broadcast_to(np.zeros((), d.dtype), d.shape)
+            res._tape.nbytes -= out.nbytes
         _rebind(x, res)
         return
     if tr is not None:
@@ -707,6 +711,32 @@ def setitem(x, idx, value):
         x._sid = -1
         return
     _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
+
+
+def _owned_write(x, d):
+    """Whether an index assignment into ``x`` may write its array in place: ``d`` is the
+    copy that the previous recorded assignment made, still on the tape the next entry goes
+    to, and nothing but ``x`` and that entry holds it (no view, no other tensor, no import
+    into another tape), and no entry recorded since reads it. Nothing reads that entry's
+    value after this write then (the setitem rule needs only shapes). So a loop of row writes keeps the written rows and one array,
+    not one copy of the destination per write."""
+    tape = x._tape
+    if (tape is None or x._sid != tape.sid or d.__class__ is not np.ndarray
+            or d.base is not None or not d.flags.writeable or STATE.tape() is not tape
+            or len(tape.vals) >= tape.limit or tape.arrays.get(x._slot) is not d
+            or OPS[int(tape.code[x._slot * ROW]) & ~ARRAY] is not _O["setitem"]):
+        return False
+    # holders: x._d, the tape's entry, the caller's d, our d and getrefcount's argument
+    if sys.getrefcount(d) > 5:
+        return False
+    # an entry recorded since that reads the value (x * x) needs it as it is: copy
+    k0, code = x._slot, tape.code
+    for k in range(k0 + 1, len(tape.vals)):
+        uses = OPS[int(code[k * ROW]) & ~ARRAY].uses
+        if uses and (("a" in uses and code[k * ROW + 1] == k - k0)
+                     or ("b" in uses and code[k * ROW + 2] == k - k0)):
+            return False
+    return not any(k > k0 and k0 in tape.aux[k][0] for k in tape.nary)
 
 
 def _rebind(x, res):

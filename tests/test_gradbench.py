@@ -382,3 +382,96 @@ def test_empty():
     t = tapegrad.empty(2, 3, requires_grad=True)
     assert t.shape == (2, 3) and t.requires_grad and t.dtype == tapegrad.float64
     assert tapegrad.empty((4,), dtype=tapegrad.float32).dtype == tapegrad.float32
+
+
+# --- setitem in a recorded loop keeps the written rows, not a copy per write ------------------
+
+
+def _row_loop(M, w, c, p):
+    out = M.zeros((p, 2), dtype=M.float64)
+    for j in range(p):
+        out[j] = w[j] * c
+    return out
+
+
+def _row_loop_bytes(p):
+    import tracemalloc
+    w = tapegrad.tensor(np.linspace(0.5, 1.5, p), requires_grad=True)
+    c = tapegrad.tensor([1.0, 2.0])
+    tracemalloc.start()
+    try:
+        out = _row_loop(tapegrad, w, c, p)
+        size = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del out
+    return size
+
+
+def test_setitem_loop_memory_is_linear():
+    _row_loop_bytes(50)  # warm caches
+    small, large = _row_loop_bytes(1500), _row_loop_bytes(3000)
+    # quadratic growth (a copy of the destination per write) gives a ratio near 4
+    assert large / small < 2.6, (small, large)
+
+
+def test_setitem_loop_gradients_match_torch():
+    rng = np.random.default_rng(0)
+    p = 6
+    w0, V = rng.normal(size=p), rng.normal(size=(3, p, 2))
+    res = []
+    for M in (tapegrad, torch):
+        w = M.tensor(w0, requires_grad=True)
+        c = M.tensor([1.0, 2.0], dtype=M.float64)
+        out = _row_loop(M, w, c, p)
+        out[2] = out[2] * 3 + w[0]          # reads the written row, writes it again
+        out[1:3] = out[1:3] * 2 + out[4:6]  # a slice write from other rows
+        y = (M.sin(out) * out).sum()
+        g, = M.autograd.grad(y, w, create_graph=True)
+        h, = M.autograd.grad((g * g).sum(), w)
+        out2 = _row_loop(M, w, c, p)
+        gb, = M.autograd.grad(out2 * out2, w, grad_outputs=(M.tensor(V),), is_grads_batched=True)
+        res.append([t.detach().numpy() for t in (out, g, h, gb)])
+    for a, b in zip(*res):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_setitem_in_place_only_when_nothing_else_holds_the_array():
+    w = tapegrad.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    out = tapegrad.zeros(3)
+    out[0] = w[0] * 2
+    view = out[0:2]                 # a view of the current value: later writes must copy
+    kept = out._d
+    out[1] = w[1] * 5
+    assert view.tolist() == [2.0, 0.0] and kept[1] == 0.0
+    s = (view * view).sum() + out.sum()
+    g, = tapegrad.autograd.grad(s, w)
+    wt = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    o = torch.zeros(3, dtype=torch.float64)
+    o[0] = wt[0] * 2
+    v = o[0:2].clone()  # tapegrad's view keeps its value as recorded (no aliasing to torch)
+    o[1] = wt[1] * 5
+    gt, = torch.autograd.grad((v * v).sum() + o.sum(), wt)
+    np.testing.assert_allclose(g.numpy(), gt.numpy())
+
+
+def test_setitem_after_a_read_of_the_value_copies():
+    """An entry that saved the destination's value (y = out * out) keeps that value: the
+    next write copies instead of writing in place (torch raises a version error here;
+    tapegrad differentiates what was recorded, as before)."""
+    w = tapegrad.tensor([1.0, 2.0], requires_grad=True)
+    out = tapegrad.zeros(2)
+    out[0] = w[0] * 2
+    y = out * out
+    out[1] = w[1] * 3
+    np.testing.assert_allclose(tapegrad.autograd.grad(y.sum(), w)[0].numpy(), [8.0, 0.0])
+
+
+def test_setitem_loop_traced():
+    p = 5
+    c = tapegrad.tensor([1.0, 2.0])
+    prog = tapegrad.trace(lambda w: (_row_loop(tapegrad, w, c, p) ** 2).sum(), np.ones(p))
+    w0 = np.linspace(0.5, 1.5, p)
+    v, g = prog.value_and_grad(w0)
+    assert np.isclose(v, 5 * (w0 ** 2).sum())
+    np.testing.assert_allclose(g, 10 * w0)

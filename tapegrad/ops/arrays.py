@@ -146,9 +146,13 @@ def _setitem_np(a, b, aux):
 
 
 def _setitem_vjp(F, g, v, out, aux):
-    index, mask = aux[0], aux[1]
+    # aux: (index, None). The written region of g is zeroed by writing zeros there: the
+    # entry keeps only its index, no mask or copy the size of the destination (a loop of
+    # row writes stays linear in memory)
+    index = aux[0]
     gb = F.getitem(g, (index, np.shape(g)))
-    return (F.where(mask, F.zeros_like(g), g), F.sum_to(gb, (np.shape(v[1]), np.shape(gb))))
+    return (F.setitem(g, F.zeros_like(gb), (index, None)),
+            F.sum_to(gb, (np.shape(v[1]), np.shape(gb))))
 
 
 register("setitem", A, np=_setitem_np, saves=False, vjp=_setitem_vjp)
