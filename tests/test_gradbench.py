@@ -475,3 +475,46 @@ def test_setitem_loop_traced():
     v, g = prog.value_and_grad(w0)
     assert np.isclose(v, 5 * (w0 ** 2).sum())
     np.testing.assert_allclose(g, 10 * w0)
+
+
+# --- backward(retain_graph=True) works on the output's own graph, not the whole tape --------
+
+
+def test_retained_backward_looks_only_at_its_own_graph(monkeypatch):
+    from tapegrad.autograd import _engine
+    from tapegrad.tape import Tape
+    n = 300
+    xs = [tapegrad.tensor(i / n, requires_grad=True) for i in range(n)]
+    ys = [x * x + tapegrad.sin(x) for x in xs]
+    seen = []
+    reached = _engine._reached_leaves
+    monkeypatch.setattr(_engine, "_reached_leaves",
+                        lambda graph, outs, slots: seen.append(len(slots)) or
+                        reached(graph, outs, slots))
+    monkeypatch.setattr(Tape, "leaf_items", lambda self: pytest.fail("scanned every leaf"))
+    for k in (0, n // 2, n - 1):
+        ys[k].backward(retain_graph=True)
+    # one leaf looked at per backward, wherever its graph sits on the tape
+    assert seen == [1, 1, 1]
+    for k, x in enumerate(xs):
+        want = None if k not in (0, n // 2, n - 1) else 2 * x.item() + np.cos(x.item())
+        assert (x.grad is None) if want is None else np.isclose(x.grad.item(), want)
+
+
+def test_retained_backward_matches_torch():
+    rng = np.random.default_rng(0)
+    a0, b0 = rng.normal(size=3), rng.normal(size=3)
+    res = []
+    for M in (tapegrad, torch):
+        a, b = M.tensor(a0, requires_grad=True), M.tensor(b0, requires_grad=True)
+        c = M.tensor(1.5, dtype=M.float64, requires_grad=True)
+        h = a * c
+        h.retain_grad()
+        y1 = (M.sin(h) * b).sum()
+        y2 = (a * a).sum()            # a second graph sharing only a
+        y1.backward(retain_graph=True)
+        y2.backward(retain_graph=True)
+        y1.backward()
+        res.append([t.grad.numpy() for t in (a, b, c, h)])
+    for x, y in zip(*res):
+        np.testing.assert_allclose(x, y, rtol=1e-12)
