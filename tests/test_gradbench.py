@@ -185,6 +185,15 @@ def test_batched_matmul_of_fewer_dims():
         res.append([np.asarray(g.detach()) for g in g1 + g2])
     for a, b in zip(*res):
         np.testing.assert_allclose(a, b, rtol=1e-12)
+    res = []  # and recorded (create_graph), differentiated again
+    for M in (tapegrad, torch):
+        A, b = M.tensor(A0, requires_grad=True), M.tensor(b0, requires_grad=True)
+        gA, gb = M.autograd.grad(M.sin(M.matmul(A, b)), (A, b), grad_outputs=(M.tensor(V),),
+                                 is_grads_batched=True, create_graph=True)
+        h = M.autograd.grad((gA ** 2).sum() + (gb ** 3).sum(), (A, b))
+        res.append([t.detach().numpy() for t in (gA, gb) + tuple(h)])
+    for a, b in zip(*res):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
 
 
 def test_runs_and_seconds():
