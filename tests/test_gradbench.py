@@ -196,6 +196,23 @@ def test_batched_matmul_of_fewer_dims():
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
 
 
+@pytest.mark.parametrize("B", [3, 2])
+def test_batched_second_order_through_a_scalar_broadcast(B):
+    """is_grads_batched over a create_graph gradient that broadcasts a 0-d value (r / |r|,
+    ht's rotation): the batch axis was put in front of the 0-d shape, so summing back went
+    over the wrong axis: a wrong gradient when B equals the broadcast length, an error
+    otherwise."""
+    V = np.random.default_rng(B).normal(size=(B, 3))
+    res = []
+    for M in (tapegrad, torch):
+        r = M.tensor([0.3, 0.2, 0.5], dtype=M.float64, requires_grad=True)
+        y = M.sin(r / M.sqrt(M.sum(r * r))).sum()
+        g, = M.autograd.grad(y, (r,), create_graph=True)
+        h, = M.autograd.grad(g, (r,), grad_outputs=(M.tensor(V),), is_grads_batched=True)
+        res.append(h.detach().numpy())
+    np.testing.assert_allclose(res[0], res[1], rtol=1e-12, atol=1e-14)
+
+
 def test_runs_and_seconds():
     msg = {"module": "lse", "function": "primal",
            "input": {"x": [1.0, 2.0], "min_runs": 3, "min_seconds": 0}}

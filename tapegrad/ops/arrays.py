@@ -485,6 +485,36 @@ def _matmul_batch(values, out, g, aux, B):
     return [_bval(a, B), _bval(b, B)], None, g, aux, post
 
 
+def _lead_ones(x, k):
+    """``x`` with ``k`` leading axes of length 1 (a tensor under create_graph, or a value)."""
+    if not k:
+        return x
+    if hasattr(x, "expand"):
+        return x.reshape((1,) * k + tuple(x.shape))
+    return np.reshape(x, (1,) * k + np.shape(x))
+
+
+def _expand_batch(values, out, g, aux, B):
+    # the batch axis goes in front of both shapes: a source with fewer dims first gets its
+    # broadcast axes, or () -> (3,) would become (B,) -> (B, 3), summed back over the
+    # wrong axis (a wrong gradient when B == 3)
+    shape, src = tuple(aux[0]), tuple(aux[1])
+    k = len(shape) - len(src)
+    post = (lambda gx: gx.reshape((np.shape(gx)[0],) + src),) if k else None
+    return ([_bval(_lead_ones(values[0], k), B)], _bval(out, B), g,
+            ((B,) + shape, (B,) + (1,) * k + src), post)
+
+
+def _sum_to_batch(values, out, g, aux, B):
+    target, src = tuple(aux[0]), tuple(aux[1])
+    k = len(src) - len(target)
+    g = g if hasattr(g, "expand") else np.asarray(g)
+    if k:
+        g = g.reshape((np.shape(g)[0],) + (1,) * k + tuple(np.shape(g)[1:]))
+    return ([_bval(values[0], B)], _bval(out, B), g, ((B,) + (1,) * k + target, (B,) + src),
+            None)
+
+
 def _outer_batch(values, out, g, aux, B):
     a, b = values
     return ([_bval(a[None, :], B), _bval(b[:, None], B)], None, g, aux,
@@ -512,4 +542,6 @@ for _name, _shift in _BATCH.items():
     BY_NAME[_name].batch = _plain_batch(_shift)
 BY_NAME["matmul"].batch = _matmul_batch
 BY_NAME["outer"].batch = _outer_batch
+BY_NAME["expand"].batch = _expand_batch
+BY_NAME["sum_to"].batch = _sum_to_batch
 del _name, _shift

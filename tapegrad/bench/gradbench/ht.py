@@ -124,12 +124,9 @@ def jacobian_columns(M, f, inputs, tangent_sets):
     out = f(*inputs)
     u = M.zeros(out.shape, dtype=M.float64, requires_grad=True)
     vjps = M.autograd.grad(out, inputs, grad_outputs=(u,), create_graph=True)
-    # one sweep per column: is_grads_batched through this second-order graph fails in
-    # tapegrad's batched sum_to rule today (see docs/gradbench.md)
-    n = len(tangent_sets[0])
-    cols = [M.autograd.grad(vjps, (u,), grad_outputs=tuple(T(M, V[j]) for V in tangent_sets),
-                            retain_graph=j < n - 1)[0] for j in range(n)]
-    return out, M.stack(cols, 1)
+    jv = M.autograd.grad(vjps, (u,), grad_outputs=tuple(T(M, V) for V in tangent_sets),
+                         is_grads_batched=True)[0]
+    return out, jv.T
 
 
 def prepare(function, input, M, trace):
