@@ -9,11 +9,12 @@ import builtins
 import collections
 import math
 import numbers
+import sys
 
 import numpy as np
 
 from . import _generated_eager as _eager
-from .ops import ARRAY, BY_NAME, OPS, UNARY, UNARY_C
+from .ops import ARRAY, BY_NAME, OPS, ROW, UNARY, UNARY_C
 from .ops.arrays import diag_index
 from .tape import STATE, bump
 from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _hint, _norm_value, _np_dtype,
@@ -696,13 +697,13 @@ def setitem(x, idx, value):
     vt = v if isinstance(v, Tensor) else None
     vv = np.asarray(v._d if vt is not None else v)
     try:
-        target = d[nidx]
-        np.broadcast_to(vv, np.shape(target))
+        tshape = np.shape(d[nidx])  # no view of d kept: _owned_write counts its holders
+        np.broadcast_to(vv, tshape)
     except IndexError as e:
         raise IndexError(str(e).replace("axis", "dimension")) from None
     except ValueError:
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(vv.shape)} cannot be "
-                           f"broadcast to indexing result of shape {list(np.shape(target))}") \
+                           f"broadcast to indexing result of shape {list(tshape)}") \
             from None
     grad = STATE.grad_enabled and (x._rg or (vt is not None and vt._rg))
     if grad:
@@ -710,14 +711,17 @@ def setitem(x, idx, value):
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
                                "in-place operation (index assignment). Assign into a clone "
                                "(y = x.clone(); y[...] = v) or wrap it in tapegrad.no_grad().")
-        out = np.array(d, copy=True)
-        out[nidx] = vv.astype(d.dtype, copy=False)
-        mask = np.zeros(d.shape, dtype=np.bool_)
-        mask[nidx] = True
         vt = vt if vt is not None else _plain(_norm_value(vv.astype(d.dtype)))
         if vt.dtype.np != d.dtype:
             vt = _to_dtype(vt, d.dtype)
-        res = array_op(_O["setitem"], [x, vt], out, (nidx, mask))
+        own = _owned_write(x, d)
+        out = d if own else np.array(d, copy=True)
+        out[nidx] = vv.astype(d.dtype, copy=False)
+        res = array_op(_O["setitem"], [x, vt], out, (nidx, None))
+        if own:  # the older entry's value is dead (see _owned_write): a zero-stride stand-in
+            # keeps its shape and frees its hold on the array; the tape counted it once
+            res._tape.arrays[x._slot] = np.broadcast_to(np.zeros((), d.dtype), d.shape)
+            res._tape.nbytes -= out.nbytes
         _rebind(x, res)
         return
     if tr is not None:
@@ -732,6 +736,32 @@ def setitem(x, idx, value):
             _keep_on_tape(x)
         return
     _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
+
+
+def _owned_write(x, d):
+    """Whether an index assignment into ``x`` may write its array in place: ``d`` is the
+    copy that the previous recorded assignment made, still on the tape the next entry goes
+    to, and nothing but ``x`` and that entry holds it (no view, no other tensor, no import
+    into another tape), and no entry recorded since reads it. Nothing reads that entry's
+    value after this write then (the setitem rule needs only shapes). So a loop of row writes keeps the written rows and one array,
+    not one copy of the destination per write."""
+    tape = x._tape
+    if (tape is None or x._sid != tape.sid or d.__class__ is not np.ndarray
+            or d.base is not None or not d.flags.writeable or STATE.tape() is not tape
+            or len(tape.vals) >= tape.limit or tape.arrays.get(x._slot) is not d
+            or OPS[int(tape.code[x._slot * ROW]) & ~ARRAY] is not _O["setitem"]):
+        return False
+    # holders: x._d, the tape's entry, the caller's d, our d and getrefcount's argument
+    if sys.getrefcount(d) > 5:
+        return False
+    # an entry recorded since that reads the value (x * x) needs it as it is: copy
+    k0, code = x._slot, tape.code
+    for k in range(k0 + 1, len(tape.vals)):
+        uses = OPS[int(code[k * ROW]) & ~ARRAY].uses
+        if uses and (("a" in uses and code[k * ROW + 1] == k - k0)
+                     or ("b" in uses and code[k * ROW + 2] == k - k0)):
+            return False
+    return not any(k > k0 and k0 in tape.aux[k][0] for k in tape.nary)
 
 
 def _rebind(x, res):
@@ -1074,6 +1104,293 @@ Tensor.sqrt_ = _inplace(lambda s, o: sqrt(s))
 Tensor.exp_ = _inplace(lambda s, o: exp(s))
 Tensor.neg_ = _inplace(lambda s, o: neg(s))
 del _name, _fn
+
+# --- functions GradBench's pytorch tool uses: built from the differentiable ops above, so
+# create_graph, is_grads_batched and replay come with them -------------------------------
+
+
+def empty(*size, dtype=None, requires_grad=False):
+    """A tensor of shape ``size`` (torch leaves it uninitialized; tapegrad fills zeros).
+
+    >>> tapegrad.empty(2, 3).shape
+    (2, 3)
+    """
+    from .tensor import zeros
+    return zeros(*size, dtype=dtype, requires_grad=requires_grad)
+
+
+def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+    """Repeat each element (each slice along ``dim``; of the flattened input when ``dim`` is
+    None) ``repeats`` times; ``repeats`` is an int or one count per element. With one
+    integer tensor argument, the indices repeated by their counts (torch's form).
+
+    >>> tapegrad.repeat_interleave(tapegrad.tensor([1., 2.]), 2).tolist()
+    [1.0, 1.0, 2.0, 2.0]
+    """
+    input = _t(input)
+    if repeats is None:  # repeat_interleave(counts): arange(len(counts)) repeated
+        counts = np.asarray(input._d)
+        if counts.dtype.kind not in "iu" or counts.ndim != 1:
+            raise RuntimeError("repeat_interleave: repeats must be a 1-d integer tensor")
+        return tensor(np.repeat(np.arange(len(counts)), counts))
+    if dim is None:
+        input, dim = reshape(input, -1), 0
+    dim = _dim(dim, input.ndim) if input.ndim else 0
+    if input.ndim == 0:
+        input = reshape(input, 1)
+    n = input.shape[dim]
+    r = np.asarray(repeats._d if isinstance(repeats, Tensor) else repeats)
+    if r.dtype.kind not in "iu":
+        raise RuntimeError(f"repeat_interleave: repeats must be integers, got {r.dtype}")
+    if r.ndim > 1 or (r.ndim == 1 and len(r) not in (1, n)):
+        raise RuntimeError(f"repeat_interleave: repeats must have the same size as input "
+                           f"along dim ({n}), got {list(r.shape)}")
+    if (r < 0).any():
+        raise RuntimeError("repeat_interleave: repeats can not be negative")
+    idx = np.repeat(np.arange(n), r.reshape(-1) if r.ndim else int(r))
+    if output_size is not None and len(idx) != output_size:
+        raise RuntimeError(f"repeat_interleave: output_size {output_size} does not match the "
+                           f"{len(idx)} elements the repeats give")
+    return getitem(input, (slice(None),) * dim + (idx,))
+
+
+def _cross(input, other, dim):
+    input, other = _t(input), _t(other, "other")
+    if input.ndim != other.ndim:
+        raise RuntimeError(f"linalg.cross: inputs must have the same number of dimensions "
+                           f"(got {input.ndim} and {other.ndim}); unsqueeze the smaller one")
+    try:
+        shape = np.broadcast_shapes(input.shape, other.shape)
+    except ValueError:
+        raise RuntimeError(f"linalg.cross: inputs of shapes {list(input.shape)} and "
+                           f"{list(other.shape)} do not broadcast") from None
+    if dim is None:  # torch.cross without dim: the first dimension of size 3
+        dims = [i for i, n in enumerate(shape) if n == 3]
+        if not dims:
+            raise RuntimeError("no dimension of size 3 in input")
+        dim = dims[0]
+    dim = _dim(dim, len(shape))
+    if shape[dim] != 3:
+        raise RuntimeError(f"linalg.cross: inputs dimension {dim} must have length 3. Got "
+                           f"{input.shape[dim - len(shape) + input.ndim] if input.ndim else 0}"
+                           f" and {other.shape[dim - len(shape) + other.ndim] if other.ndim else 0}")
+    input, other = broadcast_to(input, shape), broadcast_to(other, shape)
+    lead = (slice(None),) * dim
+    i, j = lead + (np.array([1, 2, 0]),), lead + (np.array([2, 0, 1]),)
+    return getitem(input, i) * getitem(other, j) - getitem(input, j) * getitem(other, i)
+
+
+def cross(input, other, dim=None):
+    """Cross product of 3-vectors along ``dim`` (default: the first dimension of size 3,
+    as torch.cross).
+
+    >>> tapegrad.cross(tapegrad.tensor([1., 0, 0]), tapegrad.tensor([0., 1, 0])).tolist()
+    [0.0, 0.0, 1.0]
+    """
+    return _cross(input, other, dim)
+
+
+def linalg_cross(input, other, *, dim=-1):
+    """``tapegrad.linalg.cross``: cross product of 3-vectors along ``dim`` (default -1)."""
+    return _cross(input, other, dim)
+
+
+def _einsum_parse(equation, operands):
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise RuntimeError(f"einsum(): {len(terms)} operand(s) in the equation "
+                           f"{equation!r} but {len(operands)} tensor(s) given")
+    used = set(c for c in eq if c.isalpha())
+    spare = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                 if c not in used)
+    nell = builtins.max([op.ndim - len(t.replace("...", "")) for t, op in zip(terms, operands)
+                         if "..." in t] + [0])
+    ell = "".join(next(spare) for _ in range(nell))
+    labels = []
+    for t, op in zip(terms, operands):
+        if "..." in t:
+            k = op.ndim - len(t.replace("...", ""))
+            t = t.replace("...", ell[nell - k:] if k else "")
+        if not builtins.all(c.isalpha() for c in t):
+            raise RuntimeError(f"einsum(): invalid subscript in {equation!r}: subscripts must "
+                               "be letters (and one '...')")
+        if len(t) != op.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation "
+                               f"({len(t)}) does not match the number of dimensions "
+                               f"({op.ndim}) for operand {len(labels)}")
+        labels.append(t)
+    if arrow:
+        out = out.replace("...", ell)
+        if len(set(out)) != len(out) or not builtins.all(c.isalpha() for c in out):
+            raise RuntimeError(f"einsum(): invalid output subscripts in {equation!r}")
+        missing = set(out) - set("".join(labels))
+        if missing:
+            raise RuntimeError(f"einsum(): output subscript {sorted(missing)[0]} does not "
+                               "appear in the equation for any input operand")
+    else:  # implicit output: the ellipsis, then every label used once, sorted
+        counts = collections.Counter("".join(labels))
+        out = ell + "".join(sorted(c for c in counts if counts[c] == 1 and c not in ell))
+    return labels, out
+
+
+def einsum(equation, *operands):
+    """Einstein summation, as torch.einsum: products, batched products, traces, diagonals,
+    outer products and sums over indices (``'ij,jk->ik'``, ``'bij,bjk->bik'``, ``'ii'``,
+    ``'i,j->ij'``, ``'...ij->...i'``). Operands are contracted left to right through
+    reshape, permute, matmul and sum, so every derivative order works.
+
+    >>> a = tapegrad.tensor([[1., 2.], [3., 4.]])
+    >>> tapegrad.einsum("ii", a).item()
+    5.0
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    operands = [_t(o, f"operand {i}") for i, o in enumerate(operands)]
+    if not operands:
+        raise RuntimeError("einsum(): must provide at least one operand")
+    labels, out = _einsum_parse(equation, operands)
+    sizes = {}
+    for lab, op in zip(labels, operands):
+        for c, n in zip(lab, op.shape):
+            if sizes.setdefault(c, n) != n:
+                raise RuntimeError(f"einsum(): subscript {c} has size {n} for an operand "
+                                   f"which does not match the previously seen size "
+                                   f"{sizes[c]}")
+    terms = []
+    for lab, op in zip(labels, operands):
+        # a label repeated within one operand takes the diagonal
+        while len(set(lab)) < len(lab):
+            c = next(c for c in lab if lab.count(c) > 1)
+            p, q = lab.index(c), lab.index(c, lab.index(c) + 1)
+            rest = [i for i in range(len(lab)) if i not in (p, q)]
+            op = permute(op, tuple(rest + [p, q]))
+            ar = np.arange(sizes[c])
+            op = getitem(op, (slice(None),) * len(rest) + (ar, ar))
+            lab = "".join(lab[i] for i in rest) + c
+        terms.append((lab, op))
+
+    la, a = terms[0]
+    for k in range(1, len(terms)):
+        lb, b = terms[k]
+        keep = set(out).union(*[set(t[0]) for t in terms[k + 1:]])  # needed after this pair
+        # labels only in a or only in b and needed nowhere else are summed first
+        others_a = set(lb) | keep
+        drop = [i for i, c in enumerate(la) if c not in others_a]
+        if drop:
+            a, la = sum(a, tuple(drop)), "".join(c for c in la if c in others_a)
+        others_b = set(la) | keep
+        drop = [i for i, c in enumerate(lb) if c not in others_b]
+        if drop:
+            b, lb = sum(b, tuple(drop)), "".join(c for c in lb if c in others_b)
+        batch = [c for c in la if c in lb and c in keep]
+        contr = [c for c in la if c in lb and c not in keep]
+        only_a = [c for c in la if c not in lb]
+        only_b = [c for c in lb if c not in la]
+        a = permute(a, tuple(la.index(c) for c in batch + only_a + contr))
+        b = permute(b, tuple(lb.index(c) for c in batch + contr + only_b))
+
+        def size(cs):
+            return int(np.prod([sizes[c] for c in cs], dtype=np.int64))
+        prod = matmul(reshape(a, (size(batch), size(only_a), size(contr))),
+                      reshape(b, (size(batch), size(contr), size(only_b))))
+        la = "".join(batch + only_a + only_b)
+        a = reshape(prod, tuple(sizes[c] for c in la))
+    drop = [i for i, c in enumerate(la) if c not in out]
+    if drop:
+        a, la = sum(a, tuple(drop)), "".join(c for c in la if c in out)
+    if la != out:
+        a = permute(a, tuple(la.index(c) for c in out))
+    return a
+
+
+def _lgamma_np(x):
+    x = np.asarray(x, dtype=np.float64)
+    pole = (x <= 0) & (x == np.floor(x))  # math.lgamma raises there; torch gives inf
+    return np.where(pole, np.inf, np.vectorize(math.lgamma, otypes=[np.float64])(
+        np.where(pole | ~np.isfinite(x), 1.0, x))) + np.where(np.isfinite(x), 0, np.abs(x))
+
+
+# Bernoulli numbers B_2k for the asymptotic series of the polygamma functions
+_BERNOULLI = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730, 7 / 6, -3617 / 510)
+
+
+def _polygamma_np(n, x):
+    """psi^(n)(x) for x > 0: shift x past 12 by the recurrence, then the asymptotic series
+    (relative error under 1e-15 there)."""
+    x = np.array(x, dtype=np.float64)
+    acc = np.zeros_like(x)
+    fact = math.factorial(n)
+    while True:
+        small = x < 12
+        if not small.any():
+            break
+        # psi^(n)(x) = psi^(n)(x + 1) - (-1)^n n! / x^(n+1)
+        acc = np.where(small, acc - (-1) ** n * fact / x ** (n + 1), acc)
+        x = np.where(small, x + 1, x)
+    if n == 0:
+        s = np.log(x) - 1 / (2 * x)
+        for k, b in enumerate(_BERNOULLI, 1):
+            s = s - b / (2 * k * x ** (2 * k))
+    else:
+        s = math.factorial(n - 1) / x ** n + fact / (2 * x ** (n + 1))
+        for k, b in enumerate(_BERNOULLI, 1):
+            s = s + b * math.factorial(2 * k + n - 1) / (math.factorial(2 * k)
+                                                          * x ** (2 * k + n))
+        s = (-1) ** (n + 1) * s
+    return acc + s
+
+
+def _gamma_function(n):
+    """lgamma (n = -1) or polygamma n as a custom Function whose backward is the next one,
+    so every derivative order is available."""
+    from .autograd.function import Function
+    cache = _GAMMA_FNS
+
+    if n in cache:
+        return cache[n]
+
+    class _Gamma(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            d = np.asarray(x._d, dtype=np.float64)
+            return tensor(_lgamma_np(d) if n < 0 else _polygamma_np(n, d))
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * _gamma_function(n + 1).apply(x)
+    cache[n] = _Gamma
+    return _Gamma
+
+
+_GAMMA_FNS = {}
+
+
+def special_multigammaln(input, p):
+    """``tapegrad.special.multigammaln``: log of the multivariate gamma function of
+    dimension ``p``, elementwise (defined for elements above (p - 1) / 2; below, like
+    torch, the sum of log|Gamma| terms).
+
+    >>> round(tapegrad.special.multigammaln(tapegrad.tensor(2.5), 3).item(), 6)
+    1.880995
+    """
+    input = _float_input(_t(input), "multigammaln")
+    if not isinstance(p, numbers.Integral) or p < 1:
+        raise RuntimeError(f"multigammaln: p has to be greater than or equal to 1, got {p}")
+    lg = _gamma_function(-1)
+    terms = [lg.apply(input - j / 2) for j in range(p)]
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total + p * (p - 1) / 4 * math.log(math.pi)
+
+
+Tensor.repeat_interleave = _method(repeat_interleave)
+Tensor.cross = lambda self, other, dim=None: cross(self, other, dim)
+
 
 __all__ = [n for n in ("exp log log1p expm1 sqrt rsqrt sin cos tan asin acos atan atan2 sinh "
                        "cosh tanh sigmoid relu softplus erf abs sign pow square reciprocal "

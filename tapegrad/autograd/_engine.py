@@ -556,9 +556,9 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     tapes = cpu.order_tapes(roots)
     graph = cpu.Graph(tapes)
     n = graph.n
-    if ins is None:
-        ins, slot_lists = _graph_inputs(graph, outs)
-        skip_retained = {id(x) for x in ins}
+    if ins is None:  # backward: every leaf on the tapes may be an input; the ones the
+        # outputs reach are found after marking, so the work here is the output's graph's
+        ins = slot_lists = None
         collect = True
     else:
         if len(tapes) == 1:
@@ -568,13 +568,18 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         else:
             slot_lists = [_slots_of(graph, x) for x in ins]
         collect = False
-    flat = [s for sl in slot_lists for s in sl]
-    # one slot per input, all 0-d float64: results come straight out of the adjoint array
-    fast_leaves = (fast and not record and not batch and not collect and len(flat) == len(ins)
-                   and all([x._d.__class__ is _pyfloat for x in ins])
-                   and not graph.arrays_at(flat))
-    is_input = np.zeros(n, dtype=np.bool_)
-    is_input[flat] = True
+    if collect:
+        flat = None
+        is_input = (graph.rows[:, 0].astype(np.int64) & ~ARRAY) == LEAF
+        fast_leaves = False
+    else:
+        flat = [s for sl in slot_lists for s in sl]
+        # one slot per input, all 0-d float64: results come straight out of the adjoint array
+        fast_leaves = (fast and not record and not batch and len(flat) == len(ins)
+                       and all([x._d.__class__ is _pyfloat for x in ins])
+                       and not graph.arrays_at(flat))
+        is_input = np.zeros(n, dtype=np.bool_)
+        is_input[flat] = True
     is_output = np.zeros(n, dtype=np.bool_)
     adj = np.zeros((n, batch) if batch else n, dtype=np.float64)
     adjd = {}
@@ -592,6 +597,10 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         else:
             adj[k] += s
     need, reach, arr = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+    if collect:
+        ins, slot_lists = _reached_leaves(graph, outs, np.flatnonzero(reach & is_input))
+        skip_retained = {id(x) for x in ins}
+        flat = [s for sl in slot_lists for s in sl]
     graph.wanted = need | is_input  # slots whose gradient anyone will read
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
@@ -640,10 +649,10 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
                 for t in tapes:
                     end_tape(t)
             return results, True
-    reach_l = reach.tolist()
-    # batched: each slot's row stays an array (an input entered on several tapes sums its
-    # rows; lists would concatenate)
-    adj_l = adj.tolist() if not batch else list(adj)
+    # only the inputs' slots are read: no pass over the whole tape in Python. Batched: each
+    # slot's row stays an array (an input entered on several tapes sums its rows)
+    reach_l = dict(zip(flat, reach[flat].tolist()))
+    adj_l = dict(zip(flat, adj[flat].tolist() if not batch else list(adj[flat])))
     if record:
         pass
     elif len(tapes) == 1:
@@ -783,6 +792,30 @@ def _graph_inputs(graph, outs):
             ins.append(y)
             slots.append([])
     return ins, slots
+
+
+def _reached_leaves(graph, outs, slots):
+    """The leaves at ``slots`` (the leaf entries the outputs reach) in entering order, with
+    their slots, and leaf outputs (backward on a leaf itself): the inputs of a backward.
+    Leaves the outputs do not reach get no gradient, so they are not looked at."""
+    ins, lists, seen = [], [], {}
+    single = graph.tapes[0] if len(graph.tapes) == 1 else None
+    for s in slots.tolist():
+        tape, k = (single, s) if single is not None else graph.locate(s)
+        leaf = tape.aux[k][0]
+        i = seen.get(id(leaf))
+        if i is None:
+            seen[id(leaf)] = len(ins)
+            ins.append(leaf)
+            lists.append([s])
+        else:
+            lists[i].append(s)
+    for y in outs:
+        if y._tape is None and id(y) not in seen:
+            seen[id(y)] = len(ins)
+            ins.append(y)
+            lists.append([])
+    return ins, lists
 
 
 def _leaf_outputs_only(outs, seeds, ins):

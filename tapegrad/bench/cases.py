@@ -553,6 +553,129 @@ def _make_replay_hvp(n: int):
 
     return make
 
+
+# --------------------------------------------------------------------------
+# GradBench-shaped cases: the tool's own eval modules (tapegrad.bench.gradbench) on inputs
+# the suite generates, so no GradBench checkout is needed
+
+
+def gradbench_input(name: str) -> dict:
+    """A seeded input of GradBench's shape for eval ``name`` (sizes from its defaults)."""
+    rng = np.random.default_rng(0)
+    runs = {"min_runs": 1, "min_seconds": 0}
+    if name == "gmm":
+        d, k, n = 10, 25, 1000
+        return dict(runs, d=d, k=k, n=n, m=0, gamma=1.0, x=rng.normal(size=(n, d)).tolist(),
+                    alpha=rng.normal(size=k).tolist(), mu=rng.normal(size=(k, d)).tolist(),
+                    q=(0.1 * rng.normal(size=(k, d))).tolist(),
+                    l=(0.1 * rng.normal(size=(k, d * (d - 1) // 2))).tolist())
+    if name == "lse":
+        return dict(runs, x=rng.normal(size=10_000).tolist())
+    if name == "kmeans":
+        P = rng.normal(size=(1000, 8))
+        return dict(runs, points=P.tolist(), centroids=P[:10].tolist())
+    if name == "lstm":
+        layers, b, c = 2, 14, 256
+        return dict(runs, main_params=rng.normal(size=(2 * layers, 4 * b)).tolist(),
+                    extra_params=rng.normal(size=(3, b)).tolist(),
+                    state=rng.normal(size=(2 * layers, b)).tolist(),
+                    sequence=rng.normal(size=(c, b)).tolist())
+    if name == "ba":
+        cam = rng.normal(size=11) * 0.1
+        cam[6] = 1.0
+        return dict(runs, n=21, m=100, p=1000, cam=cam.tolist(),
+                    x=(rng.normal(size=3) + [0, 0, 4]).tolist(), w=0.8,
+                    feat=rng.normal(size=2).tolist())
+    if name == "det":
+        return dict(runs, A=rng.normal(size=49).tolist(), ell=7)
+    if name == "ode":
+        return dict(runs, x=rng.random(100).tolist(), s=100)
+    if name == "llsq":
+        return dict(runs, x=rng.normal(size=16).tolist(), n=1024)
+    raise KeyError(name)
+
+
+class _Flat:
+    """A GradBench output as the suite's result type (``.detach().numpy()``): flattened
+    only when checked, so the timed iteration pays no conversion."""
+
+    def __init__(self, post, value):
+        self.post, self.value = post, value
+
+    def detach(self):
+        return self
+
+    def numpy(self):
+        return np.asarray(_flatten(self.post(self.value)), dtype=np.float64)
+
+
+def _flatten(v):
+    if isinstance(v, dict):
+        return [x for k in sorted(v) for x in _flatten(v[k])]
+    if isinstance(v, (list, tuple)):
+        return [x for e in v for x in _flatten(e)]
+    return [float(v)]
+
+
+def _make_gradbench(name: str, function: str, replay: bool = False):
+    def make(library: str):
+        import importlib
+        mod = importlib.import_module(f"tapegrad.bench.gradbench.{name}")
+        run, post = mod.prepare(function, gradbench_input(name), load_library(library),
+                                replay and library == "tapegrad")
+
+        def iteration():
+            return (_Flat(post, run()),)
+        return iteration
+    return make
+
+
+_GB_REFERENCE: dict = {}
+
+
+def _gradbench_reference(name: str, function: str):
+    """The derivative by tapegrad's eager tool (the tests check it against torch)."""
+    def reference():
+        key = (name, function)
+        if key not in _GB_REFERENCE:
+            _GB_REFERENCE[key] = grads_to_numpy(_make_gradbench(name, function)("tapegrad")())
+        return _GB_REFERENCE[key]
+    return reference
+
+
+GRADBENCH_CASES = [  # (eval, function, description, replay too)
+    ("gmm", "jacobian", "GMM log posterior gradient, d=10, k=25, n=1000", True),
+    ("lse", "gradient", "LogSumExp gradient from primitives, n=10,000", False),
+    ("kmeans", "dir", "k-means Newton direction (gradient / Hessian diagonal), n=1000, k=10, "
+     "d=8", False),
+    ("lstm", "jacobian", "ADBench LSTM gradient, 2 layers, b=14, 256 characters", True),
+    ("ba", "jacobian", "bundle adjustment sparse Jacobian, n=21, m=100, p=1000", True),
+    ("det", "gradient", "determinant by minors (scalar ops), 7 x 7", True),
+    ("ode", "gradient", "Runge-Kutta ODE gradient, n=100, s=100", True),
+    ("llsq", "gradient", "least-squares objective gradient, n=1024, m=16", False),
+]
+
+
+def _make_retained_backward(graphs: int):
+    def make(library: str):
+        lib = load_library(library)
+        xs = [lib.tensor(i / graphs, dtype=lib.float64, requires_grad=True)
+              for i in range(graphs)]
+        ys = [x * x + lib.sin(x) for x in xs]
+
+        def iteration():
+            xs[-1].grad = None
+            ys[-1].backward(retain_graph=True)
+            return (xs[-1].grad,)
+        return iteration
+    return make
+
+
+def _retained_reference(graphs: int):
+    x = (graphs - 1) / graphs
+    return np.array([2 * x + math.cos(x)])
+
+
 SPEED_CASES: dict[str, SpeedCase] = {
     c.name: c
     for c in [
@@ -698,7 +821,25 @@ SPEED_CASES: dict[str, SpeedCase] = {
             target_speedup=1.0,
             tags=("vector",),
         ),
+        SpeedCase(
+            "retained_backward_3000_graphs",
+            "backward(retain_graph=True) of the last of 3,000 independent tiny graphs on one "
+            "tape: costs its own graph, not the tape's",
+            _make_retained_backward(3000),
+            lambda: _retained_reference(3000),
+            target_speedup=0.25,
+            tags=("eager",),
+        ),
     ]
+    + [SpeedCase(f"gradbench_{name}", f"GradBench {name}: {what} (eager)",
+                 _make_gradbench(name, function), _gradbench_reference(name, function),
+                 target_speedup=1.0, rtol=1e-8, tags=("gradbench",))
+       for name, function, what, _ in GRADBENCH_CASES]
+    + [SpeedCase(f"gradbench_{name}_replay", f"GradBench {name}: {what} (traced, replayed; "
+                 "torch eager)", _make_gradbench(name, function, True),
+                 _gradbench_reference(name, function), target_speedup=1.0, rtol=1e-8,
+                 tags=("gradbench", "replay"))
+       for name, function, what, replay in GRADBENCH_CASES if replay]
 }
 
 

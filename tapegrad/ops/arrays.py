@@ -146,9 +146,13 @@ def _setitem_np(a, b, aux):
 
 
 def _setitem_vjp(F, g, v, out, aux):
-    index, mask = aux[0], aux[1]
+    # aux: (index, None). The written region of g is zeroed by writing zeros there: the
+    # entry keeps only its index, no mask or copy the size of the destination (a loop of
+    # row writes stays linear in memory)
+    index = aux[0]
     gb = F.getitem(g, (index, np.shape(g)))
-    return (F.where(mask, F.zeros_like(g), g), F.sum_to(gb, (np.shape(v[1]), np.shape(gb))))
+    return (F.setitem(g, F.zeros_like(gb), (index, None)),
+            F.sum_to(gb, (np.shape(v[1]), np.shape(gb))))
 
 
 register("setitem", A, np=_setitem_np, saves=False, vjp=_setitem_vjp)
@@ -487,9 +491,19 @@ def _matmul_batch(values, out, g, aux, B):
         a, g = a[None, :], g[..., None, :]
     if one_b:
         b, g = b[:, None], g[..., None]
+    # the batch axis goes in front of both: a side with fewer dims than the other first
+    # gets its broadcast axes, or (B, 4, 30) would meet (B, 22, 4, 4) misaligned
+    nd = max(np.ndim(a), np.ndim(b))
+    pads = [nd - np.ndim(a), nd - np.ndim(b)]
+    a, b = (x.reshape((1,) * p + tuple(np.shape(x))) if p else x for x, p in zip((a, b), pads))
 
-    post = ((lambda ga: ga[..., 0, :]) if one_a else None,
-            (lambda gb: gb[..., 0]) if one_b else None)
+    def unpad(p, then):
+        if not p:
+            return then
+        return lambda gx: (then or (lambda y: y))(gx.reshape(
+            (np.shape(gx)[0],) + tuple(np.shape(gx)[1 + p:])))
+    post = (unpad(pads[0], (lambda ga: ga[..., 0, :]) if one_a else None),
+            unpad(pads[1], (lambda gb: gb[..., 0]) if one_b else None))
     return [_bval(a, B), _bval(b, B)], None, g, aux, post
 
 

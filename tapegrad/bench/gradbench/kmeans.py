@@ -1,0 +1,39 @@
+"""kmeans: cost sum_i min_j |C_j - P_i|^2, and the Newton direction J / diag(H) (the
+Hessian in C is diagonal, so H @ ones is its diagonal: one Hessian-vector product)."""
+import numpy as np
+
+from ._common import check, T, as_float, as_list, grad, leaf, trace as _trace
+
+
+def cost(M, C, P):
+    diff = P[:, None, :] - C[None, :, :]
+    return M.sum(M.min(M.sum(diff * diff, 2), 1).values)
+
+
+def prepare(function, input, M, trace):
+    check('kmeans', function, ('cost', 'dir'))
+    P0 = np.asarray(input["points"], dtype=np.float64)
+    C0 = np.asarray(input["centroids"], dtype=np.float64)
+    if trace:
+        import tapegrad
+        Pt = T(tapegrad, P0)
+        prog = _trace(lambda C: cost(tapegrad, C, Pt), C0)
+        if function == "cost":
+            return (lambda: prog(C0)), as_float
+        ones = np.ones_like(C0)
+
+        def direction_replay():
+            J = prog.grad(C0)
+            return J / prog.hvp((C0,), (ones,))[1]
+        return direction_replay, as_list
+    P = T(M, P0)
+    if function == "cost":
+        C = T(M, C0)
+        return (lambda: cost(M, C, P)), as_float
+
+    def direction():
+        C = leaf(M, C0)
+        J = grad(M, cost(M, C, P), (C,), create_graph=True)[0]
+        H = grad(M, J, (C,), grad_outputs=(M.ones_like(J),))[0]
+        return J.detach() / H
+    return direction, as_list

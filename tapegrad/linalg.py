@@ -1,0 +1,5 @@
+"""``tapegrad.linalg``: torch.linalg's functions that tapegrad has."""
+from .functions import linalg_cross as cross
+from .functions import norm
+
+__all__ = ["cross", "norm"]
