@@ -180,6 +180,18 @@ def _lower_setitem(L, ins, aux, value):
     A, B = ins
     out = np.array(A, copy=True)
     out[aux[0]] = B
+    # a position the index repeats holds the last value written, but every occurrence's
+    # value gets that position's gradient (eager mode's and torch's rule: the values'
+    # gradient gathers g at the index): the earlier ones through pick rows (-0.0)
+    pos = np.arange(out.size, dtype=np.int64).reshape(out.shape)[aux[0]]
+    if np.unique(pos).size < pos.size:
+        pos, Bb = np.broadcast_arrays(pos, B)
+        pos, Bb = pos.ravel(), Bb.ravel()
+        flat = out.reshape(-1)  # a view: writes reach out
+        last = {int(p): i for i, p in enumerate(pos.tolist())}
+        for i, p in enumerate(pos.tolist()):
+            if last[p] != i:
+                flat[p] = L.op("add", int(flat[p]), L.op("pick", int(Bb[i]), L.const(1.0)))
     return out
 
 
