@@ -126,9 +126,16 @@ def valid_inputs(prog, modes=RF.MODES, salt=0):
 def _np(t):
     if t is None:
         return None
-    if isinstance(t, torch.Tensor):  # materialize_grads may give a ZeroTensor
-        return np.array(t.detach().numpy(force=True), dtype=np.float64)
+    if isinstance(t, torch.Tensor) and t._is_zerotensor():  # .numpy(force=True) crashes
+        return np.zeros(tuple(t.shape))
     return np.array(t.detach().numpy(), dtype=np.float64)
+
+
+def _grads(M, outs, ins, grad_outputs=None, **kw):
+    """autograd.grad with the unused inputs' gradients as zeros (torch's materialize_grads
+    gives ZeroTensors, whose .numpy() crashed torch 2.13)."""
+    gs = M.autograd.grad(outs, ins, grad_outputs, allow_unused=True, **kw)
+    return [M.zeros_like(x) if g is None else g for g, x in zip(gs, ins)]
 
 
 def _sum(terms):
@@ -147,13 +154,12 @@ def eager(M, prog, vals, dirs, cots=None, third=None):
     xs, nodes, y = p.run(M)
     rg = [xs[i] for i in rg_of(prog)]
     zeros = [np.zeros(np.shape(t.detach().numpy())) for t in rg]
-    kw = dict(allow_unused=True, materialize_grads=True)
     out = [_np(y)]
     if y.requires_grad:
-        gs = M.autograd.grad(y, rg, create_graph=True, **kw)
+        gs = _grads(M, y, rg, create_graph=True)
         s = _sum((g * M.tensor(d, dtype=M.float64)).sum() for g, d in zip(gs, dirs))
-        hv = M.autograd.grad(s, rg, create_graph=third is not None, retain_graph=True,
-                             **kw) if s.requires_grad else None
+        hv = _grads(M, s, rg, create_graph=third is not None, retain_graph=True) \
+            if s.requires_grad else None
         out += [_np(g) for g in gs]
         out += [_np(h) for h in hv] if hv is not None else zeros
     else:
@@ -163,7 +169,7 @@ def eager(M, prog, vals, dirs, cots=None, third=None):
         t = _sum((h * M.tensor(d, dtype=M.float64)).sum() for h, d in zip(hv, third)) \
             if hv is not None else None
         if t is not None and t.requires_grad:
-            out += [_np(h) for h in M.autograd.grad(t, rg, **kw)]
+            out += [_np(h) for h in _grads(M, t, rg)]
         else:
             out += zeros
     if cots is not None:
@@ -172,8 +178,8 @@ def eager(M, prog, vals, dirs, cots=None, third=None):
         pairs = [(t, M.tensor(c, dtype=M.float64)) for t, c in zip(inner, cots)
                  if t.requires_grad]
         if pairs:
-            out += [_np(g) for g in M.autograd.grad([t for t, _ in pairs],
-                                                    rg, [c for _, c in pairs], **kw)]
+            out += [_np(g) for g in _grads(M, [t for t, _ in pairs], rg,
+                                           [c for _, c in pairs])]
         else:
             out += zeros
     return out
@@ -387,10 +393,9 @@ def entry_results(M, prog, vals, dirs):
     loss = _sum(M.sin(o * float(rng.uniform(0.5, 1.5))).sum() for o in outs)
     if not loss.requires_grad:
         raise NotApplicable("the nodes do not depend on an input that requires grad")
-    kw = dict(allow_unused=True, materialize_grads=True)
-    gs = M.autograd.grad(loss, xs, create_graph=True, **kw)
+    gs = _grads(M, loss, xs, create_graph=True)
     s = _sum((g * M.tensor(d, dtype=M.float64)).sum() for g, d in zip(gs, dirs))
-    hv = M.autograd.grad(s, xs, **kw) if s.requires_grad else [M.zeros_like(x) for x in xs]
+    hv = _grads(M, s, xs) if s.requires_grad else [M.zeros_like(x) for x in xs]
     return [_np(loss)] + [_np(g) for g in gs] + [_np(h) for h in hv]
 
 

@@ -361,7 +361,7 @@ def f_reduce(rng, shapes):
         if name in ("amax", "amin") and rng.random() < 0.5:
             return (i,), "{out} = M.%s({0}, dim=())" % name, ops
         if name == "logsumexp":
-            return (i,), "{out} = M.logsumexp({0}, dim=%r)" % (tuple(range(nd)) or 0), ops
+            return (i,), "{out} = M.logsumexp({0}, dim=%r)" % ((tuple(range(nd)) or 0),), ops
         if name == "norm" and rng.random() < 0.5:
             return (i,), "{out} = M.norm({0}, p=%r)" % ((2, 1, "fro")[int(rng.integers(0, 3))]), ops
         if rng.random() < 0.5:
