@@ -215,7 +215,7 @@ def _reduce(op, npfn):
 
 
 sum = _reduce(_O["sum"], np.sum)
-mean = _reduce(_O["mean"], np.mean)
+mean = _reduce(_O["mean"], lambda a, axis, keepdims: _O["mean"].np(a, (axis, keepdims)))
 
 
 def prod(input, dim=None, keepdim=False, *, dtype=None):

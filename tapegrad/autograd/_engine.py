@@ -679,7 +679,13 @@ def _slot_tensors(graph):
         t = cache.get(s)
         if t is None:
             tape, k = (single, s) if single is not None else graph.locate(s)
-            if tape.code[k * 5] & ~ARRAY in leafish:
+            code = tape.code[k * 5] & ~ARRAY
+            if code == CONST:
+                # the value recorded, not the tensor: an in-place op with grad since then
+                # (``c *= x``, c not requiring grad) rebinds that tensor to its result
+                v = graph.value(s)
+                t = _plain_s(v) if v.__class__ is _pyfloat else _plain(v)
+            elif code in leafish:
                 t = tape.aux[k][0]
             else:
                 t = Tensor()

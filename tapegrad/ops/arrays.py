@@ -247,7 +247,14 @@ def _prod_others_vjp(F, g, v, out, aux):
 
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
          saves=False, vjp=_sum_vjp)
-register("mean", A, np=lambda a, aux: np.mean(a, axis=aux[0], keepdims=aux[1]), torch="mean",
+def _mean_np(a, aux):
+    if np.size(a) == 0:  # NaN (0 / 0) without NumPy's "Mean of empty slice" warning, as torch
+        with np.errstate(all="ignore"):
+            return np.sum(a, axis=aux[0], keepdims=aux[1]) / 0.0
+    return np.mean(a, axis=aux[0], keepdims=aux[1])
+
+
+register("mean", A, np=_mean_np, torch="mean",
          saves=False, vjp=_mean_vjp)
 register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp)
 register("prod_others", A, np=_prod_others, vjp=_prod_others_vjp)
@@ -304,8 +311,11 @@ def _norm_vjp(F, g, v, out, aux):
     ok = _gk(F, out, a, aux)
     if isinstance(ok, float):  # 0.0 ** negative: inf like NumPy, not ZeroDivisionError
         ok = np.float64(ok)
+    # the masked-out places divide by 1, not 0: no inf * 0 computed (a NumPy warning that
+    # torch does not give), same values and derivatives
+    zero = F.raw(ok) == 0.0
     if p == 2:
-        return (F.where(F.raw(ok) == 0.0, F.zeros_like(a), a * (gk / ok)),)
+        return (F.where(zero, F.zeros_like(a), a * (gk / F.where(zero, 1.0, ok))),)
     if p == 1:
         return (F.sign(a) * gk,)
     if p == 0:
@@ -314,8 +324,10 @@ def _norm_vjp(F, g, v, out, aux):
         mask = np.abs(F.raw(a)) == F.raw(ok)
         cnt = np.sum(mask, axis=aux[0], keepdims=True)
         return (F.where(mask, F.sign(a) * gk / cnt, F.zeros_like(a)),)
-    return (F.where((F.raw(ok) == 0.0) | (F.raw(a) == 0.0), F.zeros_like(a),
-                    F.sign(a) * F.abs(a) ** (p - 1.0) * gk / ok ** (p - 1.0)),)
+    za = F.raw(a) == 0.0
+    return (F.where(zero | za, F.zeros_like(a),
+                    F.sign(a) * F.where(za, 1.0, F.abs(a)) ** (p - 1.0) * gk
+                    / F.where(zero, 1.0, ok) ** (p - 1.0)),)
 
 
 register("norm", A, np=_norm_np, torch="norm", vjp=_norm_vjp)
@@ -336,14 +348,14 @@ register("logsumexp", A, np=_lse_np, torch="logsumexp",
 
 def _softmax_np(a, aux):
     d = aux[0]
-    m = np.max(a, axis=d, keepdims=True)
+    m = np.max(a, axis=d, keepdims=True, initial=-np.inf)  # initial: an empty input
     e = np.exp(a - np.where(np.isfinite(m), m, 0.0))
     return e / np.sum(e, axis=d, keepdims=True)
 
 
 def _log_softmax_np(a, aux):
     d = aux[0]
-    m = np.max(a, axis=d, keepdims=True)
+    m = np.max(a, axis=d, keepdims=True, initial=-np.inf)
     z = a - np.where(np.isfinite(m), m, 0.0)
     return z - np.log(np.sum(np.exp(z), axis=d, keepdims=True))
 

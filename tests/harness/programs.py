@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 
 import numpy as np
 
@@ -274,6 +275,8 @@ def _index(rng, s):
     """An index expression for shape ``s`` (at least 1-d) and the ops it records."""
     kind = int(rng.integers(0, 6))
     n0 = s[0]
+    if 0 in s:  # an empty value: the whole of it
+        return ":", ("getitem",)
     if kind == 0:
         return str(int(rng.integers(-n0, n0))), ("getitem",)
     if kind == 1:
@@ -347,7 +350,7 @@ def f_reduce(rng, shapes):
            "prod": ("prod", "prod_others", "where", "expand", "permute", "tanh", "mulc"),
            "amax": ("amax", "where", "expand"), "amin": ("amin", "where", "expand"),
            "max": ("amax", "where", "expand"), "min": ("amin", "where", "expand"),
-           "norm": ("norm", "div", "expand"), "logsumexp": ("logsumexp", "exp", "expand")}[name]
+           "norm": ("norm", "div", "expand", "addc"), "logsumexp": ("logsumexp", "exp", "expand")}[name]
     how = int(rng.integers(0, 4)) if nd else 0  # 0 full, 1 dim, 2 dim keepdim, 3 dim tuple
     keep = how == 2 or (how == 3 and rng.random() < 0.5)
     if how == 3 and nd >= 2 and name not in ("prod", "max", "min"):
@@ -356,14 +359,18 @@ def f_reduce(rng, shapes):
         dim = _dim(rng, nd)
     else:
         dim = None
-    x = "{0}" if name != "prod" else "(M.tanh({0}) * 1.3)"  # products of many values
+    x = "{0}"
+    if name == "prod":  # products of many values stay bounded
+        x = "(M.tanh({0}) * 1.3)"
+    elif name == "norm":  # away from an exact 0 (x - x, relu...): there its second
+        x = "({0} + 0.3717)"  # derivative is a matter of convention (torch: NaN)
     if dim is None:
         if name in ("amax", "amin") and rng.random() < 0.5:
             return (i,), "{out} = M.%s({0}, dim=())" % name, ops
         if name == "logsumexp":
             return (i,), "{out} = M.logsumexp({0}, dim=%r)" % ((tuple(range(nd)) or 0),), ops
         if name == "norm" and rng.random() < 0.5:
-            return (i,), "{out} = M.norm({0}, p=%r)" % ((2, 1, "fro")[int(rng.integers(0, 3))]), ops
+            return (i,), "{out} = M.norm(%s, p=%r)" % (x, (2, 1, "fro")[int(rng.integers(0, 3))]), ops
         if rng.random() < 0.5:
             return (i,), "{out} = M.%s(%s)" % (name, x), ops
         return (i,), "{out} = %s.%s()" % (x, name), ops
@@ -372,7 +379,7 @@ def f_reduce(rng, shapes):
         return (i,), "{out} = {0}.%s(dim=%r, keepdim=%r)%s" % (name, dim, keep, sel), ops
     if name == "norm":
         p = 2 if isinstance(dim, tuple) else (2, 1)[int(rng.integers(0, 2))]
-        return (i,), "{out} = M.norm({0}, p=%r, dim=%r, keepdim=%r)" % (p, dim, keep), ops
+        return (i,), "{out} = M.norm(%s, p=%r, dim=%r, keepdim=%r)" % (x, p, dim, keep), ops
     if rng.random() < 0.5:
         return (i,), "{out} = M.%s(%s, dim=%r, keepdim=%r)" % (name, x, dim, keep), ops
     return (i,), "{out} = %s.%s(dim=%r, keepdim=%r)" % (x, name, dim, keep), ops
@@ -571,7 +578,10 @@ def generate(seed, n_ops=12, arrays=True, forms=None, shapes=None):
         p = _params(rng)
         if forms and rng.random() < 0.4:
             form = forms[int(rng.integers(0, len(forms)))]
-            got = ARRAY_FORMS[form](rng, shapes)
+            try:
+                got = ARRAY_FORMS[form](rng, shapes)
+            except ValueError:  # nothing to draw from (an empty value's range)
+                got = None
             if got is None:
                 continue
             args, code, ops = got
@@ -609,7 +619,8 @@ def _run_instr(torch, H, ins, vals):
     ns = {"M": torch, "H": H, "abs": abs}
     ns.update(zip(names, vals))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's deprecations, in shrink candidates
             exec(code, ns)
     except Exception:
         return None
