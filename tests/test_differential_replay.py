@@ -583,3 +583,12 @@ def test_setitem_with_a_repeated_index_gives_each_occurrence_the_gradient():
                                  (np.array([0.2, 0.1, -0.3]), np.array([0.5, -0.1, 0.2])))
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+    def g(M, x):  # seed 40332: rows of a broadcast (not C-contiguous) value
+        v = x.expand((2, 4)).clone()
+        v[[0, 0, 0]] = M.tanh(x).mean()
+        return (v * v).sum()
+    got, want = _replay_vs_torch(g, (np.zeros(4),), (np.array([0.3, -0.2, 0.5, 0.1]),),
+                                 (np.array([0.2, 0.1, -0.3, 0.4]),))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

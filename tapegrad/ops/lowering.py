@@ -187,11 +187,12 @@ def _lower_setitem(L, ins, aux, value):
     if np.unique(pos).size < pos.size:
         pos, Bb = np.broadcast_arrays(pos, B)
         pos, Bb = pos.ravel(), Bb.ravel()
-        flat = out.reshape(-1)  # a view: writes reach out
+        flat = out.reshape(-1)  # C order, as pos (a copy when out is not C-contiguous)
         last = {int(p): i for i, p in enumerate(pos.tolist())}
         for i, p in enumerate(pos.tolist()):
             if last[p] != i:
                 flat[p] = L.op("add", int(flat[p]), L.op("pick", int(Bb[i]), L.const(1.0)))
+        out = flat.reshape(out.shape)
     return out
 
 
