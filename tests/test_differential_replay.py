@@ -431,8 +431,46 @@ def leg_entry(prog, stats):
     return None
 
 
+def leg_cuda(prog, stats):
+    """target="cuda" (run where NUMBA_ENABLE_CUDASIM=1 was set before numba.cuda was
+    imported: the subprocess of test_replay_leg_cuda) equals the CPU replay: a batch and a
+    single sample, values, gradient and hvp; a guard fails on both or neither."""
+    if not rg_of(prog):
+        return None
+    P = do_trace(traced_fn(prog, tg), prog)
+    samples = [vals for _, vals in valid_inputs(prog, ("noise", "flip"), salt=6)]
+    if len(samples) < 2:
+        stats.skipped[("cuda", "not well defined at new inputs")] += 1
+        return None
+    dirs = directions(prog, 6)
+    n = len(dirs)
+    X = _stack(prog, samples)
+    V = [np.stack([d] * len(samples)) for d in dirs]
+    Pc = P.to("cuda")
+    results = []
+    for prg in (P, Pc):
+        try:
+            value, g = prg.value_and_grad(*X)
+            _, hv = prg.hvp(X, V)
+            v1, g1 = prg.value_and_grad(*args_of(prog, samples[0]))
+            results.append([value] + _flat(g, n) + _flat(hv, n) + [v1] + _flat(g1, n))
+        except tg.GuardError:
+            results.append("GuardError")
+    if results[0] == "GuardError" or results[1] == "GuardError":
+        if results[0] != results[1]:
+            return f"cuda: {'cpu' if results[0] == 'GuardError' else 'cuda'} alone raised " \
+                   f"GuardError"
+        stats.guards["cuda"] += 1
+        return None
+    why = _cmp(prog, results[1], results[0], SAME_RTOL, "cuda target vs cpu target")
+    if why:
+        return why
+    stats.ran["cuda"] += 1
+    return None
+
+
 LEGS = {"replay": leg_replay, "batched": leg_batched, "higher": leg_higher,
-        "entry": leg_entry}
+        "entry": leg_entry, "cuda": leg_cuda}
 
 
 # --- running, shrinking, reporting ---------------------------------------------------------
@@ -519,6 +557,37 @@ def assert_ran(stats, minimum):
                        f"{dict(stats.refused)}; guards: {dict(stats.guards)}")
 
 
+CUDA_SCRIPT = """
+import json, sys
+import test_differential_replay as T
+stats, fails = T.Stats(), []
+for seed in SEEDS:
+    prog = T.RF.generate(seed, 4 + seed % 7)
+    why = T.check("cuda", prog, stats)
+    if why is not None:
+        fails.append([seed, why])
+print("RESULT " + json.dumps({"ran": stats.ran["cuda"], "fails": fails,
+                              "refused": dict(stats.refused),
+                              "skipped": {str(k): v for k, v in stats.skipped.items()}}))
+"""
+
+
+def run_cuda(seeds):
+    """The cuda leg in a subprocess with numba's CUDA simulator (set before numba.cuda is
+    imported); returns its result dict."""
+    pytest.importorskip("numba_cuda", reason="the CUDA target needs pip install "
+                                             "'tapegrad[cuda]'")
+    root = os.path.dirname(TESTS)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
+               PYTHONPATH=os.pathsep.join([root, TESTS, os.environ.get("PYTHONPATH", "")]))
+    code = CUDA_SCRIPT.replace("SEEDS", repr(list(seeds)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, cwd=root, timeout=1200)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 # --- tiers ---------------------------------------------------------------------------------
 
 def test_replay_forms_reach_branches_and_ties():
@@ -530,7 +599,7 @@ def test_replay_forms_reach_branches_and_ties():
     assert "branch" not in programs.ARRAY_FORMS
 
 
-DEFAULT = {"replay": 60, "batched": 30, "higher": 20, "entry": 30}
+DEFAULT = {"replay": 150, "batched": 60, "higher": 60, "entry": 80}
 
 
 @pytest.mark.parametrize("leg", list(DEFAULT))
@@ -540,6 +609,24 @@ def test_replay_leg(leg):
     assert_ran(stats, {leg: int(n * 0.6), **({"parallel": 3} if leg == "batched" else {})})
     if leg == "replay":  # the programs flip branches: some guards must have fired
         assert stats.guards["replay"] >= 1, dict(stats.guards)
+
+
+def _cuda_tier(seeds, minimum):
+    got = run_cuda(seeds)
+    for seed, why in got["fails"]:
+        prog = RF.generate(seed, 4 + seed % 7)
+        pytest.fail(f"seed {seed}: replay leg 'cuda': {why}\n--- the program ---\n"
+                    f"{prog.code()}", pytrace=False)
+    assert got["ran"] >= minimum, got
+
+
+def test_replay_leg_cuda():
+    _cuda_tier(range(60_000, 60_006), 4)
+
+
+@pytest.mark.slow
+def test_replay_leg_cuda_slow():
+    _cuda_tier(range(61_000, 61_150), 100)
 
 
 @pytest.mark.slow
