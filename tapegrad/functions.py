@@ -154,6 +154,12 @@ def where(condition, input, other):
     c = np.broadcast_to(cond, shape)
     tr = STATE.trace
     ref = tr.ref(condition) if tr is not None and isinstance(condition, Tensor) else None
+    if ref is not None and STATE.grad_enabled and not (x._rg or y._rg):
+        # a traced condition picks between values that do not depend on the inputs: the
+        # result does, so it is recorded (the values enter the tape as constants), or the
+        # program would replay the choice made while tracing at every input
+        from .tensor import _record
+        return _record(_O["where"].code | ARRAY, x, y, 0.0, 0.0, _norm_value(v), (c, ref))
     return array_op(_O["where"], [x, y], v, (c,) if ref is None else (c, ref))
 
 

@@ -679,3 +679,21 @@ def test_setitem_with_a_repeated_index_gives_each_occurrence_the_gradient():
                                  (np.array([0.2, 0.1, -0.3, 0.4]),))
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_where_of_constants_on_a_traced_condition_is_recomputed():
+    # seed 500094: where(x0 > c, a, b) with a and b independent of the inputs was not
+    # recorded: replay returned the branch chosen while tracing at every input
+    a, b = np.array([1.0, 2.0]), np.array([-3.0, 4.0])
+
+    def f(x):
+        return (tg.where(x > -0.13, tg.tensor(a), tg.tensor(b)) * x).sum() + \
+            tg.where(x.sum() > 0.0, tg.tensor(2.0), tg.tensor(5.0))
+    P = tg.trace(f, np.array([0.9, -0.5]))
+    for x in (np.array([0.9, -0.5]), np.array([-0.9, 0.5]), np.array([-1.0, -2.0])):
+        xt = torch.tensor(x, requires_grad=True)
+        want = (torch.where(xt > -0.13, torch.tensor(a), torch.tensor(b)) * xt).sum() + \
+            torch.where(xt.sum() > 0.0, torch.tensor(2.0), torch.tensor(5.0))
+        v, g = P.value_and_grad(x)
+        assert v == pytest.approx(want.item(), rel=1e-14)
+        np.testing.assert_allclose(g, torch.autograd.grad(want, xt)[0].numpy(), rtol=1e-14)
