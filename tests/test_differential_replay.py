@@ -368,7 +368,10 @@ def leg_higher(prog, stats):
             stats.guards["higher"] += 1
             continue
         got = [want[0]] + _flat(g, n) + _flat(hw, n) + _flat(third, n)
-        why = _cmp(prog, got, want, HIGH_RTOL, f"grad_program at {mode} inputs vs torch")
+        # torch rounds the gradients through a float32 cast to float32, replay computes in
+        # float64: third order amplifies that difference
+        why = _cmp(prog, got, want, 1e-3 if prog.has_cast else HIGH_RTOL,
+                   f"grad_program at {mode} inputs vs torch")
         if why:
             return why
         why = _cmp(prog, _flat(hw2, n), _flat(hw, n), HIGH_RTOL,
