@@ -384,19 +384,31 @@ def leg_higher(prog, stats):
     return None
 
 
-def entry_results(M, prog, vals, dirs):
+def entry_results(M, prog, vals, dirs, batch=None):
     """A program (in torch: the function itself) traced at ``prog``'s inputs, called on
     tensors at ``vals`` inside eager code: the loss after it, the gradient and a
-    create_graph Hessian-vector product through the ``program`` entry."""
+    create_graph Hessian-vector product through the ``program`` entry. ``batch``: a list
+    of input values called as one batch (leading axis; torch calls the function per
+    sample)."""
     fn = traced_fn(prog, M, "nodes")
     P = fn if M is torch else do_trace(fn, prog)
-    xs = [M.tensor(v, dtype=M.float64, requires_grad=True) for v in args_of(prog, vals)]
-    outs = P(*xs)
+    if batch is None:
+        xs = [M.tensor(v, dtype=M.float64, requires_grad=True) for v in args_of(prog, vals)]
+        outs = P(*xs)
+    else:
+        xs = [M.tensor(v, dtype=M.float64, requires_grad=True) for v in _stack(prog, batch)]
+        if M is torch:
+            per = [fn(*[x[b] for x in xs]) for b in range(len(batch))]
+            outs = [torch.stack(list(o)) for o in zip(*per)]
+        else:
+            outs = P(*xs)
     rng = np.random.default_rng([prog.seed, 55])
     loss = _sum(M.sin(o * float(rng.uniform(0.5, 1.5))).sum() for o in outs)
     if not loss.requires_grad:
         raise NotApplicable("the nodes do not depend on an input that requires grad")
     gs = _grads(M, loss, xs, create_graph=True)
+    if batch is not None:
+        dirs = [np.stack([d] * len(batch)) for d in dirs]
     s = _sum((g * M.tensor(d, dtype=M.float64)).sum() for g, d in zip(gs, dirs))
     hv = _grads(M, s, xs) if s.requires_grad else [M.zeros_like(x) for x in xs]
     return [_np(loss)] + [_np(g) for g in gs] + [_np(h) for h in hv]
@@ -429,6 +441,19 @@ def leg_entry(prog, stats):
         if why:
             return why
         compared = True
+    if compared and len(cases) > 1:  # a batched call on tensors (a batched program entry)
+        batch = [vals for _, vals in cases]
+        want = entry_results(torch, prog, None, dirs, batch)
+        try:
+            got = entry_results(tg, prog, None, dirs, batch)
+        except tg.GuardError:
+            stats.guards["entry"] += 1
+        else:
+            if finite(want):
+                why = _cmp(prog, got, want, HIGH_RTOL, "a batched program entry vs torch")
+                if why:
+                    return why
+                stats.ran["entry_batched"] += 1
     if compared:
         stats.ran["entry"] += 1
     return None
@@ -609,7 +634,8 @@ DEFAULT = {"replay": 150, "batched": 60, "higher": 60, "entry": 80}
 def test_replay_leg(leg):
     n = DEFAULT[leg]
     stats = run_legs(range(40_000, 40_000 + n), [leg], parallel=3)
-    assert_ran(stats, {leg: int(n * 0.6), **({"parallel": 3} if leg == "batched" else {})})
+    extra = {"batched": {"parallel": 3}, "entry": {"entry_batched": n // 3}}.get(leg, {})
+    assert_ran(stats, {leg: int(n * 0.6), **extra})
     if leg == "replay":  # the programs flip branches: some guards must have fired
         assert stats.guards["replay"] >= 1, dict(stats.guards)
 
@@ -700,3 +726,20 @@ def test_where_of_constants_on_a_traced_condition_is_recomputed():
         v, g = P.value_and_grad(x)
         assert v == pytest.approx(want.item(), rel=1e-14)
         np.testing.assert_allclose(g, torch.autograd.grad(want, xt)[0].numpy(), rtol=1e-14)
+
+
+def test_batched_program_entry_with_an_empty_output_under_create_graph():
+    # seed 40046: an output with no elements made the seed matrix reshape(-1, 0) fail
+    P = tg.trace(lambda x: (x[tg.tensor([False, False])], (x * x).sum()), np.zeros((2, 1)))
+    X = np.array([[[0.5], [0.1]], [[-0.3], [0.2]]])
+    x = tg.tensor(X, requires_grad=True)
+    empty, s = P(x)
+    assert tuple(empty.shape) == (2, 0, 1)
+    (g,) = tg.autograd.grad(empty.sum() + (s * s).sum(), x, create_graph=True)
+    (h,) = tg.autograd.grad(g.sum(), x)
+    np.testing.assert_allclose(g.detach().numpy(), 4 * X * (X * X).sum(axis=(1, 2), keepdims=True),
+                               rtol=1e-14)
+    xt = torch.tensor(X, requires_grad=True)
+    gt, = torch.autograd.grad(((xt * xt).sum((1, 2)) ** 2).sum(), xt, create_graph=True)
+    np.testing.assert_allclose(h.numpy(), torch.autograd.grad(gt.sum(), xt)[0].numpy(),
+                               rtol=1e-13)
