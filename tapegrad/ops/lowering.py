@@ -32,8 +32,9 @@ def reduce(L, name, A, dims, keepdim, empty):
     axes = _axes(dims, A.ndim)
     keep = [d for d in range(A.ndim) if d not in axes]
     out_shape = tuple(A.shape[d] for d in keep)
-    M = np.transpose(A, keep + list(axes)).reshape(out_shape + (-1,)) if A.ndim else \
-        A.reshape(1)
+    # the reduced size spelled out: with an empty kept dim, -1 cannot be inferred
+    M = np.transpose(A, keep + list(axes)).reshape(
+        out_shape + (int(np.prod([A.shape[d] for d in axes])),)) if A.ndim else A.reshape(1)
     R = M.shape[-1] if M.ndim else 1
     if R == 0:
         r = L.const(np.full(out_shape, empty))
