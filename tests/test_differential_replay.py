@@ -321,8 +321,27 @@ def leg_batched(prog, stats, parallel=False):
         try:
             P.value_and_grad(*X)
         except tg.GuardError as e:
-            return None if "sample" in str(e) else f"batched GuardError names no sample: {e}"
-        return "a sample's single call raised GuardError, the batched call did not"
+            if "sample" not in str(e):
+                return f"batched GuardError names no sample: {e}"
+        else:
+            return "a sample's single call raised GuardError, the batched call did not"
+        # retrace=True: a variant per branch; the samples that fail the first variant's
+        # guards run the others (values, gradient, hvp, Jacobian)
+        Pr = do_trace(traced_fn(prog, tg), prog, retrace=True)
+        value, g = Pr.value_and_grad(*X)
+        _, hv = Pr.hvp(X, V)
+        J = _flat(Pr.jacobian(*X), n)
+        got = [value] + _flat(g, n) + _flat(hv, n)
+        for b, vals in enumerate(samples):
+            mine = [r[b] for r in got]
+            why = _cmp(prog, mine, eager(torch, prog, vals, dirs), HIGH_RTOL,
+                       f"retraced batch sample {b} vs torch") or \
+                _cmp(prog, [j[b] for j in J], mine[1:1 + n], SAME_RTOL,
+                     f"retraced batch sample {b}: jacobian vs gradient")
+            if why:
+                return why
+        stats.ran["batched_retrace"] += 1
+        return None
     value, g = P.value_and_grad(*X)
     _, hv = P.hvp(X, V)
     got = [value] + _flat(g, n) + _flat(hv, n)
@@ -658,7 +677,8 @@ DEFAULT = {"replay": 150, "batched": 60, "higher": 60, "entry": 80}
 def test_replay_leg(leg):
     n = DEFAULT[leg]
     stats = run_legs(range(40_000, 40_000 + n), [leg], parallel=3)
-    extra = {"batched": {"parallel": 3}, "entry": {"entry_batched": n // 3}}.get(leg, {})
+    extra = {"batched": {"parallel": 3, "batched_retrace": 2},
+             "entry": {"entry_batched": n // 3}}.get(leg, {})
     assert_ran(stats, {leg: int(n * 0.6), **extra})
     if leg == "replay":  # the programs flip branches: some guards must have fired
         assert stats.guards["replay"] >= 1, dict(stats.guards)
