@@ -449,6 +449,23 @@ def entry_results(M, prog, vals, dirs, batch=None):
     return [_np(loss)] + [_np(g) for g in gs] + [_np(h) for h in hv]
 
 
+def entry_grads_batched(M, prog, vals, keep):
+    """Gradients of the nodes ``keep`` (a traced program's outputs, called on tensors)
+    seeded with a batch of 3 cotangents each (is_grads_batched: the program entry's batch
+    rule)."""
+    fn = traced_fn(prog, M, "nodes")
+    P = fn if M is torch else do_trace(fn, prog)
+    xs = [M.tensor(v, dtype=M.float64, requires_grad=True) for v in args_of(prog, vals)]
+    outs = [o for k, o in enumerate(P(*xs)) if k in keep]
+    if not outs:
+        raise NotApplicable("no node requires grad")
+    rng = np.random.default_rng([prog.seed, 56])
+    seeds = [M.tensor(np.round(rng.uniform(-1, 1, (3,) + tuple(o.shape)), 3),
+                      dtype=M.float64) for o in outs]
+    gs = M.autograd.grad(outs, xs, seeds, is_grads_batched=True, allow_unused=True)
+    return [np.zeros((3,) + tuple(x.shape)) if g is None else _np(g) for g, x in zip(gs, xs)]
+
+
 def leg_entry(prog, stats):
     if not rg_of(prog) or not prog.instrs:
         return None
@@ -489,6 +506,27 @@ def leg_entry(prog, stats):
                 if why:
                     return why
                 stats.ran["entry_batched"] += 1
+    if compared:
+        vals = cases[0][1]
+        with torch.enable_grad():  # the nodes that depend on the inputs, as torch says
+            nodes = traced_fn(prog, torch, "nodes")(
+                *[torch.tensor(v, dtype=torch.float64, requires_grad=True)
+                  for v in args_of(prog, vals)])
+        keep = {k for k, o in enumerate(nodes) if o.requires_grad}
+        try:
+            want = entry_grads_batched(torch, prog, vals, keep)
+        except Exception:  # torch's vmap does not cover every op
+            want = None
+        if want is not None and finite(want):
+            try:
+                got = entry_grads_batched(tg, prog, vals, keep)
+            except tg.GuardError:
+                got = None
+            if got is not None:
+                why = _cmp(prog, got, want, RTOL, "is_grads_batched through a program entry")
+                if why:
+                    return why
+                stats.ran["entry_grads_batched"] += 1
     if compared:
         stats.ran["entry"] += 1
     return None
@@ -678,7 +716,7 @@ def test_replay_leg(leg):
     n = DEFAULT[leg]
     stats = run_legs(range(40_000, 40_000 + n), [leg], parallel=3)
     extra = {"batched": {"parallel": 3, "batched_retrace": 2},
-             "entry": {"entry_batched": n // 3}}.get(leg, {})
+             "entry": {"entry_batched": n // 3, "entry_grads_batched": n // 3}}.get(leg, {})
     assert_ran(stats, {leg: int(n * 0.6), **extra})
     if leg == "replay":  # the programs flip branches: some guards must have fired
         assert stats.guards["replay"] >= 1, dict(stats.guards)
