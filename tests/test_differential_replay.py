@@ -4,30 +4,31 @@ with Python branches and ties from tests/harness/replay_forms.py) traced once wi
 compared to torch eager and to tapegrad eager at those inputs:
 
 1. ``replay``: values of the loss and of every node, the gradient, a vector-Jacobian
-   product of the nodes and a Hessian-vector product; or ``GuardError`` (a branch the trace
-   took goes the other way), and then ``retrace=True`` gives torch's numbers.
+   product of the nodes, the Jacobians and a Hessian-vector product; or ``GuardError`` (a
+   branch the trace took goes the other way), and then ``retrace=True`` gives torch's
+   numbers.
 2. ``batched``: a batch of inputs (leading axis) equals the single calls and torch at each
-   sample; ``target="parallel"`` equals the serial batch.
+   sample (a batch whose samples take different branches: retraced, a variant per
+   branch); ``target="parallel"`` equals the serial batch.
 3. ``cuda``: ``target="cuda"`` in numba's CUDA simulator (in a subprocess, which sets
    NUMBA_ENABLE_CUDASIM=1 before numba.cuda is imported) equals the CPU replay.
 4. ``higher``: ``grad_program()`` and the grad program's own ``grad_program(w)`` (third
    order) against torch's double and triple backward.
-5. ``entry``: a program called on tensors (a ``program`` entry on the eager tape): gradient
-   and a create_graph Hessian-vector product through it, against torch.
+5. ``entry``: a program called on tensors (a ``program`` entry on the eager tape), one
+   sample or a batch: gradient, a create_graph Hessian-vector product and
+   is_grads_batched through it, against torch.
 
 Never a wrong number: a failing program is shrunk and printed as runnable code with its
 seed. Programs that ``trace`` refuses with a clear error count as not applicable; their
 count must stay small, and every leg must run on a minimum number of programs.
 """
 import collections
-import contextlib
 import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
-import textwrap
 import traceback
 import warnings
 
