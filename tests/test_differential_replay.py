@@ -536,7 +536,7 @@ def leg_entry(prog, stats):
 def leg_cuda(prog, stats):
     """target="cuda" (run where NUMBA_ENABLE_CUDASIM=1 was set before numba.cuda was
     imported: the subprocess of test_replay_leg_cuda) equals the CPU replay: a batch and a
-    single sample, values, gradient and hvp; a guard fails on both or neither."""
+    single sample, values, gradient, hvp and Jacobian; a guard fails on both or neither."""
     if not rg_of(prog):
         return None
     P = do_trace(traced_fn(prog, tg), prog)
@@ -555,7 +555,8 @@ def leg_cuda(prog, stats):
             value, g = prg.value_and_grad(*X)
             _, hv = prg.hvp(X, V)
             v1, g1 = prg.value_and_grad(*args_of(prog, samples[0]))
-            results.append([value] + _flat(g, n) + _flat(hv, n) + [v1] + _flat(g1, n))
+            results.append([value] + _flat(g, n) + _flat(hv, n) + [v1] + _flat(g1, n) +
+                           _flat(prg.jacobian(*X), n))
         except tg.GuardError:
             results.append("GuardError")
     if results[0] == "GuardError" or results[1] == "GuardError":
