@@ -281,7 +281,7 @@ def test_kernels_compile_for_a_real_gpu():
         M, V, I, i = types.float64[:, :], types.int64[:], types.int64, types.int64
         for name, sig in {
                 "_forward": (M, M, M, V, M, V, I),
-                "_reverse": (M, M, M, M, V, V, M, I, I, I),
+                "_reverse": (M, M, M, M, V, V, M, I, I, I, V),
                 "_pack": (types.float32[:, :], M, I),
                 "_unpack": (M, I, types.float32[:, :]),
                 "_unpack_jacobian": (M, I, I, I, types.float64[:, :, :]),
