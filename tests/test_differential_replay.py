@@ -840,3 +840,18 @@ def test_reductions_over_an_empty_kept_dim_trace():
                                  (np.ones((2, 3)),))
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-14)
+
+
+def test_a_cast_to_float32_rounds_in_replay():
+    # seed 520299: replay dropped x.to(float32).to(float64), so x - round32(x) was 0 in
+    # replay but 1e-7 eagerly, and atan2 of it gave pi instead of 6e-10; the gradient
+    # through the cast is rounded to float32 too (torch's rule)
+    def f(M, x):
+        r = x.to(M.float32).to(M.float64)
+        return ((r - x) * 1e8).sum() + (M.sin(r) * x).sum()
+    x = np.array([9.393583189861767, 0.1, 1.0 / 3.0])
+    got, want = _replay_vs_torch(f, (np.zeros(3),), (x,), (np.ones(3),))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    with pytest.raises(NotImplementedError, match="float16"):
+        tg.trace(lambda x: x.to(tg.float16).to(tg.float64).sum(), np.zeros(2))

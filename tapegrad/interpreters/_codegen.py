@@ -679,6 +679,7 @@ Interpreters of traced programs: rows ``(opcode, a, b, c, c0, c1)``, one value p
 """
 import math
 
+import numpy as np
 from numba import njit
 
 LEAF = {leaf}
@@ -926,6 +927,7 @@ numba.cuda device functions interpreting traced programs (see ``replay_cuda.py``
 """
 import math
 
+import numpy as np
 from numba import cuda
 
 LEAF = {leaf}

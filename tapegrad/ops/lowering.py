@@ -207,10 +207,19 @@ def _lower_where(L, ins, aux, value):
 
 
 def _lower_cast(L, ins, aux, value):
-    if np.dtype(aux[0]).kind != "f":
+    dt = np.dtype(aux[0])
+    if dt.kind != "f":
         raise NotTraceable(f"a traced program computes in floating point; casting a traced "
-                           f"value to {np.dtype(aux[0])} would freeze it. Keep it floating "
+                           f"value to {dt} would freeze it. Keep it floating "
                            f"point, or compute it outside the traced function")
+    if dt == np.float32:
+        # replay computes in float64: the cast's rounding is a row of its own (x - x.float()
+        # is not 0, and a program may depend on it)
+        return L.op("round_f32", ins[0])
+    if dt.itemsize < 4:
+        raise NotTraceable(f"a traced program computes in float64 and rounds casts to "
+                           f"float32 only; a cast to {dt} cannot be replayed exactly. Cast "
+                           f"to float32 or float64")
     return ins[0]
 
 
