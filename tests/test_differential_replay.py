@@ -855,3 +855,20 @@ def test_a_cast_to_float32_rounds_in_replay():
         np.testing.assert_allclose(a, b, rtol=1e-12)
     with pytest.raises(NotImplementedError, match="float16"):
         tg.trace(lambda x: x.to(tg.float16).to(tg.float64).sum(), np.zeros(2))
+
+
+def test_amax_amin_of_an_empty_input_over_non_empty_dims():
+    # seed 522199: amin(0) of a (2, 0, 3) value raised (torch gives a (0, 3) result); only a
+    # reduction over a dim of size 0 (or over all dims) has no value, with torch's errors
+    for M in (tg, torch):
+        x = M.zeros(2, 0, 3, dtype=M.float64, requires_grad=True)
+        assert tuple(M.amin(x, 0).shape) == (0, 3)
+        assert tuple(M.amax(x, (0, 2), keepdim=True).shape) == (1, 0, 1)
+        assert tuple(M.autograd.grad(M.amin(x, 0).sum(), x)[0].shape) == (2, 0, 3)
+        with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
+            M.amin(x)
+        with pytest.raises(IndexError, match="reduction dim 1 to have non-zero size"):
+            M.amax(x, (0, 1))
+    P = tg.trace(lambda x: tg.stack([x[tg.tensor([False])]] * 2).amin(0).sum() + x.sum(),
+                 np.zeros((1, 3)))
+    assert P.value_and_grad(np.ones((1, 3)))[0] == 3.0
