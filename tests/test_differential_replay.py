@@ -728,8 +728,8 @@ def _cuda_tier(seeds, minimum):
     got = run_cuda(seeds)
     for seed, why in got["fails"]:
         prog = program_for(seed, 4 + seed % 7)
-        pytest.fail(f"seed {seed}: replay leg 'cuda': {why}\n--- rerun it: cd tests && "
-                    f"NUMBA_ENABLE_CUDASIM=1 python -c 'import test_differential_replay as T; "
+        pytest.fail(f"seed {seed}: replay leg 'cuda': {why}\n--- rerun it from the repository root: "
+                    f"PYTHONPATH=.:tests NUMBA_ENABLE_CUDASIM=1 python -c 'import test_differential_replay as T; "
                     f"print(T.check(\"cuda\", T.program_for({seed}, {4 + seed % 7}), "
                     f"T.Stats()))' ---\n{prog.code()}", pytrace=False)
     assert got["ran"] >= minimum, got
