@@ -728,10 +728,11 @@ def _cuda_tier(seeds, minimum):
     got = run_cuda(seeds)
     for seed, why in got["fails"]:
         prog = program_for(seed, 4 + seed % 7)
-        pytest.fail(f"seed {seed}: replay leg 'cuda': {why}\n--- rerun it from the repository root: "
-                    f"PYTHONPATH=.:tests NUMBA_ENABLE_CUDASIM=1 python -c 'import test_differential_replay as T; "
-                    f"print(T.check(\"cuda\", T.program_for({seed}, {4 + seed % 7}), "
-                    f"T.Stats()))' ---\n{prog.code()}", pytrace=False)
+        rerun = (f"PYTHONPATH=.:tests NUMBA_ENABLE_CUDASIM=1 python -c 'import "
+                 f"test_differential_replay as T; print(T.check(\"cuda\", "
+                 f"T.program_for({seed}, {4 + seed % 7}), T.Stats()))'")
+        pytest.fail(f"seed {seed}: replay leg 'cuda': {why}\n--- rerun it from the "
+                    f"repository root: {rerun} ---\n{prog.code()}", pytrace=False)
     assert got["ran"] >= minimum, got
 
 
