@@ -308,9 +308,15 @@ def _amax_amin(op, npfn):
         x = _t(input)
         dims = None if dim == () or dim is None else _dims(dim, x.ndim)
         a = np.asarray(x._d)
-        if a.size == 0:
-            raise IndexError(f"{op.name}(): Expected reduction dim to be specified for "
-                             "input.numel() == 0.")
+        if a.size == 0:  # as torch: only a reduction over a dim of size 0 has no value
+            if dims is None:
+                raise RuntimeError(f"{op.name}(): Expected reduction dim to be specified for "
+                                   "input.numel() == 0. Specify the reduction dim with the "
+                                   "'dim' argument.")
+            for d in dims:
+                if a.shape[d] == 0:
+                    raise IndexError(f"{op.name}(): Expected reduction dim {d} to have "
+                                     f"non-zero size.")
         v = npfn(a, axis=dims, keepdims=keepdim)
         return array_op(op, [x], np.asarray(v, dtype=a.dtype), (dims, keepdim, None))
     fn.__name__ = op.name

@@ -559,8 +559,9 @@ def _seed_matrix(g, code, batch, B=None):
         m = int(np.prod(shape))
         if B is not None and batch is not None:
             gi = np.swapaxes(gi, 0, 1)  # (samples, seeds, ...)
-        # the lead's size, not -1: NumPy cannot infer it for an empty output (m == 0)
-        parts.append(gi.reshape(int(np.prod(lead)), m).T if lead else gi.reshape(-1))
+        # the lead's size spelled out: an empty output (m = 0) cannot infer it
+        parts.append(gi.reshape(int(np.prod(gi.shape[:len(lead)])), m).T if lead else
+                     gi.reshape(-1))
     return np.ascontiguousarray(np.concatenate(parts, axis=0) if parts else np.zeros(0))
 
 

@@ -198,6 +198,26 @@ def test_guards_route_each_sample_and_name_the_failing_one():
     close(prog.jacobian(X), g.copy_to_host())
 
 
+def test_reverse_skips_samples_that_failed_a_guard():
+    # found by the replay legs (seed 61045): the reverse sweep ran on a sample whose
+    # forward stopped at a failed guard, over values never computed (the simulator raised
+    # "math domain error" from asin's rule; a GPU computes garbage)
+    from tapegrad.interpreters import replay_cuda
+
+    def f(x):
+        return x.asin().sum() if x[0] > 0 else (x * x).sum()
+    prog = tg.trace(f, np.array([0.5, 0.2]), target="cuda", retrace=True)
+    X = np.array([[0.5, 0.2], [-0.5, 0.3], [0.1, -0.4]])
+    status, _, G = replay_cuda.run(prog._code, X.T.copy(), np.ones((1, 3)), True)
+    assert status.tolist()[1] != 0 and status.tolist()[0] == status.tolist()[2] == 0
+    G = G.copy_to_host()
+    assert np.isnan(G[:, 1]).all() and np.isfinite(G[:, [0, 2]]).all()
+    v, g = prog.value_and_grad(X)
+    vc, gc = prog.to("cpu").value_and_grad(X)
+    close(v, vc)
+    close(g, gc)
+
+
 def test_chunked_batches_equal_one_chunk(rosen_progs, monkeypatch):
     from tapegrad.interpreters import replay_cuda
     cpu, gpu = rosen_progs
@@ -285,7 +305,7 @@ def test_kernels_compile_for_a_real_gpu():
         M, V, I, i = types.float64[:, :], types.int64[:], types.int64, types.int64
         for name, sig in {
                 "_forward": (M, M, M, V, M, V, I),
-                "_reverse": (M, M, M, M, V, V, M, I, I, I),
+                "_reverse": (M, M, M, M, V, V, M, I, I, I, V),
                 "_pack": (types.float32[:, :], M, I),
                 "_unpack": (M, I, types.float32[:, :]),
                 "_unpack_jacobian": (M, I, I, I, types.float64[:, :, :]),

@@ -220,6 +220,7 @@ def test_every_traced_only_op_appears_in_a_replayed_program():
         + tg.where(~(x != 0.25), x, -x).sum(),
         lambda x: tg.where((x > 0).logical_not(), x, x.exp()).sum() + x.max()
         + x.detach().sum() * x.sum(),
+        lambda x: (x.to(tg.float32).to(tg.float64) * x).sum(),
     ]
     seen = set()
     x = np.array([0.5, -0.3, 0.25, 0.9, 0.9])

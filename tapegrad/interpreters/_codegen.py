@@ -679,6 +679,8 @@ Interpreters of traced programs: rows ``(opcode, a, b, c, c0, c1)``, one value p
 """
 import math
 
+import numpy as np
+
 from .._jit import njit_cached
 
 LEAF = {leaf}
@@ -926,6 +928,7 @@ numba.cuda device functions interpreting traced programs (see ``replay_cuda.py``
 """
 import math
 
+import numpy as np
 from numba import cuda
 
 LEAF = {leaf}
@@ -977,6 +980,15 @@ def write_all():
     EAGER_TARGET.write_text(generate_eager())
     REPLAY_TARGET.write_text(generate_replay())
     CUDA_TARGET.write_text(generate_cuda())
+    _drop_numba_caches()
+
+
+def _drop_numba_caches():
+    """Delete the package's Numba caches: a cached caller of the generated functions
+    (replay_cpu.run...) is keyed on its own file only, so it would keep the old code."""
+    pkg = pathlib.Path(__file__).resolve().parents[1]
+    for f in list(pkg.rglob("__pycache__/*.nbi")) + list(pkg.rglob("__pycache__/*.nbc")):
+        f.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

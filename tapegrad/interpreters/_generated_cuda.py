@@ -4,6 +4,7 @@ numba.cuda device functions interpreting traced programs (see ``replay_cuda.py``
 """
 import math
 
+import numpy as np
 from numba import cuda
 
 LEAF = 0
@@ -225,6 +226,9 @@ def forward_one(rows, X, V, j):
             V[k, j] = (b if a != 0.0 else c)
         elif op == 86:  # pick
             V[k, j] = (-0.0)
+        elif op == 88:  # round_f32
+            a = V[int(rows[k, 1]), j]
+            V[k, j] = np.float64(np.float32(a))
     return 0
 
 
@@ -489,4 +493,8 @@ def reverse_one(rows, V, j, A, t):
             b = V[ib, j]
             g = A[k, t]
             A[ia, t] += (g * b)
+        elif op == 88:  # round_f32
+            ia = int(rows[k, 1])
+            g = A[k, t]
+            A[ia, t] += np.float64(np.float32(g))
     return 0

@@ -4,6 +4,8 @@ Interpreters of traced programs: rows ``(opcode, a, b, c, c0, c1)``, one value p
 """
 import math
 
+import numpy as np
+
 from .._jit import njit_cached
 
 LEAF = 0
@@ -224,6 +226,9 @@ def forward(rows, x, v):
             v[k] = (b if a != 0.0 else c)
         elif op == 86:  # pick
             v[k] = (-0.0)
+        elif op == 88:  # round_f32
+            a = v[int(rows[k, 1])]
+            v[k] = np.float64(np.float32(a))
     return 0
 
 
@@ -585,6 +590,11 @@ def forward_batch(rows, X, V, status):
         elif op == 86:  # pick
             for j in range(nb):
                 vk[j] = (-0.0)
+        elif op == 88:  # round_f32
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = np.float64(np.float32(a))
     return failed
 
 
@@ -848,6 +858,10 @@ def reverse(rows, v, adj):
             b = v[ib]
             g = adj[k]
             adj[ia] += (g * b)
+        elif op == 88:  # round_f32
+            ia = int(rows[k, 1])
+            g = adj[k]
+            adj[ia] += np.float64(np.float32(g))
     return 0
 
 
@@ -1301,6 +1315,13 @@ def reverse_batch(rows, V, A):
                 g = gk[j]
                 b = vb[j]
                 aa[j] += (g * b)
+        elif op == 88:  # round_f32
+            ia = int(rows[k, 1])
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += np.float64(np.float32(g))
     return 0
 
 
@@ -1708,4 +1729,11 @@ def reverse_multi(rows, v, A):
             for j in range(nb):
                 g = gk[j]
                 aa[j] += (g * b)
+        elif op == 88:  # round_f32
+            ia = int(rows[k, 1])
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += np.float64(np.float32(g))
     return 0

@@ -14,6 +14,8 @@ Imported only when a program is moved to the GPU (``replay.cuda_module`` checks 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import cuda
 
@@ -36,10 +38,16 @@ def _forward(rows, X, V, out_slots, outs, status, b0):
 
 
 @cuda_jit_cached()
-def _reverse(rows, V, A, S, out_slots, in_slots, G, reps, t0, T):
+def _reverse(rows, V, A, S, out_slots, in_slots, G, reps, t0, T, status):
     t = cuda.grid(1)
     if t < A.shape[1] and t0 + t < T:
         j = t // reps
+        if status[(t0 + t) // reps] != 0:
+            # the forward stopped at a failed guard: the values after it were never
+            # computed, so no gradient (NaN until the host runs another variant)
+            for i in range(in_slots.shape[0]):
+                G[i, t0 + t] = math.nan
+            return
         for k in range(A.shape[0]):
             A[k, t] = 0.0
         for i in range(out_slots.shape[0]):
@@ -177,7 +185,7 @@ def run(code, X, S, grad, reps=1):
         _forward[_grid(chunk), THREADS](rows, X, V, out_slots, outs, status, b0)
         if grad:
             _reverse[_grid(chunk * reps), THREADS](rows, V, A, S, out_slots, in_slots, G,
-                                                   reps, b0 * reps, B * reps)
+                                                   reps, b0 * reps, B * reps, status)
     return status.copy_to_host(), outs, G
 
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ._registry import ARRAY_OP, BINARY, OPS, UNARY, UNARY_C
+from ._registry import ARRAY_OP, BINARY, OPS, REPLAY, UNARY, UNARY_C
 
 
 def _src(x):
@@ -81,7 +81,8 @@ class _Namespace:
 
 
 def _sym_call(op):
-    names = {UNARY: ("a",), UNARY_C: ("a", "c0", "c1"), BINARY: ("a", "b")}[op.kind]
+    names = {UNARY: ("a",), UNARY_C: ("a", "c0", "c1"), BINARY: ("a", "b")}.get(
+        op.kind, ("a", "b", "c"))  # replay-only ops name their inputs a, b, c
 
     def call(*args):
         return Sym(op.nb.format(**{n: _src(v) for n, v in zip(names, args)}))
@@ -110,6 +111,8 @@ def build_backends():
             setattr(NpF, op.name, op.np)
         elif op.kind == ARRAY_OP:
             setattr(NpF, op.name, op.np)
+        elif op.kind == REPLAY and op.nb is not None and op.vjp is not None:
+            setattr(SymF, op.name, _sym_call(op))  # rules that re-apply them (round_f32)
     SymF.where = lambda c, x, y: Sym(f"({_src(x)} if {_src(c)} else {_src(y)})")
     # cond: a choice on constants, with branches built only when taken (lazy)
     SymF.cond = lambda c, x, y: SymF.where(c, x(), y())

@@ -43,6 +43,7 @@ OPCODES = (
     "amin", "norm", "logsumexp", "softmax", "log_softmax", "matmul", "outer", "function",
     "function_out", "program", "lt", "le", "gt", "ge", "eq", "ne", "logical_and",
     "logical_or", "logical_xor", "logical_not", "detach", "select", "pick", "guard",
+    "round_f32",
 )
 
 OPS: list["Op"] = []  # by opcode (ops/__init__ sorts it once every family has registered)

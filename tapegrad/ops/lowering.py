@@ -32,8 +32,9 @@ def reduce(L, name, A, dims, keepdim, empty):
     axes = _axes(dims, A.ndim)
     keep = [d for d in range(A.ndim) if d not in axes]
     out_shape = tuple(A.shape[d] for d in keep)
-    M = np.transpose(A, keep + list(axes)).reshape(out_shape + (-1,)) if A.ndim else \
-        A.reshape(1)
+    # the reduced size spelled out: with an empty kept dim, -1 cannot be inferred
+    M = np.transpose(A, keep + list(axes)).reshape(
+        out_shape + (int(np.prod([A.shape[d] for d in axes])),)) if A.ndim else A.reshape(1)
     R = M.shape[-1] if M.ndim else 1
     if R == 0:
         r = L.const(np.full(out_shape, empty))
@@ -180,6 +181,19 @@ def _lower_setitem(L, ins, aux, value):
     A, B = ins
     out = np.array(A, copy=True)
     out[aux[0]] = B
+    # a position the index repeats holds the last value written, but every occurrence's
+    # value gets that position's gradient (eager mode's and torch's rule: the values'
+    # gradient gathers g at the index): the earlier ones through pick rows (-0.0)
+    pos = np.arange(out.size, dtype=np.int64).reshape(out.shape)[aux[0]]
+    if np.unique(pos).size < pos.size:
+        pos, Bb = np.broadcast_arrays(pos, B)
+        pos, Bb = pos.ravel(), Bb.ravel()
+        flat = out.reshape(-1)  # C order, as pos (a copy when out is not C-contiguous)
+        last = {int(p): i for i, p in enumerate(pos.tolist())}
+        for i, p in enumerate(pos.tolist()):
+            if last[p] != i:
+                flat[p] = L.op("add", int(flat[p]), L.op("pick", int(Bb[i]), L.const(1.0)))
+        out = flat.reshape(out.shape)
     return out
 
 
@@ -193,7 +207,8 @@ def _lower_where(L, ins, aux, value):
 
 
 def _lower_cast(L, ins, aux, value):
-    to = np.dtype(aux[0]).kind
+    dt = np.dtype(aux[0])
+    to = dt.kind
     src = np.dtype(aux[1]).kind if len(aux) > 1 else "f"
     if to == "b":  # a truth value: x != 0, exactly as NumPy's cast
         return L.op("ne", ins[0], L.const(0.0))
@@ -201,8 +216,16 @@ def _lower_cast(L, ins, aux, value):
         return ins[0]
     if to != "f":
         raise NotTraceable(f"a traced program computes in floating point; casting a traced "
-                           f"value to {np.dtype(aux[0])} would freeze it. Keep it floating "
+                           f"value to {dt} would freeze it. Keep it floating "
                            f"point, or compute it outside the traced function")
+    if dt == np.float32:
+        # replay computes in float64: the cast's rounding is a row of its own (x - x.float()
+        # is not 0, and a program may depend on it)
+        return L.op("round_f32", ins[0])
+    if dt.itemsize < 4:
+        raise NotTraceable(f"a traced program computes in float64 and rounds casts to "
+                           f"float32 only; a cast to {dt} cannot be replayed exactly. Cast "
+                           f"to float32 or float64")
     return ins[0]
 
 

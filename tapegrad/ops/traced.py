@@ -5,7 +5,8 @@ Tracing records comparisons (``x > 0``) so that a program recomputes them at new
 comparison's value is the truth value 1.0 or 0.0 and it has no gradient. The replay helpers
 let array ops lower to scalar rows with eager mode's gradient conventions (``select`` is a
 branch-free ``where``; ``pick`` adds nothing to a value (it is ``-0.0``, IEEE addition's
-identity) but passes ``g * w`` to its input, which gives tied maxima their even split).
+identity) but passes ``g * w`` to its input, which gives tied maxima their even split;
+``round_f32`` is a cast to float32, which replay, computing in float64, must round).
 """
 from __future__ import annotations
 
@@ -48,3 +49,9 @@ register("pick", REPLAY, arity=2, nb="(-0.0)", vjp=lambda F, g, a, b, c, out: (g
          doc="-0.0, passing g * b to a (a share of a reduction's gradient)")
 register("guard", REPLAY, arity=1, saves=False,
          doc="a branch taken while tracing: replay checks that a is still c0 (1.0/0.0)")
+register("round_f32", REPLAY, arity=1, saves=False, py=lambda a: float(np.float32(a)),
+         np=lambda a: np.asarray(a, np.float32).astype(np.float64),
+         nb="np.float64(np.float32({a}))",
+         vjp=lambda F, g, a, b, c, out: (F.round_f32(g),),
+         doc="a rounded to float32 (a traced cast to float32); its gradient is rounded too, "
+             "as eager mode's (and torch's) cast rule")
