@@ -86,3 +86,29 @@ def test_fast_sum_other_axes_unchanged():
     for axis in ((0, 2), (1, 2), (0,), 1, (0, 1, 2)):
         assert _same_bits(fast_sum(a, axis, True), np.sum(a, axis=axis, keepdims=True))
     assert _same_bits(sum_to(a, (1, 3, 1)), np.sum(a, axis=(0, 2), keepdims=True))
+
+
+@pytest.mark.parametrize("case", ["ties", "nan", "inf", "plain"])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_full_max_gradient_shortcuts(case, create_graph):
+    # max()'s gradient counts ties with count_nonzero and looks for NaNs only when the
+    # result is NaN (lse's backward): torch's values, with create_graph too
+    x0 = np.random.default_rng(1).normal(size=(4, 5))
+    if case == "ties":
+        x0[1, 2] = x0[3, 4] = x0[0, 0] = 9.0
+    elif case == "nan":
+        x0[2, 2] = x0[0, 1] = np.nan
+    elif case == "inf":
+        x0[1, 1] = np.inf
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        for fn in (M.max, M.min):
+            g, = M.autograd.grad(fn(x) * 3.0, x, create_graph=create_graph)
+            out.append(g.detach().numpy())
+            if create_graph:
+                h, = M.autograd.grad((g * x).sum(), x)
+                out.append(h.numpy())
+    half = len(out) // 2
+    for a, b in zip(out[:half], out[half:]):
+        np.testing.assert_allclose(a, b, rtol=1e-15, equal_nan=True)
