@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _generated_eager as _eager
 from .ops import ARRAY, BY_NAME, OPS, ROW, UNARY, UNARY_C
-from .ops.arrays import diag_index
+from .ops.arrays import diag_index, fast_sum
 from .tape import STATE, bump
 from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _hint, _norm_value, _np_dtype,
                      _plain, _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device,
@@ -229,7 +229,7 @@ def _reduce(op, npfn):
     return fn
 
 
-sum = _reduce(_O["sum"], np.sum)
+sum = _reduce(_O["sum"], fast_sum)
 mean = _reduce(_O["mean"], lambda a, axis, keepdims: _O["mean"].np(a, (axis, keepdims)))
 
 

@@ -601,7 +601,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         ins, slot_lists = _reached_leaves(graph, outs, np.flatnonzero(reach & is_input))
         skip_retained = {id(x) for x in ins}
         flat = [s for sl in slot_lists for s in sl]
-    graph.wanted = need | is_input  # slots whose gradient anyone will read
+    graph.wanted = need | is_input | is_output  # slots whose gradient anyone will read
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
     hooked = HOOKS[0] and hooks.graph_has_hooks(graph, ins)  # hooks run in hooks.sweep

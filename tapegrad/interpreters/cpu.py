@@ -639,12 +639,11 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
             if gr is not None and gr.__class__ is not Part and \
                     not np.all(np.isfinite(gr)):
                 raise on_bad(k, i)
+    wanted = graph.wanted
     for s, gr in zip(inputs, grads):
-        if gr is None:
-            continue
+        if gr is None or not wanted[s]:  # nobody reads that adjoint (a constant input):
+            continue  # no broadcast to undo, no sum (torch skips it too)
         if gr.__class__ is _THUNK:
-            if not graph.wanted[s]:
-                continue
             gr = gr()
         if gr.__class__ is Part:
             _gather(adjd, s, gr)
@@ -724,11 +723,9 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
                                                graph.aux(k), B)
         grads = op.vjp(NpF, g_b, vs, out_b, aux_b)
     for i, (s, gr) in enumerate(zip(inputs, grads)):
-        if gr is None:
+        if gr is None or not graph.wanted[s]:  # an adjoint nobody reads
             continue
         if gr.__class__ is _THUNK:
-            if not graph.wanted[s]:
-                continue
             gr = gr()
         if gr.__class__ is Part:
             _gather(adjd, s, gr)

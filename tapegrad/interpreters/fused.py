@@ -41,6 +41,9 @@ GETITEM, SUM, MEAN = (BY_NAME[n].code for n in ("getitem", "sum", "mean"))
 _ELEMENTWISE = frozenset(op.code for op in OPS
                          if op.kind in (UNARY, UNARY_C, BINARY) and op.vjp is not None)
 _F64 = np.dtype(np.float64)
+# op codes a region may hold (``plan`` declines any other): a lookup for ``plan_for``
+_FUSABLE = np.zeros(len(OPS), dtype=np.bool_)
+_FUSABLE[sorted(_ELEMENTWISE | {GETITEM, SUM, MEAN})] = True
 #: sightings of a structure before its loop is compiled (the first backward runs NumPy)
 COMPILE_AFTER = 2
 MODULE_PREFIX = "tapegrad_fused_"
@@ -250,7 +253,21 @@ def plan_for(tape, rows, need, lo, hi, ins):
     """``plan``, reused for a tape of the same structure (entries, needed mask, inputs,
     arrays' shapes and slices) as one seen before."""
     arrays, aux = tape.arrays, tape.aux
-    codes = rows[lo:hi, 0].astype(np.int64) & ~ARRAY
+    raw = rows[lo:hi, 0].astype(np.int64)
+    codes = raw & ~ARRAY
+    # what ``plan`` declines at once, found before the key (one item per array of the
+    # tape, a long tuple for a long tape): a needed array entry of an op no loop runs, or
+    # a needed getitem that is not a 1-d slice (ba's gathers, lstm's rows)
+    entries = need[lo:hi] & (raw >= ARRAY)
+    needed = codes[entries]
+    if not len(needed) or not _FUSABLE[needed].all():
+        return None
+    for k in (np.nonzero(entries & (codes == GETITEM))[0] + lo).tolist():
+        index = aux[k][0]
+        if index.__class__ is tuple and len(index) == 1:
+            index = index[0]
+        if index.__class__ is not slice:
+            return None
     special = (np.nonzero((codes == GETITEM) | (codes == SUM) | (codes == MEAN))[0] + lo)
     key = (rows[lo:hi].tobytes(), need[lo:hi].tobytes(), ins.tobytes(), lo, hi,
            tuple([(k, v.shape, v.dtype.char, v.flags.c_contiguous)

@@ -55,11 +55,9 @@ def sweep(graph, need, seeds, F, as_tensor, add, batch=None):
                 op, F, g, out, a, b, c0, c1,
                 lambda s: as_tensor(s) if (ua and s == a) or (ub and s == b) else None)
         for i, (s, gr) in enumerate(zip(inputs, grads)):
-            if gr is None:
-                continue
+            if gr is None or not wanted[s]:  # an adjoint nobody reads (a constant input):
+                continue  # its broadcast is not undone, nothing more is recorded
             if callable(gr) and not isinstance(gr, Part):  # a lazily built gradient
-                if not wanted[s]:
-                    continue
                 gr = gr()
             if post is not None and post[i] is not None:
                 gr = post[i](gr)

@@ -280,8 +280,12 @@ def _extreme_vjp(F, g, v, out, aux):
         if even:  # a NaN result goes to the NaNs, as torch's evenly_distribute_backward
             # an array, also for a 0-d input: NumPy's bool scalar is not an operand a tensor
             # takes (create_graph multiplies a tensor by it)
-            mask = np.asarray(mask | (np.isnan(ra) & np.isnan(ok)))
-        count = np.sum(mask, axis=aux[0], keepdims=True)
+            mask = np.asarray(mask | (np.isnan(ra) & np.isnan(ok))) if np.isnan(ok).any() \
+                else np.asarray(mask)  # (no NaN result: no pass over the input for NaNs)
+        if aux[0] is None:  # the count of a bool mask: count_nonzero, a tenth of sum's time
+            count = np.array(np.count_nonzero(mask), dtype=np.int64).reshape((1,) * mask.ndim)
+        else:
+            count = np.sum(mask, axis=aux[0], keepdims=True)
         return (mask * (_gk(F, g, a, aux) / count),)  # torch's form: all-NaN when count is 0
     dim, index = aux[0][0], aux[2]
     picked = np.expand_dims(index, dim)
@@ -418,8 +422,45 @@ def sum_to(g, shape):
     lead = len(gs) - len(shape)
     axes = tuple(range(lead)) + tuple(
         i + lead for i, n in enumerate(shape) if n == 1 and gs[i + lead] != 1)
-    r = np.sum(g, axis=axes, keepdims=True) if axes else g
+    r = fast_sum(g, axes, True) if axes else g
     return np.reshape(r, shape)
+
+
+_F64 = np.dtype(np.float64)
+
+
+def fast_sum(a, axis, keepdims=False):
+    """``np.sum(a, axis=axis, keepdims=keepdims)``, bit for bit, and several times faster
+    over one short contiguous last axis (a coordinate axis: NumPy runs one inner loop per
+    row, the cost of k-means' (n, k, d) distances): the rows' columns added as NumPy
+    does, columns as whole vectors."""
+    if a.__class__ is np.ndarray and a.ndim >= 2 and axis is not None and a.dtype == _F64:
+        ax = axis
+        if ax.__class__ is tuple:
+            ax = ax[0] if len(ax) == 1 else None
+        n = a.shape[-1]
+        if (ax is not None and ax % a.ndim == a.ndim - 1 and 2 <= n <= 8
+                and a.size >= 256 * n and a.flags.c_contiguous):
+            s = _sum_last(a, n)
+            return s[..., None] if keepdims else s
+    return np.sum(a, axis=axis, keepdims=keepdims)
+
+
+def _sum_last(a, n):
+    # NumPy's add.reduce over a contiguous row of n <= 8: 0.0 + (sum in order) for n < 8,
+    # 0.0 + the pairwise tree of the 8 for n == 8 (the 0.0 makes a sum of -0.0s +0.0)
+    if n < 8:
+        s = np.add(a[..., 0], a[..., 1])
+        for i in range(2, n):
+            np.add(s, a[..., i], out=s)
+    else:
+        s = np.add(a[..., 0], a[..., 1])
+        np.add(s, np.add(a[..., 2], a[..., 3]), out=s)
+        t = np.add(a[..., 4], a[..., 5])
+        np.add(t, np.add(a[..., 6], a[..., 7]), out=t)
+        np.add(s, t, out=s)
+    np.add(s, 0.0, out=s)
+    return s
 
 
 # --- custom Functions (tapegrad.autograd.Function) -----------------------------------------
