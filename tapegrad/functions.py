@@ -14,8 +14,7 @@ import sys
 import numpy as np
 
 from . import _generated_eager as _eager
-from .ops import ARRAY, BY_NAME, OPS, ROW, UNARY, UNARY_C
-from .ops.arrays import diag_index
+from .ops import ARRAY, BY_NAME, OPS, ROW
 from .tape import STATE, bump
 from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _hint, _norm_value, _np_dtype,
                      _plain, _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device,
@@ -1398,7 +1397,6 @@ __all__ = [n for n in ("exp log log1p expm1 sqrt rsqrt sin cos tan asin acos ata
                        "min amax amin norm logsumexp softmax log_softmax dot matmul outer "
                        "reshape transpose permute flatten squeeze unsqueeze stack cat concat "
                        "diag clone add sub mul div neg t broadcast_to").split()]
-_unused = (builtins, OPS, UNARY, UNARY_C, ARRAY, diag_index)
 
 
 # --- sorting, matrix products, comparisons, index_add (built from recorded ops) ----------------

@@ -358,3 +358,14 @@ def test_prod_singular_points(x):
 def test_sum_of_overflowing_exp(x):
     compare(lambda m, a: m.exp(a).sum(), [x])
     compare(lambda m, a: (m.exp(a) * a).mean(), [x])
+
+
+def test_internal_modules_do_not_import_public_ones_that_import_them():
+    # optim imports interpreters.optim_loop; optim_loop must not import optim back (a cycle):
+    # what both need lives in the internal _optim_math
+    import ast
+    import pathlib
+    src = pathlib.Path(__file__).parent.parent / "tapegrad" / "interpreters" / "optim_loop.py"
+    mods = {n.module for n in ast.walk(ast.parse(src.read_text()))
+            if isinstance(n, ast.ImportFrom)}
+    assert "optim" not in mods and "_optim_math" in mods

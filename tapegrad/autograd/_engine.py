@@ -18,10 +18,6 @@ from .graph import HOOKS, GradientEdge, edge_tensor
 from .paths import FAST as _FAST, STATE as _PATHS, STRATEGIES, Path, declined as _declined
 
 
-_LATER = ("{what} is not implemented yet: it comes with tapegrad's higher-order derivatives "
-          "and batched gradients feature (create_graph, is_grads_batched). Until then compute "
-          "{how}.")
-
 
 def _tensors(x, name, allow_empty=True):
     if isinstance(x, Tensor):

@@ -76,7 +76,7 @@ class Op:
         # scalar inputs of compare and replay ops (a, b, c), for the traced-program interpreters
         self.arity = arity
         # lower(L, inputs, aux, value): the op on arrays of program slots, emitting scalar
-        # program rows through L (see interpreters/lowering.py); elementwise ops need none
+        # program rows through L (see ops/lowering.py); elementwise ops need none
         self.lower = lower
         self.code = OPCODES.index(name)
         # which of the entry's values (a, b, out) its rule reads, and which constants (c0, c1)
