@@ -742,7 +742,8 @@ def _owned_write(x, d):
     copy that the previous recorded assignment made, still on the tape the next entry goes
     to, and nothing but ``x`` and that entry holds it (no view, no other tensor, no import
     into another tape), and no entry recorded since reads it. Nothing reads that entry's
-    value after this write then (the setitem rule needs only shapes). So a loop of row writes keeps the written rows and one array,
+    value after this write then (the setitem rule needs only shapes). So a loop of row writes
+    keeps the written rows and one array,
     not one copy of the destination per write."""
     tape = x._tape
     if (tape is None or x._sid != tape.sid or d.__class__ is not np.ndarray
@@ -1172,7 +1173,7 @@ def _cross(input, other, dim):
     if shape[dim] != 3:
         raise RuntimeError(f"linalg.cross: inputs dimension {dim} must have length 3. Got "
                            f"{input.shape[dim - len(shape) + input.ndim] if input.ndim else 0}"
-                           f" and {other.shape[dim - len(shape) + other.ndim] if other.ndim else 0}")
+                           f" and {other.shape[dim - len(shape) + other.ndim] if other.ndim else 0}")  # noqa: E501
     input, other = broadcast_to(input, shape), broadcast_to(other, shape)
     lead = (slice(None),) * dim
     i, j = lead + (np.array([1, 2, 0]),), lead + (np.array([2, 0, 1]),)

@@ -7,9 +7,9 @@ The names, defaults, state entries, ``state_dict()`` layout and errors are those
 ``torch.optim``, and so is the arithmetic, operation for operation.
 
 The per-step arithmetic of SGD and Adam lives in the functions ``_sgd_update`` and
-``_adam_update`` (module ``_optim_math``, shared with the compiled loops). They work on flat float NumPy arrays, change
-them in place and use only what Numba's nopython mode compiles, so a caller can
-run many steps of them inside ``numba.njit``.
+``_adam_update`` (module ``_optim_math``, shared with the compiled loops). They work on
+flat float NumPy arrays, change them in place and use only what Numba's nopython mode
+compiles, so a caller can run many steps of them inside ``numba.njit``.
 
 Examples
 --------

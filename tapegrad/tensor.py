@@ -53,7 +53,7 @@ bool_ = dtype("bool", np.bool_)
 
 _DTYPES = {d.np: d for d in (float16, float32, float64, complex64, complex128, uint8, int8,
                              int16, int32, int64, bool_)}
-_pyfloat, _pyint, _pybool = type(0.0), type(0), type(True)
+_pyfloat, _pyint, _pybool = float, int, bool
 # dtypes a repr leaves unsaid, as torch's (with float64 as the default dtype)
 _REPR_DEFAULT = (np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_))
 _F64 = np.dtype(np.float64)

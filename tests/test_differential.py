@@ -16,7 +16,6 @@ code (tapegrad and torch) with its seed. Default tier: a few hundred seeded prog
 """
 import collections
 import contextlib
-import sys
 import traceback
 import warnings
 
@@ -30,7 +29,7 @@ from tapegrad.ops import ARRAY, OPS
 
 torch = pytest.importorskip("torch")
 
-from harness.programs import (FAMILIES, Program, generate, helpers,  # noqa: E402
+from harness.programs import (FAMILIES, generate, helpers,  # noqa: E402
                               shrink)
 
 RTOL = 1e-10
@@ -256,7 +255,7 @@ def _check(prog, leg, path, stats):
     """None, or a string saying how ``leg`` (``path`` forced, when given) fails."""
     try:
         want, warned_p = run_leg(torch, leg, prog)
-    except NotApplicable as e:
+    except NotApplicable:
         stats.skipped[(leg, "torch")] += 1
         return None
     first = (lambda: paths.force(path)) if path else contextlib.nullcontext

@@ -2,7 +2,6 @@
 sweep, and rollover onto new tapes."""
 import importlib
 import re
-import sys
 
 import numpy as np
 import pytest

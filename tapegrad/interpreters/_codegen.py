@@ -531,7 +531,7 @@ class _NegIntFloats(dict):
 
 
 _NEG_INT_FLOAT = _NegIntFloats((i, -_float(i)) for i in range(-1024, 1025))
-'''
+'''  # noqa: E501 (the generated files' first line)
 
 def _record(x, y, op, c):
     """Source that records entry ``op`` with inputs ``x`` (and ``y``, or the float ``c``)."""
@@ -602,7 +602,8 @@ def _binary_methods(op):
     n = op.name
     src = f"\n\ndef __{n}__(self, other):\n"
     src += "    d = self._d\n    if d.__class__ is _float:\n        oc = other.__class__\n"
-    src += "        if oc is Tensor:\n            e = other._d\n            if e.__class__ is _float:\n"
+    src += ("        if oc is Tensor:\n            e = other._d\n"
+            "            if e.__class__ is _float:\n")
     src += _ind(_fwd(op, "d", "e"), 16)
     src += "                if self._rg or other._rg:\n"
     # a tensor that does not require grad is entered as a constant (its version is
@@ -683,7 +684,7 @@ from .._jit import njit_cached
 LEAF = {leaf}
 CONST = {const}
 GUARD = {guard}
-'''
+'''  # noqa: E501 (the generated files' first line)
 
 _COLS = {"a": 1, "b": 2, "c": 3, "c0": 4, "c1": 5}
 
@@ -947,7 +948,7 @@ def forward_one(rows, X, V, j):
             V[k, j] = t
             if (t != 0.0) != (rows[k, 4] != 0.0):
                 return k + 1
-'''
+'''  # noqa: E501 (the generated files' first line)
 
 
 def generate_cuda():

@@ -78,7 +78,8 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
 def _mark_scalar(rows, ins, out, sweepable, lo):
     """``need`` and ``reach`` (as ``mark``) of a backward from scalar entry ``out`` to the
     entries ``ins``, over entries ``lo`` (at most the first input or import) to ``out``, and
-    the lowest entry swept, and whether one compiled call can do it: False when a needed entry is not one it runs
+    the lowest entry swept, and whether one compiled call can do it: False when a needed entry
+    is not one it runs
     (``sweepable[opcode]``) or the path reaches an entry that imports a value from another
     tape (it may depend on an input there, through entries one tape's rows do not lead to)."""
     n = rows.shape[0]

@@ -45,8 +45,8 @@ OPCODES = (
     "logical_or", "logical_xor", "logical_not", "detach", "select", "pick", "guard",
 )
 
-OPS: list["Op"] = []  # by opcode (ops/__init__ sorts it once every family has registered)
-BY_NAME: dict[str, "Op"] = {}
+OPS: list[Op] = []  # by opcode (ops/__init__ sorts it once every family has registered)
+BY_NAME: dict[str, Op] = {}
 
 
 class Op:
