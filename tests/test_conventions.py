@@ -369,3 +369,16 @@ def test_internal_modules_do_not_import_public_ones_that_import_them():
     mods = {n.module for n in ast.walk(ast.parse(src.read_text()))
             if isinstance(n, ast.ImportFrom)}
     assert "optim" not in mods and "_optim_math" in mods
+
+
+def test_constant_operand_forms_live_in_the_registry():
+    # each binary op declares its float-constant forms in its register(...) call, so the code
+    # generator reads the registry, not the Tensor layer
+    import pathlib
+    from tapegrad.ops import BY_NAME, const_ops
+    forms = const_ops()
+    assert forms["sub"] == ((BY_NAME["addc"], -1.0), (BY_NAME["rsubc"], 1.0))
+    assert set(forms) == {"add", "sub", "mul", "div", "pow"}
+    src = (pathlib.Path(__file__).parent.parent / "tapegrad" / "interpreters"
+           / "_codegen.py").read_text()
+    assert "from ..tensor import" not in src

@@ -171,7 +171,8 @@ class _Assembler:
         if reg.kind == BINARY:
             (x, kx), (y, ky) = args
             one_const = (kx in "cd" and ky in "sd") or (ky in "cd" and kx in "sd")
-            from ..tensor import _CONST_OPS
+            from ..ops import const_ops
+            _CONST_OPS = const_ops()
             if one_const and reg.name not in _CONST_OPS:
                 raise NotRecordable(f"{reg.name} with a constant operand")
             self.emit("BIN", reg.code, x, y, d=d)
@@ -238,7 +239,8 @@ def recordable_ops():
 
 
 def _record_source():
-    from ..tensor import _CONST_OPS
+    from ..ops import const_ops
+    _CONST_OPS = const_ops()
     from ..ops import BY_NAME
     progs, nums = recordable_ops()
     src = [RECORD_HEADER.format(kinds=", ".join(_KINDS), n=len(_KINDS), cmps=_CMPS)]
@@ -478,8 +480,7 @@ def _fwd(op, x, y):
 
 
 def _binary_methods(op):
-    from ..tensor import _CONST_FORMS
-    (rname, rsign), (lname, lsign) = _CONST_FORMS[op.name]
+    (rname, rsign), (lname, lsign) = op.const
     rs = "-" if rsign < 0 else ""
     ls = "-" if lsign < 0 else ""
     rc, lc = BY_NAME_CODE(rname), BY_NAME_CODE(lname)

@@ -38,4 +38,11 @@ for _op in OPS:
 del _op
 
 __all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "COMPARE", "REPLAY", "OPS", "ROW", "SPECIAL",
-           "UNARY", "UNARY_C", "Op", "Opcode", "Node", "NodeF", "Sym", "SymF", "NpF"]
+           "UNARY", "UNARY_C", "const_ops", "Op", "Opcode", "Node", "NodeF", "Sym", "SymF", "NpF"]
+
+
+def const_ops():
+    """{binary op name: ((op, sign of c) for ``x op c``, (op, sign of c) for ``c op x``)}
+    from the registry's ``const`` fields (the forms recorded for a float constant)."""
+    return {op.name: ((BY_NAME[r], rs), (BY_NAME[lft], ls))
+            for op in OPS if op.const is not None for (r, rs), (lft, ls) in (op.const,)}
