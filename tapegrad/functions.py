@@ -14,8 +14,8 @@ import sys
 import numpy as np
 
 from . import _generated_eager as _eager
-from .ops import ARRAY, BY_NAME, OPS, ROW, UNARY, UNARY_C
-from .ops.arrays import diag_index, fast_sum
+from .ops import ARRAY, BY_NAME, OPS, ROW
+from .ops.arrays import fast_sum
 from .tape import STATE, bump
 from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _hint, _norm_value, _np_dtype,
                      _plain, _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device,
@@ -749,7 +749,8 @@ def _owned_write(x, d):
     copy that the previous recorded assignment made, still on the tape the next entry goes
     to, and nothing but ``x`` and that entry holds it (no view, no other tensor, no import
     into another tape), and no entry recorded since reads it. Nothing reads that entry's
-    value after this write then (the setitem rule needs only shapes). So a loop of row writes keeps the written rows and one array,
+    value after this write then (the setitem rule needs only shapes). So a loop of row writes
+    keeps the written rows and one array,
     not one copy of the destination per write."""
     tape = x._tape
     if (tape is None or x._sid != tape.sid or d.__class__ is not np.ndarray
@@ -1179,7 +1180,7 @@ def _cross(input, other, dim):
     if shape[dim] != 3:
         raise RuntimeError(f"linalg.cross: inputs dimension {dim} must have length 3. Got "
                            f"{input.shape[dim - len(shape) + input.ndim] if input.ndim else 0}"
-                           f" and {other.shape[dim - len(shape) + other.ndim] if other.ndim else 0}")
+                           f" and {other.shape[dim - len(shape) + other.ndim] if other.ndim else 0}")  # noqa: E501
     input, other = broadcast_to(input, shape), broadcast_to(other, shape)
     lead = (slice(None),) * dim
     i, j = lead + (np.array([1, 2, 0]),), lead + (np.array([2, 0, 1]),)
@@ -1404,7 +1405,6 @@ __all__ = [n for n in ("exp log log1p expm1 sqrt rsqrt sin cos tan asin acos ata
                        "min amax amin norm logsumexp softmax log_softmax dot matmul outer "
                        "reshape transpose permute flatten squeeze unsqueeze stack cat concat "
                        "diag clone add sub mul div neg t broadcast_to").split()]
-_unused = (builtins, OPS, UNARY, UNARY_C, ARRAY, diag_index)
 
 
 # --- sorting, matrix products, comparisons, index_add (built from recorded ops) ----------------

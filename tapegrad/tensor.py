@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from .ops import ARRAY, BY_NAME, UNARY_C
+from .ops import ARRAY, BY_NAME, UNARY_C, const_ops
 from .tape import STATE, bump, current_tape, set_grad_mode
 
 _FUNCTION_OUT = BY_NAME["function_out"].code
@@ -53,7 +53,7 @@ bool_ = dtype("bool", np.bool_)
 
 _DTYPES = {d.np: d for d in (float16, float32, float64, complex64, complex128, uint8, int8,
                              int16, int32, int64, bool_)}
-_pyfloat, _pyint, _pybool = type(0.0), type(0), type(True)
+_pyfloat, _pyint, _pybool = float, int, bool
 # dtypes a repr leaves unsaid, as torch's (with float64 as the default dtype)
 _REPR_DEFAULT = (np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_))
 _F64 = np.dtype(np.float64)
@@ -848,16 +848,9 @@ def array_op(op, inputs, value, aux):
     return _plain(value)
 
 
-# binary ops with a float-constant variant: name -> (x op c, c op x) as (op, sign of c)
-_CONST_FORMS = {
-    "add": (("addc", 1.0), ("addc", 1.0)),
-    "sub": (("addc", -1.0), ("rsubc", 1.0)),
-    "mul": (("mulc", 1.0), ("mulc", 1.0)),
-    "div": (("divc", 1.0), ("rdivc", 1.0)),
-    "pow": (("powc", 1.0), ("rpowc", 1.0)),
-}
-_CONST_OPS = {name: ((BY_NAME[r[0]], r[1]), (BY_NAME[lft[0]], lft[1]))
-              for name, (r, lft) in _CONST_FORMS.items()}
+# binary ops with a float-constant variant (each op's ``const`` in the registry): name ->
+# (x op c, c op x) as (op, sign of c)
+_CONST_OPS = const_ops()
 _NUMBER = (_pyfloat, _pyint, _pybool)
 _CAST = BY_NAME["cast"]
 _NUM_FAST = (_pyfloat, _pyint)  # a bool operand takes the slow path (bool - x raises)

@@ -1244,7 +1244,7 @@ def test_gradient_edge_outlives_its_tensor_and_rejects_constants(torch):
 
 # --- the one-call scalar path -------------------------------------------------------------
 # grad(loss, leaves) with default options on a tape of scalar entries runs mark and sweep in
-# one compiled call (_engine._grad_scalar). Everything it does not cover falls back to the
+# one compiled call (_engine.SCALAR.applies). Everything it does not cover falls back to the
 # general path; these tests pin both sides of each condition against torch.
 
 
@@ -1262,11 +1262,11 @@ def test_one_call_path_equals_the_general_path_and_torch(torch, monkeypatch):
         return M.autograd.grad(_scalar_program(M, xs), xs)
     fast = run(tg)
     calls = []
-    real = _engine._grad_scalar
-    monkeypatch.setattr(_engine, "_grad_scalar", lambda *a: calls.append(a) or None)
+    real = _engine.SCALAR.applies
+    monkeypatch.setattr(_engine.SCALAR, "applies", lambda *a: calls.append(a) or None)
     general = run(tg)
     assert calls  # the spy replaced the one-call path, so `general` came from the other one
-    monkeypatch.setattr(_engine, "_grad_scalar", real)
+    monkeypatch.setattr(_engine.SCALAR, "applies", real)
     want = run(torch)
     assert_all_same(fast, want)
     assert_all_same(general, want)
@@ -1357,8 +1357,8 @@ def test_one_call_path_across_a_tape_rollover(torch, monkeypatch):
     from tapegrad.autograd import _engine
     set_rollover(monkeypatch, 128)
     taken = []
-    real = _engine._grad_scalar
-    monkeypatch.setattr(_engine, "_grad_scalar",
+    real = _engine.SCALAR.applies
+    monkeypatch.setattr(_engine.SCALAR, "applies",
                         lambda *a: taken.append(real(*a)) or taken[-1])
 
     def run(M, steps):
@@ -1380,8 +1380,8 @@ def test_one_call_path_across_a_tape_rollover(torch, monkeypatch):
 
 def _flat_spy(monkeypatch):
     from tapegrad.autograd import _engine
-    real, done = _engine._grad_flat, []
-    monkeypatch.setattr(_engine, "_grad_flat", lambda *a: done.append(real(*a)) or done[-1])
+    real, done = _engine.FLAT.applies, []
+    monkeypatch.setattr(_engine.FLAT, "applies", lambda *a: done.append(real(*a)) or done[-1])
     return done
 
 
@@ -1413,7 +1413,7 @@ def test_flat_path_equals_the_general_path_and_torch(name, torch, monkeypatch):
     done = _flat_spy(monkeypatch)
     fast = run(tg)
     assert done and done[-1] is not None  # the flat sweep computed these
-    monkeypatch.setattr(_engine, "_grad_flat", lambda *a: None)
+    monkeypatch.setattr(_engine.FLAT, "applies", lambda *a: None)
     general = run(tg)
     want = run(torch)
     for got in (fast, general):
@@ -1448,7 +1448,7 @@ def test_flat_path_leaves_other_array_ops_to_the_general_path(name, torch, monke
 def test_flat_path_declines_large_arrays_and_frees_like_torch(torch, monkeypatch):
     from tapegrad.autograd import _engine
     from tapegrad.interpreters import cpu
-    monkeypatch.setattr(_engine, "_grad_fused", lambda *a: None)  # tests/test_fused.py
+    monkeypatch.setattr(_engine.FUSED, "applies", lambda *a: None)  # tests/test_fused.py
     done = _flat_spy(monkeypatch)
     x = leaf(tg, np.linspace(-1.0, 1.0, cpu.FLAT_MAX // 2 + 1))
     (g,) = tg.autograd.grad((x * x).sum() + x.sum(), x)  # two arrays: past FLAT_MAX

@@ -16,7 +16,6 @@ code (tapegrad and torch) with its seed. Default tier: a few hundred seeded prog
 """
 import collections
 import contextlib
-import sys
 import traceback
 import warnings
 
@@ -30,7 +29,7 @@ from tapegrad.ops import ARRAY, OPS
 
 torch = pytest.importorskip("torch")
 
-from harness.programs import (FAMILIES, Program, generate, helpers,  # noqa: E402
+from harness.programs import (FAMILIES, generate, helpers,  # noqa: E402
                               shrink)
 
 RTOL = 1e-10
@@ -256,7 +255,7 @@ def _check(prog, leg, path, stats):
     """None, or a string saying how ``leg`` (``path`` forced, when given) fails."""
     try:
         want, warned_p = run_leg(torch, leg, prog)
-    except NotApplicable as e:
+    except NotApplicable:
         stats.skipped[(leg, "torch")] += 1
         return None
     first = (lambda: paths.force(path)) if path else contextlib.nullcontext
@@ -714,3 +713,23 @@ def test_a_multi_output_entry_and_its_outputs_on_different_tapes(monkeypatch, wh
             v = a + b * z
         return [_arr(g) for g in M.autograd.grad(v + pad, [x, z], create_graph=create_graph)]
     _close(_both(run))
+
+
+def test_paths_are_one_ordered_list_of_strategies():
+    from tapegrad.autograd import _engine  # noqa: F401 (fills the list)
+    assert [p.name for p in paths.STRATEGIES] == list(paths.PATHS)
+    assert paths.by_name("fused").graph is False and paths.by_name("sweep").graph is None
+
+
+def test_a_hooked_graph_takes_the_hooks_path_and_only_it():
+    x = tg.tensor([1.0, 2.0], requires_grad=True)
+    y = x * x
+    h = y.register_hook(lambda g: g * 2.0)
+    try:
+        with paths.force("sweep"), pytest.raises(paths.PathDeclined, match="'hooks' path"):
+            y.sum().backward(retain_graph=True)
+        assert x.grad is None  # declined before anything was accumulated
+        y.sum().backward()
+        assert paths.last() == "hooks" and x.grad.tolist() == [4.0, 8.0]
+    finally:
+        h.remove()

@@ -452,7 +452,8 @@ def _walk(fn, seen=None):
     """(name, [children...]) of a node, with leaves as ('leaf', index of variable)."""
     if fn is None:
         return None
-    nexts = [(_walk(n) if not hasattr(n, "variable") else ("AccumulateGrad", tuple(n.variable.shape)))
+    nexts = [(_walk(n) if not hasattr(n, "variable")
+              else ("AccumulateGrad", tuple(n.variable.shape)))
              for n, _ in fn.next_functions]
     return (fn.name(), nexts)
 
@@ -603,7 +604,7 @@ def _hooks_node_post_on_leaf_inputs(M, x0):
     c = M.tensor(np.ones(np.shape(x0)) * 2 if np.ndim(x0) else 2.0)
     y = (x * c + x / 3.0 - 1.0) * x
     for node in (y.grad_fn, y.grad_fn.next_functions[0][0]):
-        node.register_hook(lambda gis, gos, n=node.name(): log.append(
+        node.register_hook(lambda gis, gos, n=node.name(): log.append(  # noqa: B008
             (n, [_tl(g) for g in gis], [_tl(g) for g in gos])))
     (y.sum() if np.ndim(x0) else y).backward()
     log.append(_tl(x.grad))
@@ -621,8 +622,9 @@ def _hooks_on_leaf_output(M, x0):
     return log
 
 
-HOOK_SCENARIOS = [_hooks_on_leaf_output, _hooks_basic, _hooks_prehook_replaces, _hooks_leaf_used_twice,
-                  _hooks_function, _hooks_clip_and_count, _hooks_node_post_on_leaf_inputs]
+HOOK_SCENARIOS = [_hooks_on_leaf_output, _hooks_basic, _hooks_prehook_replaces,
+                  _hooks_leaf_used_twice, _hooks_function, _hooks_clip_and_count,
+                  _hooks_node_post_on_leaf_inputs]
 
 
 @pytest.mark.parametrize("x0", [1.5, [1.0, 2.0, -0.5]], ids=["scalar", "array"])

@@ -16,13 +16,13 @@ N = cpu.FLAT_MAX + 1001  # past the flat buffers' limit: the fused path's sizes
 @pytest.fixture
 def kernels(monkeypatch, tmp_path_factory):
     """Compile on first sight, into a fresh cache directory; returns the list of
-    ``_grad_fused`` results (None: declined)."""
+    ``FUSED.applies`` results (None: declined)."""
     d = str(tmp_path_factory.mktemp("fused"))
     monkeypatch.setattr(fused, "COMPILE_AFTER", 1)
     monkeypatch.setattr(fused, "_dir", d)
     monkeypatch.syspath_prepend(d)
-    real, done = _engine._grad_fused, []
-    monkeypatch.setattr(_engine, "_grad_fused", lambda *a: done.append(real(*a)) or done[-1])
+    real, done = _engine.FUSED.applies, []
+    monkeypatch.setattr(_engine.FUSED, "applies", lambda *a: done.append(real(*a)) or done[-1])
     return done
 
 
@@ -75,7 +75,7 @@ def test_fused_path_equals_torch_and_the_numpy_sweep(name, torch, kernels, monke
     assert kernels and kernels[-1] is not None  # the fused loops computed these
     again = run(tg)  # the plan and the kernel reused
     assert len(kernels) == 2 and kernels[-1] is not None
-    monkeypatch.setattr(_engine, "_grad_fused", lambda *a: None)
+    monkeypatch.setattr(_engine.FUSED, "applies", lambda *a: None)
     numpy_sweep = run(tg)
     want = run(torch)
     for g in (got, again, numpy_sweep):

@@ -189,14 +189,14 @@ def test_create_graph_leaks_nothing():
 def _recording_spy(monkeypatch):
     """Count the compiled recording sweep's calls that did the work (not None)."""
     from tapegrad.autograd import _engine
-    real, done = _engine._grad_record, []
-    monkeypatch.setattr(_engine, "_grad_record", lambda *a: done.append(real(*a)) or done[-1])
+    real, done = _engine.RECORD.applies, []
+    monkeypatch.setattr(_engine.RECORD, "applies", lambda *a: done.append(real(*a)) or done[-1])
     return lambda: sum(r is not None for r in done)
 
 
 def _tensor_sweep_only(monkeypatch):
     from tapegrad.autograd import _engine
-    monkeypatch.setattr(_engine, "_grad_record", lambda *a: None)
+    monkeypatch.setattr(_engine.RECORD, "applies", lambda *a: None)
 
 
 _LOSSES = {

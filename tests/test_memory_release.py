@@ -49,7 +49,7 @@ def paths(monkeypatch, tmp_path_factory):
             return r
         monkeypatch.setattr(mod, name, f)
     spy(_generated_cpu, "sweep_flat", "flat", lambda r: not r)
-    spy(_engine, "_grad_fused", "fused", lambda r: r is not None)
+    spy(_engine.FUSED, "applies", "fused", lambda r: r is not None)
     spy(cpu, "sweep", "general")
     spy(cpu, "grad_scalar", "scalar", lambda r: r[2])
     return seen

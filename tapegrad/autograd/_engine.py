@@ -15,12 +15,8 @@ from ._tensor_backend import TensorF
 from .anomaly import ANOMALY, nan_error
 from . import hooks
 from .graph import HOOKS, GradientEdge, edge_tensor
-from .paths import FAST as _FAST, STATE as _PATHS, declined as _declined
+from .paths import FAST as _FAST, STATE as _PATHS, STRATEGIES, Path, declined as _declined
 
-
-_LATER = ("{what} is not implemented yet: it comes with tapegrad's higher-order derivatives "
-          "and batched gradients feature (create_graph, is_grads_batched). Until then compute "
-          "{how}.")
 
 
 def _tensors(x, name, allow_empty=True):
@@ -110,19 +106,18 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
         _notice.announce("gradient")
     if (outputs.__class__ is Tensor and not is_grads_batched and grad_outputs is None
             and allow_unused is None and not materialize_grads and only_inputs):
+        # the fast strategies (paths.STRATEGIES): the first that applies runs the call
         ctl = _PATHS.ctl
-        if ctl is not None:  # a path forced or disabled (paths.py, a testing aid)
-            r = _grad_fast_controlled(ctl, outputs, inputs, retain_graph, create_graph)
-        elif not create_graph:
-            r = _grad_scalar(outputs, inputs, retain_graph)
-            if r is None and outputs._tape is not None and outputs._tape.arrays:
-                r = _grad_flat(outputs, inputs, retain_graph)
-        elif retain_graph is not False:
-            r = _grad_record(outputs, inputs)
-        else:
-            r = None
-        if r is not None:
-            return r
+        for p in (_FAST_GRAPH if retain_graph is not False else ()) if create_graph \
+                else _FAST_NOGRAPH:
+            if ctl is not None and not ctl.allows(p.name):
+                continue
+            plan = p.applies(outputs, inputs, retain_graph)
+            if plan is not None:
+                _PATHS.last = p.name
+                return p.run(plan)
+        if ctl is not None and ctl.forced in _FAST:
+            _declined(ctl.forced, "the call is not one this path covers")
     if materialize_grads and allow_unused is False:
         raise ValueError("Expected allow_unused to be True or not passed when "
                          "materialize_grads=True, but got: allow_unused=False.")
@@ -173,28 +168,6 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     return tuple(out)
 
 
-def _grad_fast_controlled(ctl, y, inputs, retain_graph, create_graph):
-    """The fast paths of ``grad`` under ``paths.force``/``disable``: only the allowed ones
-    are tried, and a forced one that declines raises ``PathDeclined``."""
-    if not create_graph:
-        if ctl.allows("scalar"):
-            r = _grad_scalar(y, inputs, retain_graph)
-            if r is not None:
-                return r
-        if ((ctl.allows("flat") or ctl.allows("fused")) and y._tape is not None
-                and y._tape.arrays):
-            r = _grad_flat(y, inputs, retain_graph, ctl)
-            if r is not None:
-                return r
-    elif retain_graph is not False and ctl.allows("record"):
-        r = _grad_record(y, inputs)
-        if r is not None:
-            return r
-    if ctl.forced in _FAST:
-        _declined(ctl.forced, "the call is not one this path covers")
-    return None
-
-
 def _scalar_case(y, inputs, arrays=False):
     """(tape, input slots) when ``grad(y, inputs)`` is the case the one-call paths cover:
     a 0-d float64 loss on one tape of scalar entries (no arrays, N-ary or retained entries,
@@ -221,11 +194,10 @@ def _scalar_case(y, inputs, arrays=False):
     return tape, np.array(slots, dtype=np.int64)
 
 
-def _grad_scalar(y, inputs, retain_graph):
+def _scalar_applies(y, inputs, retain_graph):
     """``grad(y, inputs)`` with default options in one compiled call, for the case that
     dominates scalar optimization loops (``_scalar_case``, and no import on the path). None
-    when anything else holds: the general path then runs (and raises whatever torch
-    raises)."""
+    when anything else holds: the next path then runs (and raises whatever torch raises)."""
     case = _scalar_case(y, inputs)
     if case is None:
         return None
@@ -235,18 +207,24 @@ def _grad_scalar(y, inputs, retain_graph):
                                         tape.imports[0] if tape.imports else y._slot)
     if not used:
         return None  # an unused input: the general path raises or returns None for it
+    return tape, need, grads, retain_graph
+
+
+def _scalar_run(plan):
+    tape, need, grads, retain_graph = plan
     if not retain_graph:
         cpu.free_entries(tape, need)
         end_tape(tape)
-    _PATHS.last = "scalar"
     return tuple([_plain_s(v) for v in grads.tolist()])
 
 
-def _grad_flat(y, inputs, retain_graph, ctl=None):
-    """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
-    call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
-    tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
-    None when anything else holds (the general path runs)."""
+def _flat_mark(y, inputs):
+    """(tape, rows, need, lo, input slots) when the flat and fused paths may take the call
+    (``_scalar_case`` with arrays, every input reached, every entry on the path one
+    ``cpu.FLAT`` covers); else None."""
+    tape = y._tape
+    if tape is None or not tape.arrays:
+        return None
     case = _scalar_case(y, inputs, arrays=True)
     if case is None:
         return None
@@ -256,17 +234,31 @@ def _grad_flat(y, inputs, retain_graph, ctl=None):
                                            tape.imports[0] if tape.imports else y._slot)
     if not ok or not reach[ins].all():
         return None
+    return tape, rows, need, lo, ins
+
+
+def _flat_applies(y, inputs, retain_graph):
+    """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
+    call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
+    tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
+    None when anything else holds (past the buffers' size limit: the fused path)."""
+    m = _flat_mark(y, inputs)
+    if m is None:
+        return None
+    tape, rows, need, lo, ins = m
     layout = cpu.flat_layout(tape, rows, need, lo, y._slot + 1)
-    if layout is None or (ctl is not None and not ctl.allows("flat")):
-        if ctl is not None and not ctl.allows("fused"):
-            return None
-        return _grad_fused(tape, rows, need, lo, y, ins, retain_graph,
-                           ctl is not None and ctl.forced == "fused")
+    if layout is None:
+        return None
     off, size, V, p0, p1 = layout
     A = np.zeros(len(V), dtype=np.float64)
     A[y._slot] = 1.0
     if _generated_cpu.sweep_flat(rows, need, y._slot + 1, lo, off, size, V, A, p0, p1):
         return None  # broadcasting it does not run
+    return tape, need, ins, off, A, retain_graph
+
+
+def _flat_run(plan):
+    tape, need, ins, off, A, retain_graph = plan
     out = []
     arrays = tape.arrays
     for s in ins.tolist():
@@ -279,19 +271,26 @@ def _grad_flat(y, inputs, retain_graph, ctl=None):
     if not retain_graph:
         cpu.free_entries(tape, need)
         end_tape(tape)
-    _PATHS.last = "flat"
     return tuple(out)
 
 
-def _grad_fused(tape, rows, need, lo, y, ins, retain_graph, compile_now=False):
-    """``_grad_flat`` past the flat buffers' size limit: the array entries run as one
+def _fused_applies(y, inputs, retain_graph):
+    """The flat path's calls past the flat buffers' size limit: the array entries run as one
     generated loop per shape (``interpreters.fused``), the scalar entries compiled. None
-    when the region does not fit that form or its loop is not compiled yet (``compile_now``:
-    compile it at once, as forcing the path does)."""
+    when the flat path takes the call, the region does not fit that form or its loop is
+    not compiled yet (forcing the path compiles it at once)."""
+    m = _flat_mark(y, inputs)
+    if m is None:
+        return None
+    tape, rows, need, lo, ins = m
+    ctl = _PATHS.ctl
+    if ((ctl is None or ctl.allows("flat"))
+            and cpu.flat_layout(tape, rows, need, lo, y._slot + 1) is not None):
+        return None  # the flat path's (or, when it declined, the general sweep's)
     p = fused.plan_for(tape, rows, need, lo, y._slot + 1, ins)
     if p is None:
         return None
-    fn = fused.kernel(p.text, force=compile_now)
+    fn = fused.kernel(p.text, force=ctl is not None and ctl.forced == "fused")
     if fn is None:
         return None
     adj = np.zeros(len(rows), dtype=np.float64)
@@ -312,18 +311,23 @@ def _grad_fused(tape, rows, need, lo, y, ins, retain_graph, compile_now=False):
             out.append(_plain(g))
         else:
             return None
+    return tape, need, tuple(out), retain_graph
+
+
+def _fused_run(plan):
+    tape, need, out, retain_graph = plan
     if not retain_graph:
         cpu.free_entries(tape, need)
         end_tape(tape)
-    _PATHS.last = "fused"
-    return tuple(out)
+    return out
 
 
-def _grad_record(y, inputs):
+def _record_applies(y, inputs, retain_graph):
     """``grad(y, inputs, create_graph=True)`` with default options in one compiled call:
-    the sweep's entries are emitted by ``cpu.grad_record`` onto the loss's tape, which must
-    be the one this thread records onto. Covers ``_scalar_case`` with every rule on the path
-    recordable; None otherwise (the tensor sweep then records the same entries)."""
+    the sweep's entries are emitted by ``cpu.grad_record`` (appended to the loss's tape by
+    ``_record_run``), which must be the one this thread records onto. Covers
+    ``_scalar_case`` with every rule on the path recordable; None otherwise (the tensor
+    sweep then records the same entries)."""
     case = _scalar_case(y, inputs)
     if case is None:
         return None
@@ -336,8 +340,12 @@ def _grad_record(y, inputs):
         tape.imports[0] if tape.imports else y._slot, base)
     if not ok:
         return None
+    return tape, rows, codes, values, gslots, gvals
+
+
+def _record_run(plan):
+    tape, rows, codes, values, gslots, gvals = plan
     tape.extend(rows, codes, values)
-    _PATHS.last = "record"
     sid, out = tape.sid, []
     for s, v in zip(gslots.tolist(), gvals.tolist()):
         if s < 0:  # a constant gradient (no path through a recorded value)
@@ -351,6 +359,14 @@ def _grad_record(y, inputs):
         t._slot = s
         out.append(t)
     return tuple(out)
+
+
+SCALAR = Path("scalar", _scalar_applies, _scalar_run, graph=False)
+FLAT = Path("flat", _flat_applies, _flat_run, graph=False)
+FUSED = Path("fused", _fused_applies, _fused_run, graph=False)
+RECORD = Path("record", _record_applies, _record_run, graph=True)
+_FAST_NOGRAPH = (SCALAR, FLAT, FUSED)  # create_graph off, in the order they are tried
+_FAST_GRAPH = (RECORD,)                # create_graph on (and the graph retained)
 
 
 def _batched_seeds(outs, grad_outputs):
@@ -538,15 +554,8 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     and retained non-leaves, returned as a third value. With ``record`` (create_graph) the
     seeds are tensors and the sweep re-records every rule, so the results are tensors (an
     input ``allow_unused`` rejects is rejected before anything is recorded)."""
-    path = ("rerecord" if record else "batched" if batch else
-            "checked" if ANOMALY.enabled and ANOMALY.check_nan else "sweep")
-    ctl = _PATHS.ctl
-    if ctl is not None and not ctl.allows(path):
-        if ctl.forced == "checked" and path == "sweep":
-            path = "checked"  # the checked sweep takes whatever the general one takes
-        else:
-            _declined(ctl.forced or path, f"this call takes the {path!r} path")
-    _PATHS.last = path
+    path = _general_path(record, batch)
+    _PATHS.last = path.name
     roots = []
     for y in outs:
         if y._tape is not None and all(y._tape is not r for r in roots):
@@ -604,41 +613,19 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     graph.wanted = need | is_input | is_output  # slots whose gradient anyone will read
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
-    hooked = HOOKS[0] and hooks.graph_has_hooks(graph, ins)  # hooks run in hooks.sweep
-    if hooked and (record or batch):
-        raise NotImplementedError(
-            "backward hooks with create_graph=True or is_grads_batched=True are not supported "
-            "by tapegrad yet; remove the hooks (handle.remove()) for this call, or apply the "
-            "change the hook makes to the gradients you get back")
-    if hooked:
+    if HOOKS[0] and hooks.graph_has_hooks(graph, ins):  # only the hooks path runs hooks
+        if record or batch:
+            raise NotImplementedError(
+                "backward hooks with create_graph=True or is_grads_batched=True are not "
+                "supported by tapegrad yet; remove the hooks (handle.remove()) for this call, "
+                "or apply the change the hook makes to the gradients you get back")
+        path = _general_path(record, batch, hooked=True)
         fast_leaves = False
-        hooks.sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate)
-    elif record:
-        if not allow_unused:  # raise before recording anything
-            for i, sl in enumerate(slot_lists):
-                if not any(reach[s] for s in sl) and id(ins[i]) not in direct:
-                    _check_unused(i, False)
-        prev = STATE.grad_enabled
-        set_grad_mode(True)  # create_graph wins over an enclosing no_grad, as in torch
-        tape = STATE.tape()
-        start = len(tape.vals) if tape else 0
-        try:
-            adjd = rerecord.sweep(graph, need, adjd, TensorF, _slot_tensors(graph),
-                                  lambda u, v: u + v, batch=batch)
-        except BaseException:
-            if tape:  # a rule that failed part way leaves nothing recorded
-                tape.truncate(start)
-            raise
-        finally:
-            set_grad_mode(prev)
-        is_array = adjd.__contains__  # every adjoint is a tensor in adjd
-        adj = np.zeros(n)
-    elif batch:
-        cpu.sweep_batched(graph, need, adj, adjd, arr)
-    elif path == "checked":
-        cpu.sweep_checked(graph, need, adj, adjd, lambda k, i: nan_error(graph, k, i))
-    else:
-        cpu.sweep(graph, need, adj, adjd, arr)
+    sw = _Sweep(graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
+                batch, ins, slot_lists, direct, allow_unused)
+    _PATHS.last = path.name
+    path.run(sw)
+    adj, adjd, is_array = sw.adj, sw.adjd, sw.is_array
     if fast_leaves and not ANOMALY.enabled:
         flat_arr = np.array(flat, dtype=np.int64)
         if reach[flat_arr].all() and not direct:
@@ -653,7 +640,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     # slot's row stays an array (an input entered on several tapes sums its rows)
     reach_l = dict(zip(flat, reach[flat].tolist()))
     adj_l = dict(zip(flat, adj[flat].tolist() if not batch else list(adj[flat])))
-    if record:
+    if is_array is not None:
         pass
     elif len(tapes) == 1:
         is_array = tapes[0].arrays.__contains__
@@ -696,6 +683,91 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     if collect:
         return results, used, ins
     return results, used
+
+
+class _Sweep:
+    """What a general path's ``run`` reads and writes: the marked graph, the adjoints (0-d
+    in ``adj``, arrays and tensors in ``adjd``), and for the results ``is_array`` (None: the
+    tape's own test)."""
+    __slots__ = ("graph", "need", "reach", "arr", "adj", "adjd", "is_input", "is_output",
+                 "accumulate", "batch", "ins", "slot_lists", "direct", "allow_unused",
+                 "is_array")
+
+    def __init__(self, graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
+                 batch, ins, slot_lists, direct, allow_unused):
+        self.graph, self.need, self.reach, self.arr = graph, need, reach, arr
+        self.adj, self.adjd, self.is_input, self.is_output = adj, adjd, is_input, is_output
+        self.accumulate, self.batch, self.ins = accumulate, batch, ins
+        self.slot_lists, self.direct, self.allow_unused = slot_lists, direct, allow_unused
+        self.is_array = None
+
+
+def _general_path(record, batch, hooked=False):
+    """The general strategy for a sweep's options: the first of ``_GENERAL`` whose
+    ``applies`` takes them. Under ``paths.force``/``disable`` it must be allowed: a forced
+    ``checked`` takes whatever ``sweep`` takes; otherwise ``PathDeclined``."""
+    call = (record, batch, hooked)
+    for p in _GENERAL:
+        if p.applies(call):
+            break
+    ctl = _PATHS.ctl
+    if ctl is None or ctl.allows(p.name):
+        return p
+    if ctl.forced == "checked" and p is SWEEP:
+        return CHECKED  # the checked sweep takes whatever the general one takes
+    _declined(ctl.forced or p.name, f"this call takes the {p.name!r} path")
+
+
+def _hooks_run(sw):
+    hooks.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.is_input, sw.is_output, sw.reach,
+                sw.accumulate)
+
+
+def _rerecord_run(sw):
+    if not sw.allow_unused:  # raise before recording anything
+        for i, sl in enumerate(sw.slot_lists):
+            if not any(sw.reach[s] for s in sl) and id(sw.ins[i]) not in sw.direct:
+                _check_unused(i, False)
+    prev = STATE.grad_enabled
+    set_grad_mode(True)  # create_graph wins over an enclosing no_grad, as in torch
+    tape = STATE.tape()
+    start = len(tape.vals) if tape else 0
+    graph = sw.graph
+    try:
+        sw.adjd = rerecord.sweep(graph, sw.need, sw.adjd, TensorF, _slot_tensors(graph),
+                                 lambda u, v: u + v, batch=sw.batch)
+    except BaseException:
+        if tape:  # a rule that failed part way leaves nothing recorded
+            tape.truncate(start)
+        raise
+    finally:
+        set_grad_mode(prev)
+    sw.is_array = sw.adjd.__contains__  # every adjoint is a tensor in adjd
+    sw.adj = np.zeros(graph.n)
+
+
+def _batched_run(sw):
+    cpu.sweep_batched(sw.graph, sw.need, sw.adj, sw.adjd, sw.arr)
+
+
+def _checked_run(sw):
+    graph = sw.graph
+    cpu.sweep_checked(graph, sw.need, sw.adj, sw.adjd, lambda k, i: nan_error(graph, k, i))
+
+
+def _sweep_run(sw):
+    cpu.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.arr)
+
+
+# the general strategies: ``applies`` reads (create_graph, batch size, hooked) and says
+# yes before anything is swept; the sweep itself is ``run``. Tried in this order.
+HOOKS_PATH = Path("hooks", lambda c: c[2], _hooks_run)
+RERECORD = Path("rerecord", lambda c: c[0], _rerecord_run)
+BATCHED = Path("batched", lambda c: bool(c[1]), _batched_run)
+CHECKED = Path("checked", lambda c: ANOMALY.enabled and ANOMALY.check_nan, _checked_run)
+SWEEP = Path("sweep", lambda c: True, _sweep_run)
+_GENERAL = (HOOKS_PATH, RERECORD, BATCHED, CHECKED, SWEEP)
+STRATEGIES[:] = _FAST_NOGRAPH + _FAST_GRAPH + _GENERAL
 
 
 def _zeros_like_input(x, record):

@@ -14,8 +14,7 @@ import numpy as np
 
 from ..functions import _rebind
 from ..ops import BY_NAME, NpF
-from ..ops._registry import Part
-from ..tensor import Tensor, _plain, _pyfloat, array_op, enable_grad, is_grad_enabled, no_grad
+from ..tensor import Tensor, _plain, array_op, enable_grad, is_grad_enabled, no_grad
 from ._tensor_backend import TensorF
 
 _FUNCTION = BY_NAME["function"]
@@ -241,4 +240,3 @@ def _call_backward(recorded, grads, aux):
 
 NpF.call_backward = functools.partial(_call_backward, False)
 TensorF.call_backward = functools.partial(_call_backward, True)
-_unused = (Part, _pyfloat)

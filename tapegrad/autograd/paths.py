@@ -1,8 +1,10 @@
-"""Backward paths by name: force or disable one, and ask which one ran (a testing aid).
+"""Backward paths: one ordered list of strategies, and by name force or disable one, and
+ask which one ran (a testing aid).
 
-``grad``/``backward`` pick one of several sweeps for a call. The fast ones (``FAST``) are
-tried first and decline whatever they cannot be sure of; the general ones (``GENERAL``)
-are chosen by the call's options and take every program. The differential harness
+``grad``/``backward`` pick one strategy (``Path``) per call from ``STRATEGIES``, in order:
+the first whose ``applies`` accepts the call runs it. The fast ones (``FAST``) are tried
+first and decline whatever they cannot be sure of; the general ones (``GENERAL``) are
+chosen by the call's options and take every program. The differential harness
 (tests/test_differential.py) forces each path on the programs it accepts, so a fast path
 is tested on everything it takes, not only on what happens to reach it.
 
@@ -16,6 +18,8 @@ Names (they stay the names of the strategies when paths become a list):
 - ``sweep``: the general NumPy sweep (``cpu.sweep``).
 - ``rerecord``: create_graph, every rule re-recorded on tensors (``rerecord.sweep``).
 - ``batched``: is_grads_batched without create_graph (``cpu.sweep_batched``).
+- ``hooks``: a graph with live hooks, entry by entry with the hooks run in torch's order
+  (``hooks.sweep``); it takes every hooked call, and no other path takes one.
 - ``checked``: entry by entry, every rule's output checked (anomaly mode,
   ``cpu.sweep_checked``).
 
@@ -29,8 +33,30 @@ import contextlib
 import threading
 
 FAST = ("scalar", "flat", "fused", "record")
-GENERAL = ("sweep", "rerecord", "batched", "checked")
+GENERAL = ("hooks", "rerecord", "batched", "checked", "sweep")  # in the order tried
 PATHS = FAST + GENERAL
+
+
+class Path:
+    """One backward strategy. ``applies(call)`` returns a plan, or None having changed
+    nothing (no entry freed, recorded or accumulated); ``run(plan)`` finishes the call with
+    that plan. ``graph`` is False for the fast paths (create_graph off), True for the fast
+    path that records (create_graph on), None for the general ones (any options)."""
+    __slots__ = ("name", "applies", "run", "graph")
+
+    def __init__(self, name, applies, run, graph=None):
+        _check(name)
+        self.name = name
+        self.applies = applies
+        self.run = run
+        self.graph = graph
+
+    def __repr__(self):
+        return f"Path({self.name!r})"
+
+
+#: every strategy, in the order they are tried (filled in by the engine, autograd/_engine.py)
+STRATEGIES: list = []
 
 
 class PathDeclined(RuntimeError):
@@ -58,6 +84,14 @@ class _Local(threading.local):
 
 
 STATE = _Local()
+
+
+def by_name(name):
+    """The strategy called ``name``."""
+    for p in STRATEGIES:
+        if p.name == name:
+            return p
+    raise ValueError(f"unknown backward path {name!r}; the paths are {list(PATHS)}")
 
 
 def _check(name):

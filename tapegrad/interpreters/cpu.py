@@ -12,7 +12,7 @@ from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, Np
 from ..ops._registry import Part
 from ..ops.arrays import sum_to
 from ..tape import STATE
-from . import _generated_cpu
+from . import _generated_cpu, record_vm
 
 SAVES = np.array([op.saves for op in OPS], dtype=np.bool_)
 IMPORT_CODE = next(op.code for op in OPS if op.name == "import_")
@@ -78,7 +78,8 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
 def _mark_scalar(rows, ins, out, sweepable, lo):
     """``need`` and ``reach`` (as ``mark``) of a backward from scalar entry ``out`` to the
     entries ``ins``, over entries ``lo`` (at most the first input or import) to ``out``, and
-    the lowest entry swept, and whether one compiled call can do it: False when a needed entry is not one it runs
+    the lowest entry swept, and whether one compiled call can do it: False when a needed entry
+    is not one it runs
     (``sweepable[opcode]``) or the path reaches an entry that imports a value from another
     tape (it may depend on an input there, through entries one tape's rows do not lead to)."""
     n = rows.shape[0]
@@ -153,8 +154,8 @@ def grad_record(rows, vals, ins, out, seed_slot, seed, recordable, lo, base):
     orow = np.empty((cap, ROW), dtype=np.float64)
     ocode = np.empty((cap, 3), dtype=np.int64)
     oval = np.empty(cap, dtype=np.float64)
-    m = _generated_cpu.sweep_record(rows, vals, need, out + 1, lo, aslot, aval, orow, ocode,
-                                    oval, base)
+    m = record_vm.sweep_record(rows, vals, need, out + 1, lo, aslot, aval, orow, ocode,
+                               oval, base)
     return orow[:m], ocode[:m], oval[:m], aslot[ins], aval[ins], True
 
 

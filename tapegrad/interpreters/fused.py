@@ -375,7 +375,7 @@ def _emit_loop(p, tape, rows, shape, ks, cls, seeds, getitems, wanted):
     p.src.append((n, pre, init + loop, post))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rule(code):
     """Opcode ``code``'s rule as ({input: gradient expression}, the values it reads among
     a, b, out, ((constant, whether the rule branches on it), ...))."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import njit_cached
-from ..optim import _adam_update, _sgd_update
+from .._optim_math import _adam_update, _sgd_update
 from .replay_cpu import run
 
 adam_update = njit_cached(error_model="numpy", nogil=True)(_adam_update)

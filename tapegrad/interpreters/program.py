@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from .._jit import njit_cached
-from ..ops import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, REPLAY, UNARY, UNARY_C,
+from ..ops import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, UNARY, UNARY_C,
                    lowering)
 
 NCOL = 6

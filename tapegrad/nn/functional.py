@@ -146,7 +146,8 @@ def _from_logp(input, logp, target, weight, ignore_index, reduction, label_smoot
                            f"got {list(idx.shape)}")
     keep = idx != ignore_index
     if np.any((idx[keep] < 0) | (idx[keep] >= C)):
-        raise IndexError(f"cross_entropy: Target {int(idx[keep][(idx[keep] < 0) | (idx[keep] >= C)][0])}"
+        bad = int(idx[keep][(idx[keep] < 0) | (idx[keep] >= C)][0])
+        raise IndexError(f"cross_entropy: Target {bad}"
                          f" is out of bounds for {C} classes")
     safe = np.where(keep, idx, 0)
     grids = list(np.indices(safe.shape, sparse=True))

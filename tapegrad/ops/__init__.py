@@ -1,4 +1,5 @@
-"""The ops registry, by family. Everything else (recorder, interpreters, tests, docs) derives from it."""
+"""The ops registry, by family. Everything else (recorder, interpreters, tests, docs) derives
+from it."""
 from . import elementwise, arrays, traced  # noqa: F401  (opcodes: _registry.OPCODES)
 from ._backends import Node, Sym, build_backends, build_node_backend
 from ._registry import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPCODES, OPS, REPLAY, ROW,
@@ -36,5 +37,12 @@ for _op in OPS:
         _op.uses = _op.uses | {"c0", "c1"}
 del _op
 
-__all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "COMPARE", "REPLAY", "OPS", "ROW", "SPECIAL", "UNARY",
-           "UNARY_C", "Op", "Opcode", "Node", "NodeF", "Sym", "SymF", "NpF"]
+__all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "COMPARE", "REPLAY", "OPS", "ROW", "SPECIAL",
+           "UNARY", "UNARY_C", "const_ops", "Op", "Opcode", "Node", "NodeF", "Sym", "SymF", "NpF"]
+
+
+def const_ops():
+    """{binary op name: ((op, sign of c) for ``x op c``, (op, sign of c) for ``c op x``)}
+    from the registry's ``const`` fields (the forms recorded for a float constant)."""
+    return {op.name: ((BY_NAME[r], rs), (BY_NAME[lft], ls))
+            for op in OPS if op.const is not None for (r, rs), (lft, ls) in (op.const,)}

@@ -46,18 +46,19 @@ OPCODES = (
     "round_f32",
 )
 
-OPS: list["Op"] = []  # by opcode (ops/__init__ sorts it once every family has registered)
-BY_NAME: dict[str, "Op"] = {}
+OPS: list[Op] = []  # by opcode (ops/__init__ sorts it once every family has registered)
+BY_NAME: dict[str, Op] = {}
 
 
 class Op:
     """One registered op. Fields are documented in the module docstring."""
 
     __slots__ = ("name", "code", "kind", "py", "np", "nb", "vjp", "saves", "torch",
-                 "nary", "doc", "uses", "batch", "arity", "lower")
+                 "nary", "doc", "uses", "batch", "arity", "lower", "const")
 
     def __init__(self, name, kind, *, py=None, np=None, nb=None, vjp=None, saves=True,
-                 torch=None, nary=False, doc="", batch=None, arity=None, lower=None):
+                 torch=None, nary=False, doc="", batch=None, arity=None, lower=None,
+                 const=None):
         self.name = name
         self.kind = kind
         self.py = py
@@ -77,8 +78,11 @@ class Op:
         # scalar inputs of compare and replay ops (a, b, c), for the traced-program interpreters
         self.arity = arity
         # lower(L, inputs, aux, value): the op on arrays of program slots, emitting scalar
-        # program rows through L (see interpreters/lowering.py); elementwise ops need none
+        # program rows through L (see ops/lowering.py); elementwise ops need none
         self.lower = lower
+        # a binary op's forms with a float constant, recorded instead of it (``x * 2.0`` as
+        # mulc): ((name, sign of c) for x op c, (name, sign of c) for c op x), or None
+        self.const = const
         self.code = OPCODES.index(name)
         # which of the entry's values (a, b, out) its rule reads, and which constants (c0, c1)
         # its rule or forward reads; filled in by ops/__init__

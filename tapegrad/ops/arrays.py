@@ -15,16 +15,6 @@ from ._registry import ARRAY_OP, BY_NAME, UNARY, Part, register
 A = ARRAY_OP
 
 
-def _keep(g, dims, keepdim, in_ndim):
-    """Shape of a reduction's output with the reduced dims kept (for broadcasting g back)."""
-    if keepdim or dims is None and np.ndim(g) == in_ndim:
-        return g
-    shape = list(np.shape(g))
-    for d in sorted(range(in_ndim) if dims is None else dims):
-        shape.insert(d, 1)
-    return tuple(shape)
-
-
 def _kshape(out_shape, dims, keepdim, in_ndim):
     if keepdim:
         return tuple(out_shape)

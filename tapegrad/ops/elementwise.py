@@ -259,14 +259,17 @@ def _min_vjp(F, g, a, b, out):
 
 
 register("add", B, py=operator.add, np=np.add, nb="({a} + {b})", torch="add",
-         vjp=lambda F, g, a, b, out: (g, g), saves=False)
+         vjp=lambda F, g, a, b, out: (g, g), saves=False, const=(("addc", 1.0), ("addc", 1.0)))
 register("sub", B, py=operator.sub, np=np.subtract, nb="({a} - {b})", torch="sub",
-         vjp=lambda F, g, a, b, out: (g, -g), saves=False)
+         vjp=lambda F, g, a, b, out: (g, -g), saves=False,
+         const=(("addc", -1.0), ("rsubc", 1.0)))
 register("mul", B, py=operator.mul, np=np.multiply, nb="({a} * {b})", torch="mul",
-         vjp=lambda F, g, a, b, out: (g * b, g * a))
+         vjp=lambda F, g, a, b, out: (g * b, g * a), const=(("mulc", 1.0), ("mulc", 1.0)))
 register("div", B, py=_safe(operator.truediv, _div_err), np=np.true_divide, nb="({a} / {b})",
-         torch="div", vjp=lambda F, g, a, b, out: (g / b, -g * a / (b * b)))
-register("pow", B, py=_py_pow, np=_np_pow, nb="({a} ** {b})", torch="pow", vjp=_pow_vjp)
+         torch="div", vjp=lambda F, g, a, b, out: (g / b, -g * a / (b * b)),
+         const=(("divc", 1.0), ("rdivc", 1.0)))
+register("pow", B, py=_py_pow, np=_np_pow, nb="({a} ** {b})", torch="pow", vjp=_pow_vjp,
+         const=(("powc", 1.0), ("rpowc", 1.0)))
 register("atan2", B, py=math.atan2, np=np.arctan2, nb="math.atan2({a}, {b})", torch="atan2",
          vjp=_atan2_vjp)
 register("maximum", B, py=_py_maximum, np=np.maximum,
