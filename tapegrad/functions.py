@@ -1415,6 +1415,28 @@ def _sort_indices(a, d, descending):
     return (n - 1) - np.flip(np.argsort(rev, axis=d, kind="stable"), axis=d)
 
 
+def _guard_order(x, idx, d, descending, what):
+    """While tracing, ``idx`` (the order of traced ``x`` along ``d``) is baked into the
+    program: guard that it is still the stable sorted order at replay (each neighbour pair
+    in order, ties only in index order), so another order raises GuardError instead of
+    replaying a wrong permutation. Where that cannot be checked (NaN), guard the values."""
+    tr = STATE.trace
+    if tr is None or not tr.traced(x) or x.shape[d] < 2:
+        return
+    n = x.shape[d]
+    v = getitem(x, _along(idx, d))
+    lo = getitem(v, (slice(None),) * d + (slice(0, n - 1),))
+    hi = getitem(v, (slice(None),) * d + (slice(1, n),))
+    ilo = np.take(idx, np.arange(n - 1), axis=d)
+    ihi = np.take(idx, np.arange(1, n), axis=d)
+    tie_ok = _plain(ilo < ihi)
+    ok = ((hi < lo) if descending else (lo < hi)) | ((lo == hi) & tie_ok)
+    if builtins.bool(np.all(np.asarray(ok._d))):
+        builtins.bool(ok.all())  # bool() of a traced truth value records the guard
+    else:
+        tr.on_escape(x, what)
+
+
 def _along(idx, d):
     """An advanced index picking ``idx`` (same shape as the input) along dim ``d``."""
     grids = list(np.indices(idx.shape, sparse=True))
@@ -1433,6 +1455,7 @@ def sort(input, dim=-1, descending=False, stable=False):
     d = _dim(dim, x.ndim)
     a = np.asarray(x._d)
     idx = _sort_indices(a, d, descending)
+    _guard_order(x, idx, d, descending, "sort()")
     values = _hint(getitem(x, _along(idx, d)), "SortBackward0")
     return _sort_result(values, _plain(idx.astype(np.int64)))
 
@@ -1443,7 +1466,9 @@ def argsort(input, dim=-1, descending=False, stable=False):
     if x.ndim == 0:
         return _plain(np.asarray(0, dtype=np.int64))
     d = _dim(dim, x.ndim)
-    return _plain(_sort_indices(np.asarray(x._d), d, descending).astype(np.int64))
+    idx = _sort_indices(np.asarray(x._d), d, descending)
+    _guard_order(x, idx, d, descending, "argsort()")
+    return _plain(idx.astype(np.int64))
 
 
 def mm(input, mat2):
@@ -1464,6 +1489,10 @@ def equal(input, other):
     x, y = _t(input), _t(other, "other")
     if x.shape != y.shape:
         return False
+    tr = STATE.trace
+    if tr is not None and (tr.traced(x) or tr.traced(y) or tr.ref(x) is not None
+                           or tr.ref(y) is not None):
+        return builtins.bool((x == y).all())  # a guard: replay checks the answer holds
     return builtins.bool(np.array_equal(np.asarray(x._d), np.asarray(y._d)))
 
 

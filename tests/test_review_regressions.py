@@ -1,0 +1,53 @@
+"""Regressions found by the review of the merged work: silent wrong numbers, against torch."""
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad.replay import GuardError
+
+torch = pytest.importorskip("torch")
+
+
+def _sorted_weighted(lib, descending):
+    def f(x):
+        v, _ = lib.sort(x, dim=1, descending=descending)
+        w = lib.arange(v.shape[1]) if lib is torch else tg.tensor(np.arange(float(v.shape[1])))
+        return (v * w.to(v.dtype) if lib is torch else v * w).sum()
+    return f
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_in_trace_guards_its_order(descending):
+    # the permutation found while tracing was replayed at inputs with another order
+    rng = np.random.default_rng(0)
+    x0, x1 = rng.standard_normal((2, 5)), rng.standard_normal((2, 5))
+    p = tg.trace(_sorted_weighted(tg, descending), tg.tensor(x0, requires_grad=True))
+    with pytest.raises(GuardError):
+        p(x1)
+    same = x0 + 1e-3 * np.sign(x0)  # same order: replays, and matches torch
+    t = torch.tensor(same, requires_grad=True)
+    want = _sorted_weighted(torch, descending)(t)
+    want.backward()
+    assert np.isclose(p(same), want.item())
+    assert np.allclose(p.grad(same), t.grad.numpy())
+    r = tg.trace(_sorted_weighted(tg, descending), tg.tensor(x0, requires_grad=True),
+                 retrace=True)
+    assert np.isclose(r(x1), _sorted_weighted(torch, descending)(torch.tensor(x1)).item())
+
+
+def test_argsort_and_equal_in_trace_guard():
+    p = tg.trace(lambda x: x[tg.argsort(x)][0] * 1.0, tg.tensor([3., 1., 2.], requires_grad=True),
+                 retrace=True)
+    assert p(np.array([0., 5., 4.])) == 0.0
+    q = tg.trace(lambda x: x.sum() * (2.0 if tg.equal(x, tg.zeros(3)) else 1.0),
+                 tg.zeros(3, requires_grad=True), retrace=True)
+    assert q(np.array([1., 1., 1.])) == 3.0
+    assert q(np.zeros(3)) == 0.0
+
+
+def test_sort_with_nan_in_trace_guards_the_values():
+    x0 = np.array([1.0, np.nan, 0.0])
+    with pytest.warns(tg.replay.TraceWarning):
+        p = tg.trace(lambda x: tg.sort(x)[0][0] * 1.0, tg.tensor(x0, requires_grad=True))
+    with pytest.raises(GuardError):
+        p(np.array([0.0, np.nan, 1.0]))
