@@ -471,7 +471,8 @@ def reshape(input, *shape):
     except ValueError:
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {a.size}") \
             from None
-    return array_op(_O["reshape"], [x], v, (v.shape, a.shape))
+    return _aliased(array_op(_O["reshape"], [x], v, (v.shape, a.shape)), x,
+                    lambda b: b.reshape(shape))
 
 
 def flatten(input, start_dim=0, end_dim=-1):
@@ -508,7 +509,8 @@ def transpose(input, dim0, dim1):
     d0, d1 = _dim(dim0, nd), _dim(dim1, nd)
     a = np.asarray(x._d)
     v = np.swapaxes(a, d0, d1) if nd else a
-    return array_op(_O["transpose"], [x], v, (d0, d1) if nd else (0, 0))
+    return _aliased(array_op(_O["transpose"], [x], v, (d0, d1) if nd else (0, 0)), x,
+                    lambda b: np.swapaxes(b, d0, d1) if nd else b)
 
 
 swapaxes = swapdims = transpose
@@ -525,7 +527,8 @@ def permute(input, *dims):
     ds = tuple(_dim(d, x.ndim) for d in dims)
     if sorted(ds) != list(range(x.ndim)):
         raise RuntimeError(f"permute(): duplicate dims are not allowed: {dims}")
-    return array_op(_O["permute"], [x], np.transpose(np.asarray(x._d), ds), ds)
+    return _aliased(array_op(_O["permute"], [x], np.transpose(np.asarray(x._d), ds), ds), x,
+                    lambda b: np.transpose(b, ds))
 
 
 def t(input):
@@ -675,6 +678,23 @@ def _record_view(x, v, index, shape):
             box = x._ver = [0]
         res._tape.viewed.append((res._slot, box, box[0]))
     res._view = (x, index)
+    res._alias = (x, lambda a, v: a.__setitem__(index, v))
+    return res
+
+
+def _aliased(res, x, fn):
+    """``res`` is a view of ``x`` (``fn`` makes it from ``x``'s array): an unrecorded
+    in-place change of ``res`` writes through to ``x``, as torch's views share memory."""
+    def write(a, v):
+        view = fn(a)
+        if not np.shares_memory(view, a):  # never silently into a copy
+            raise RuntimeError("in-place change of a view whose base's layout changed: "
+                               "make it on a contiguous tensor (x.clone())")
+        np.copyto(view, v, casting="unsafe")
+
+    if res._tape is not None and res is not x and isinstance(res._d, np.ndarray) \
+            and isinstance(x._d, np.ndarray) and np.shares_memory(res._d, x._d):
+        res._alias = (x, write)
     return res
 
 
@@ -734,6 +754,7 @@ def setitem(x, idx, value):
         if x._tape is not None:
             x._tape.dirty[x._slot] = len(x._tape)
             _keep_on_tape(x)
+            _write_through(x)
         return
     _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
 
@@ -793,6 +814,17 @@ def _inplace_write(x, write):
     x._sid = -1
     if x._tape is not None:
         _keep_on_tape(x)
+        _write_through(x)
+
+
+def _write_through(x):
+    """``x``, a view of another tensor, was changed in place without recording (its array
+    copied, as the tape holds it): write its new value into its base, as torch's views share
+    memory (without this the base kept its old value: a wrong number)."""
+    alias = getattr(x, "_alias", None)
+    if alias is not None:
+        base, write = alias
+        _inplace_write(base, lambda arr: write(arr, x._d))
 
 
 def _keep_on_tape(x):
@@ -857,6 +889,7 @@ def _inplace(op_fn):
             if self._tape is not None:
                 self._tape.dirty[self._slot] = len(self._tape)
                 _keep_on_tape(self)
+                _write_through(self)
             return self
         rt = np.asarray(v).dtype
         if _cat(rt) > _cat(self._d.dtype):  # torch's canCast: no float into int, int into bool
