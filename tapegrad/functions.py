@@ -472,7 +472,7 @@ def reshape(input, *shape):
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {a.size}") \
             from None
     return _aliased(array_op(_O["reshape"], [x], v, (v.shape, a.shape)), x,
-                    lambda b: b.reshape(shape))
+                    lambda b: b.reshape(shape), lambda t: reshape(t, a.shape))
 
 
 def flatten(input, start_dim=0, end_dim=-1):
@@ -510,7 +510,8 @@ def transpose(input, dim0, dim1):
     a = np.asarray(x._d)
     v = np.swapaxes(a, d0, d1) if nd else a
     return _aliased(array_op(_O["transpose"], [x], v, (d0, d1) if nd else (0, 0)), x,
-                    lambda b: np.swapaxes(b, d0, d1) if nd else b)
+                    lambda b: np.swapaxes(b, d0, d1) if nd else b,
+                    lambda t: transpose(t, d0, d1) if nd else t)
 
 
 swapaxes = swapdims = transpose
@@ -528,7 +529,8 @@ def permute(input, *dims):
     if sorted(ds) != list(range(x.ndim)):
         raise RuntimeError(f"permute(): duplicate dims are not allowed: {dims}")
     return _aliased(array_op(_O["permute"], [x], np.transpose(np.asarray(x._d), ds), ds), x,
-                    lambda b: np.transpose(b, ds))
+                    lambda b: np.transpose(b, ds),
+                    lambda t: permute(t, tuple(int(i) for i in np.argsort(ds))))
 
 
 def t(input):
@@ -678,13 +680,14 @@ def _record_view(x, v, index, shape):
             box = x._ver = [0]
         res._tape.viewed.append((res._slot, box, box[0]))
     res._view = (x, index)
-    res._alias = (x, lambda a, v: a.__setitem__(index, v))
+    res._alias = (x, lambda a, v: a.__setitem__(index, v), None)  # recorded: ``_view``
     return res
 
 
-def _aliased(res, x, fn):
+def _aliased(res, x, fn, inverse):
     """``res`` is a view of ``x`` (``fn`` makes it from ``x``'s array): an unrecorded
-    in-place change of ``res`` writes through to ``x``, as torch's views share memory."""
+    in-place change of ``res`` writes through to ``x``, as torch's views share memory;
+    ``inverse`` maps a tensor of ``res``'s shape to ``x``'s (the recorded write-back)."""
     def write(a, v):
         view = fn(a)
         if not np.shares_memory(view, a):  # never silently into a copy
@@ -694,7 +697,7 @@ def _aliased(res, x, fn):
 
     if res._tape is not None and res is not x and isinstance(res._d, np.ndarray) \
             and isinstance(x._d, np.ndarray) and np.shares_memory(res._d, x._d):
-        res._alias = (x, write)
+        res._alias = (x, write, inverse)
     return res
 
 
@@ -731,6 +734,10 @@ def setitem(x, idx, value):
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
                                "in-place operation (index assignment). Assign into a clone "
                                "(y = x.clone(); y[...] = v) or wrap it in tapegrad.no_grad().")
+        if _leaf_base(x) is not None:  # checked before anything is recorded
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
+                               "an in-place operation (index assignment). Assign into a clone, "
+                               "or wrap it in tapegrad.no_grad().")
         vt = vt if vt is not None else _plain(_norm_value(vv.astype(d.dtype)))
         if vt.dtype.np != d.dtype:
             vt = _to_dtype(vt, d.dtype)
@@ -743,6 +750,7 @@ def setitem(x, idx, value):
             res._tape.arrays[x._slot] = np.broadcast_to(np.zeros((), d.dtype), d.shape)
             res._tape.nbytes -= out.nbytes
         _rebind(x, res)
+        _write_back(x)
         return
     if tr is not None:
         tr.written(x, v, "an index assignment (x[i] = v) of a traced value")
@@ -817,13 +825,42 @@ def _inplace_write(x, write):
         _write_through(x)
 
 
+def _leaf_base(t):
+    """The leaf that requires grad which view ``t`` (through views) is of, else None."""
+    while True:
+        alias = getattr(t, "_alias", None)
+        if alias is None:
+            return None
+        t = alias[0]
+        if t._rg and t._tape is None:
+            return t
+
+
+def _write_back(t):
+    """``t``, a view, was changed in place (recorded): its base takes the new value,
+    recorded too, and so on up the views (a reshape, transpose or permute view, or one of
+    a view, kept the base's old value before: a wrong number)."""
+    view = getattr(t, "_view", None)
+    if view is not None:
+        setitem(view[0], view[1], t)  # writes back from view[0] in turn
+        return
+    alias = getattr(t, "_alias", None)
+    if alias is not None and alias[2] is not None:
+        base = alias[0]
+        new = alias[2](t)
+        if new.dtype is not base.dtype:
+            new = _to_dtype(new, base.dtype.np)
+        _rebind(base, new)
+        _write_back(base)
+
+
 def _write_through(x):
     """``x``, a view of another tensor, was changed in place without recording (its array
     copied, as the tape holds it): write its new value into its base, as torch's views share
     memory (without this the base kept its old value: a wrong number)."""
     alias = getattr(x, "_alias", None)
     if alias is not None:
-        base, write = alias
+        base, write = alias[:2]
         _inplace_write(base, lambda arr: write(arr, x._d))
 
 
@@ -855,8 +892,8 @@ def _inplace(op_fn):
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
                                "in-place operation. Use an out-of-place op (x = x + y), or "
                                "update it inside tapegrad.no_grad().")
-        view = getattr(self, "_view", None) if grad else None
-        if view is not None and view[0]._rg and view[0]._tape is None:
+        view = _leaf_base(self) if grad else None
+        if view is not None:
             raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
                                "an in-place operation. Use an out-of-place op, or update it "
                                "inside tapegrad.no_grad().")
@@ -873,8 +910,7 @@ def _inplace(op_fn):
             if res.dtype is not self.dtype:
                 res = _to_dtype(res, self.dtype.np)
             _rebind(self, res)
-            if view is not None:  # write through to the base, as torch's views do
-                setitem(view[0], view[1], self)
+            _write_back(self)  # write through to the base, as torch's views do
             return self
         v = res._d
         tr = STATE.trace

@@ -92,3 +92,44 @@ def test_a_views_in_place_change_under_no_grad_writes_its_base(view, write):
             assert isinstance(a, str)
         else:
             assert np.allclose(a, b)
+
+
+def _grad_mode_view_write(lib, make_view, write):
+    x = lib.tensor(np.arange(1.0, 7.0).reshape(2, 3), requires_grad=True)
+    y = x * 1.0
+    v = make_view(y)
+    write(v, x)
+    g, = lib.autograd.grad((y * y * x).sum(), x, create_graph=True)
+    h, = lib.autograd.grad(g.sum(), x)
+    return y.detach().numpy(), g.detach().numpy(), h.numpy()
+
+
+_VIEWS = {"T": lambda t: t.T, "reshape": lambda t: t.reshape(6), "permute": lambda t: t.permute(1, 0),
+          "chain": lambda t: t[:, 1:].T[0], "reshape_slice": lambda t: t.reshape(6)[1:4]}
+
+
+@pytest.mark.parametrize("view", sorted(_VIEWS))
+@pytest.mark.parametrize("write", ["mul_", "setitem"])
+def test_a_views_recorded_in_place_change_writes_its_base(view, write):
+    # reshape/transpose/permute views (and views of views) kept their base's old value
+    def do(v, x):
+        if write == "mul_":
+            v.mul_(x[0, 0] * 3)
+        else:
+            v[0] = x[1, 1] * 5
+    for a, b in zip(_grad_mode_view_write(tg, _VIEWS[view], do),
+                    _grad_mode_view_write(torch, _VIEWS[view], do)):
+        assert np.allclose(a, b)
+
+
+@pytest.mark.parametrize("view", sorted(_VIEWS))
+def test_an_in_place_change_of_a_view_of_a_leaf_raises_first(view):
+    x = tg.tensor(np.arange(1.0, 7.0).reshape(2, 3), requires_grad=True)
+    v = _VIEWS[view](x)
+    tape_len = len(v._tape)
+    with pytest.raises(RuntimeError, match="view of a leaf"):
+        v.mul_(2.0)
+    with pytest.raises(RuntimeError, match="view of a leaf"):
+        v[0] = 2.0
+    assert len(v._tape) == tape_len and np.allclose(x.detach().numpy(),
+                                                    np.arange(1.0, 7.0).reshape(2, 3))
