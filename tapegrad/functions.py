@@ -1585,7 +1585,7 @@ def _index_added(self, dim, index, source, alpha):
         raise RuntimeError(f"index_add_(): source has shape {list(src.shape)}; it must be "
                            f"the shape of self with dim {d} of size len(index) = {list(want)}")
     n = shape[d] if x.ndim else 1
-    if idx.size and (idx.min() < -n or idx.max() >= n):
+    if idx.size and (idx.min() < 0 or idx.max() >= n):  # torch takes no negative index
         raise IndexError(f"index_add_(): index out of range for dimension {d} of size {n}")
     if x.ndim == 0:  # index is [0] or [], source a single value
         return src.reshape(()) * alpha if len(idx) else zeros_like_t(x)

@@ -133,3 +133,14 @@ def test_an_in_place_change_of_a_view_of_a_leaf_raises_first(view):
         v[0] = 2.0
     assert len(v._tape) == tape_len and np.allclose(x.detach().numpy(),
                                                     np.arange(1.0, 7.0).reshape(2, 3))
+
+
+def test_index_add_refuses_a_negative_index_as_torch():
+    # -1 was taken as the last row, where torch raises: a number torch never gives
+    for lib in (tg, torch):
+        x = lib.tensor(np.zeros((3, 2)))
+        with pytest.raises((IndexError, RuntimeError)):  # torch's type depends on the path
+            x.index_add(0, lib.tensor(np.array([0, -1])), lib.tensor(np.ones((2, 2))))
+        with pytest.raises((IndexError, RuntimeError)):  # torch's type depends on the path
+            x.index_add_(0, lib.tensor(np.array([-1])), lib.tensor(np.ones((1, 2))))
+        assert not x.numpy().any()
