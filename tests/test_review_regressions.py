@@ -144,3 +144,17 @@ def test_index_add_refuses_a_negative_index_as_torch():
         with pytest.raises((IndexError, RuntimeError)):  # torch's type depends on the path
             x.index_add_(0, lib.tensor(np.array([-1])), lib.tensor(np.ones((1, 2))))
         assert not x.numpy().any()
+
+
+def test_view_writes_in_a_trace_replay_as_torch():
+    def f(x):
+        y = x * 1.0
+        y.T.mul_(x[0, 1])
+        y.reshape(4)[1:3].add_(x[1, 0])
+        return (y * y).sum()
+    p = tg.trace(f, tg.tensor(np.array([[1., 2.], [3., 4.]]), requires_grad=True))
+    x1 = np.array([[0.5, -2.], [1.5, 3.]])
+    t = torch.tensor(x1, requires_grad=True)
+    want = f(t)
+    want.backward()
+    assert np.isclose(p(x1), want.item()) and np.allclose(p.grad(x1), t.grad.numpy())
