@@ -477,7 +477,8 @@ def reshape(input, *shape):
     except ValueError:
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {a.size}") \
             from None
-    return array_op(_O["reshape"], [x], v, (v.shape, a.shape))
+    return _aliased(array_op(_O["reshape"], [x], v, (v.shape, a.shape)), x,
+                    lambda b: b.reshape(shape), lambda t: reshape(t, a.shape))
 
 
 def flatten(input, start_dim=0, end_dim=-1):
@@ -514,7 +515,9 @@ def transpose(input, dim0, dim1):
     d0, d1 = _dim(dim0, nd), _dim(dim1, nd)
     a = np.asarray(x._d)
     v = np.swapaxes(a, d0, d1) if nd else a
-    return array_op(_O["transpose"], [x], v, (d0, d1) if nd else (0, 0))
+    return _aliased(array_op(_O["transpose"], [x], v, (d0, d1) if nd else (0, 0)), x,
+                    lambda b: np.swapaxes(b, d0, d1) if nd else b,
+                    lambda t: transpose(t, d0, d1) if nd else t)
 
 
 swapaxes = swapdims = transpose
@@ -531,7 +534,9 @@ def permute(input, *dims):
     ds = tuple(_dim(d, x.ndim) for d in dims)
     if sorted(ds) != list(range(x.ndim)):
         raise RuntimeError(f"permute(): duplicate dims are not allowed: {dims}")
-    return array_op(_O["permute"], [x], np.transpose(np.asarray(x._d), ds), ds)
+    return _aliased(array_op(_O["permute"], [x], np.transpose(np.asarray(x._d), ds), ds), x,
+                    lambda b: np.transpose(b, ds),
+                    lambda t: permute(t, tuple(int(i) for i in np.argsort(ds))))
 
 
 def t(input):
@@ -681,6 +686,24 @@ def _record_view(x, v, index, shape):
             box = x._ver = [0]
         res._tape.viewed.append((res._slot, box, box[0]))
     res._view = (x, index)
+    res._alias = (x, lambda a, v: a.__setitem__(index, v), None)  # recorded: ``_view``
+    return res
+
+
+def _aliased(res, x, fn, inverse):
+    """``res`` is a view of ``x`` (``fn`` makes it from ``x``'s array): an unrecorded
+    in-place change of ``res`` writes through to ``x``, as torch's views share memory;
+    ``inverse`` maps a tensor of ``res``'s shape to ``x``'s (the recorded write-back)."""
+    def write(a, v):
+        view = fn(a)
+        if not np.shares_memory(view, a):  # never silently into a copy
+            raise RuntimeError("in-place change of a view whose base's layout changed: "
+                               "make it on a contiguous tensor (x.clone())")
+        np.copyto(view, v, casting="unsafe")
+
+    if res._tape is not None and res is not x and isinstance(res._d, np.ndarray) \
+            and isinstance(x._d, np.ndarray) and np.shares_memory(res._d, x._d):
+        res._alias = (x, write, inverse)
     return res
 
 
@@ -717,6 +740,10 @@ def setitem(x, idx, value):
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
                                "in-place operation (index assignment). Assign into a clone "
                                "(y = x.clone(); y[...] = v) or wrap it in tapegrad.no_grad().")
+        if _leaf_base(x) is not None:  # checked before anything is recorded
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
+                               "an in-place operation (index assignment). Assign into a clone, "
+                               "or wrap it in tapegrad.no_grad().")
         vt = vt if vt is not None else _plain(_norm_value(vv.astype(d.dtype)))
         if vt.dtype.np != d.dtype:
             vt = _to_dtype(vt, d.dtype)
@@ -729,6 +756,7 @@ def setitem(x, idx, value):
             res._tape.arrays[x._slot] = np.broadcast_to(np.zeros((), d.dtype), d.shape)
             res._tape.nbytes -= out.nbytes
         _rebind(x, res)
+        _write_back(x)
         return
     if tr is not None:
         tr.written(x, v, "an index assignment (x[i] = v) of a traced value")
@@ -740,6 +768,7 @@ def setitem(x, idx, value):
         if x._tape is not None:
             x._tape.dirty[x._slot] = len(x._tape)
             _keep_on_tape(x)
+            _write_through(x)
         return
     _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
 
@@ -800,6 +829,46 @@ def _inplace_write(x, write):
     x._sid = -1
     if x._tape is not None:
         _keep_on_tape(x)
+        _write_through(x)
+
+
+def _leaf_base(t):
+    """The leaf that requires grad which view ``t`` (through views) is of, else None."""
+    while True:
+        alias = getattr(t, "_alias", None)
+        if alias is None:
+            return None
+        t = alias[0]
+        if t._rg and t._tape is None:
+            return t
+
+
+def _write_back(t):
+    """``t``, a view, was changed in place (recorded): its base takes the new value,
+    recorded too, and so on up the views (a reshape, transpose or permute view, or one of
+    a view, kept the base's old value before: a wrong number)."""
+    view = getattr(t, "_view", None)
+    if view is not None:
+        setitem(view[0], view[1], t)  # writes back from view[0] in turn
+        return
+    alias = getattr(t, "_alias", None)
+    if alias is not None and alias[2] is not None:
+        base = alias[0]
+        new = alias[2](t)
+        if new.dtype is not base.dtype:
+            new = _to_dtype(new, base.dtype.np)
+        _rebind(base, new)
+        _write_back(base)
+
+
+def _write_through(x):
+    """``x``, a view of another tensor, was changed in place without recording (its array
+    copied, as the tape holds it): write its new value into its base, as torch's views share
+    memory (without this the base kept its old value: a wrong number)."""
+    alias = getattr(x, "_alias", None)
+    if alias is not None:
+        base, write = alias[:2]
+        _inplace_write(base, lambda arr: write(arr, x._d))
 
 
 def _keep_on_tape(x):
@@ -830,8 +899,8 @@ def _inplace(op_fn):
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
                                "in-place operation. Use an out-of-place op (x = x + y), or "
                                "update it inside tapegrad.no_grad().")
-        view = getattr(self, "_view", None) if grad else None
-        if view is not None and view[0]._rg and view[0]._tape is None:
+        view = _leaf_base(self) if grad else None
+        if view is not None:
             raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
                                "an in-place operation. Use an out-of-place op, or update it "
                                "inside tapegrad.no_grad().")
@@ -848,8 +917,7 @@ def _inplace(op_fn):
             if res.dtype is not self.dtype:
                 res = _to_dtype(res, self.dtype.np)
             _rebind(self, res)
-            if view is not None:  # write through to the base, as torch's views do
-                setitem(view[0], view[1], self)
+            _write_back(self)  # write through to the base, as torch's views do
             return self
         v = res._d
         tr = STATE.trace
@@ -864,6 +932,7 @@ def _inplace(op_fn):
             if self._tape is not None:
                 self._tape.dirty[self._slot] = len(self._tape)
                 _keep_on_tape(self)
+                _write_through(self)
             return self
         rt = np.asarray(v).dtype
         if _cat(rt) > _cat(self._d.dtype):  # torch's canCast: no float into int, int into bool
@@ -1421,6 +1490,28 @@ def _sort_indices(a, d, descending):
     return (n - 1) - np.flip(np.argsort(rev, axis=d, kind="stable"), axis=d)
 
 
+def _guard_order(x, idx, d, descending, what):
+    """While tracing, ``idx`` (the order of traced ``x`` along ``d``) is baked into the
+    program: guard that it is still the stable sorted order at replay (each neighbour pair
+    in order, ties only in index order), so another order raises GuardError instead of
+    replaying a wrong permutation. Where that cannot be checked (NaN), guard the values."""
+    tr = STATE.trace
+    if tr is None or not tr.traced(x) or x.shape[d] < 2:
+        return
+    n = x.shape[d]
+    v = getitem(x, _along(idx, d))
+    lo = getitem(v, (slice(None),) * d + (slice(0, n - 1),))
+    hi = getitem(v, (slice(None),) * d + (slice(1, n),))
+    ilo = np.take(idx, np.arange(n - 1), axis=d)
+    ihi = np.take(idx, np.arange(1, n), axis=d)
+    tie_ok = _plain(ilo < ihi)
+    ok = ((hi < lo) if descending else (lo < hi)) | ((lo == hi) & tie_ok)
+    if builtins.bool(np.all(np.asarray(ok._d))):
+        builtins.bool(ok.all())  # bool() of a traced truth value records the guard
+    else:
+        tr.on_escape(x, what)
+
+
 def _along(idx, d):
     """An advanced index picking ``idx`` (same shape as the input) along dim ``d``."""
     grids = list(np.indices(idx.shape, sparse=True))
@@ -1439,6 +1530,7 @@ def sort(input, dim=-1, descending=False, stable=False):
     d = _dim(dim, x.ndim)
     a = np.asarray(x._d)
     idx = _sort_indices(a, d, descending)
+    _guard_order(x, idx, d, descending, "sort()")
     values = _hint(getitem(x, _along(idx, d)), "SortBackward0")
     return _sort_result(values, _plain(idx.astype(np.int64)))
 
@@ -1449,7 +1541,9 @@ def argsort(input, dim=-1, descending=False, stable=False):
     if x.ndim == 0:
         return _plain(np.asarray(0, dtype=np.int64))
     d = _dim(dim, x.ndim)
-    return _plain(_sort_indices(np.asarray(x._d), d, descending).astype(np.int64))
+    idx = _sort_indices(np.asarray(x._d), d, descending)
+    _guard_order(x, idx, d, descending, "argsort()")
+    return _plain(idx.astype(np.int64))
 
 
 def mm(input, mat2):
@@ -1470,6 +1564,10 @@ def equal(input, other):
     x, y = _t(input), _t(other, "other")
     if x.shape != y.shape:
         return False
+    tr = STATE.trace
+    if tr is not None and (tr.traced(x) or tr.traced(y) or tr.ref(x) is not None
+                           or tr.ref(y) is not None):
+        return builtins.bool((x == y).all())  # a guard: replay checks the answer holds
     return builtins.bool(np.array_equal(np.asarray(x._d), np.asarray(y._d)))
 
 
@@ -1493,7 +1591,7 @@ def _index_added(self, dim, index, source, alpha):
         raise RuntimeError(f"index_add_(): source has shape {list(src.shape)}; it must be "
                            f"the shape of self with dim {d} of size len(index) = {list(want)}")
     n = shape[d] if x.ndim else 1
-    if idx.size and (idx.min() < -n or idx.max() >= n):
+    if idx.size and (idx.min() < 0 or idx.max() >= n):  # torch takes no negative index
         raise IndexError(f"index_add_(): index out of range for dimension {d} of size {n}")
     if x.ndim == 0:  # index is [0] or [], source a single value
         return src.reshape(()) * alpha if len(idx) else zeros_like_t(x)

@@ -344,7 +344,7 @@ class Tensor:
     # _sid: sid of the tape whose slot _slot is valid (leaves: cache of their entering);
     # _ver: [version] shared with views (arrays only)
     __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains", "_view",
-                 "_hooks", "_param", "__weakref__")
+                 "_alias", "_hooks", "_param", "__weakref__")
     __array_priority__ = 1000
     # No __init__: ``Tensor()`` is the recorder's constructor (the C one, 30 ns cheaper per op
     # than object.__new__(Tensor)); users make tensors with tapegrad.tensor(data, ...) or a
