@@ -105,7 +105,8 @@ def _grad_mode_view_write(lib, make_view, write):
 
 
 _VIEWS = {"T": lambda t: t.T, "reshape": lambda t: t.reshape(6),
-          "permute": lambda t: t.permute(1, 0), "chain": lambda t: t[:, 1:].T[0], "reshape_slice": lambda t: t.reshape(6)[1:4]}
+          "permute": lambda t: t.permute(1, 0), "chain": lambda t: t[:, 1:].T[0],
+          "reshape_slice": lambda t: t.reshape(6)[1:4]}
 
 
 @pytest.mark.parametrize("view", sorted(_VIEWS))
