@@ -621,7 +621,25 @@ def _hooks_on_leaf_output(M, x0):
     return log
 
 
-HOOK_SCENARIOS = [_hooks_on_leaf_output, _hooks_basic, _hooks_prehook_replaces, _hooks_leaf_used_twice,
+def _hooks_on_leaf_output_next_to_non_leaf(M, x0):
+    # the leaf's hooks see its whole gradient once: its own seed plus what y gives it
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    z = M.tensor(x0, requires_grad=True)
+    x.register_hook(lambda g: log.append(("x", _tl(g))) or g * 3)
+    z.register_hook(lambda g: log.append(("z", _tl(g))) or g * 5)
+    x.register_post_accumulate_grad_hook(lambda p: log.append(("post", _tl(p.grad))))
+    y = (x * 2).sum()
+    seed = M.ones_like(x) * 0.5
+    log.append([_tl(t) for t in M.autograd.grad([y, x, z], [x, z],
+                                                 [M.tensor(1.0), seed, seed],
+                                                 retain_graph=True)])
+    M.autograd.backward([y, x, z], [M.tensor(1.0), seed, seed])
+    log.append((_tl(x.grad), _tl(z.grad)))
+    return log
+
+
+HOOK_SCENARIOS = [_hooks_on_leaf_output, _hooks_on_leaf_output_next_to_non_leaf, _hooks_basic, _hooks_prehook_replaces, _hooks_leaf_used_twice,
                   _hooks_function, _hooks_clip_and_count, _hooks_node_post_on_leaf_inputs]
 
 

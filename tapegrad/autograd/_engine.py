@@ -612,7 +612,8 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
             "change the hook makes to the gradients you get back")
     if hooked:
         fast_leaves = False
-        hooks.sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate)
+        hooks.sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate,
+                    direct, {id(y): y for y in outs if y._tape is None})
     elif record:
         if not allow_unused:  # raise before recording anything
             for i, sl in enumerate(slot_lists):
