@@ -33,7 +33,12 @@ NODE_EXPRS = [
     "x.clamp(min=0)", "x.prod()", "x.prod(0)", "x.relu()", "M.outer(x,x)", "M.diag(x)", "-x",
     "x.sigmoid()", "M.maximum(x,x)", "M.atan2(x,x)", "x.square()", "x.reciprocal()",
     "x.abs()", "x**x", "x-x", "x/x", "x.exp()", "M.clamp_min(x, M.zeros(3))",
-    "M.tensor(2.0, requires_grad=True) * 3", "M.tensor(2.0, requires_grad=True) - 3"]
+    "M.tensor(2.0, requires_grad=True) * 3", "M.tensor(2.0, requires_grad=True) - 3",
+    # x + c and x - c record one op: named as torch names them, whatever the sign of c
+    "x+(-2.0)", "x-(-2.0)", "(-2.0)+x", "x-0.0", "x+(-0.0)", "x-(-2)", "x-float('nan')",
+    "M.tensor(2.0, requires_grad=True) + (-3)", "M.tensor(2.0, requires_grad=True) - (-3.0)",
+    "-3.0 + M.tensor(2.0, requires_grad=True)", "M.tensor(2.0, requires_grad=True) - 0.0",
+    "M.tensor(2.0, requires_grad=True) - float('nan')"]
 
 
 @pytest.mark.parametrize("expr", NODE_EXPRS)
