@@ -276,14 +276,25 @@ def _hint(t, name):
     return t
 
 
+_NODES = weakref.WeakValueDictionary()  # (id(tape), entry) -> its live _GradFn
+
+
 class _GradFn:
     """What ``Tensor.grad_fn`` returns: the node of the tape entry that made a tensor
     (``torch.autograd.graph.Node``: name, next_functions, metadata, hooks, saved values)."""
 
-    __slots__ = ("_tape", "_slot")
+    __slots__ = ("_tape", "_slot", "__weakref__")
 
-    def __init__(self, tape, slot):
-        self._tape, self._slot = tape, slot
+    def __new__(cls, tape, slot):
+        # one object per (tape, entry) while anyone holds it: y.grad_fn is y.grad_fn, as in
+        # torch (a live node holds its tape, so the tape's id is not reused meanwhile)
+        key = (id(tape), slot)
+        node = _NODES.get(key)
+        if node is None or node._tape is not tape:
+            node = object.__new__(cls)
+            node._tape, node._slot = tape, slot
+            _NODES[key] = node
+        return node
 
     def name(self):
         from .autograd.graph import entry_name

@@ -784,3 +784,14 @@ def test_no_grad_inplace_on_non_leaf_like_torch(value, change):
         (y * y + a).sum().backward()
         res.append((_tl(y), y.is_leaf, y.grad_fn.name(), _tl(g1), _tl(a.grad), _tl(y.grad)))
     assert res[0] == res[1]
+
+
+def test_grad_fn_is_the_same_object_like_torch():
+    res = []
+    for M in (torch, tapegrad):
+        x = M.tensor([1.0, 2.0], requires_grad=True)
+        a = x * 2
+        y = a.sin()
+        res.append((y.grad_fn is y.grad_fn, y.grad_fn.next_functions[0][0] is a.grad_fn,
+                    y.grad_fn is a.grad_fn, len({y.grad_fn, y.grad_fn, a.grad_fn})))
+    assert res[1] == res[0] == (True, True, False, 2)
