@@ -4,7 +4,7 @@ Eager fast paths: the 0-d float64 case of each operator and elementwise function
 """
 from .ops import BY_NAME
 from .tape import STATE, current_tape
-from .tensor import Tensor, binary_fallback, unary_fallback
+from .tensor import Tensor, _addc_name, binary_fallback, unary_fallback
 
 _float, _int = float, int
 
@@ -155,6 +155,8 @@ def __add__(self, other):
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
+                    if e < 0.0:
+                        _addc_name(t, _ADD, e)
                     return t
             t = Tensor()
             t._d = v
@@ -195,6 +197,8 @@ def __radd__(self, other):
                 t._tape = tape
                 t._sid = sid
                 t._slot = k
+                if e < 0.0:
+                    _addc_name(t, _ADD, e)
                 return t
         t = Tensor()
         t._d = v
@@ -273,6 +277,8 @@ def __sub__(self, other):
                     t._tape = tape
                     t._sid = sid
                     t._slot = k
+                    if not e > 0.0:
+                        _addc_name(t, _SUB, -e)
                     return t
             t = Tensor()
             t._d = v

@@ -276,14 +276,25 @@ def _hint(t, name):
     return t
 
 
+_NODES = weakref.WeakValueDictionary()  # (id(tape), entry) -> its live _GradFn
+
+
 class _GradFn:
     """What ``Tensor.grad_fn`` returns: the node of the tape entry that made a tensor
     (``torch.autograd.graph.Node``: name, next_functions, metadata, hooks, saved values)."""
 
-    __slots__ = ("_tape", "_slot")
+    __slots__ = ("_tape", "_slot", "__weakref__")
 
-    def __init__(self, tape, slot):
-        self._tape, self._slot = tape, slot
+    def __new__(cls, tape, slot):
+        # one object per (tape, entry) while anyone holds it: y.grad_fn is y.grad_fn, as in
+        # torch (a live node holds its tape, so the tape's id is not reused meanwhile)
+        key = (id(tape), slot)
+        node = _NODES.get(key)
+        if node is None or node._tape is not tape:
+            node = object.__new__(cls)
+            node._tape, node._slot = tape, slot
+            _NODES[key] = node
+        return node
 
     def name(self):
         from .autograd.graph import entry_name
@@ -853,6 +864,15 @@ def array_op(op, inputs, value, aux):
 _CONST_OPS = const_ops()
 _NUMBER = (_pyfloat, _pyint, _pybool)
 _CAST = BY_NAME["cast"]
+_ADDC = BY_NAME["addc"]
+
+
+def _addc_name(r, op, c):
+    """``x + c`` and ``x - c`` record one op (``addc``), named by the sign of its constant
+    ``c``; hint torch's name where that sign says otherwise (``x + (-2.0)``, ``x - 0.0``)."""
+    if (c < 0) != (op.name == "sub"):
+        _hint(r, "SubBackward0" if op.name == "sub" else "AddBackward0")
+    return r
 _NUM_FAST = (_pyfloat, _pyint)  # a bool operand takes the slow path (bool - x raises)
 
 
@@ -974,6 +994,9 @@ def binary(op, x, y):
                 forms = _CONST_OPS.get(op.name)
                 if forms is not None:
                     cop, sgn = forms[0]
+                    if cop is _ADDC:
+                        return _addc_name(_record(cop.code, x, None, sgn * y, 0.0, v), op,
+                                          sgn * y)
                     return _record(cop.code, x, None, sgn * y, 0.0, v)
                 return _record(op.code, x, _plain(_pyfloat(y)), 0.0, 0.0, v)
             return _plain(v)
@@ -985,6 +1008,9 @@ def binary(op, x, y):
                 forms = _CONST_OPS.get(op.name)
                 if forms is not None:
                     cop, sgn = forms[1]
+                    if cop is _ADDC:
+                        return _addc_name(_record(cop.code, y, None, sgn * x, 0.0, v), op,
+                                          sgn * x)
                     return _record(cop.code, y, None, sgn * x, 0.0, v)
                 return _record(op.code, _plain(_pyfloat(x)), y, 0.0, 0.0, v)
             return _plain(v)
@@ -1027,10 +1053,12 @@ def _record_binary(op, x, y, v):
     forms = _CONST_OPS.get(op.name)
     if not yr and forms is not None and y.__class__ in _NUMBER:
         cop, sgn = forms[0]
-        return _record(cop.code | ARRAY, x, None, sgn * _pyfloat(y), 0.0, v)
+        r = _record(cop.code | ARRAY, x, None, sgn * _pyfloat(y), 0.0, v)
+        return _addc_name(r, op, sgn * _pyfloat(y)) if cop is _ADDC else r
     if not xr and forms is not None and x.__class__ in _NUMBER:
         cop, sgn = forms[1]
-        return _record(cop.code | ARRAY, y, None, sgn * _pyfloat(x), 0.0, v)
+        r = _record(cop.code | ARRAY, y, None, sgn * _pyfloat(x), 0.0, v)
+        return _addc_name(r, op, sgn * _pyfloat(x)) if cop is _ADDC else r
     return _record(op.code | ARRAY, _as_operand(x), _as_operand(y), 0.0, 0.0, v)
 
 

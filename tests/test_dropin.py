@@ -33,7 +33,12 @@ NODE_EXPRS = [
     "x.clamp(min=0)", "x.prod()", "x.prod(0)", "x.relu()", "M.outer(x,x)", "M.diag(x)", "-x",
     "x.sigmoid()", "M.maximum(x,x)", "M.atan2(x,x)", "x.square()", "x.reciprocal()",
     "x.abs()", "x**x", "x-x", "x/x", "x.exp()", "M.clamp_min(x, M.zeros(3))",
-    "M.tensor(2.0, requires_grad=True) * 3", "M.tensor(2.0, requires_grad=True) - 3"]
+    "M.tensor(2.0, requires_grad=True) * 3", "M.tensor(2.0, requires_grad=True) - 3",
+    # x + c and x - c record one op: named as torch names them, whatever the sign of c
+    "x+(-2.0)", "x-(-2.0)", "(-2.0)+x", "x-0.0", "x+(-0.0)", "x-(-2)", "x-float('nan')",
+    "M.tensor(2.0, requires_grad=True) + (-3)", "M.tensor(2.0, requires_grad=True) - (-3.0)",
+    "-3.0 + M.tensor(2.0, requires_grad=True)", "M.tensor(2.0, requires_grad=True) - 0.0",
+    "M.tensor(2.0, requires_grad=True) - float('nan')"]
 
 
 @pytest.mark.parametrize("expr", NODE_EXPRS)
@@ -622,9 +627,27 @@ def _hooks_on_leaf_output(M, x0):
     return log
 
 
-HOOK_SCENARIOS = [_hooks_on_leaf_output, _hooks_basic, _hooks_prehook_replaces,
-                  _hooks_leaf_used_twice, _hooks_function, _hooks_clip_and_count,
-                  _hooks_node_post_on_leaf_inputs]
+def _hooks_on_leaf_output_next_to_non_leaf(M, x0):
+    # the leaf's hooks see its whole gradient once: its own seed plus what y gives it
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    z = M.tensor(x0, requires_grad=True)
+    x.register_hook(lambda g: log.append(("x", _tl(g))) or g * 3)
+    z.register_hook(lambda g: log.append(("z", _tl(g))) or g * 5)
+    x.register_post_accumulate_grad_hook(lambda p: log.append(("post", _tl(p.grad))))
+    y = (x * 2).sum()
+    seed = M.ones_like(x) * 0.5
+    log.append([_tl(t) for t in M.autograd.grad([y, x, z], [x, z],
+                                                 [M.tensor(1.0), seed, seed],
+                                                 retain_graph=True)])
+    M.autograd.backward([y, x, z], [M.tensor(1.0), seed, seed])
+    log.append((_tl(x.grad), _tl(z.grad)))
+    return log
+
+
+HOOK_SCENARIOS = [_hooks_on_leaf_output, _hooks_on_leaf_output_next_to_non_leaf, _hooks_basic,
+                  _hooks_prehook_replaces, _hooks_leaf_used_twice, _hooks_function,
+                  _hooks_clip_and_count, _hooks_node_post_on_leaf_inputs]
 
 
 @pytest.mark.parametrize("x0", [1.5, [1.0, 2.0, -0.5]], ids=["scalar", "array"])
@@ -763,3 +786,14 @@ def test_no_grad_inplace_on_non_leaf_like_torch(value, change):
         (y * y + a).sum().backward()
         res.append((_tl(y), y.is_leaf, y.grad_fn.name(), _tl(g1), _tl(a.grad), _tl(y.grad)))
     assert res[0] == res[1]
+
+
+def test_grad_fn_is_the_same_object_like_torch():
+    res = []
+    for M in (torch, tapegrad):
+        x = M.tensor([1.0, 2.0], requires_grad=True)
+        a = x * 2
+        y = a.sin()
+        res.append((y.grad_fn is y.grad_fn, y.grad_fn.next_functions[0][0] is a.grad_fn,
+                    y.grad_fn is a.grad_fn, len({y.grad_fn, y.grad_fn, a.grad_fn})))
+    assert res[1] == res[0] == (True, True, False, 2)

@@ -623,6 +623,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         fast_leaves = False
     sw = _Sweep(graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
                 batch, ins, slot_lists, direct, allow_unused)
+    sw.outs = outs
     _PATHS.last = path.name
     path.run(sw)
     adj, adjd, is_array = sw.adj, sw.adjd, sw.is_array
@@ -691,7 +692,7 @@ class _Sweep:
     tape's own test)."""
     __slots__ = ("graph", "need", "reach", "arr", "adj", "adjd", "is_input", "is_output",
                  "accumulate", "batch", "ins", "slot_lists", "direct", "allow_unused",
-                 "is_array")
+                 "is_array", "outs")
 
     def __init__(self, graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
                  batch, ins, slot_lists, direct, allow_unused):
@@ -700,6 +701,7 @@ class _Sweep:
         self.accumulate, self.batch, self.ins = accumulate, batch, ins
         self.slot_lists, self.direct, self.allow_unused = slot_lists, direct, allow_unused
         self.is_array = None
+        self.outs = ()  # the call's outputs (a leaf output's hooks see its whole gradient)
 
 
 def _general_path(record, batch, hooked=False):
@@ -720,7 +722,7 @@ def _general_path(record, batch, hooked=False):
 
 def _hooks_run(sw):
     hooks.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.is_input, sw.is_output, sw.reach,
-                sw.accumulate)
+                sw.accumulate, sw.direct, {id(y): y for y in sw.outs if y._tape is None})
 
 
 def _rerecord_run(sw):

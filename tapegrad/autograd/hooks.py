@@ -83,14 +83,17 @@ def _call_tensor_hooks(hooks, g, like):
     return g
 
 
-def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None):
+def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None, direct=None,
+          direct_leaves=None):
     """``cpu.sweep`` with hooks, in torch's order: at each entry, last first, its tensor
     hooks on the incoming gradient (retain_grad then reads the result; a non-leaf input of
     ``grad`` is captured before them, as torch does), its pre-hooks, its rule, its
     post-hooks on the gradients it made; then each leaf it was the last user of, in input
     order: the leaf's tensor hooks on its whole gradient and, with ``accumulate`` (backward),
-    the accumulation into ``.grad`` and the post-accumulate-grad hooks. Returns the ids of
-    the leaves ``accumulate`` took."""
+    the accumulation into ``.grad`` and the post-accumulate-grad hooks. ``direct`` holds the
+    seeds of outputs that are leaves themselves (id -> seed): they join their leaf's total
+    before its hooks, which torch calls once on the whole gradient (the entries left run
+    through their hooks here). Returns the ids of the leaves ``accumulate`` took."""
     value = graph.value
     todo = np.nonzero((need | is_input | is_output) & reach)[0][::-1].tolist()
     leaf_slots = {}  # id(leaf) -> (leaf, its reached slots)
@@ -117,6 +120,9 @@ def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None):
             v = _get(graph, adj, adjd, t)
             if v is not None:
                 total = v if total is None else total + v
+        if direct and key in direct:  # the leaf is also an output: its seed joins the total
+            d = direct.pop(key)
+            total = d if total is None else total + d
         hooks = leaf_hooks(leaf, "tensor")
         if hooks:
             total = _call_tensor_hooks(hooks, total, value(slots[0]))
@@ -134,6 +140,12 @@ def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None):
 
     taken = []
     with no_grad(), np.errstate(all="ignore"):
+        for key in list(direct or ()):  # leaf outputs no entry reads: ready first, as in torch
+            if key not in leaf_slots:
+                leaf = direct_leaves[key]
+                hooks = leaf_hooks(leaf, "tensor")
+                if hooks:
+                    direct[key] = _call_tensor_hooks(hooks, direct[key], leaf._d)
         for s in todo:
             name = _NAMES[int(graph.rows[s, 0]) & ~ARRAY]
             if name in ("const", "leaf"):

@@ -393,7 +393,7 @@ Eager fast paths: the 0-d float64 case of each operator and elementwise function
 """
 from .ops import BY_NAME
 from .tape import STATE, current_tape
-from .tensor import Tensor, binary_fallback, unary_fallback
+from .tensor import Tensor, _addc_name, binary_fallback, unary_fallback
 
 _float, _int = float, int
 
@@ -479,6 +479,19 @@ def _fwd(op, x, y):
     return f"v = _py_{op.name}({x}, {y})"
 
 
+def _addc_hint(n, cname, body, right):
+    """``x + c`` and ``x - c`` record one op, named by the sign of its constant: where that
+    sign says otherwise (``x + (-2.0)``, ``x - 0.0``) the result gets torch's name."""
+    if cname != "addc":
+        return body
+    cond = "not e > 0.0" if n == "sub" and right else "e < 0.0"
+    c = "-e" if n == "sub" and right else "e"
+    head, last = body.rsplit("\n", 1)
+    pad = last[:len(last) - len(last.lstrip())]
+    assert last.strip() == "return t"
+    return f"{head}\n{pad}if {cond}:\n{pad}    _addc_name(t, _{n.upper()}, {c})\n{last}"
+
+
 def _binary_methods(op):
     (rname, rsign), (lname, lsign) = op.const
     rs = "-" if rsign < 0 else ""
@@ -501,7 +514,7 @@ def _binary_methods(op):
     src += "            if self._rg:\n"
     # a negated int constant is the shared float object too (see _INT_FLOAT)
     neg = "(-e if oc is _float else _NEG_INT_FLOAT[other])"
-    src += _ind(_record("self", None, rc, neg if rs else "e"), 16)
+    src += _ind(_addc_hint(n, rname, _record("self", None, rc, neg if rs else "e"), True), 16)
     src += _ind(_PLAIN, 12)
     src += f"    return binary_fallback(_{n.upper()}, self, other)\n"
     src += f"\n\ndef __r{n}__(self, other):\n"
@@ -510,7 +523,7 @@ def _binary_methods(op):
     src += "        e = other if oc is _float else _INT_FLOAT[other]\n"
     src += _ind(_fwd(op, "e", "d"), 8)
     src += "        if self._rg:\n"
-    src += _ind(_record("self", None, lc, neg if ls else "e"), 12)
+    src += _ind(_addc_hint(n, lname, _record("self", None, lc, neg if ls else "e"), False), 12)
     src += _ind(_PLAIN, 8)
     src += f"    return binary_fallback(_{n.upper()}, other, self)\n"
     return src
