@@ -14,7 +14,7 @@ from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 from ._tensor_backend import TensorF
 from .anomaly import ANOMALY, nan_error
 from . import hooks
-from .graph import HOOKS, GradientEdge, edge_tensor
+from .graph import HOOKS, GradientEdge, bound_tensor, edge_tensor
 from .paths import FAST as _FAST, STATE as _PATHS, STRATEGIES, Path, declined as _declined
 
 
@@ -800,14 +800,7 @@ def _slot_tensors(graph):
                 if t is None:  # a constant a backward released (cpu._release): its shape
                     t = _plain(graph.value(s))
             else:
-                t = Tensor()
-                t._d = graph.value(s)
-                t._rg = True
-                t._tape = tape
-                t._sid = tape.sid
-                t._slot = k
-                if t._d.__class__ is not _pyfloat:
-                    t._ver = [0]
+                t = bound_tensor(tape, k, graph.value(s))
             cache[s] = t
         return t
     return as_tensor

@@ -188,20 +188,26 @@ def _value(tape, s):
     return tape.vals[s] if v is tape else v
 
 
+def bound_tensor(tape, k, value):
+    """A non-leaf tensor bound to entry ``k`` of ``tape`` with value ``value`` (so ops on it
+    record on top of the recorded graph)."""
+    t = Tensor()
+    t._d = value
+    t._rg = True
+    t._tape = tape
+    t._sid = tape.sid
+    t._slot = k
+    if t._d.__class__ is not _pyfloat:
+        t._ver = [0]
+    return t
+
+
 def _slot_tensor(tape, s):
     """The tensor at entry ``s``: a leaf or constant itself, else one bound to the entry."""
     code = int(tape.code[s * 5]) & ~ARRAY
     if OPS[code].name in ("leaf", "const"):
         return tape.aux[s][0]
-    t = Tensor()
-    t._d = _value(tape, s)
-    t._rg = True
-    t._tape = tape
-    t._sid = tape.sid
-    t._slot = s
-    if t._d.__class__ is not _pyfloat:
-        t._ver = [0]
-    return t
+    return bound_tensor(tape, s, _value(tape, s))
 
 
 def entry_inputs(tape, k):
