@@ -52,6 +52,16 @@ def softplus(input, beta=1.0, threshold=20.0):
     return _f.softplus(_check(input, "input"), beta, threshold)
 
 
+def _reduction_args(size_average, reduce, reduction=None):
+    """torch's checks of the deprecated reduction arguments (and of ``reduction``, when the
+    loss checks it before anything else)."""
+    if size_average is not None or reduce is not None:
+        raise TypeError("size_average and reduce are deprecated in torch; pass reduction= "
+                        "('mean', 'sum' or 'none')")
+    if reduction is not None and reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
 def logsigmoid(input):
     """log(sigmoid(x)) = -softplus(-x), without overflow."""
     return _named(-_log1p_exp(-_check(input, "input")), "LogSigmoidBackward0")
@@ -60,9 +70,7 @@ def logsigmoid(input):
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """Mean (or sum, or none) of the squared differences."""
     _check(input, "input"), _check(target, "target")
-    if size_average is not None or reduce is not None:
-        raise TypeError("size_average and reduce are deprecated in torch; pass reduction= "
-                        "('mean', 'sum' or 'none')")
+    _reduction_args(size_average, reduce)
     _same_shape(input, target, "mse_loss")
     d = input - target
     return _named(_reduce(d * d, reduction), "MseLossBackward0")
@@ -73,9 +81,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     """Binary cross entropy of ``sigmoid(input)`` against ``target``, computed from the
     logits as (1 - t) x + (1 + (p - 1) t) log(1 + exp(-x)), which does not overflow."""
     _check(input, "input"), _check(target, "target")
-    if size_average is not None or reduce is not None:
-        raise TypeError("size_average and reduce are deprecated in torch; pass reduction= "
-                        "('mean', 'sum' or 'none')")
+    _reduction_args(size_average, reduce)
     _same_shape(input, target, "binary_cross_entropy_with_logits")
     for arg, name in ((weight, "weight"), (pos_weight, "pos_weight")):
         if isinstance(arg, Tensor) and arg.requires_grad:
@@ -98,11 +104,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     indices or class probabilities ``target``, with torch's weight, ignore_index,
     reduction and label_smoothing."""
     _check(input, "input"), _check(target, "target")
-    if size_average is not None or reduce is not None:
-        raise TypeError("size_average and reduce are deprecated in torch; pass reduction= "
-                        "('mean', 'sum' or 'none')")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"{reduction} is not a valid value for reduction")
+    _reduction_args(size_average, reduce, reduction)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
     if input.ndim == 0:
@@ -179,11 +181,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
              reduction="mean"):
     """Negative log likelihood of log-probabilities ``input`` at class indices ``target``."""
     _check(input, "input"), _check(target, "target")
-    if size_average is not None or reduce is not None:
-        raise TypeError("size_average and reduce are deprecated in torch; pass reduction= "
-                        "('mean', 'sum' or 'none')")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"{reduction} is not a valid value for reduction")
+    _reduction_args(size_average, reduce, reduction)
     if input.ndim == 0:
         raise RuntimeError("nll_loss: input must have a class dimension, got a 0-d tensor")
     if target.dtype.is_floating_point:
