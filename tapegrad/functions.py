@@ -16,7 +16,7 @@ import numpy as np
 from . import _generated_eager as _eager
 from .ops import ARRAY, BY_NAME, OPS, ROW
 from .ops.arrays import fast_sum
-from .tape import STATE, bump
+from .tape import STATE, all_or_nothing, bump
 from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _hint, _norm_value, _np_dtype,
                      _plain, _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device,
                      quiet, result_dtype, tensor, unary)
@@ -1195,6 +1195,7 @@ def empty(*size, dtype=None, requires_grad=False):
     return zeros(*size, dtype=dtype, requires_grad=requires_grad)
 
 
+@all_or_nothing
 def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
     """Repeat each element (each slice along ``dim``; of the flattened input when ``dim`` is
     None) ``repeats`` times; ``repeats`` is an int or one count per element. With one
@@ -1256,6 +1257,7 @@ def _cross(input, other, dim):
     return getitem(input, i) * getitem(other, j) - getitem(input, j) * getitem(other, i)
 
 
+@all_or_nothing
 def cross(input, other, dim=None):
     """Cross product of 3-vectors along ``dim`` (default: the first dimension of size 3,
     as torch.cross).
@@ -1311,6 +1313,7 @@ def _einsum_parse(equation, operands):
     return labels, out
 
 
+@all_or_nothing
 def einsum(equation, *operands):
     """Einstein summation, as torch.einsum: products, batched products, traces, diagonals,
     outer products and sums over indices (``'ij,jk->ik'``, ``'bij,bjk->bik'``, ``'ii'``,

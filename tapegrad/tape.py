@@ -17,6 +17,7 @@ passes whose outputs are dropped keeps memory flat.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import math
 import os
@@ -440,6 +441,23 @@ def current_tape():
         tape = Tape()
         STATE.tape = weakref.ref(tape)
     return tape
+
+
+def all_or_nothing(fn):
+    """``fn``, a function built of several recorded ops, records all of its entries or none:
+    when it raises part way (a check that needs an intermediate value), what it recorded on
+    this thread's tape is dropped, so a bad input leaves the tape as it was."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        tape = STATE.tape()
+        start = len(tape.vals) if tape is not None else 0
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            if tape is not None and STATE.tape() is tape:
+                tape.truncate(start)
+            raise
+    return wrapper
 
 
 def end_tape(tape):

@@ -1,5 +1,7 @@
 """tapegrad as a drop-in for torch.autograd: printed forms, tensor functions, nn.functional,
 custom Function edge cases, graph nodes and hooks, each against torch."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -344,7 +346,7 @@ def test_losses_batched_and_traced():
 def test_loss_errors():
     F = tapegrad.nn.functional
     x = tapegrad.ones(4, 3, requires_grad=True)
-    with pytest.raises(ValueError):
+    with pytest.warns(UserWarning, match="different to the input size"):  # as torch
         F.mse_loss(x, tapegrad.ones(3))
     with pytest.raises(ValueError):
         F.mse_loss(x, tapegrad.ones(4, 3), reduction="avg")
@@ -797,3 +799,33 @@ def test_grad_fn_is_the_same_object_like_torch():
         res.append((y.grad_fn is y.grad_fn, y.grad_fn.next_functions[0][0] is a.grad_fn,
                     y.grad_fn is a.grad_fn, len({y.grad_fn, y.grad_fn, a.grad_fn})))
     assert res[1] == res[0] == (True, True, False, 2)
+
+
+def test_mse_loss_of_other_shapes_warns_and_broadcasts_as_torch():
+    a = np.linspace(-1, 1, 6).reshape(2, 3)
+    b = np.array([0.5, -0.25, 2.0])
+    out = []
+    for M in (tapegrad, torch):
+        x = M.tensor(a, dtype=M.float64, requires_grad=True)
+        with pytest.warns(UserWarning, match="different to the input size"):
+            y = M.nn.functional.mse_loss(x, M.tensor(b, dtype=M.float64))
+        out.append((y.item(), M.autograd.grad(y, x)[0].tolist()))
+        with pytest.raises(RuntimeError), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            M.nn.functional.mse_loss(x, M.ones(4, dtype=M.float64))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-14)
+    np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-14)
+
+
+def test_composite_functions_that_raise_leave_the_tape_as_it_was():
+    # the check that fails needs a value computed part way: what was recorded is dropped
+    from tapegrad.tape import STATE
+    x = tapegrad.tensor(np.arange(6.).reshape(2, 3), requires_grad=True)
+    y = (x * 2).sum()
+    n = len(STATE.tape().vals)
+    with pytest.raises(IndexError):
+        tapegrad.nn.functional.cross_entropy(x, tapegrad.tensor([5, 0]))
+    with pytest.raises(RuntimeError):
+        tapegrad.repeat_interleave(x, -1)
+    assert len(STATE.tape().vals) == n
+    assert tapegrad.autograd.grad(y, x)[0].tolist() == [[2.0] * 3] * 2

@@ -2,9 +2,12 @@
 ``create_graph``, ``is_grads_batched`` and traced programs work through them."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .. import functions as _f
+from ..tape import all_or_nothing
 from ..tensor import Tensor, _hint, _plain
 
 relu, sigmoid, tanh = _f.relu, _f.sigmoid, _f.tanh
@@ -67,15 +70,21 @@ def logsigmoid(input):
     return _named(-_log1p_exp(-_check(input, "input")), "LogSigmoidBackward0")
 
 
+@all_or_nothing
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """Mean (or sum, or none) of the squared differences."""
     _check(input, "input"), _check(target, "target")
     _reduction_args(size_average, reduce)
-    _same_shape(input, target, "mse_loss")
+    if input.shape != target.shape:  # torch warns, then broadcasts (or raises as sub does)
+        warnings.warn(f"Using a target size ({target.shape}) that is different to the input "
+                      f"size ({input.shape}). This will likely lead to incorrect results due "
+                      f"to broadcasting. Please ensure they have the same size.", UserWarning,
+                      stacklevel=3)
     d = input - target
     return _named(_reduce(d * d, reduction), "MseLossBackward0")
 
 
+@all_or_nothing
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None,
                                      reduce=None, reduction="mean", pos_weight=None):
     """Binary cross entropy of ``sigmoid(input)`` against ``target``, computed from the
@@ -98,6 +107,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     return _named(_reduce(loss, reduction), "BinaryCrossEntropyWithLogitsBackward0")
 
 
+@all_or_nothing
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
                   reduce=None, reduction="mean", label_smoothing=0.0):
     """Cross entropy of the logits ``input`` (C,), (N, C) or (N, C, d1, ...) against class
@@ -177,6 +187,7 @@ def _from_logp(input, logp, target, weight, ignore_index, reduction, label_smoot
                    + (label_smoothing / C) * (smooth.sum() / total)), "AddBackward0")
 
 
+@all_or_nothing
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
     """Negative log likelihood of log-probabilities ``input`` at class indices ``target``."""
