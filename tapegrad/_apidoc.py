@@ -89,7 +89,6 @@ it is stale. To add an op, see [Design](design.md).
 
 
 def _rows():
-    from tapegrad import replay  # noqa: F401  (registers the lowering of array ops)
     from tapegrad.ops import ARRAY_OP, BINARY, COMPARE, OPS, REPLAY, SPECIAL, UNARY, UNARY_C
     from tapegrad.interpreters import _generated_cuda
 
@@ -117,7 +116,7 @@ def _rows():
             replay = cuda = "-"
         elif op.kind in elementwise or op.kind in (COMPARE, REPLAY) or op.name in ("leaf", "const"):
             replay, cuda = "row", ("yes" if _in_cuda(op, cuda_src) else "no")
-        elif op.lower is not None and not op.lower.__qualname__.startswith("_unsupported"):
+        elif op.lower is not None and not op.lower.__qualname__.startswith("unsupported."):
             replay, cuda = "lowered", "yes"  # into elementwise rows, which every target runs
         else:
             replay = cuda = "no"
