@@ -5,39 +5,6 @@ import sys
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "api.md"
 
-# what records the ops that have no torch function of their own name
-RECORDED_BY = {
-    "leaf": "`tensor(..., requires_grad=True)`",
-    "const": "a tensor that does not require grad",
-    "import_": "a value from another tape",
-    "addc": "`x + c`, `c + x`, `x - c` (`c` a number)",
-    "mulc": "`x * c`, `c * x`",
-    "rsubc": "`c - x`",
-    "divc": "`x / c`",
-    "rdivc": "`c / x`",
-    "rpowc": "`c ** x`",
-    "clamp_min_t": "`torch.clamp(x, min=t)`, `t` a tensor",
-    "clamp_max_t": "`torch.clamp(x, max=t)`, `t` a tensor",
-    "expand": "`Tensor.expand`, broadcasting",
-    "sum_to": "the gradient of broadcasting",
-    "cast": "`Tensor.to(dtype)`, `.double()`, `.float()`",
-    "getitem": "`x[index]`",
-    "index_scatter": "the gradient of `x[index]`",
-    "setitem": "`x[index] = v`",
-    "prod_others": "the gradient of `prod`",
-    "function": "`autograd.Function.apply`",
-    "function_out": "an output of a custom `Function`",
-    "program": "a traced `Program` called on tensors",
-    "lt": "`x < y`", "le": "`x <= y`", "gt": "`x > y`", "ge": "`x >= y`",
-    "eq": "`x == y`", "ne": "`x != y`",
-    "logical_and": "`torch.logical_and`, `&`", "logical_or": "`torch.logical_or`, `|`",
-    "logical_xor": "`torch.logical_xor`, `^`", "logical_not": "`torch.logical_not`, `~`",
-    "detach": "`Tensor.detach` (traced programs)",
-    "select": "`torch.where` (traced programs)",
-    "pick": "a share of a reduction's gradient (traced programs)",
-    "guard": "a Python branch on a traced value",
-}
-
 HEAD = """\
 # API reference
 
@@ -97,10 +64,10 @@ def _rows():
     for op in OPS:
         if op.torch is not None:
             torch_name = f"`torch.{op.torch}`"
-            if op.name in RECORDED_BY:
-                torch_name += ", " + RECORDED_BY[op.name]
+            if op.via:
+                torch_name += ", " + op.via
         else:
-            torch_name = RECORDED_BY.get(op.name, "")
+            torch_name = op.via  # what records it (its register(..., via=...))
         if op.kind is COMPARE or op.name in ("detach", "guard"):
             create_graph = batched = "no gradient"
         elif op.kind is SPECIAL and op.name != "import_":

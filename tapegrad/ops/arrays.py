@@ -162,10 +162,10 @@ def _outer_batch(values, out, g, aux, B):
 
 # --- shapes -----------------------------------------------------------------------------------
 register("clone", UNARY, py=lambda a: a, np=lambda a: np.array(a, copy=True), nb="{a}",
-         torch="clone", vjp=lambda F, g, a, out: (g,), saves=False)
+         torch="clone", vjp=lambda F, g, a, out: (g,), saves=False, api=("clone",), method=True)
 register("reshape", A, np=lambda a, aux: np.reshape(a, aux[0]), torch="reshape", saves=False,
          vjp=lambda F, g, v, out, aux: (F.reshape(g, (aux[1], aux[0])),),
-         batch=_plain_batch(_shapes_aux), lower=lw.lower_reshape)
+         batch=_plain_batch(_shapes_aux), lower=lw.lower_reshape, api=("reshape",))
 def _expand(a, aux):
     shape = aux[0]
     if np.ndim(a) == 0:  # the common case (a full reduction's gradient): a zero-stride view
@@ -176,20 +176,22 @@ def _expand(a, aux):
 
 register("expand", A, np=_expand, saves=False,
          vjp=lambda F, g, v, out, aux: (F.sum_to(g, (aux[1], aux[0])),),
-         batch=_broadcast_batch, lower=lw.lower_expand)
+         batch=_broadcast_batch, lower=lw.lower_expand, via="`Tensor.expand`, broadcasting")
 register("sum_to", A, saves=False,
          np=lambda a, aux: sum_to(a, aux[0]),
          vjp=lambda F, g, v, out, aux: (F.expand(g, (aux[1], aux[0])),),
-         batch=_broadcast_batch, lower=lw.lower_sum_to)
+         batch=_broadcast_batch, lower=lw.lower_sum_to, via="the gradient of broadcasting")
 register("transpose", A, np=lambda a, aux: np.swapaxes(a, aux[0], aux[1]), torch="transpose",
          saves=False, vjp=lambda F, g, v, out, aux: (F.transpose(g, aux),),
-         batch=_plain_batch(_transpose_aux), lower=lw.lower_transpose)
+         batch=_plain_batch(_transpose_aux), lower=lw.lower_transpose,
+         api=("transpose",), method=True)
 register("permute", A, np=lambda a, aux: np.transpose(a, aux), torch="permute", saves=False,
          vjp=lambda F, g, v, out, aux: (F.permute(g, tuple(np.argsort(aux))),),
-         batch=_plain_batch(_permute_aux), lower=lw.lower_permute)
+         batch=_plain_batch(_permute_aux), lower=lw.lower_permute, api=("permute",), method=True)
 register("cast", A, np=lambda a, aux: np.asarray(a, dtype=aux[0]), saves=False,
          vjp=lambda F, g, v, out, aux: (F.cast(g, (aux[1], aux[0])),),
-         batch=_plain_batch(_same_aux), lower=lw.lower_cast)
+         batch=_plain_batch(_same_aux), lower=lw.lower_cast,
+         via="`Tensor.to(dtype)`, `.double()`, `.float()`")
 
 
 def _stack_vjp(F, g, vals, out, aux):
@@ -210,10 +212,10 @@ def _cat_vjp(F, g, vals, out, aux):
 
 register("stack", A, nary=True, torch="stack", saves=False,
          np=lambda *a: np.stack(a[:-1], axis=a[-1][1]), vjp=_stack_vjp,
-         batch=_plain_batch(_nary_aux), lower=lw.lower_stack)
+         batch=_plain_batch(_nary_aux), lower=lw.lower_stack, api=("stack",))
 register("cat", A, nary=True, torch="cat", saves=False,
          np=lambda *a: np.concatenate(a[:-1], axis=a[-1][1]), vjp=_cat_vjp,
-         batch=_plain_batch(_nary_aux), lower=lw.lower_cat)
+         batch=_plain_batch(_nary_aux), lower=lw.lower_cat, api=("cat", "concat"))
 
 
 def _diag_np(a, aux):
@@ -237,7 +239,7 @@ def diag_index(shape, k):
 
 
 register("diag", A, np=_diag_np, torch="diag", saves=False, vjp=_diag_vjp,
-         batch=_plain_batch(_diag_aux), lower=lw.lower_diag)
+         batch=_plain_batch(_diag_aux), lower=lw.lower_diag, api=("diag",), method=True)
 
 # --- indexing -----------------------------------------------------------------------------------
 
@@ -259,12 +261,13 @@ def _index_scatter(g, aux):
     return z
 
 
-register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,
-         vjp=lambda F, g, v, out, aux: (F.index_scatter(g, aux),),
-         batch=_plain_batch(_index_aux), lower=lw.lower_getitem)  # aux: index, shape, basic
+register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,  # aux: index,
+         vjp=lambda F, g, v, out, aux: (F.index_scatter(g, aux),),  # shape, basic
+         batch=_plain_batch(_index_aux), lower=lw.lower_getitem, via="`x[index]`")
 register("index_scatter", A, np=_index_scatter, saves=False,
          vjp=lambda F, g, v, out, aux: (F.getitem(g, (aux[0], aux[1])),),
-         batch=_plain_batch(_index_aux), lower=lw.lower_index_scatter)
+         batch=_plain_batch(_index_aux), lower=lw.lower_index_scatter,
+         via="the gradient of `x[index]`")
 
 
 def _setitem_np(a, b, aux):
@@ -284,11 +287,11 @@ def _setitem_vjp(F, g, v, out, aux):
 
 
 register("setitem", A, np=_setitem_np, saves=False, vjp=_setitem_vjp,
-         batch=_setitem_batch, lower=lw.lower_setitem)
+         batch=_setitem_batch, lower=lw.lower_setitem, via="`x[index] = v`")
 register("where", A, np=lambda a, b, aux: np.where(aux[0], a, b), torch="where", saves=False,
          vjp=lambda F, g, v, out, aux: (F.where(aux[0], g, F.zeros_like(g)),
                                         F.where(aux[0], F.zeros_like(g), g)),
-         batch=_plain_batch(_same_aux), lower=lw.lower_where)
+         batch=_plain_batch(_same_aux), lower=lw.lower_where, api=("where",))
 
 # --- reductions -----------------------------------------------------------------------------
 
@@ -381,7 +384,7 @@ def _prod_others_vjp(F, g, v, out, aux):
 
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
          saves=False, vjp=_sum_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_sum)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_sum, api=("sum",), method=True)
 
 
 def _mean_np(a, aux):
@@ -393,11 +396,11 @@ def _mean_np(a, aux):
 
 register("mean", A, np=_mean_np, torch="mean",
          saves=False, vjp=_mean_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_mean)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_mean, api=("mean",), method=True)
 register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_prod)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_prod, api=("prod",), method=True)
 register("prod_others", A, np=_prod_others, vjp=_prod_others_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_prod_others)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_prod_others, via="the gradient of `prod`")
 
 
 def _extreme_np(fn):
@@ -430,9 +433,9 @@ def _extreme_vjp(F, g, v, out, aux):
 
 
 register("amax", A, np=_extreme_np(np.max), torch="max", vjp=_extreme_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_amax)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_amax, api=("amax", "max"), method=True)
 register("amin", A, np=_extreme_np(np.min), torch="min", vjp=_extreme_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_amin)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_amin, api=("amin", "min"), method=True)
 
 
 def _norm_np(a, aux):
@@ -477,7 +480,7 @@ def _norm_vjp(F, g, v, out, aux):
 
 
 register("norm", A, np=_norm_np, torch="norm", vjp=_norm_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_norm)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_norm, api=("norm",), method=True)
 
 
 def _lse_np(a, aux):
@@ -491,7 +494,7 @@ def _lse_np(a, aux):
 register("logsumexp", A, np=_lse_np, torch="logsumexp",
          vjp=lambda F, g, v, out, aux: (
              _gk(F, g, v[0], aux) * F.exp(v[0] - _gk(F, out, v[0], aux)),),
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_logsumexp)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_logsumexp, api=("logsumexp",), method=True)
 
 
 def _softmax_np(a, aux):
@@ -511,11 +514,12 @@ def _log_softmax_np(a, aux):
 register("softmax", A, np=_softmax_np, torch="softmax",
          vjp=lambda F, g, v, out, aux: (
              out * (g - F.sum(g * out, ((aux[0],), True))),),
-         batch=_plain_batch(_softmax_aux), lower=lw.lower_softmax)
+         batch=_plain_batch(_softmax_aux), lower=lw.lower_softmax, api=("softmax",), method=True)
 register("log_softmax", A, np=_log_softmax_np, torch="log_softmax",
          vjp=lambda F, g, v, out, aux: (
              g - F.exp(out) * F.sum(g, ((aux[0],), True)),),
-         batch=_plain_batch(_softmax_aux), lower=lw.lower_log_softmax)
+         batch=_plain_batch(_softmax_aux), lower=lw.lower_log_softmax,
+         api=("log_softmax",), method=True)
 
 # --- linear algebra ------------------------------------------------------------------------
 
@@ -548,11 +552,11 @@ def _matmul_vjp(F, g, v, out, aux):
 
 
 register("matmul", A, np=lambda a, b, aux: np.matmul(a, b), torch="matmul", vjp=_matmul_vjp,
-         batch=_matmul_batch, lower=lw.lower_matmul)
+         batch=_matmul_batch, lower=lw.lower_matmul, api=("matmul",), method=True)
 register("outer", A, np=lambda a, b, aux: np.multiply.outer(a, b), torch="outer",
          vjp=lambda F, g, v, out, aux: ((lambda: F.matmul(g, v[1], None)),
                                         (lambda: F.matmul(v[0], g, None))),
-         batch=_outer_batch, lower=lw.lower_outer)
+         batch=_outer_batch, lower=lw.lower_outer, api=("outer",), method=True)
 
 
 def sum_to(g, shape):
@@ -623,14 +627,16 @@ def _program_vjp(F, g, v, out, aux):
     return program_vjp(F, g, v, aux[1:])
 
 
-register("function", A, nary=True, np=None, vjp=_function_vjp, lower=lw.lower_function)
+register("function", A, nary=True, np=None, vjp=_function_vjp, lower=lw.lower_function,
+         via="`autograd.Function.apply`")
 register("function_out", A, np=None, saves=False,
          vjp=lambda F, g, v, out, aux: (Part(aux[0], g),),
          batch=lambda values, out, g, aux, B: (values, out, g, aux, None),
-         lower=lw.lower_function_out)
+         lower=lw.lower_function_out, via="an output of a custom `Function`")
 # ``program``: a traced Program called on tensors that require grad (tapegrad.trace), one
 # entry per call with its outputs as ``function_out`` entries; aux (slots, program, variant,
 # flat inputs, batch). Its rule is the program's own compiled VJP (replay.program_vjp);
 # under create_graph, a call of the program's VJP program.
 register("program", A, nary=True, np=None, vjp=_program_vjp,
-         batch=lambda values, out, g, aux, B: (values, out, g, aux + (B,), None))
+         batch=lambda values, out, g, aux, B: (values, out, g, aux + (B,), None),
+         via="a traced `Program` called on tensors")
