@@ -37,6 +37,8 @@ Every entry a tape records is one of these registered ops (`tapegrad.ops.OPS`, i
 order). The columns:
 
 - **torch**: the torch function the op mirrors, or what records it.
+- **tapegrad**: its public functions, `tapegrad.<name>` (and `Tensor.<name>` where marked
+  "method"); NumPy's spellings in parentheses (not in `__all__`).
 - **create_graph**: its derivative rule is written in differentiable ops, so
   `grad(..., create_graph=True)` through it gives a gradient that can be differentiated
   again; "no gradient" for comparisons and logic, whose results are constant.
@@ -87,7 +89,16 @@ def _rows():
             replay, cuda = "lowered", "yes"  # into elementwise rows, which every target runs
         else:
             replay = cuda = "no"
-        yield op.code, op.name, op.kind, torch_name, create_graph, batched, replay, cuda
+        yield (op.code, op.name, op.kind, torch_name, _public(op), create_graph, batched, replay,
+               cuda)
+
+
+def _public(op):
+    """The op's public names, from its register(..., api=, aliases=, method=) call."""
+    names = ", ".join(f"`{n}`" for n in op.api)
+    if op.aliases:
+        names += " (" + ", ".join(f"`{n}`" for n in op.aliases) + ")"
+    return names + (", method" if op.method else "")
 
 
 def _in_cuda(op, src):
@@ -98,8 +109,8 @@ def _in_cuda(op, src):
 
 def render():
     """The page's text."""
-    header = ("opcode", "op", "kind", "torch", "create_graph", "is_grads_batched", "replay",
-              "CUDA")
+    header = ("opcode", "op", "kind", "torch", "tapegrad", "create_graph", "is_grads_batched",
+              "replay", "CUDA")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in _rows():
         # a | inside a cell would end it, code span or not

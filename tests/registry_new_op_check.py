@@ -17,7 +17,9 @@ assert op.code == len(BY_NAME) - 1, op.code
 assert "cube" in functions.__all__ and "cube" in dir(tg)
 assert tg.cube is functions.cube and callable(tg.Tensor.cube)
 page = (pathlib.Path(tg.__file__).parent.parent / "docs" / "api.md").read_text()
-assert f"| {op.code} | cube | unary |" in page, page[-800:]
+# its row: public names, create_graph, is_grads_batched, replay, CUDA
+row = f"| {op.code} | cube | unary |  | `cube`, method | yes | yes | row | yes |"
+assert row in page, page[-800:]
 
 x0 = np.array([0.5, -1.25, 2.0])
 tx = torch.tensor(x0, requires_grad=True)
