@@ -1,7 +1,9 @@
 """Public tensor functions (torch names) and the Tensor operators and methods that use them.
 
 Each function checks its arguments, computes the forward and records through the
-recorder in ``tensor.py``; nothing reaches the tape before the checks pass.
+recorder in ``tensor.py``; nothing reaches the tape before the checks pass. Which names are
+public (``tapegrad.<name>``, ``Tensor.<name>``, ``__all__``) comes from each op's
+``register(...)`` call (see "the public surface" below); an elementwise op needs no code here.
 """
 from __future__ import annotations
 

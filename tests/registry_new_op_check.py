@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import torch
 import tapegrad as tg
-from tapegrad import functions
+from tapegrad import _generated_eager, functions
 from tapegrad.autograd import grad, paths
 from tapegrad.ops import BY_NAME
 
@@ -16,6 +16,7 @@ assert op.code == len(BY_NAME) - 1, op.code
 # the public surface
 assert "cube" in functions.__all__ and "cube" in dir(tg)
 assert tg.cube is functions.cube and callable(tg.Tensor.cube)
+assert tg.cube is _generated_eager.cube  # its 0-d float64 fast path, generated
 page = (pathlib.Path(tg.__file__).parent.parent / "docs" / "api.md").read_text()
 # its row: public names, create_graph, is_grads_batched, replay, CUDA
 row = f"| {op.code} | cube | unary |  | `cube`, method | yes | yes | row | yes |"
@@ -47,6 +48,7 @@ def g_of(path, shape_x=x0, method=False):
 
 for path in ("sweep", "flat", "checked"):
     close(g_of(path), want1, f"grad [{path}]")
+    close(g_of(path, method=True), want1, f"Tensor.cube grad [{path}]")
 # fused: large elementwise regions
 big = np.linspace(-2, 2, 100_000)
 close(g_of("fused", big), 3 * big ** 2, "grad [fused]")
