@@ -7,16 +7,7 @@ _warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"tapegrad(\.
                          message=r"(divide by zero|invalid value|overflow|underflow) "
                                  r"encountered")
 from . import autograd, nn
-from .functions import (abs, absolute, acos, add, amax, amin, arccos, arcsin, arctan, arctan2,
-                        argsort, equal, index_add, mm, sort,
-                        asin, atan, atan2, broadcast_to, cat, clamp, clamp_max, clamp_min, clip,
-                        clone, concat, cos, cosh, cross, diag, div, divide, dot, einsum, empty,
-                        erf, exp, expm1, flatten, log, log1p, log_softmax, logsumexp, matmul,
-                        max, maximum, mean, min, minimum, mul, multiply, neg, negative, norm,
-                        outer, permute, pow, prod, reciprocal, relu, repeat_interleave, reshape,
-                        rsqrt, sigmoid, sign, sin, sinh, softmax, softplus, sqrt, square,
-                        squeeze, stack, sub, subtract, sum, t, tan, tanh, transpose, unsqueeze,
-                        where)
+from . import functions as _functions
 from .tensor import (Size, Tensor, arange, as_tensor, bool_, complex64, complex128, dtype,
                      enable_grad,
                      eye, float16, float32, float64, from_numpy, full, inference_mode,
@@ -24,6 +15,10 @@ from .tensor import (Size, Tensor, arange, as_tensor, bool_, complex64, complex1
                      linspace, manual_seed, no_grad, ones, ones_like, rand, randn,
                      set_grad_enabled, tensor, uint8, zeros, zeros_like)
 from . import linalg, special  # noqa: E402  (torch's namespaces: linalg.cross, special.*)
+
+# the functions: every registered op's public names (its register(..., api=, aliases=)), the
+# composites and the extras, as tapegrad/functions.py derives them from the registry
+globals().update(_functions.public())
 
 bool = bool_
 float = float32

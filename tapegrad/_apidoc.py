@@ -5,39 +5,6 @@ import sys
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "api.md"
 
-# what records the ops that have no torch function of their own name
-RECORDED_BY = {
-    "leaf": "`tensor(..., requires_grad=True)`",
-    "const": "a tensor that does not require grad",
-    "import_": "a value from another tape",
-    "addc": "`x + c`, `c + x`, `x - c` (`c` a number)",
-    "mulc": "`x * c`, `c * x`",
-    "rsubc": "`c - x`",
-    "divc": "`x / c`",
-    "rdivc": "`c / x`",
-    "rpowc": "`c ** x`",
-    "clamp_min_t": "`torch.clamp(x, min=t)`, `t` a tensor",
-    "clamp_max_t": "`torch.clamp(x, max=t)`, `t` a tensor",
-    "expand": "`Tensor.expand`, broadcasting",
-    "sum_to": "the gradient of broadcasting",
-    "cast": "`Tensor.to(dtype)`, `.double()`, `.float()`",
-    "getitem": "`x[index]`",
-    "index_scatter": "the gradient of `x[index]`",
-    "setitem": "`x[index] = v`",
-    "prod_others": "the gradient of `prod`",
-    "function": "`autograd.Function.apply`",
-    "function_out": "an output of a custom `Function`",
-    "program": "a traced `Program` called on tensors",
-    "lt": "`x < y`", "le": "`x <= y`", "gt": "`x > y`", "ge": "`x >= y`",
-    "eq": "`x == y`", "ne": "`x != y`",
-    "logical_and": "`torch.logical_and`, `&`", "logical_or": "`torch.logical_or`, `|`",
-    "logical_xor": "`torch.logical_xor`, `^`", "logical_not": "`torch.logical_not`, `~`",
-    "detach": "`Tensor.detach` (traced programs)",
-    "select": "`torch.where` (traced programs)",
-    "pick": "a share of a reduction's gradient (traced programs)",
-    "guard": "a Python branch on a traced value",
-}
-
 HEAD = """\
 # API reference
 
@@ -70,6 +37,8 @@ Every entry a tape records is one of these registered ops (`tapegrad.ops.OPS`, i
 order). The columns:
 
 - **torch**: the torch function the op mirrors, or what records it.
+- **tapegrad**: its public functions, `tapegrad.<name>` (and `Tensor.<name>` where marked
+  "method"); NumPy's spellings in parentheses (not in `__all__`).
 - **create_graph**: its derivative rule is written in differentiable ops, so
   `grad(..., create_graph=True)` through it gives a gradient that can be differentiated
   again; "no gradient" for comparisons and logic, whose results are constant.
@@ -89,7 +58,6 @@ it is stale. To add an op, see [Design](design.md).
 
 
 def _rows():
-    from tapegrad import replay  # noqa: F401  (registers the lowering of array ops)
     from tapegrad.ops import ARRAY_OP, BINARY, COMPARE, OPS, REPLAY, SPECIAL, UNARY, UNARY_C
     from tapegrad.interpreters import _generated_cuda
 
@@ -98,10 +66,10 @@ def _rows():
     for op in OPS:
         if op.torch is not None:
             torch_name = f"`torch.{op.torch}`"
-            if op.name in RECORDED_BY:
-                torch_name += ", " + RECORDED_BY[op.name]
+            if op.via:
+                torch_name += ", " + op.via
         else:
-            torch_name = RECORDED_BY.get(op.name, "")
+            torch_name = op.via  # what records it (its register(..., via=...))
         if op.kind is COMPARE or op.name in ("detach", "guard"):
             create_graph = batched = "no gradient"
         elif op.kind is SPECIAL and op.name != "import_":
@@ -117,11 +85,20 @@ def _rows():
             replay = cuda = "-"
         elif op.kind in elementwise or op.kind in (COMPARE, REPLAY) or op.name in ("leaf", "const"):
             replay, cuda = "row", ("yes" if _in_cuda(op, cuda_src) else "no")
-        elif op.lower is not None and not op.lower.__qualname__.startswith("_unsupported"):
+        elif op.lower is not None and not op.lower.__qualname__.startswith("unsupported."):
             replay, cuda = "lowered", "yes"  # into elementwise rows, which every target runs
         else:
             replay = cuda = "no"
-        yield op.code, op.name, op.kind, torch_name, create_graph, batched, replay, cuda
+        yield (op.code, op.name, op.kind, torch_name, _public(op), create_graph, batched, replay,
+               cuda)
+
+
+def _public(op):
+    """The op's public names, from its register(..., api=, aliases=, method=) call."""
+    names = ", ".join(f"`{n}`" for n in op.api)
+    if op.aliases:
+        names += " (" + ", ".join(f"`{n}`" for n in op.aliases) + ")"
+    return names + (", method" if op.method else "")
 
 
 def _in_cuda(op, src):
@@ -132,8 +109,8 @@ def _in_cuda(op, src):
 
 def render():
     """The page's text."""
-    header = ("opcode", "op", "kind", "torch", "create_graph", "is_grads_batched", "replay",
-              "CUDA")
+    header = ("opcode", "op", "kind", "torch", "tapegrad", "create_graph", "is_grads_batched",
+              "replay", "CUDA")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in _rows():
         # a | inside a cell would end it, code span or not

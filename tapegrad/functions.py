@@ -1,7 +1,9 @@
 """Public tensor functions (torch names) and the Tensor operators and methods that use them.
 
 Each function checks its arguments, computes the forward and records through the
-recorder in ``tensor.py``; nothing reaches the tape before the checks pass.
+recorder in ``tensor.py``; nothing reaches the tape before the checks pass. Which names are
+public (``tapegrad.<name>``, ``Tensor.<name>``, ``__all__``) comes from each op's
+``register(...)`` call (see "the public surface" below); an elementwise op needs no code here.
 """
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ import sys
 import numpy as np
 
 from . import _generated_eager as _eager
-from .ops import ARRAY, BY_NAME, OPS, ROW
+from .ops import ARRAY, BINARY, BY_NAME, OPS, ROW, UNARY
 from .ops.arrays import fast_sum
 from .tape import STATE, all_or_nothing, bump
 from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _errstate, _hint, _norm_value, _np_dtype,
                      _plain, _pyfloat, _to_dtype, _to_tensor, array_op, binary, check_device,
-                     quiet, result_dtype, tensor, unary)
+                     quiet, result_dtype, tensor, unary, unary_fallback)
 
 _O = BY_NAME
 _NUMBER = (float, int, bool)
@@ -57,19 +59,7 @@ def _binary_fn(op):
     return fn
 
 
-exp, log, log1p, expm1, sqrt, rsqrt = (_eager.exp, _eager.log, _eager.log1p, _eager.expm1,
-                                       _eager.sqrt, _eager.rsqrt)
-sin, cos, tan, asin, acos, atan = (_eager.sin, _eager.cos, _eager.tan, _eager.asin,
-                                   _eager.acos, _eager.atan)
-sinh, cosh, tanh, sigmoid, relu, erf = (_eager.sinh, _eager.cosh, _eager.tanh, _eager.sigmoid,
-                                        _eager.relu, _eager.erf)
-abs, sign, square, reciprocal, neg = (_eager.abs, _eager.sign, _eager.square,
-                                      _eager.reciprocal, _eager.neg)
-add, sub, mul, div = (_binary_fn(_O[n]) for n in ("add", "sub", "mul", "div"))
-atan2, maximum, minimum = (_binary_fn(_O[n]) for n in ("atan2", "maximum", "minimum"))
 _pow2 = _binary_fn(_O["pow"])
-negative, subtract, multiply, divide, true_divide = neg, sub, mul, div, div
-arcsin, arccos, arctan, arctan2, absolute = asin, acos, atan, atan2, abs
 
 
 def pow(input, exponent):
@@ -130,8 +120,6 @@ def clamp(input, min=None, max=None):
             _plain(v), "clamp() of a traced integer tensor", x)
     return unary(_O["clamp"], x, lo, hi)
 
-
-clip = clamp
 
 
 def clamp_min(input, min):
@@ -594,8 +582,6 @@ def cat(tensors, dim=0):
     v = np.concatenate([np.asarray(x._d, dtype=rd) for x in ts], axis=d)
     return array_op(_O["cat"], ts, v, (d,))
 
-
-concat = concatenate = cat
 
 
 def broadcast_to(input, size):
@@ -1109,24 +1095,65 @@ def _method(fn):
     return m
 
 
-for _name, _fn in [("exp", exp), ("log", log), ("log1p", log1p), ("expm1", expm1),
-                   ("sqrt", sqrt), ("rsqrt", rsqrt), ("sin", sin), ("cos", cos), ("tan", tan),
-                   ("asin", asin), ("acos", acos), ("atan", atan), ("sinh", sinh),
-                   ("cosh", cosh), ("tanh", tanh), ("sigmoid", sigmoid), ("relu", relu),
-                   ("erf", erf), ("abs", abs), ("sign", sign), ("square", square),
-                   ("reciprocal", reciprocal), ("neg", neg), ("negative", neg),
-                   ("add", add), ("sub", sub), ("mul", mul), ("div", div),
-                   ("atan2", atan2), ("maximum", maximum), ("minimum", minimum), ("pow", pow),
-                   ("clamp", clamp), ("clip", clamp), ("clamp_min", clamp_min),
-                   ("clamp_max", clamp_max), ("softplus", softplus), ("clone", clone),
-                   ("sum", sum), ("mean", mean), ("prod", prod), ("max", max), ("min", min),
-                   ("amax", amax), ("amin", amin), ("norm", norm), ("logsumexp", logsumexp),
-                   ("softmax", softmax), ("log_softmax", log_softmax), ("matmul", matmul),
-                   ("dot", dot), ("outer", outer), ("diag", diag), ("transpose", transpose),
-                   ("permute", _method(permute)), ("flatten", flatten), ("squeeze", squeeze),
-                   ("unsqueeze", unsqueeze), ("t", t), ("broadcast_to", broadcast_to),
-                   ("expand_as", lambda s, o: broadcast_to(s, o.shape))]:
+# --- the public surface, from the registry -------------------------------------------------
+# Each op's register(...) call names its public functions (api, aliases) and whether they
+# are Tensor methods. The function of a name is the one written above under that name (where
+# the arguments need parsing; an alias: its op's first api name's), else, for an
+# elementwise op, made here: the generated eager fast path (unary) or broadcasting binary.
+# So adding an elementwise op to the API is its register(...) call alone.
+
+#: functions that are not one op: (name, in __all__, a Tensor method)
+_COMPOSITES = (("flatten", True, True), ("squeeze", True, True), ("unsqueeze", True, True),
+               ("t", True, True), ("broadcast_to", True, True), ("dot", True, True))
+
+
+def _unary_fn(op):
+    def fn(input):
+        return unary_fallback(op, input)
+    fn.__name__ = op.name
+    return fn
+
+
+def _op_function(op, name):
+    fn = globals().get(name)
+    if fn is not None:
+        return fn
+    if op.kind == UNARY:
+        # the generated eager fast path; before the generator has run for a new op (it
+        # imports the package), the recorder's general path
+        return getattr(_eager, op.name, None) or _unary_fn(op)
+    if op.kind == BINARY:
+        return _binary_fn(op)
+    raise TypeError(f"op {op.name!r} declares api name {name!r} but tapegrad/functions.py "
+                    f"has no function {name}: write one (its arguments need parsing)")
+
+
+def _surface():
+    """{public name: function}, the names in ``__all__``, and the Tensor methods."""
+    public, listed, methods = {}, [], {}
+    for op in OPS:
+        for i, name in enumerate(op.api):  # a later api name with no function of its own
+            public[name] = _op_function(op, name) if i == 0 or name in globals() \
+                else public[op.api[0]]  # (clip, concat) is the first's, as an alias
+            listed.append(name)
+        for name in op.aliases:  # the same function as the op's first name
+            public[name] = public[op.api[0]]
+        if op.method:
+            methods.update((name, public[name]) for name in op.api + op.aliases)
+    for name, in_all, method in _COMPOSITES:
+        public[name] = globals()[name]
+        if in_all:
+            listed.append(name)
+        if method:
+            methods[name] = public[name]
+    return public, listed, methods
+
+
+_PUBLIC, _LISTED, _METHODS = _surface()
+globals().update(_PUBLIC)
+for _name, _fn in _METHODS.items():
     setattr(Tensor, _name, _method(_fn))
+Tensor.expand_as = lambda self, other: broadcast_to(self, other.shape)
 
 
 def _reshape_method(self, *shape):
@@ -1173,12 +1200,12 @@ Tensor.to = _to
 Tensor.type = lambda self, dtype=None: self.dtype if dtype is None else _to(self, dtype)
 Tensor.cpu = lambda self: self
 Tensor.contiguous = lambda self: self
-Tensor.abs_ = _inplace(lambda s, o: abs(s))
+Tensor.abs_ = _inplace(lambda s, o: s.abs())
 Tensor.clamp_ = lambda self, min=None, max=None: _inplace(
     lambda s, o: clamp(s, min, max))(self, 0.0)
-Tensor.sqrt_ = _inplace(lambda s, o: sqrt(s))
-Tensor.exp_ = _inplace(lambda s, o: exp(s))
-Tensor.neg_ = _inplace(lambda s, o: neg(s))
+Tensor.sqrt_ = _inplace(lambda s, o: s.sqrt())
+Tensor.exp_ = _inplace(lambda s, o: s.exp())
+Tensor.neg_ = _inplace(lambda s, o: s.neg())
 del _name, _fn
 
 # --- functions GradBench's pytorch tool uses: built from the differentiable ops above, so
@@ -1471,12 +1498,16 @@ Tensor.repeat_interleave = _method(repeat_interleave)
 Tensor.cross = lambda self, other, dim=None: cross(self, other, dim)
 
 
-__all__ = [n for n in ("exp log log1p expm1 sqrt rsqrt sin cos tan asin acos atan atan2 sinh "
-                       "cosh tanh sigmoid relu softplus erf abs sign pow square reciprocal "
-                       "maximum minimum clamp clip clamp_min clamp_max where sum mean prod max "
-                       "min amax amin norm logsumexp softmax log_softmax dot matmul outer "
-                       "reshape transpose permute flatten squeeze unsqueeze stack cat concat "
-                       "diag clone add sub mul div neg t broadcast_to").split()]
+#: public but outside ``__all__`` (as in torch's top-level namespace, these are not ops)
+_EXTRAS = ("argsort", "equal", "index_add", "mm", "sort", "cross", "einsum", "empty",
+           "repeat_interleave")
+__all__ = list(_LISTED)
+
+
+def public():
+    """{name: function} for the ``tapegrad`` namespace: ``__all__``, the ops' aliases and the
+    extras."""
+    return {**_PUBLIC, **{n: globals()[n] for n in _EXTRAS}}
 
 
 # --- sorting, matrix products, comparisons, index_add (built from recorded ops) ----------------
@@ -1613,7 +1644,7 @@ def zeros_like_t(x):
 
 def index_add(input, dim, index, source, *, alpha=1):
     """Out-of-place ``index_add_``."""
-    r = add(input, _index_added(input, dim, index, source, alpha))
+    r = _PUBLIC["add"](input, _index_added(input, dim, index, source, alpha))
     return _hint(r, "IndexAddBackward0") if r._tape is not None else r
 
 

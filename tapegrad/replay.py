@@ -601,14 +601,11 @@ def _program_vjp_tensor(g, inputs, aux):
     return res if isinstance(res, tuple) else (res,)
 
 
-def _install_rules():
+def program_vjp(F, g, values, aux):
+    """The rule of a ``program`` entry (registered in ops/arrays.py): the compiled VJP on
+    plain values; on the tensor backend (create_graph) a recorded call of the VJP program."""
     from .autograd._tensor_backend import TensorF
-    from .ops import NpF
-    NpF.program_vjp = staticmethod(_program_vjp_np)
-    TensorF.program_vjp = staticmethod(_program_vjp_tensor)
-
-
-_install_rules()
+    return (_program_vjp_tensor if F is TensorF else _program_vjp_np)(g, values, aux)
 
 
 # --- the program ------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from ..functions import _rebind
-from ..ops import BY_NAME, NpF
+from ..ops import BY_NAME
 from ..tensor import Tensor, _plain, array_op, enable_grad, is_grad_enabled, no_grad
 from ._tensor_backend import TensorF
 
@@ -238,5 +238,7 @@ def _call_backward(recorded, grads, aux):
     return tuple(out)
 
 
-NpF.call_backward = functools.partial(_call_backward, False)
-TensorF.call_backward = functools.partial(_call_backward, True)
+def call_backward(F, grads, aux):
+    """The rule of a ``function`` entry (registered in ops/arrays.py): recorded, and so
+    differentiable again, when the sweep runs it on the tensor backend (create_graph)."""
+    return _call_backward(F is TensorF, grads, aux)

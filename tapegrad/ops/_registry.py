@@ -1,13 +1,22 @@
 """The one ops registry: each op's opcode, forward kernels and derivative rule, side by side.
 
-An op is declared once with:
+An op is declared once, everything about it in its one ``register(...)`` call:
 
 * ``py``  -- forward on Python floats (the 0-d float64 fast path of eager mode),
 * ``np``  -- forward on NumPy arrays (array entries, eager and sweep),
 * ``nb``  -- forward as a Numba scalar expression template (the compiled interpreters),
 * ``vjp`` -- the derivative rule, written once against a backend namespace ``F`` and
   Python operators, so the same rule becomes generated Numba source (``SymF``), runs on
-  NumPy arrays (``NpF``) and, later, re-records onto a tape (tensor ops).
+  NumPy arrays (``NpF``) and re-records onto a tape (tensor ops, create_graph),
+* ``batch`` and ``lower`` -- an array op's batch rule (is_grads_batched) and its lowering
+  to program rows (``tapegrad.trace``, see ops/lowering.py),
+* ``const`` -- a binary op's forms with a float constant (``x * 2.0`` records ``mulc``),
+* ``torch`` -- the torch function it mirrors; ``api``, ``aliases`` and ``method`` -- its
+  public surface: ``tapegrad.<name>`` for each api name (in ``__all__``) and alias
+  (NumPy's spellings, outside ``__all__``), and ``Tensor.<name>`` for each when
+  ``method`` (tapegrad/functions.py builds them; an elementwise op needs no code there),
+* ``via`` -- for the API reference (docs/api.md), what records an op that no torch
+  function of its own name does.
 
 Elementwise ops have a scalar opcode swept by the compiled interpreter; when an entry
 works on arrays its opcode carries the ``ARRAY`` flag and the array interpreter runs the
@@ -54,11 +63,12 @@ class Op:
     """One registered op. Fields are documented in the module docstring."""
 
     __slots__ = ("name", "code", "kind", "py", "np", "nb", "vjp", "saves", "torch",
-                 "nary", "doc", "uses", "batch", "arity", "lower", "const")
+                 "nary", "doc", "uses", "batch", "arity", "lower", "const", "api", "aliases",
+                 "method", "via")
 
     def __init__(self, name, kind, *, py=None, np=None, nb=None, vjp=None, saves=True,
                  torch=None, nary=False, doc="", batch=None, arity=None, lower=None,
-                 const=None):
+                 const=None, api=(), aliases=(), method=False, via=""):
         self.name = name
         self.kind = kind
         self.py = py
@@ -83,6 +93,11 @@ class Op:
         # a binary op's forms with a float constant, recorded instead of it (``x * 2.0`` as
         # mulc): ((name, sign of c) for x op c, (name, sign of c) for c op x), or None
         self.const = const
+        # public functions: ``tapegrad.<name>`` per api name (listed in ``__all__``) and per
+        # alias (not listed); ``Tensor.<name>`` too for each when ``method``
+        self.api, self.aliases, self.method = tuple(api), tuple(aliases), method
+        # what records the op, for the API reference where no torch function of its name does
+        self.via = via
         self.code = OPCODES.index(name)
         # which of the entry's values (a, b, out) its rule reads, and which constants (c0, c1)
         # its rule or forward reads; filled in by ops/__init__
@@ -113,6 +128,9 @@ def register(name, kind, **kw):
     if kw.get("vjp") is None and kind in (UNARY, UNARY_C, BINARY, ARRAY_OP):
         # create_graph differentiates every rule again: none may be missing
         raise ValueError(f"op {name!r} needs a derivative rule (vjp=...) written in F ops")
+    if (kw.get("aliases") or kw.get("method")) and not kw.get("api"):
+        raise ValueError(f"op {name!r}: aliases= and method= need the public name(s) in "
+                         f"api=(...) (tapegrad.<name>, listed in __all__)")
     if name not in OPCODES:
         raise ValueError(f"op {name!r} has no opcode: append its name at the end of OPCODES "
                          "in tapegrad/ops/_registry.py (never insert: existing opcodes must "

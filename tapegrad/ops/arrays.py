@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._registry import ARRAY_OP, BY_NAME, UNARY, Part, register
+from . import lowering as lw
+from ._registry import ARRAY_OP, UNARY, Part, register
 
 A = ARRAY_OP
 
@@ -33,11 +34,138 @@ def _gk(F, g, a, aux):
     return g if ks == np.shape(g) else F.reshape(g, (ks, np.shape(g)))
 
 
+# --- batched sweeps (is_grads_batched) ----------------------------------------------------
+# An array op's rule runs once for the whole batch: its values are viewed with a leading
+# batch axis (zero-copy broadcasts) and its aux is shifted to match, so the rule itself is
+# unchanged; ``post`` (one function or None per input) maps a gradient back where the views
+# changed its shape. Elementwise ops need nothing: their rules broadcast. Each array op
+# names its batch rule in its register(...) call.
+
+
+def _bval(x, B):
+    if x is None:
+        return None
+    if hasattr(x, "expand"):  # a tensor (the recorded sweep of create_graph): recorded
+        return x.expand((B,) + tuple(x.shape))
+    return np.broadcast_to(x, (B,) + np.shape(x))
+
+
+def _bdims(dims, ndim):
+    return tuple(range(1, ndim + 1)) if dims is None else tuple(d + 1 for d in dims)
+
+
+def _bidx(index):
+    return (slice(None),) + (index if isinstance(index, tuple) else (index,))
+
+
+def _plain_batch(shift_aux):
+    def batch(values, out, g, aux, B):
+        return [_bval(v, B) for v in values], _bval(out, B), g, shift_aux(aux, values, B), None
+    return batch
+
+
+def _reduce_aux(aux, values, B):
+    # a saved index (max/min over a dim) gets the batch axis too; over the only dim of a
+    # 1-d input it is a NumPy integer, not an array
+    rest = tuple(_bval(r, B) if isinstance(r, (np.ndarray, np.integer)) else r
+                 for r in aux[2:])
+    return (_bdims(aux[0], np.ndim(values[0])), aux[1]) + rest
+
+
+def _shapes_aux(aux, values, B):
+    return ((B,) + tuple(aux[0]), (B,) + tuple(aux[1]))
+
+
+def _same_aux(aux, values, B):
+    return aux
+
+
+def _softmax_aux(aux, values, B):
+    return (aux[0] + 1,)
+
+
+def _transpose_aux(aux, values, B):
+    return tuple(d + 1 if d >= 0 else d for d in aux)
+
+
+def _permute_aux(aux, values, B):
+    return (0,) + tuple(p + 1 for p in aux)
+
+
+def _index_aux(aux, values, B):
+    return (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:])
+
+
+def _diag_aux(aux, values, B):
+    return (aux[0], True)
+
+
+def _nary_aux(aux, values, B):
+    return (aux[0], aux[1] + 1)
+
+
+def _matmul_batch(values, out, g, aux, B):
+    a, b = values
+    one_a, one_b = np.ndim(a) == 1, np.ndim(b) == 1
+    g = g if hasattr(g, "expand") else np.asarray(g)
+    if one_a and one_b:  # a dot product: the rule is elementwise, g needs a sample axis
+        return [a, b], out, g[:, None], aux, None
+    if one_a:
+        a, g = a[None, :], g[..., None, :]
+    if one_b:
+        b, g = b[:, None], g[..., None]
+    # the batch axis goes in front of both: a side with fewer dims than the other first
+    # gets its broadcast axes, or (B, 4, 30) would meet (B, 22, 4, 4) misaligned
+    nd = max(np.ndim(a), np.ndim(b))
+    pads = [nd - np.ndim(a), nd - np.ndim(b)]
+    a, b = (x.reshape((1,) * p + tuple(np.shape(x))) if p else x for x, p in zip((a, b), pads))
+
+    def unpad(p, then):
+        if not p:
+            return then
+        return lambda gx: (then or (lambda y: y))(gx.reshape(
+            (np.shape(gx)[0],) + tuple(np.shape(gx)[1 + p:])))
+    post = (unpad(pads[0], (lambda ga: ga[..., 0, :]) if one_a else None),
+            unpad(pads[1], (lambda gb: gb[..., 0]) if one_b else None))
+    return [_bval(a, B), _bval(b, B)], None, g, aux, post
+
+
+def _broadcast_batch(values, out, g, aux, B):
+    """expand / sum_to (aux: this entry's shape, its input's shape). A broadcast aligns
+    shapes at the right, which under a leading batch axis would align the batch with a data
+    axis: the smaller shape is padded with leading 1s to the larger's length instead (and
+    g with it, where g has the smaller shape); the sweep's batched fit drops the 1s again."""
+    to, frm = tuple(aux[0]), tuple(aux[1])
+    n = max(len(to), len(frm))
+    pto, pfrm = (1,) * (n - len(to)) + to, (1,) * (n - len(frm)) + frm
+    if pto != to:
+        g = g.reshape((B,) + pto)
+    return [_bval(v, B) for v in values], _bval(out, B), g, ((B,) + pto, (B,) + pfrm), None
+
+
+def _setitem_batch(values, out, g, aux, B):
+    """The written value's gradient is g at the index, summed to the value's shape. Under
+    the batch axis that sum must keep the batch axis: the rule sees the value as shaped like
+    the indexed region (its sum_to is then the identity) and the sweep's batched fit sums
+    it to the value's own shape."""
+    a, b = values
+    region = np.empty(np.shape(out), dtype=np.bool_)[aux[0]].shape
+    return ([_bval(a, B), np.broadcast_to(np.zeros(()), (B,) + region)], _bval(out, B), g,
+            (_bidx(aux[0]), _bval(aux[1], B)), None)
+
+
+def _outer_batch(values, out, g, aux, B):
+    a, b = values
+    return ([_bval(a[None, :], B), _bval(b[:, None], B)], None, g, aux,
+            (lambda ga: ga[..., 0], lambda gb: gb[..., 0, :]))
+
+
 # --- shapes -----------------------------------------------------------------------------------
 register("clone", UNARY, py=lambda a: a, np=lambda a: np.array(a, copy=True), nb="{a}",
-         torch="clone", vjp=lambda F, g, a, out: (g,), saves=False)
+         torch="clone", vjp=lambda F, g, a, out: (g,), saves=False, api=("clone",), method=True)
 register("reshape", A, np=lambda a, aux: np.reshape(a, aux[0]), torch="reshape", saves=False,
-         vjp=lambda F, g, v, out, aux: (F.reshape(g, (aux[1], aux[0])),))
+         vjp=lambda F, g, v, out, aux: (F.reshape(g, (aux[1], aux[0])),),
+         batch=_plain_batch(_shapes_aux), lower=lw.lower_reshape, api=("reshape",))
 def _expand(a, aux):
     shape = aux[0]
     if np.ndim(a) == 0:  # the common case (a full reduction's gradient): a zero-stride view
@@ -47,16 +175,23 @@ def _expand(a, aux):
 
 
 register("expand", A, np=_expand, saves=False,
-         vjp=lambda F, g, v, out, aux: (F.sum_to(g, (aux[1], aux[0])),))
+         vjp=lambda F, g, v, out, aux: (F.sum_to(g, (aux[1], aux[0])),),
+         batch=_broadcast_batch, lower=lw.lower_expand, via="`Tensor.expand`, broadcasting")
 register("sum_to", A, saves=False,
          np=lambda a, aux: sum_to(a, aux[0]),
-         vjp=lambda F, g, v, out, aux: (F.expand(g, (aux[1], aux[0])),))
+         vjp=lambda F, g, v, out, aux: (F.expand(g, (aux[1], aux[0])),),
+         batch=_broadcast_batch, lower=lw.lower_sum_to, via="the gradient of broadcasting")
 register("transpose", A, np=lambda a, aux: np.swapaxes(a, aux[0], aux[1]), torch="transpose",
-         saves=False, vjp=lambda F, g, v, out, aux: (F.transpose(g, aux),))
+         saves=False, vjp=lambda F, g, v, out, aux: (F.transpose(g, aux),),
+         batch=_plain_batch(_transpose_aux), lower=lw.lower_transpose,
+         api=("transpose",), method=True)
 register("permute", A, np=lambda a, aux: np.transpose(a, aux), torch="permute", saves=False,
-         vjp=lambda F, g, v, out, aux: (F.permute(g, tuple(np.argsort(aux))),))
+         vjp=lambda F, g, v, out, aux: (F.permute(g, tuple(np.argsort(aux))),),
+         batch=_plain_batch(_permute_aux), lower=lw.lower_permute, api=("permute",), method=True)
 register("cast", A, np=lambda a, aux: np.asarray(a, dtype=aux[0]), saves=False,
-         vjp=lambda F, g, v, out, aux: (F.cast(g, (aux[1], aux[0])),))
+         vjp=lambda F, g, v, out, aux: (F.cast(g, (aux[1], aux[0])),),
+         batch=_plain_batch(_same_aux), lower=lw.lower_cast,
+         via="`Tensor.to(dtype)`, `.double()`, `.float()`")
 
 
 def _stack_vjp(F, g, vals, out, aux):
@@ -76,9 +211,11 @@ def _cat_vjp(F, g, vals, out, aux):
 
 
 register("stack", A, nary=True, torch="stack", saves=False,
-         np=lambda *a: np.stack(a[:-1], axis=a[-1][1]), vjp=_stack_vjp)
+         np=lambda *a: np.stack(a[:-1], axis=a[-1][1]), vjp=_stack_vjp,
+         batch=_plain_batch(_nary_aux), lower=lw.lower_stack, api=("stack",))
 register("cat", A, nary=True, torch="cat", saves=False,
-         np=lambda *a: np.concatenate(a[:-1], axis=a[-1][1]), vjp=_cat_vjp)
+         np=lambda *a: np.concatenate(a[:-1], axis=a[-1][1]), vjp=_cat_vjp,
+         batch=_plain_batch(_nary_aux), lower=lw.lower_cat, api=("cat", "concat"))
 
 
 def _diag_np(a, aux):
@@ -101,7 +238,8 @@ def diag_index(shape, k):
     return (rows, rows + k)
 
 
-register("diag", A, np=_diag_np, torch="diag", saves=False, vjp=_diag_vjp)
+register("diag", A, np=_diag_np, torch="diag", saves=False, vjp=_diag_vjp,
+         batch=_plain_batch(_diag_aux), lower=lw.lower_diag, api=("diag",), method=True)
 
 # --- indexing -----------------------------------------------------------------------------------
 
@@ -123,10 +261,13 @@ def _index_scatter(g, aux):
     return z
 
 
-register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,
-         vjp=lambda F, g, v, out, aux: (F.index_scatter(g, aux),))  # aux: index, shape, basic
+register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,  # aux: index,
+         vjp=lambda F, g, v, out, aux: (F.index_scatter(g, aux),),  # shape, basic
+         batch=_plain_batch(_index_aux), lower=lw.lower_getitem, via="`x[index]`")
 register("index_scatter", A, np=_index_scatter, saves=False,
-         vjp=lambda F, g, v, out, aux: (F.getitem(g, (aux[0], aux[1])),))
+         vjp=lambda F, g, v, out, aux: (F.getitem(g, (aux[0], aux[1])),),
+         batch=_plain_batch(_index_aux), lower=lw.lower_index_scatter,
+         via="the gradient of `x[index]`")
 
 
 def _setitem_np(a, b, aux):
@@ -145,10 +286,12 @@ def _setitem_vjp(F, g, v, out, aux):
             F.sum_to(gb, (np.shape(v[1]), np.shape(gb))))
 
 
-register("setitem", A, np=_setitem_np, saves=False, vjp=_setitem_vjp)
+register("setitem", A, np=_setitem_np, saves=False, vjp=_setitem_vjp,
+         batch=_setitem_batch, lower=lw.lower_setitem, via="`x[index] = v`")
 register("where", A, np=lambda a, b, aux: np.where(aux[0], a, b), torch="where", saves=False,
          vjp=lambda F, g, v, out, aux: (F.where(aux[0], g, F.zeros_like(g)),
-                                        F.where(aux[0], F.zeros_like(g), g)))
+                                        F.where(aux[0], F.zeros_like(g), g)),
+         batch=_plain_batch(_same_aux), lower=lw.lower_where, api=("where",))
 
 # --- reductions -----------------------------------------------------------------------------
 
@@ -240,7 +383,8 @@ def _prod_others_vjp(F, g, v, out, aux):
 
 
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
-         saves=False, vjp=_sum_vjp)
+         saves=False, vjp=_sum_vjp,
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_sum, api=("sum",), method=True)
 
 
 def _mean_np(a, aux):
@@ -251,9 +395,12 @@ def _mean_np(a, aux):
 
 
 register("mean", A, np=_mean_np, torch="mean",
-         saves=False, vjp=_mean_vjp)
-register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp)
-register("prod_others", A, np=_prod_others, vjp=_prod_others_vjp)
+         saves=False, vjp=_mean_vjp,
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_mean, api=("mean",), method=True)
+register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp,
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_prod, api=("prod",), method=True)
+register("prod_others", A, np=_prod_others, vjp=_prod_others_vjp,
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_prod_others, via="the gradient of `prod`")
 
 
 def _extreme_np(fn):
@@ -285,8 +432,10 @@ def _extreme_vjp(F, g, v, out, aux):
     return (F.where(full, F.expand(gk, (np.shape(a), np.shape(gk))), F.zeros_like(a)),)
 
 
-register("amax", A, np=_extreme_np(np.max), torch="max", vjp=_extreme_vjp)
-register("amin", A, np=_extreme_np(np.min), torch="min", vjp=_extreme_vjp)
+register("amax", A, np=_extreme_np(np.max), torch="max", vjp=_extreme_vjp,
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_amax, api=("amax", "max"), method=True)
+register("amin", A, np=_extreme_np(np.min), torch="min", vjp=_extreme_vjp,
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_amin, api=("amin", "min"), method=True)
 
 
 def _norm_np(a, aux):
@@ -330,7 +479,8 @@ def _norm_vjp(F, g, v, out, aux):
                     / F.where(zero, 1.0, ok) ** (p - 1.0)),)
 
 
-register("norm", A, np=_norm_np, torch="norm", vjp=_norm_vjp)
+register("norm", A, np=_norm_np, torch="norm", vjp=_norm_vjp,
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_norm, api=("norm",), method=True)
 
 
 def _lse_np(a, aux):
@@ -343,7 +493,8 @@ def _lse_np(a, aux):
 
 register("logsumexp", A, np=_lse_np, torch="logsumexp",
          vjp=lambda F, g, v, out, aux: (
-             _gk(F, g, v[0], aux) * F.exp(v[0] - _gk(F, out, v[0], aux)),))
+             _gk(F, g, v[0], aux) * F.exp(v[0] - _gk(F, out, v[0], aux)),),
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_logsumexp, api=("logsumexp",), method=True)
 
 
 def _softmax_np(a, aux):
@@ -362,10 +513,13 @@ def _log_softmax_np(a, aux):
 
 register("softmax", A, np=_softmax_np, torch="softmax",
          vjp=lambda F, g, v, out, aux: (
-             out * (g - F.sum(g * out, ((aux[0],), True))),))
+             out * (g - F.sum(g * out, ((aux[0],), True))),),
+         batch=_plain_batch(_softmax_aux), lower=lw.lower_softmax, api=("softmax",), method=True)
 register("log_softmax", A, np=_log_softmax_np, torch="log_softmax",
          vjp=lambda F, g, v, out, aux: (
-             g - F.exp(out) * F.sum(g, ((aux[0],), True)),))
+             g - F.exp(out) * F.sum(g, ((aux[0],), True)),),
+         batch=_plain_batch(_softmax_aux), lower=lw.lower_log_softmax,
+         api=("log_softmax",), method=True)
 
 # --- linear algebra ------------------------------------------------------------------------
 
@@ -397,10 +551,12 @@ def _matmul_vjp(F, g, v, out, aux):
     return grad_a, grad_b
 
 
-register("matmul", A, np=lambda a, b, aux: np.matmul(a, b), torch="matmul", vjp=_matmul_vjp)
+register("matmul", A, np=lambda a, b, aux: np.matmul(a, b), torch="matmul", vjp=_matmul_vjp,
+         batch=_matmul_batch, lower=lw.lower_matmul, api=("matmul",), method=True)
 register("outer", A, np=lambda a, b, aux: np.multiply.outer(a, b), torch="outer",
          vjp=lambda F, g, v, out, aux: ((lambda: F.matmul(g, v[1], None)),
-                                        (lambda: F.matmul(v[0], g, None))))
+                                        (lambda: F.matmul(v[0], g, None))),
+         batch=_outer_batch, lower=lw.lower_outer, api=("outer",), method=True)
 
 
 def sum_to(g, shape):
@@ -455,139 +611,32 @@ def _sum_last(a, n):
 
 # --- custom Functions (tapegrad.autograd.Function) -----------------------------------------
 # ``function``: one entry per call, inputs its tensor arguments, aux (slots, class, ctx, ...);
-# its rule calls the user's backward through the backend (``F.call_backward``), with the
-# output gradients gathered from its ``function_out`` entries as ``Part``s.
-register("function", A, nary=True, np=None,
-         vjp=lambda F, g, v, out, aux: F.call_backward(g, aux[1:]))
+# its rule calls the user's backward (autograd/function.py), with the output gradients
+# gathered from its ``function_out`` entries as ``Part``s.
+
+
+def _function_vjp(F, g, v, out, aux):
+    # imported here, not at the top: autograd.function imports the tensor layer, which
+    # imports the registry (a module already imported costs a dict lookup)
+    from ..autograd.function import call_backward
+    return call_backward(F, g, aux[1:])
+
+
+def _program_vjp(F, g, v, out, aux):
+    from ..replay import program_vjp  # (as above: replay imports the tensor layer)
+    return program_vjp(F, g, v, aux[1:])
+
+
+register("function", A, nary=True, np=None, vjp=_function_vjp, lower=lw.lower_function,
+         via="`autograd.Function.apply`")
 register("function_out", A, np=None, saves=False,
          vjp=lambda F, g, v, out, aux: (Part(aux[0], g),),
-         batch=lambda values, out, g, aux, B: (values, out, g, aux, None))
+         batch=lambda values, out, g, aux, B: (values, out, g, aux, None),
+         lower=lw.lower_function_out, via="an output of a custom `Function`")
 # ``program``: a traced Program called on tensors that require grad (tapegrad.trace), one
 # entry per call with its outputs as ``function_out`` entries; aux (slots, program, variant,
-# flat inputs, batch). Its rule is the program's own compiled VJP (``F.program_vjp``, set
-# by replay.py); under create_graph, a call of the program's VJP program.
-register("program", A, nary=True, np=None,
-         vjp=lambda F, g, v, out, aux: F.program_vjp(g, v, aux[1:]),
-         batch=lambda values, out, g, aux, B: (values, out, g, aux + (B,), None))
-
-
-# --- batched sweeps (is_grads_batched) ----------------------------------------------------
-# An array op's rule runs once for the whole batch: its values are viewed with a leading
-# batch axis (zero-copy broadcasts) and its aux is shifted to match, so the rule itself is
-# unchanged; ``post`` (one function or None per input) maps a gradient back where the views
-# changed its shape. Elementwise ops need nothing: their rules broadcast.
-
-
-def _bval(x, B):
-    if x is None:
-        return None
-    if hasattr(x, "expand"):  # a tensor (the recorded sweep of create_graph): recorded
-        return x.expand((B,) + tuple(x.shape))
-    return np.broadcast_to(x, (B,) + np.shape(x))
-
-
-def _bdims(dims, ndim):
-    return tuple(range(1, ndim + 1)) if dims is None else tuple(d + 1 for d in dims)
-
-
-def _bidx(index):
-    return (slice(None),) + (index if isinstance(index, tuple) else (index,))
-
-
-def _plain_batch(shift_aux):
-    def batch(values, out, g, aux, B):
-        return [_bval(v, B) for v in values], _bval(out, B), g, shift_aux(aux, values, B), None
-    return batch
-
-
-def _reduce_aux(aux, values, B):
-    # a saved index (max/min over a dim) gets the batch axis too; over the only dim of a
-    # 1-d input it is a NumPy integer, not an array
-    rest = tuple(_bval(r, B) if isinstance(r, (np.ndarray, np.integer)) else r
-                 for r in aux[2:])
-    return (_bdims(aux[0], np.ndim(values[0])), aux[1]) + rest
-
-
-def _shapes_aux(aux, values, B):
-    return ((B,) + tuple(aux[0]), (B,) + tuple(aux[1]))
-
-
-def _matmul_batch(values, out, g, aux, B):
-    a, b = values
-    one_a, one_b = np.ndim(a) == 1, np.ndim(b) == 1
-    g = g if hasattr(g, "expand") else np.asarray(g)
-    if one_a and one_b:  # a dot product: the rule is elementwise, g needs a sample axis
-        return [a, b], out, g[:, None], aux, None
-    if one_a:
-        a, g = a[None, :], g[..., None, :]
-    if one_b:
-        b, g = b[:, None], g[..., None]
-    # the batch axis goes in front of both: a side with fewer dims than the other first
-    # gets its broadcast axes, or (B, 4, 30) would meet (B, 22, 4, 4) misaligned
-    nd = max(np.ndim(a), np.ndim(b))
-    pads = [nd - np.ndim(a), nd - np.ndim(b)]
-    a, b = (x.reshape((1,) * p + tuple(np.shape(x))) if p else x for x, p in zip((a, b), pads))
-
-    def unpad(p, then):
-        if not p:
-            return then
-        return lambda gx: (then or (lambda y: y))(gx.reshape(
-            (np.shape(gx)[0],) + tuple(np.shape(gx)[1 + p:])))
-    post = (unpad(pads[0], (lambda ga: ga[..., 0, :]) if one_a else None),
-            unpad(pads[1], (lambda gb: gb[..., 0]) if one_b else None))
-    return [_bval(a, B), _bval(b, B)], None, g, aux, post
-
-
-def _broadcast_batch(values, out, g, aux, B):
-    """expand / sum_to (aux: this entry's shape, its input's shape). A broadcast aligns
-    shapes at the right, which under a leading batch axis would align the batch with a data
-    axis: the smaller shape is padded with leading 1s to the larger's length instead (and
-    g with it, where g has the smaller shape); the sweep's batched fit drops the 1s again."""
-    to, frm = tuple(aux[0]), tuple(aux[1])
-    n = max(len(to), len(frm))
-    pto, pfrm = (1,) * (n - len(to)) + to, (1,) * (n - len(frm)) + frm
-    if pto != to:
-        g = g.reshape((B,) + pto)
-    return [_bval(v, B) for v in values], _bval(out, B), g, ((B,) + pto, (B,) + pfrm), None
-
-
-def _setitem_batch(values, out, g, aux, B):
-    """The written value's gradient is g at the index, summed to the value's shape. Under
-    the batch axis that sum must keep the batch axis: the rule sees the value as shaped like
-    the indexed region (its sum_to is then the identity) and the sweep's batched fit sums
-    it to the value's own shape."""
-    a, b = values
-    region = np.empty(np.shape(out), dtype=np.bool_)[aux[0]].shape
-    return ([_bval(a, B), np.broadcast_to(np.zeros(()), (B,) + region)], _bval(out, B), g,
-            (_bidx(aux[0]), _bval(aux[1], B)), None)
-
-
-def _outer_batch(values, out, g, aux, B):
-    a, b = values
-    return ([_bval(a[None, :], B), _bval(b[:, None], B)], None, g, aux,
-            (lambda ga: ga[..., 0], lambda gb: gb[..., 0, :]))
-
-
-_BATCH = {
-    "sum": _reduce_aux, "mean": _reduce_aux, "prod": _reduce_aux, "amax": _reduce_aux,
-    "amin": _reduce_aux, "prod_others": _reduce_aux, "norm": _reduce_aux, "logsumexp": _reduce_aux,
-    "softmax": lambda aux, v, B: (aux[0] + 1,),
-    "log_softmax": lambda aux, v, B: (aux[0] + 1,),
-    "reshape": _shapes_aux,
-    "transpose": lambda aux, v, B: tuple(d + 1 if d >= 0 else d for d in aux),
-    "permute": lambda aux, v, B: (0,) + tuple(p + 1 for p in aux),
-    "cast": lambda aux, v, B: aux,
-    "getitem": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
-    "index_scatter": lambda aux, v, B: (_bidx(aux[0]), (B,) + tuple(aux[1])) + tuple(aux[2:]),
-    "where": lambda aux, v, B: aux,
-    "diag": lambda aux, v, B: (aux[0], True),
-    "stack": lambda aux, v, B: (aux[0], aux[1] + 1),
-    "cat": lambda aux, v, B: (aux[0], aux[1] + 1),
-}
-for _name, _shift in _BATCH.items():
-    BY_NAME[_name].batch = _plain_batch(_shift)
-BY_NAME["setitem"].batch = _setitem_batch
-BY_NAME["expand"].batch = BY_NAME["sum_to"].batch = _broadcast_batch
-BY_NAME["matmul"].batch = _matmul_batch
-BY_NAME["outer"].batch = _outer_batch
-del _name, _shift
+# flat inputs, batch). Its rule is the program's own compiled VJP (replay.program_vjp);
+# under create_graph, a call of the program's VJP program.
+register("program", A, nary=True, np=None, vjp=_program_vjp,
+         batch=lambda values, out, g, aux, B: (values, out, g, aux + (B,), None),
+         via="a traced `Program` called on tensors")

@@ -139,80 +139,93 @@ def _safe(fn, err):
 # --- bookkeeping entries ---------------------------------------------------------------------
 # leaf: a tensor that requires grad, entered into this tape; const: a value that does not;
 # import_: a value living on another tape (aux holds (tape, slot)); its rule is the identity.
-register("leaf", SPECIAL, saves=False, doc="a leaf that requires grad")
-register("const", SPECIAL, saves=False, doc="a value that does not require grad")
+register("leaf", SPECIAL, saves=False, doc="a leaf that requires grad",
+         via="`tensor(..., requires_grad=True)`")
+register("const", SPECIAL, saves=False, doc="a value that does not require grad",
+         via="a tensor that does not require grad")
 register("import_", SPECIAL, nb="{a}", vjp=lambda F, g, a, out: (g,), saves=False,
-         doc="a value from another tape")
+         doc="a value from another tape", via="a value from another tape")
 
 # --- unary -------------------------------------------------------------------------------------
 U = UNARY
 register("neg", U, py=operator.neg, np=np.negative, nb="(-{a})", torch="neg",
-         vjp=lambda F, g, a, out: (-g,), saves=False)
+         vjp=lambda F, g, a, out: (-g,), saves=False,
+         api=("neg",), aliases=("negative",), method=True)
 register("exp", U, py=_safe(math.exp, lambda a: inf), np=np.exp, nb="math.exp({a})",
-         torch="exp", vjp=lambda F, g, a, out: (g * out,))
+         torch="exp", vjp=lambda F, g, a, out: (g * out,), api=("exp",), method=True)
 register("log", U, py=_safe(math.log, _log_err), np=np.log, nb="math.log({a})", torch="log",
-         vjp=lambda F, g, a, out: (g / a,))
+         vjp=lambda F, g, a, out: (g / a,), api=("log",), method=True)
 register("log1p", U, py=_safe(math.log1p, lambda a: -inf if a == -1 else nan), np=np.log1p,
-         nb="math.log1p({a})", torch="log1p", vjp=lambda F, g, a, out: (g / (a + 1.0),))
+         nb="math.log1p({a})", torch="log1p", vjp=lambda F, g, a, out: (g / (a + 1.0),),
+         api=("log1p",), method=True)
 register("expm1", U, py=_safe(math.expm1, lambda a: inf), np=np.expm1, nb="math.expm1({a})",
-         torch="expm1", vjp=lambda F, g, a, out: (g * (out + 1.0),))
+         torch="expm1", vjp=lambda F, g, a, out: (g * (out + 1.0),), api=("expm1",), method=True)
 register("sqrt", U, py=_safe(math.sqrt, lambda a: nan), np=np.sqrt, nb="math.sqrt({a})",
-         torch="sqrt", vjp=lambda F, g, a, out: (g / (2.0 * out),))
+         torch="sqrt", vjp=lambda F, g, a, out: (g / (2.0 * out),), api=("sqrt",), method=True)
 register("rsqrt", U, py=_safe(lambda a: 1.0 / math.sqrt(a),
                               lambda a: math.copysign(inf, a) if a == 0 else nan),
          np=lambda a: 1.0 / np.sqrt(a), nb="(1.0 / math.sqrt({a}))", torch="rsqrt",
-         vjp=lambda F, g, a, out: (-0.5 * g * out * out * out,))
+         vjp=lambda F, g, a, out: (-0.5 * g * out * out * out,), api=("rsqrt",), method=True)
 register("sin", U, py=_safe(math.sin, lambda a: nan), np=np.sin, nb="math.sin({a})",
-         torch="sin", vjp=lambda F, g, a, out: (g * F.cos(a),))
+         torch="sin", vjp=lambda F, g, a, out: (g * F.cos(a),), api=("sin",), method=True)
 register("cos", U, py=_safe(math.cos, lambda a: nan), np=np.cos, nb="math.cos({a})",
-         torch="cos", vjp=lambda F, g, a, out: (-g * F.sin(a),))
+         torch="cos", vjp=lambda F, g, a, out: (-g * F.sin(a),), api=("cos",), method=True)
 register("tan", U, py=_safe(math.tan, lambda a: nan), np=np.tan, nb="math.tan({a})",
-         torch="tan", vjp=lambda F, g, a, out: (g * (1.0 + out * out),))
+         torch="tan", vjp=lambda F, g, a, out: (g * (1.0 + out * out),), api=("tan",), method=True)
 register("asin", U, py=_safe(math.asin, lambda a: nan), np=np.arcsin, nb="math.asin({a})",
-         torch="asin", vjp=lambda F, g, a, out: (g / F.sqrt(1.0 - a * a),))
+         torch="asin", vjp=lambda F, g, a, out: (g / F.sqrt(1.0 - a * a),),
+         api=("asin",), aliases=("arcsin",), method=True)
 register("acos", U, py=_safe(math.acos, lambda a: nan), np=np.arccos, nb="math.acos({a})",
-         torch="acos", vjp=lambda F, g, a, out: (-g / F.sqrt(1.0 - a * a),))
+         torch="acos", vjp=lambda F, g, a, out: (-g / F.sqrt(1.0 - a * a),),
+         api=("acos",), aliases=("arccos",), method=True)
 register("atan", U, py=math.atan, np=np.arctan, nb="math.atan({a})", torch="atan",
-         vjp=lambda F, g, a, out: (g / (1.0 + a * a),))
+         vjp=lambda F, g, a, out: (g / (1.0 + a * a),),
+         api=("atan",), aliases=("arctan",), method=True)
 register("sinh", U, py=_safe(math.sinh, lambda a: math.copysign(inf, a)), np=np.sinh,
-         nb="math.sinh({a})", torch="sinh", vjp=lambda F, g, a, out: (g * F.cosh(a),))
+         nb="math.sinh({a})", torch="sinh", vjp=lambda F, g, a, out: (g * F.cosh(a),),
+         api=("sinh",), method=True)
 register("cosh", U, py=_safe(math.cosh, lambda a: inf), np=np.cosh, nb="math.cosh({a})",
-         torch="cosh", vjp=lambda F, g, a, out: (g * F.sinh(a),))
+         torch="cosh", vjp=lambda F, g, a, out: (g * F.sinh(a),), api=("cosh",), method=True)
 register("tanh", U, py=math.tanh, np=np.tanh, nb="math.tanh({a})", torch="tanh",
-         vjp=lambda F, g, a, out: (g * (1.0 - out * out),))
+         vjp=lambda F, g, a, out: (g * (1.0 - out * out),), api=("tanh",), method=True)
 register("sigmoid", U, py=_py_sigmoid, np=_np_sigmoid,
          nb="(1.0 / (1.0 + math.exp(-{a})) if {a} >= 0.0 else "
             "math.exp({a}) / (1.0 + math.exp({a})))", torch="sigmoid",
-         vjp=lambda F, g, a, out: (g * (1.0 - out) * out,))
+         vjp=lambda F, g, a, out: (g * (1.0 - out) * out,), api=("sigmoid",), method=True)
 register("relu", U, py=_py_relu, np=_np_relu, nb="(0.0 if {a} <= 0.0 else {a})",
-         torch="relu", vjp=lambda F, g, a, out: (F.where(a <= 0.0, F.zeros_like(g), g),))
+         torch="relu", vjp=lambda F, g, a, out: (F.where(a <= 0.0, F.zeros_like(g), g),),
+         api=("relu",), method=True)
 register("erf", U, py=math.erf, np=_np_erf_fn, nb="math.erf({a})", torch="erf",
-         vjp=lambda F, g, a, out: (g * (2.0 / math.sqrt(math.pi)) * F.exp(-(a * a)),))
+         vjp=lambda F, g, a, out: (g * (2.0 / math.sqrt(math.pi)) * F.exp(-(a * a)),),
+         api=("erf",), method=True)
 register("abs", U, py=abs, np=np.abs, nb="abs({a})", torch="abs",
-         vjp=lambda F, g, a, out: (g * F.sign(a),))
+         vjp=lambda F, g, a, out: (g * F.sign(a),),
+         api=("abs",), aliases=("absolute",), method=True)
 register("sign", U, py=_py_sign, np=lambda a: np.where(a != a, np.zeros_like(a), np.sign(a)),
          nb="((1.0 if {a} > 0.0 else 0.0) - (1.0 if {a} < 0.0 else 0.0))",
-         torch="sign", vjp=lambda F, g, a, out: (F.zeros_like(g),), saves=False)
+         torch="sign", vjp=lambda F, g, a, out: (F.zeros_like(g),), saves=False,
+         api=("sign",), method=True)
 register("square", U, py=lambda a: a * a, np=np.square, nb="({a} * {a})", torch="square",
-         vjp=lambda F, g, a, out: (g * 2.0 * a,))
+         vjp=lambda F, g, a, out: (g * 2.0 * a,), api=("square",), method=True)
 register("reciprocal", U, py=_safe(lambda a: 1.0 / a, lambda a: math.copysign(inf, a)),
          np=np.reciprocal, nb="(1.0 / {a})", torch="reciprocal",
-         vjp=lambda F, g, a, out: (-g * (out * out),))
+         vjp=lambda F, g, a, out: (-g * (out * out),), api=("reciprocal",), method=True)
 
 # --- unary with float constants (c0, c1) ------------------------------------------------------
 C = UNARY_C
 register("addc", C, py=lambda a, c0, c1: a + c0, np=lambda a, c0, c1: a + c0, nb="({a} + {c0})",
-         vjp=lambda F, g, a, out, c0, c1: (g,), saves=False)
+         vjp=lambda F, g, a, out, c0, c1: (g,), saves=False,
+         via="`x + c`, `c + x`, `x - c` (`c` a number)")
 register("mulc", C, py=lambda a, c0, c1: a * c0, np=lambda a, c0, c1: a * c0, nb="({a} * {c0})",
-         vjp=lambda F, g, a, out, c0, c1: (g * c0,))
+         vjp=lambda F, g, a, out, c0, c1: (g * c0,), via="`x * c`, `c * x`")
 register("rsubc", C, py=lambda a, c0, c1: c0 - a, np=lambda a, c0, c1: c0 - a,
-         nb="({c0} - {a})", vjp=lambda F, g, a, out, c0, c1: (-g,), saves=False)
+         nb="({c0} - {a})", vjp=lambda F, g, a, out, c0, c1: (-g,), saves=False, via="`c - x`")
 register("divc", C, py=_safe(lambda a, c0, c1: a / c0, lambda a, c0, c1: _div_err(a, c0)),
          np=lambda a, c0, c1: a / c0, nb="({a} / {c0})",
-         vjp=lambda F, g, a, out, c0, c1: (g / c0,))
+         vjp=lambda F, g, a, out, c0, c1: (g / c0,), via="`x / c`")
 register("rdivc", C, py=_safe(lambda a, c0, c1: c0 / a, lambda a, c0, c1: _div_err(c0, a)),
          np=lambda a, c0, c1: c0 / a, nb="({c0} / {a})",
-         vjp=lambda F, g, a, out, c0, c1: (-g * c0 / (a * a),))
+         vjp=lambda F, g, a, out, c0, c1: (-g * c0 / (a * a),), via="`c / x`")
 register("powc", C, py=lambda a, c0, c1: _py_pow(a, c0), np=lambda a, c0, c1: _np_pow(a, c0),
          nb="({a} ** {c0})", torch="pow",
          vjp=lambda F, g, a, out, c0, c1: (F.cond(
@@ -221,16 +234,18 @@ register("powc", C, py=lambda a, c0, c1: _py_pow(a, c0), np=lambda a, c0, c1: _n
 register("rpowc", C, py=lambda a, c0, c1: _py_pow(c0, a), np=lambda a, c0, c1: np.power(c0, a),
          nb="({c0} ** {a})",
          vjp=lambda F, g, a, out, c0, c1: (
-             F.where((a >= 0.0) & (c0 == 0.0), F.zeros_like(g), g * out * F.log(c0)),))
+             F.where((a >= 0.0) & (c0 == 0.0), F.zeros_like(g), g * out * F.log(c0)),),
+         via="`c ** x`")
 register("clamp", C, py=_py_clamp, np=_np_clamp,
          nb="min(max({a}, {c0}), {c1}) if {a} == {a} else {a}", torch="clamp",
          vjp=lambda F, g, a, out, c0, c1: (
-             F.where((a >= c0) & (a <= c1), g, F.zeros_like(g)),))
+             F.where((a >= c0) & (a <= c1), g, F.zeros_like(g)),),
+         api=("clamp", "clip"), method=True)
 register("softplus", C, py=_py_softplus, np=_np_softplus,
          nb="({a} if {a} * {c0} > {c1} else math.log1p(math.exp({a} * {c0})) / {c0})",
          torch="softplus",
          vjp=lambda F, g, a, out, c0, c1: (
-             F.where(a * c0 > c1, g, g * F.sigmoid(a * c0)),))
+             F.where(a * c0 > c1, g, g * F.sigmoid(a * c0)),), api=("softplus",), method=True)
 
 # --- binary ---------------------------------------------------------------------------------
 B = BINARY
@@ -259,28 +274,35 @@ def _min_vjp(F, g, a, b, out):
 
 
 register("add", B, py=operator.add, np=np.add, nb="({a} + {b})", torch="add",
-         vjp=lambda F, g, a, b, out: (g, g), saves=False, const=(("addc", 1.0), ("addc", 1.0)))
+         vjp=lambda F, g, a, b, out: (g, g), saves=False, const=(("addc", 1.0), ("addc", 1.0)),
+         api=("add",), method=True)
 register("sub", B, py=operator.sub, np=np.subtract, nb="({a} - {b})", torch="sub",
          vjp=lambda F, g, a, b, out: (g, -g), saves=False,
-         const=(("addc", -1.0), ("rsubc", 1.0)))
+         const=(("addc", -1.0), ("rsubc", 1.0)), api=("sub",), aliases=("subtract",), method=True)
 register("mul", B, py=operator.mul, np=np.multiply, nb="({a} * {b})", torch="mul",
-         vjp=lambda F, g, a, b, out: (g * b, g * a), const=(("mulc", 1.0), ("mulc", 1.0)))
+         vjp=lambda F, g, a, b, out: (g * b, g * a), const=(("mulc", 1.0), ("mulc", 1.0)),
+         api=("mul",), aliases=("multiply",), method=True)
 register("div", B, py=_safe(operator.truediv, _div_err), np=np.true_divide, nb="({a} / {b})",
          torch="div", vjp=lambda F, g, a, b, out: (g / b, -g * a / (b * b)),
-         const=(("divc", 1.0), ("rdivc", 1.0)))
+         const=(("divc", 1.0), ("rdivc", 1.0)),
+         api=("div",), aliases=("divide", "true_divide"), method=True)
 register("pow", B, py=_py_pow, np=_np_pow, nb="({a} ** {b})", torch="pow", vjp=_pow_vjp,
-         const=(("powc", 1.0), ("rpowc", 1.0)))
+         const=(("powc", 1.0), ("rpowc", 1.0)), api=("pow",), method=True)
 register("atan2", B, py=math.atan2, np=np.arctan2, nb="math.atan2({a}, {b})", torch="atan2",
-         vjp=_atan2_vjp)
+         vjp=_atan2_vjp, api=("atan2",), aliases=("arctan2",), method=True)
 register("maximum", B, py=_py_maximum, np=np.maximum,
-         nb="({a} if ({a} > {b} or {a} != {a}) else {b})", torch="maximum", vjp=_max_vjp)
+         nb="({a} if ({a} > {b} or {a} != {a}) else {b})", torch="maximum", vjp=_max_vjp,
+         api=("maximum",), method=True)
 register("minimum", B, py=_py_minimum, np=np.minimum,
-         nb="({a} if ({a} < {b} or {a} != {a}) else {b})", torch="minimum", vjp=_min_vjp)
+         nb="({a} if ({a} < {b} or {a} != {a}) else {b})", torch="minimum", vjp=_min_vjp,
+         api=("minimum",), method=True)
 register("clamp_min_t", B, py=lambda a, b: b if a < b else a,
          np=lambda a, b: np.where(a < b, b, a), nb="({b} if {a} < {b} else {a})",
          vjp=lambda F, g, a, b, out: (F.where(a >= b, g, F.zeros_like(g)),
-                                      F.where(a < b, g, F.zeros_like(g))))
+                                      F.where(a < b, g, F.zeros_like(g))),
+         api=("clamp_min",), method=True, via="`torch.clamp(x, min=t)`, `t` a tensor")
 register("clamp_max_t", B, py=lambda a, b: b if a > b else a,
          np=lambda a, b: np.where(a > b, b, a), nb="({b} if {a} > {b} else {a})",
          vjp=lambda F, g, a, b, out: (F.where(a <= b, g, F.zeros_like(g)),
-                                      F.where(a > b, g, F.zeros_like(g))))
+                                      F.where(a > b, g, F.zeros_like(g))),
+         api=("clamp_max",), method=True, via="`torch.clamp(x, max=t)`, `t` a tensor")

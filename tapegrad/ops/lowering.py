@@ -3,7 +3,8 @@
 A traced program is scalar: every element of an array value gets its own slot. An array
 op's ``lower(L, ins, aux, value)`` receives its inputs as arrays of program slots (``ins``,
 int64 arrays shaped like the values), its ``aux`` and its eager output ``value`` (for the
-shape), and returns the output's slot array. Moving, copying and selecting elements
+shape), and returns the output's slot array. Each op names its lowering in its
+``register(..., lower=...)`` call (ops/arrays.py). Moving, copying and selecting elements
 (reshape, transpose, indexing, cat...) only rearranges slots; arithmetic emits rows through
 ``L`` (``L.op(name, *slot_arrays)`` broadcasts like NumPy). Gradients then come from the
 scalar rows' own rules; where eager mode's array rule follows a convention the chain rule
@@ -13,8 +14,6 @@ builds it from ``detach``, ``select`` and ``pick`` rows.
 from __future__ import annotations
 
 import numpy as np
-
-from ._registry import BY_NAME
 
 
 class NotTraceable(NotImplementedError):
@@ -237,46 +236,89 @@ def _lower_diag(L, ins, aux, value):
     return out
 
 
-def _unsupported(what):
+def unsupported(what):
+    """The lowering of an op that a traced program cannot contain: raises ``what``."""
     def lower(L, ins, aux, value):
         raise NotTraceable(what)
     return lower
 
 
-_RULES = {
-    "reshape": lambda L, ins, aux, value: np.reshape(ins[0], aux[0]),
-    "expand": lambda L, ins, aux, value: np.broadcast_to(ins[0], aux[0]),
-    "sum_to": lambda L, ins, aux, value: _sum_to(L, ins[0], aux[0]),
-    "transpose": lambda L, ins, aux, value: np.swapaxes(ins[0], aux[0], aux[1]),
-    "permute": lambda L, ins, aux, value: np.transpose(ins[0], aux),
-    "cast": _lower_cast,
-    "stack": lambda L, ins, aux, value: np.stack(ins, axis=aux[1]),
-    "cat": lambda L, ins, aux, value: np.concatenate(ins, axis=aux[1]),
-    "diag": _lower_diag,
-    "getitem": lambda L, ins, aux, value: np.asarray(ins[0])[aux[0]],
-    "index_scatter": _lower_index_scatter,
-    "setitem": _lower_setitem,
-    "where": _lower_where,
-    "sum": lambda L, ins, aux, value: reduce(L, "add", ins[0], aux[0], aux[1], 0.0),
-    "mean": lambda L, ins, aux, value: L.op(
-        "divc", reduce(L, "add", ins[0], aux[0], aux[1], 0.0),
-        c0=float(np.size(ins[0]) // max(np.size(value), 1)) if np.size(value) else 0.0),
-    "prod": lambda L, ins, aux, value: reduce(L, "mul", ins[0], aux[0], aux[1], 1.0),
-    "amax": lambda L, ins, aux, value: _lower_extreme(L, ins, aux, value, "maximum"),
-    "amin": lambda L, ins, aux, value: _lower_extreme(L, ins, aux, value, "minimum"),
-    "norm": _lower_norm,
-    "logsumexp": _lower_logsumexp,
-    "softmax": lambda L, ins, aux, value: _lower_softmax(L, ins, aux, value, False),
-    "log_softmax": lambda L, ins, aux, value: _lower_softmax(L, ins, aux, value, True),
-    "matmul": _lower_matmul,
-    "outer": lambda L, ins, aux, value: L.op("mul", np.asarray(ins[0])[:, None],
-                                             np.asarray(ins[1])[None, :]),
-    "prod_others": _unsupported("prod_others is internal to derivative rules"),
-    "function": _unsupported(
-        "a custom autograd.Function runs Python code that a traced program cannot replay; "
-        "write the function with tapegrad ops to trace it"),
-    "function_out": _unsupported("a custom autograd.Function cannot be traced"),
-}
+# --- each array op's lowering, passed to its register(...) call in ops/arrays.py -------------
+
+
+def lower_reshape(L, ins, aux, value):
+    return np.reshape(ins[0], aux[0])
+
+
+def lower_expand(L, ins, aux, value):
+    return np.broadcast_to(ins[0], aux[0])
+
+
+def lower_sum_to(L, ins, aux, value):
+    return _sum_to(L, ins[0], aux[0])
+
+
+def lower_transpose(L, ins, aux, value):
+    return np.swapaxes(ins[0], aux[0], aux[1])
+
+
+def lower_permute(L, ins, aux, value):
+    return np.transpose(ins[0], aux)
+
+
+def lower_stack(L, ins, aux, value):
+    return np.stack(ins, axis=aux[1])
+
+
+def lower_cat(L, ins, aux, value):
+    return np.concatenate(ins, axis=aux[1])
+
+
+def lower_getitem(L, ins, aux, value):
+    return np.asarray(ins[0])[aux[0]]
+
+
+def lower_sum(L, ins, aux, value):
+    return reduce(L, "add", ins[0], aux[0], aux[1], 0.0)
+
+
+def lower_mean(L, ins, aux, value):
+    n = float(np.size(ins[0]) // max(np.size(value), 1)) if np.size(value) else 0.0
+    return L.op("divc", reduce(L, "add", ins[0], aux[0], aux[1], 0.0), c0=n)
+
+
+def lower_prod(L, ins, aux, value):
+    return reduce(L, "mul", ins[0], aux[0], aux[1], 1.0)
+
+
+def lower_amax(L, ins, aux, value):
+    return _lower_extreme(L, ins, aux, value, "maximum")
+
+
+def lower_amin(L, ins, aux, value):
+    return _lower_extreme(L, ins, aux, value, "minimum")
+
+
+def lower_softmax(L, ins, aux, value):
+    return _lower_softmax(L, ins, aux, value, False)
+
+
+def lower_log_softmax(L, ins, aux, value):
+    return _lower_softmax(L, ins, aux, value, True)
+
+
+def lower_outer(L, ins, aux, value):
+    return L.op("mul", np.asarray(ins[0])[:, None], np.asarray(ins[1])[None, :])
+
+
+lower_cast, lower_diag, lower_index_scatter = _lower_cast, _lower_diag, _lower_index_scatter
+lower_setitem, lower_where, lower_norm = _lower_setitem, _lower_where, _lower_norm
+lower_logsumexp, lower_matmul = _lower_logsumexp, _lower_matmul
+lower_prod_others = unsupported("prod_others is internal to derivative rules")
+lower_function = unsupported(
+    "a custom autograd.Function runs Python code that a traced program cannot replay; "
+    "write the function with tapegrad ops to trace it")
+lower_function_out = unsupported("a custom autograd.Function cannot be traced")
 
 
 def _sum_to(L, G, shape):
@@ -289,8 +331,3 @@ def _sum_to(L, G, shape):
                                       if n == 1 and gs[i + lead] != 1)
     r = reduce(L, "add", G, axes, True, 0.0) if axes else G
     return np.reshape(r, shape)
-
-
-for _name, _rule in _RULES.items():
-    BY_NAME[_name].lower = _rule
-del _name, _rule

@@ -18,7 +18,8 @@ from ._registry import COMPARE, REPLAY, register
 def _cmp(name, sym, npop):
     register(name, COMPARE, arity=2, saves=False, np=npop,
              py=lambda a, b: 1.0 if npop(a, b) else 0.0,
-             nb=f"(1.0 if {{a}} {sym} {{b}} else 0.0)", doc=f"a {sym} b as 1.0/0.0")
+             nb=f"(1.0 if {{a}} {sym} {{b}} else 0.0)", doc=f"a {sym} b as 1.0/0.0",
+             via=f"`x {sym} y`")
 
 
 _cmp("lt", "<", np.less)
@@ -29,26 +30,33 @@ _cmp("eq", "==", np.equal)
 _cmp("ne", "!=", np.not_equal)
 register("logical_and", COMPARE, arity=2, saves=False, np=np.logical_and,
          py=lambda a, b: 1.0 if (a != 0.0 and b != 0.0) else 0.0,
-         nb="(1.0 if ({a} != 0.0 and {b} != 0.0) else 0.0)", doc="a and b")
+         nb="(1.0 if ({a} != 0.0 and {b} != 0.0) else 0.0)", doc="a and b",
+         via="`torch.logical_and`, `&`")
 register("logical_or", COMPARE, arity=2, saves=False, np=np.logical_or,
          py=lambda a, b: 1.0 if (a != 0.0 or b != 0.0) else 0.0,
-         nb="(1.0 if ({a} != 0.0 or {b} != 0.0) else 0.0)", doc="a or b")
+         nb="(1.0 if ({a} != 0.0 or {b} != 0.0) else 0.0)", doc="a or b",
+         via="`torch.logical_or`, `|`")
 register("logical_xor", COMPARE, arity=2, saves=False, np=np.logical_xor,
          py=lambda a, b: 1.0 if ((a != 0.0) != (b != 0.0)) else 0.0,
-         nb="(1.0 if (({a} != 0.0) != ({b} != 0.0)) else 0.0)", doc="a xor b")
+         nb="(1.0 if (({a} != 0.0) != ({b} != 0.0)) else 0.0)", doc="a xor b",
+         via="`torch.logical_xor`, `^`")
 register("logical_not", COMPARE, arity=1, saves=False, np=np.logical_not,
-         py=lambda a: 1.0 if a == 0.0 else 0.0, nb="(1.0 if {a} == 0.0 else 0.0)", doc="not a")
+         py=lambda a: 1.0 if a == 0.0 else 0.0, nb="(1.0 if {a} == 0.0 else 0.0)", doc="not a",
+         via="`torch.logical_not`, `~`")
 
 register("detach", REPLAY, arity=1, saves=False, py=lambda a: a, np=lambda a: a, nb="{a}",
-         doc="a value used without its gradient")
+         doc="a value used without its gradient", via="`Tensor.detach` (traced programs)")
 register("select", REPLAY, arity=3, saves=False, nb="({b} if {a} != 0.0 else {c})",
          vjp=lambda F, g, a, b, c, out: (None, F.where(a != 0.0, g, F.zeros_like(g)),
                                          F.where(a != 0.0, F.zeros_like(g), g)),
-         doc="b where a is true, else c (where, branch-free)")
+         doc="b where a is true, else c (where, branch-free)",
+         via="`torch.where` (traced programs)")
 register("pick", REPLAY, arity=2, nb="(-0.0)", vjp=lambda F, g, a, b, c, out: (g * b, None),
-         doc="-0.0, passing g * b to a (a share of a reduction's gradient)")
+         doc="-0.0, passing g * b to a (a share of a reduction's gradient)",
+         via="a share of a reduction's gradient (traced programs)")
 register("guard", REPLAY, arity=1, saves=False,
-         doc="a branch taken while tracing: replay checks that a is still c0 (1.0/0.0)")
+         doc="a branch taken while tracing: replay checks that a is still c0 (1.0/0.0)",
+         via="a Python branch on a traced value")
 register("round_f32", REPLAY, arity=1, saves=False, py=lambda a: float(np.float32(a)),
          np=lambda a: np.asarray(a, np.float32).astype(np.float64),
          nb="np.float64(np.float32({a}))",
