@@ -613,17 +613,16 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     graph.wanted = need | is_input | is_output  # slots whose gradient anyone will read
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
-    if HOOKS[0] and hooks.graph_has_hooks(graph, ins):  # only the hooks path runs hooks
-        if record or batch:
-            raise NotImplementedError(
-                "backward hooks with create_graph=True or is_grads_batched=True are not "
-                "supported by tapegrad yet; remove the hooks (handle.remove()) for this call, "
-                "or apply the change the hook makes to the gradients you get back")
+    # only the hooks path runs hooks
+    if HOOKS[0] and hooks.graph_has_hooks(graph, ins, (need | is_input | is_output) & reach):
+        if batch:  # torch vmaps the hooks over the batch: here, one sweep per sample
+            return _per_sample(outs, seeds, ins, retain_graph, record, batch, allow_unused,
+                               graph, need, tapes)
         path = _general_path(record, batch, hooked=True)
         fast_leaves = False
     sw = _Sweep(graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
                 batch, ins, slot_lists, direct, allow_unused)
-    sw.outs = outs
+    sw.outs, sw.record = outs, record
     _PATHS.last = path.name
     path.run(sw)
     adj, adjd, is_array = sw.adj, sw.adjd, sw.is_array
@@ -692,7 +691,7 @@ class _Sweep:
     tape's own test)."""
     __slots__ = ("graph", "need", "reach", "arr", "adj", "adjd", "is_input", "is_output",
                  "accumulate", "batch", "ins", "slot_lists", "direct", "allow_unused",
-                 "is_array", "outs")
+                 "is_array", "outs", "record")
 
     def __init__(self, graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
                  batch, ins, slot_lists, direct, allow_unused):
@@ -702,6 +701,7 @@ class _Sweep:
         self.slot_lists, self.direct, self.allow_unused = slot_lists, direct, allow_unused
         self.is_array = None
         self.outs = ()  # the call's outputs (a leaf output's hooks see its whole gradient)
+        self.record = False  # create_graph: the rules are re-recorded on tensors
 
 
 def _general_path(record, batch, hooked=False):
@@ -721,11 +721,31 @@ def _general_path(record, batch, hooked=False):
 
 
 def _hooks_run(sw):
-    hooks.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.is_input, sw.is_output, sw.reach,
-                sw.accumulate, sw.direct, {id(y): y for y in sw.outs if y._tape is None})
+    leaves = {id(y): y for y in sw.outs if y._tape is None}
+    if not sw.record:
+        hooks.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.is_input, sw.is_output, sw.reach,
+                    sw.accumulate, sw.direct, leaves)
+        return
+    graph = sw.graph
+
+    def run(adjd):
+        hooks.sweep(graph, sw.need, sw.adj, adjd, sw.is_input, sw.is_output, sw.reach,
+                    sw.accumulate, sw.direct, leaves,
+                    rec=(TensorF, _slot_tensors(graph), lambda u, v: u + v))
+        return adjd
+    _recorded(sw, run)
 
 
 def _rerecord_run(sw):
+    graph = sw.graph
+    _recorded(sw, lambda adjd: rerecord.sweep(graph, sw.need, adjd, TensorF,
+                                              _slot_tensors(graph), lambda u, v: u + v,
+                                              batch=sw.batch))
+
+
+def _recorded(sw, sweep):
+    """Run ``sweep(seeds) -> adjoints`` recording (create_graph): unused inputs are
+    rejected first, and a sweep that fails part way leaves nothing recorded."""
     if not sw.allow_unused:  # raise before recording anything
         for i, sl in enumerate(sw.slot_lists):
             if not any(sw.reach[s] for s in sl) and id(sw.ins[i]) not in sw.direct:
@@ -736,8 +756,7 @@ def _rerecord_run(sw):
     start = len(tape.vals) if tape else 0
     graph = sw.graph
     try:
-        sw.adjd = rerecord.sweep(graph, sw.need, sw.adjd, TensorF, _slot_tensors(graph),
-                                 lambda u, v: u + v, batch=sw.batch)
+        sw.adjd = sweep(sw.adjd)
     except BaseException:
         if tape:  # a rule that failed part way leaves nothing recorded
             tape.truncate(start)
@@ -746,6 +765,30 @@ def _rerecord_run(sw):
         set_grad_mode(prev)
     sw.is_array = sw.adjd.__contains__  # every adjoint is a tensor in adjd
     sw.adj = np.zeros(graph.n)
+
+
+def _per_sample(outs, seeds, ins, retain_graph, record, batch, allow_unused, graph, need,
+                tapes):
+    """is_grads_batched through a graph with hooks: one hooked sweep per sample, stacked.
+    torch calls each hook once under vmap, on one sample's gradient; the values are the
+    same, a hook is called once per sample here (docs/differences.md)."""
+    per = [_run(outs, [sd[i] for sd in seeds], ins, True, record=record,
+                allow_unused=allow_unused) for i in range(batch)]
+    used = per[0][1]
+    results = []
+    for j, u in enumerate(used):
+        if not u:
+            results.append(None)
+        elif record:
+            from ..functions import stack
+            results.append(stack([p[0][j] for p in per]))
+        else:
+            results.append(np.stack([np.asarray(p[0][j]) for p in per]))
+    if not retain_graph:
+        graph.free(need)
+        for t in tapes:
+            end_tape(t)
+    return results, used
 
 
 def _batched_run(sw):
@@ -909,6 +952,12 @@ def _check_versions(graph, need, reach):
     """Raise, as torch does, when a value saved for this backward was changed in place
     after it was recorded."""
     for t in graph.tapes:
+        # an in-place op with grad rebinds its tensor (tape.dirty) without a version bump
+        for k, until in t.dirty.items():
+            s = graph.slot(t, k)
+            op = OPS[int(graph.rows[s, 0]) & ~ARRAY]
+            if (need[s] and "out" in op.uses) or _read_by(graph, need, s, graph.slot(t, until)):
+                _version_error(None, 1, 0)
         if t.epoch == INPLACE[0]:  # nothing changed in place since this tape began
             continue
         for k in t.versioned:
@@ -922,11 +971,6 @@ def _check_versions(graph, need, reach):
                 s = graph.slot(t, k)
                 if reach[s] and _read_by(graph, need, s, len(graph.rows)):
                     _version_error(None, box[0], ver)
-        for k, until in t.dirty.items():
-            s = graph.slot(t, k)
-            op = OPS[int(graph.rows[s, 0]) & ~ARRAY]
-            if (need[s] and "out" in op.uses) or _read_by(graph, need, s, graph.slot(t, until)):
-                _version_error(None, 1, 0)
 
 
 def _read_by(graph, need, s, until):
