@@ -1,0 +1,278 @@
+"""Hooks under create_graph and is_grads_batched, hooks of unreachable tensors, and
+torch's check of values modified in place after they were saved, each against torch."""
+import gc
+
+import numpy as np
+import pytest
+
+import tapegrad
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _torch_float64():
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # tapegrad's default dtype
+    yield
+    torch.set_default_dtype(prev)
+
+
+def _tl(t):
+    return None if t is None else np.round(np.asarray(t.tolist(), dtype=float), 8).tolist()
+
+
+# -- create_graph ---------------------------------------------------------------------------
+
+
+def _hooked_second_order(M, x0):
+    """Tensor, pre- and post-hooks whose results depend on the inputs: the first gradient
+    and the second derivatives see them (and the second backward runs them again)."""
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    w = M.tensor(np.full(np.shape(x0), -1.5) if np.ndim(x0) else -1.5, requires_grad=True)
+    x.register_hook(lambda g: log.append(("x", _tl(g))) or g * x)
+    y = x * w
+    y.register_hook(lambda g: log.append(("y", _tl(g))) or g * 2 + w)
+    z = y.sin() * x
+    z.grad_fn.register_prehook(lambda gos: log.append("pre") or (gos[0] * x,))
+    z.grad_fn.register_hook(lambda gis, gos: log.append("post") or (gis[0] * 3, gis[1]))
+    loss = z.sum() if np.ndim(x0) else z
+    gx, gw = M.autograd.grad(loss, [x, w], create_graph=True)
+    log.append(("grad", _tl(gx), _tl(gw), gx.requires_grad))
+    hx, hw = M.autograd.grad((gx * gx).sum() + gw.sum(), [x, w])
+    log.append(("second", _tl(hx), _tl(hw)))
+    return log
+
+
+def _hooked_backward_create_graph(M, x0):
+    """backward(create_graph=True): leaf hooks, accumulation and post-accumulate hooks in
+    torch's order; .grad keeps the hook's history."""
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    x.register_hook(lambda g: log.append(("x", _tl(g))) or g * x.exp())
+    x.register_post_accumulate_grad_hook(lambda p: log.append(("post", _tl(p.grad))))
+    y = (x ** 3).sin()
+    y.register_hook(lambda g: log.append(("y", _tl(g))) or g + x)
+    (y.sum() if np.ndim(x0) else y).backward(create_graph=True)
+    g1 = x.grad
+    log.append(("grad", _tl(g1), g1.requires_grad))
+    (h,) = M.autograd.grad(g1.sum() if np.ndim(x0) else g1, x)
+    log.append(("second", _tl(h)))
+    return log
+
+
+def _hooked_function_create_graph(M, x0):
+    class Cube(M.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 3 * x * x * g
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    y = Cube.apply(x * 2)
+    y.register_hook(lambda g: log.append(("y", _tl(g))) or g * x)
+    y.grad_fn.register_prehook(lambda gos: log.append(("pre", [_tl(g) for g in gos])))
+    y.grad_fn.register_hook(lambda gis, gos: log.append(("post", [_tl(g) for g in gis]))
+                            or (gis[0] * 2,))
+    (g,) = M.autograd.grad(y.sum() if np.ndim(x0) else y, x, create_graph=True)
+    log.append(("grad", _tl(g)))
+    (h,) = M.autograd.grad(g.sum() if np.ndim(x0) else g, x)
+    log.append(("second", _tl(h)))
+    return log
+
+
+def _hooked_non_leaf_input(M, x0):
+    """A non-leaf input of grad(): its gradient is taken before its hooks, as in torch."""
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    h = x.tanh()
+    h.register_hook(lambda g: log.append(("h", _tl(g))) or g * 4)
+    y = (h * h * x).sum() if np.ndim(x0) else h * h * x
+    gh, gx = M.autograd.grad(y, [h, x], create_graph=True)
+    log.append(("grad", _tl(gh), _tl(gx)))
+    (s,) = M.autograd.grad((gh * gx).sum(), x)
+    log.append(("second", _tl(s)))
+    return log
+
+
+CREATE_GRAPH = [_hooked_second_order, _hooked_backward_create_graph,
+                _hooked_function_create_graph, _hooked_non_leaf_input]
+
+
+@pytest.mark.parametrize("x0", [0.7, [1.0, 2.0, -0.5]], ids=["scalar", "array"])
+@pytest.mark.parametrize("scenario", CREATE_GRAPH, ids=lambda f: f.__name__)
+def test_hooks_with_create_graph_like_torch(scenario, x0):
+    assert scenario(tapegrad, x0) == scenario(torch, x0)
+
+
+def test_hook_errors_with_create_graph():
+    x = tapegrad.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda g: g.sum())
+    with pytest.raises(RuntimeError, match="not its shape"):
+        tapegrad.autograd.grad(y.sum(), x, create_graph=True)
+    z = x * 3
+    z.register_hook(lambda g: 2.0)
+    with pytest.raises(TypeError, match="must return a Tensor or None"):
+        tapegrad.autograd.grad(z.sum(), x, create_graph=True)
+
+
+# -- is_grads_batched -----------------------------------------------------------------------
+
+
+def _hooked_batched(M, create_graph):
+    calls = []
+    x = M.tensor([1.0, 2.0], requires_grad=True)
+    x.register_hook(lambda g: calls.append("x") or g * M.tensor([1.0, 10.0]))
+    y = x * 3
+    y.register_hook(lambda g: calls.append("y") or g.clamp(-2.0, 2.0))
+    y.grad_fn.register_hook(lambda gis, gos: calls.append("post") or (gis[0] * 2, gis[1]))
+    z = y.sin().sum() * x
+    gos = M.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, -3.0]])
+    (g,) = M.autograd.grad(z, x, gos, is_grads_batched=True, create_graph=create_graph)
+    out = [list(g.shape), _tl(g)]
+    if create_graph:
+        (h,) = M.autograd.grad(g.sum(), x)
+        out.append(_tl(h))
+    return out, calls
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_hooks_with_is_grads_batched_like_torch(create_graph):
+    # torch calls each hook once, under vmap, on one sample's gradient; tapegrad runs one
+    # hooked sweep per sample: the same values, each hook once per sample
+    (got, calls), (want, tcalls) = (_hooked_batched(tapegrad, create_graph),
+                                    _hooked_batched(torch, create_graph))
+    assert got == want
+    once = ["y", "post", "x"]  # create_graph: the second grad runs the hooks again
+    assert tcalls == once * (2 if create_graph else 1)
+    assert calls == once * (4 if create_graph else 3)
+
+
+def test_hooks_with_is_grads_batched_free_the_graph_once():
+    x = tapegrad.tensor([1.0, 2.0], requires_grad=True)
+    y = x.exp()
+    y.register_hook(lambda g: g * 2)
+    z = (y * y).sum()
+    (g,) = tapegrad.autograd.grad(z, x, tapegrad.tensor([1.0, 2.0]), is_grads_batched=True)
+    assert np.allclose(g.numpy(), np.outer([1.0, 2.0], 4 * np.exp([2.0, 4.0])))
+    with pytest.raises(RuntimeError, match="second time"):
+        tapegrad.autograd.grad(z, x)
+
+
+# -- hooks of tensors nothing reaches -------------------------------------------------------
+
+
+def test_unreachable_hooked_tensor_does_not_touch_other_backwards():
+    # a hooked tensor kept only by a reference cycle (its hook reads it) stays registered
+    # until the cycle is collected: backwards that do not reach it must not see it
+    from tapegrad.autograd import paths
+    gc.disable()
+    try:
+        def orphan():
+            x = tapegrad.tensor([1.0, 2.0], requires_grad=True)
+            y = x * 2
+            y.register_hook(lambda g: g * 100 if y is not None else g)
+            x.register_hook(lambda g: g * 100 if x is not None else g)
+        orphan()
+        a = tapegrad.tensor(2.0, requires_grad=True)
+        b = a * a  # recorded on the same tape as the orphan
+        (g,) = tapegrad.autograd.grad(b, a, create_graph=True)
+        assert g.item() == 4.0
+        (h,) = tapegrad.autograd.grad(g, a)
+        assert h.item() == 2.0
+        c = tapegrad.tensor([1.0, 3.0], requires_grad=True)
+        d = (c * c).sum()
+        (g,) = tapegrad.autograd.grad(d, c, tapegrad.tensor([1.0, 2.0]), is_grads_batched=True)
+        assert g.tolist() == [[2.0, 6.0], [4.0, 12.0]]
+        assert paths.last() == "batched"
+        (c * c).sum().backward()
+        assert paths.last() != "hooks" and c.grad.tolist() == [2.0, 6.0]
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+# -- values modified in place after they were saved -----------------------------------------
+
+
+def _saved_then_modified(M, case):
+    x = M.tensor([1.0, 2.0], requires_grad=True)
+    c = x * 2
+    if case == "sin":  # sin saved c: torch raises at backward
+        d = c.sin()
+        c.add_(1.0)
+    elif case == "add":  # c + 1 saves nothing: fine
+        d = c + 1.0
+        c.add_(1.0)
+    elif case == "exp_result":  # exp saved its result, which is then changed
+        d = c.exp()
+        d.mul_(2.0)
+    elif case == "no_grad":
+        d = c.sin()
+        with M.no_grad():
+            c.add_(1.0)
+    elif case == "unrelated":  # the modified value is not on this backward's path
+        d = x.sin()
+        e = c.sin()
+        c.add_(1.0)
+        del e
+    elif case == "scalar":
+        x = M.tensor(0.5, requires_grad=True)
+        c = x * 2
+        d = c.cos()
+        c.mul_(3.0)
+    elif case == "function":
+        class Double(M.autograd.Function):
+            @staticmethod
+            def forward(ctx, a):
+                a.mul_(2.0)
+                ctx.mark_dirty(a)
+                return a
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2.0
+        d = c.sin()
+        e = Double.apply(c)
+        d = d + e
+    elif case == "function_clone":
+        class Double2(M.autograd.Function):
+            @staticmethod
+            def forward(ctx, a):
+                a.mul_(2.0)
+                ctx.mark_dirty(a)
+                return a
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2.0
+        d = (Double2.apply(c) * x).sin()
+    try:
+        (g,) = M.autograd.grad(d.sum(), x)
+    except RuntimeError as e:
+        return "raised: " + ("inplace" if "modified by an inplace operation" in str(e)
+                             else str(e))
+    return _tl(g)
+
+
+@pytest.mark.parametrize("case", ["sin", "add", "exp_result", "no_grad", "unrelated", "scalar",
+                                  "function", "function_clone"])
+def test_saved_value_modified_in_place_like_torch(case):
+    assert _saved_then_modified(tapegrad, case) == _saved_then_modified(torch, case)
+
+
+def test_modified_in_place_error_says_how_to_fix():
+    x = tapegrad.tensor([1.0, 2.0], requires_grad=True)
+    c = x * 2
+    d = c.sin()
+    c.add_(1.0)
+    with pytest.raises(RuntimeError, match="Hint: change the in-place operation"):
+        d.sum().backward()
+    assert x.grad is None  # nothing accumulated
