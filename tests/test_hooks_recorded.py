@@ -276,3 +276,108 @@ def test_modified_in_place_error_says_how_to_fix():
     with pytest.raises(RuntimeError, match="Hint: change the in-place operation"):
         d.sum().backward()
     assert x.grad is None  # nothing accumulated
+
+
+# torch raises only where the op saved the changed value (relu and softmax save their
+# result, matmul its inputs, sin its input, add nothing); tapegrad keeps the old value on
+# the tape, so where it does not raise it computes what was computed
+SAVED_EXPRS = [
+    "c.sin()", "c.exp()", "c.log()", "c.sqrt()", "c.tanh()", "c.sigmoid()", "c.relu()",
+    "c.abs()", "-c", "c*2", "c/2", "2/c", "c**2", "c*w", "w*c", "c/w", "w/c", "c+w", "c-w",
+    "c.sum()", "c.mean()", "c.prod()", "c.clamp(0,1.5)", "c.square()", "c.reciprocal()",
+    "c.softmax(0)", "c.log_softmax(0)", "c.reshape(2,1)", "c[0]", "c[1:]", "c.max()",
+    "c.amax(0)", "c.norm()", "c.logsumexp(0)", "c@w", "M.stack([c,w])", "M.cat([c,w])",
+    "c.clone()", "c.pow(w)", "w.pow(c)", "M.maximum(c,w)", "M.where(w>0,c,w)", "c.t()",
+    "c.unsqueeze(0)", "c.outer(w)", "c.diag()", "c.dot(w)", "c.float()", "c.atan()",
+    "M.nn.functional.softplus(c)", "c.min()", "M.outer(c,w)@w"]
+
+
+def _modified_after(M, expr, which, scalar):
+    x = M.tensor(0.3 if scalar else [0.3, 0.7], requires_grad=True)
+    w = M.tensor(1.5 if scalar else [1.5, -0.5], requires_grad=True)
+    c = x * 2
+    d = eval(expr, {"c": c, "w": w, "M": M})
+    (c if which == "input" else d).add_(1.0)
+    try:
+        g = M.autograd.grad(d.sum(), [x, w], allow_unused=True)
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e)
+        return "raised"
+    return [_tl(t) for t in g]
+
+
+@pytest.mark.parametrize("which", ["input", "result"])
+@pytest.mark.parametrize("expr", SAVED_EXPRS)
+def test_raises_where_torch_saved_the_changed_value(expr, which):
+    assert _modified_after(tapegrad, expr, which, False) == \
+        _modified_after(torch, expr, which, False)
+
+
+@pytest.mark.parametrize("which", ["input", "result"])
+@pytest.mark.parametrize("expr", ["c.sin()", "c.exp()", "c.relu()", "c*w", "c+w", "2/c",
+                                  "c**2", "c.abs()"])
+def test_raises_where_torch_saved_the_changed_scalar(expr, which):
+    assert _modified_after(tapegrad, expr, which, True) == \
+        _modified_after(torch, expr, which, True)
+
+
+def _function_saved_then_modified(M, mode):
+    class Square(M.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            ctx.save_for_backward(a)
+            return a * a
+
+        @staticmethod
+        def backward(ctx, g):
+            (a,) = ctx.saved_tensors
+            return 2 * a * g
+
+    class Exp(M.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            r = a.exp()
+            ctx.save_for_backward(r)
+            return r
+
+        @staticmethod
+        def backward(ctx, g):
+            (r,) = ctx.saved_tensors
+            return r * g
+    x = M.tensor([0.3, 0.7], requires_grad=True)
+    c = x * 2
+    if mode == "input":
+        d = Square.apply(c)
+        c.add_(1.0)
+    elif mode == "input_no_grad":
+        d = Square.apply(c)
+        with M.no_grad():
+            c.add_(1.0)
+    elif mode == "leaf_no_grad":
+        d = Square.apply(x)
+        with M.no_grad():
+            x.mul_(3.0)
+    elif mode == "result":
+        d = Exp.apply(c)
+        d.add_(1.0)
+    elif mode == "result_no_grad":
+        d = Exp.apply(c)
+        with M.no_grad():
+            d.add_(1.0)
+    elif mode == "before":  # changed before it was saved: fine
+        c.add_(1.0)
+        d = Square.apply(c)
+    try:
+        (g,) = M.autograd.grad(d.sum(), x)
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e)
+        return "raised"
+    return _tl(g)
+
+
+@pytest.mark.parametrize("mode", ["input", "input_no_grad", "leaf_no_grad", "result",
+                                  "result_no_grad", "before"])
+def test_function_saved_tensor_modified_in_place_like_torch(mode):
+    # before: ctx.saved_tensors gave the modified tensor, and backward a wrong gradient
+    assert _function_saved_then_modified(tapegrad, mode) == \
+        _function_saved_then_modified(torch, mode)

@@ -956,7 +956,8 @@ def _check_versions(graph, need, reach):
         for k, until in t.dirty.items():
             s = graph.slot(t, k)
             op = OPS[int(graph.rows[s, 0]) & ~ARRAY]
-            if (need[s] and "out" in op.uses) or _read_by(graph, need, s, graph.slot(t, until)):
+            if (need[s] and "out" in _saved_by(op)) or \
+                    _read_by(graph, need, s, graph.slot(t, until)):
                 _version_error(None, 1, 0)
         if t.epoch == INPLACE[0]:  # nothing changed in place since this tape began
             continue
@@ -973,13 +974,26 @@ def _check_versions(graph, need, reach):
                     _version_error(None, box[0], ver)
 
 
+# what torch saves for backward where that differs from what the op's rule reads (its
+# ``uses``; an array op's are all of a, b and out): torch raises after an in-place change
+# of a saved value only, and a tape entry keeps the old value, so the rest computes right
+_TORCH_SAVES = {"relu": {"out"}, "rdivc": set(), "softmax": {"out"}, "log_softmax": {"out"},
+                "matmul": {"a", "b"}, "outer": {"a", "b"}, "prod": {"a", "out"},
+                "amax": {"a", "out"}, "amin": {"a", "out"}, "norm": {"a", "out"},
+                "logsumexp": {"a", "out"}}
+
+
+def _saved_by(op):
+    return _TORCH_SAVES.get(op.name, op.uses)
+
+
 def _read_by(graph, need, s, until):
-    """Whether a needed entry before ``until`` reads slot ``s``'s saved value."""
+    """Whether a needed entry before ``until`` saved slot ``s``'s value (as torch would)."""
     rows = graph.rows[:until]
     users = np.nonzero(need[:until] & ((rows[:, 1] == s) | (rows[:, 2] == s)))[0]
     for u in users:
-        op = OPS[int(rows[u, 0]) & ~ARRAY]
-        if ("a" in op.uses and int(rows[u, 1]) == s) or ("b" in op.uses and int(rows[u, 2]) == s):
+        saves = _saved_by(OPS[int(rows[u, 0]) & ~ARRAY])
+        if ("a" in saves and int(rows[u, 1]) == s) or ("b" in saves and int(rows[u, 2]) == s):
             return True
     return False
 
