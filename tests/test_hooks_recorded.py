@@ -381,3 +381,25 @@ def test_function_saved_tensor_modified_in_place_like_torch(mode):
     # before: ctx.saved_tensors gave the modified tensor, and backward a wrong gradient
     assert _function_saved_then_modified(tapegrad, mode) == \
         _function_saved_then_modified(torch, mode)
+
+
+def test_hook_holding_its_own_tensor_is_collected():
+    # torch frees a tensor whose hook holds it (a cycle) at the next collection; the hooks'
+    # table must not keep the tape, its arrays and the fast paths' off switch forever
+    import weakref
+
+    from tapegrad.autograd.graph import HOOKS
+    gc.collect()
+    before = HOOKS[0]
+
+    def orphan():
+        x = tapegrad.tensor([1.0, 2.0], requires_grad=True)
+        y = (x * 2).exp()
+        y.register_hook(lambda g: g * 2 if y is not None else g)
+        y.grad_fn.register_prehook(lambda gos: gos if y is not None else gos)
+        x.register_hook(lambda g: g if x is not None else g)
+        return weakref.ref(y._tape)
+    ref = orphan()
+    assert HOOKS[0] == before + 3
+    gc.collect()
+    assert ref() is None and HOOKS[0] == before

@@ -3,7 +3,8 @@ pre-hooks and node post-hooks where torch calls them ("Backward Hooks execution"
 
 Any live hook makes ``grad`` and ``backward`` decline their compiled paths (one check of
 ``graph.HOOKS``); a backward whose graph holds a hook then runs ``sweep`` here. The rules
-themselves are the ones every other path runs (``cpu.array_vjp``).
+themselves are the ones every other path runs (``cpu.array_vjp``, and with create_graph
+``rerecord.rule``, so what a hook returns is part of the recorded gradient).
 """
 from __future__ import annotations
 
@@ -27,14 +28,13 @@ def graph_has_hooks(graph, ins, todo):
     the same tapes (a dead tensor's, kept until its tape goes) do not count."""
     if not HOOKS[0]:
         return False
-    from .graph import _STATE
     n = len(todo)
 
     def swept(t, k):
         s = graph.slot(t, k)
         return s < n and todo[s]
     for t in graph.tapes:
-        per = _STATE.get(t)
+        per = t.hooks
         if per and any((st["pre"] or st["post"] or st["tensor"]) and swept(t, k)
                        for k, st in per.items()):
             return True
