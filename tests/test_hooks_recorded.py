@@ -101,14 +101,80 @@ def _hooked_non_leaf_input(M, x0):
     return log
 
 
+def _hooked_two_outputs(M, x0):
+    """A Function with two outputs: pre-hooks see both grad_outputs, post-hooks replace
+    the grad_inputs, recorded."""
+    class SinCos(M.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin(), x.cos()
+
+        @staticmethod
+        def backward(ctx, gs, gc):
+            (x,) = ctx.saved_tensors
+            return gs * x.cos() - gc * x.sin()
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    s, c = SinCos.apply(x * 1.5)
+    s.grad_fn.register_prehook(lambda gos: log.append(("pre", [_tl(g) for g in gos]))
+                               or (None if gos[0] is None else gos[0] * x, gos[1]))
+    s.grad_fn.register_hook(lambda gis, gos: log.append("post") or (gis[0] + x,))
+    y = s * 2 + c * c
+    (g,) = M.autograd.grad(y.sum() if np.ndim(x0) else y, x, create_graph=True)
+    log.append(("grad", _tl(g)))
+    (h,) = M.autograd.grad(g.sum() if np.ndim(x0) else g, x)
+    log.append(("second", _tl(h)))
+    return log
+
+
+def _hooked_backward_inputs(M, x0):
+    log = []
+    x = M.tensor(x0, requires_grad=True)
+    w = M.tensor(x0, requires_grad=True)
+    w.register_hook(lambda g: log.append(("w", _tl(g))) or g * x)
+    x.register_hook(lambda g: log.append(("x", _tl(g))) or g)
+    y = (x * w).exp() * w
+    y.retain_grad()
+    y.register_hook(lambda g: log.append(("y", _tl(g))) or g * w)
+    (y.sum() if np.ndim(x0) else y).backward(inputs=[w], create_graph=True)
+    log.append(("grads", x.grad, _tl(w.grad), _tl(y.grad), w.grad.requires_grad))
+    (h,) = M.autograd.grad(w.grad.sum() if np.ndim(x0) else w.grad, x)
+    log.append(("second", _tl(h)))
+    return log
+
+
 CREATE_GRAPH = [_hooked_second_order, _hooked_backward_create_graph,
-                _hooked_function_create_graph, _hooked_non_leaf_input]
+                _hooked_function_create_graph, _hooked_non_leaf_input, _hooked_two_outputs,
+                _hooked_backward_inputs]
 
 
 @pytest.mark.parametrize("x0", [0.7, [1.0, 2.0, -0.5]], ids=["scalar", "array"])
 @pytest.mark.parametrize("scenario", CREATE_GRAPH, ids=lambda f: f.__name__)
 def test_hooks_with_create_graph_like_torch(scenario, x0):
     assert scenario(tapegrad, x0) == scenario(torch, x0)
+
+
+def _hooked_across_tapes(M):
+    log = []
+    s = M.tensor(0.5, requires_grad=True)
+    s.register_hook(lambda g: log.append(("s", round(g.item(), 8))) or g * s)
+    v = s
+    for i in range(120):  # over several tapes in tapegrad (the rollover is lowered)
+        v = v * 0.999 + 0.001 * s.sin()
+        if i == 60:
+            v.register_hook(lambda g: log.append(("v", round(g.item(), 8))) or g * v)
+    (g,) = M.autograd.grad(v, s, create_graph=True)
+    log.append(round(g.item(), 8))
+    (h,) = M.autograd.grad(g, s)
+    log.append(round(h.item(), 8))
+    return log
+
+
+def test_hooks_with_create_graph_across_tapes(monkeypatch):
+    expected = _hooked_across_tapes(torch)
+    monkeypatch.setattr(tapegrad.tape, "ROLLOVER", 50)
+    assert _hooked_across_tapes(tapegrad) == expected
 
 
 def test_hook_errors_with_create_graph():
@@ -403,3 +469,18 @@ def test_hook_holding_its_own_tensor_is_collected():
     assert HOOKS[0] == before + 3
     gc.collect()
     assert ref() is None and HOOKS[0] == before
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+@pytest.mark.parametrize("x0", [1.5, [1.0, 2.0]], ids=["scalar", "array"])
+def test_tensor_hook_changing_the_dtype_raises_like_torch(create_graph, x0):
+    for M in (torch, tapegrad):
+        x = M.tensor(x0, requires_grad=True)
+        y = x * 2
+        y.register_hook(lambda g: g.float())
+        with pytest.raises(RuntimeError, match="has changed the type of value"):
+            M.autograd.grad(y.sum(), x, create_graph=create_graph)
+        w = M.tensor(x0, dtype=M.float32, requires_grad=True)
+        w.register_hook(lambda g: g * 2)  # float32 stays float32
+        (g,) = M.autograd.grad((w * w).sum(), w, create_graph=create_graph)
+        assert g.dtype == M.float32

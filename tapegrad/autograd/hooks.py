@@ -88,8 +88,19 @@ def _call_tensor_hooks(hooks, g, like):
     for fn in list(hooks.values()):
         r = fn(_as_tensor(g, like))
         if r is not None:
+            _same_dtype(fn, r, like)
             g = _value_of(r, like)
     return g
+
+
+def _same_dtype(fn, r, like):
+    """torch refuses a tensor hook's result of another dtype (a node hook's is cast)."""
+    from ..tensor import Tensor
+    want = np.float64 if like.__class__ is _pyfloat else np.asarray(like).dtype
+    if isinstance(r, Tensor) and r.dtype.np != want:
+        raise RuntimeError(f"hook '{getattr(fn, '__name__', fn)}' has changed the type of "
+                           f"value (was {np.dtype(want).name} got {np.dtype(r.dtype.np).name}):"
+                           f" return the gradient in its own dtype (g.to(g.dtype))")
 
 
 def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None, direct=None,
@@ -216,6 +227,7 @@ def _call_tensor_hooks_rec(hooks, g, like):
     for fn in list(hooks.values()):
         r = fn(g if g is not None else _as_tensor(None, like))
         if r is not None:
+            _same_dtype(fn, r, like)
             g = _checked_rec(r, like)
     return g
 
