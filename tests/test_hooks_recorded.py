@@ -484,3 +484,38 @@ def test_tensor_hook_changing_the_dtype_raises_like_torch(create_graph, x0):
         w.register_hook(lambda g: g * 2)  # float32 stays float32
         (g,) = M.autograd.grad((w * w).sum(), w, create_graph=create_graph)
         assert g.dtype == M.float32
+
+
+INPLACE_PROGRAMS = {
+    "setitem_after_sin": "c = x*2; d = c.sin(); c[0] = 0.0; out = d",
+    "setitem_before": "c = x*2; c[0] = 0.0; d = c.sin(); out = d",
+    "setitem_exp": "c = x.exp(); c[0] = 0.0; out = c",
+    "view_after_sin": "c = x*2; d = c.sin(); v = c[0:1]; v.mul_(2.0); out = d",
+    "view_plain": "c = x*2; d = c + 1; v = c[0:1]; v.mul_(2.0); out = d + c",
+    "iadd_after_mul": "c = x*2; d = c * x; c += 1; out = d",
+    "iadd_result_of_mul": "c = x*w; c += 1; out = c",
+    "matmul_bias": "W = w.reshape(2,1) * x; c = x @ W; c += 1; out = c",
+    "sigmoid_result": "c = x.sigmoid(); c.mul_(2); out = c",
+    "clamp": "c = x*2; d = c.clamp(0, 1); c.clamp_(0, 1.2); out = d + c",
+    "no_grad_leaf": "d = x.sin()\nwith M.no_grad(): x.mul_(2)\nout = d",
+    "no_grad_after_mul": "d = x * w\nwith M.no_grad(): w.add_(1)\nout = d",
+    "no_grad_after_add": "d = x + w\nwith M.no_grad(): w.add_(1)\nout = d",
+    "twice": "c = x*2; c.add_(1); d = c.sin(); c.mul_(2); out = c",
+    "result_only": "c = x*2; d = c.sin(); c.add_(1); out = c",
+}
+
+
+@pytest.mark.parametrize("name", list(INPLACE_PROGRAMS))
+def test_in_place_programs_like_torch(name):
+    def run(M):
+        x = M.tensor([0.3, 0.7], requires_grad=True)
+        w = M.tensor([1.5, -0.5], requires_grad=True)
+        env = {"x": x, "w": w, "M": M}
+        exec(INPLACE_PROGRAMS[name], env)
+        try:
+            g = M.autograd.grad(env["out"].sum(), [x, w], allow_unused=True)
+        except RuntimeError as e:
+            assert "modified by an inplace operation" in str(e)
+            return "raised"
+        return [_tl(t) for t in g]
+    assert run(tapegrad) == run(torch)

@@ -216,8 +216,7 @@ def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None, d
                 if accumulate is not None:
                     taken.append(key)
     for s, g in captured.items():
-        if g is not None:
-            put(s, g)
+        put(s, g)
     return set(taken)
 
 
