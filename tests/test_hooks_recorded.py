@@ -519,3 +519,55 @@ def test_in_place_programs_like_torch(name):
             return "raised"
         return [_tl(t) for t in g]
     assert run(tapegrad) == run(torch)
+
+
+# -- the harness's random programs with hooks on every node ---------------------------------
+
+
+def _hooked_program(M, prog, batched):
+    """create_graph gradients of a harness program with a tensor hook on every input and
+    node that requires grad (scaling, so a hook left out or run twice shows), then a
+    Hessian-vector product through them; with ``batched``, is_grads_batched too."""
+    xs, nodes, y = prog.run(M)
+    seen = set()
+    for i, t in enumerate(list(xs) + list(nodes)):
+        if t.requires_grad and id(t) not in seen and t is not y:
+            seen.add(id(t))
+            t.register_hook(lambda g, f=1.0 + 0.125 * (i % 3): g * f)
+    used = [x for x in xs if x.requires_grad]
+    if not y.requires_grad or not used:
+        return None
+    gs = M.autograd.grad(y, used, create_graph=True, allow_unused=True,
+                         materialize_grads=True)
+    out = [_tl(g) for g in gs]
+    s = sum((g * (k + 1.0)).sum() for k, g in enumerate(gs))
+    if s.requires_grad:
+        out += [_tl(h) for h in M.autograd.grad(s, used, allow_unused=True,
+                                                 materialize_grads=True, retain_graph=True)]
+    if batched:
+        gos = M.tensor(np.linspace(-1.0, 1.0, 3).reshape((3,) + (1,) * y.ndim)
+                       * np.ones((3,) + tuple(y.shape)))
+        out += [_tl(g) for g in M.autograd.grad(y, used, gos, is_grads_batched=True,
+                                                allow_unused=True, materialize_grads=True)]
+    return out
+
+
+@pytest.mark.parametrize("family", ["scalar", "array"])
+def test_harness_programs_with_hooks_under_create_graph(family):
+    from harness.programs import FAMILIES, generate
+    ran = 0
+    for seed in range(20):
+        prog = generate(seed, 6 + seed % 8, **FAMILIES[family])
+        try:
+            want = _hooked_program(torch, prog, family == "array")
+        except (RuntimeError, NotImplementedError):  # torch cannot vmap some programs
+            continue
+        got = _hooked_program(tapegrad, prog, family == "array")
+        assert (got is None) == (want is None), seed
+        if got is None:
+            continue
+        ran += 1
+        for a, b in zip(got, want):
+            assert np.allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float),
+                               rtol=1e-8, atol=1e-9, equal_nan=True), (seed, prog.source())
+    assert ran >= 14
