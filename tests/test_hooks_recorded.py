@@ -571,3 +571,23 @@ def test_harness_programs_with_hooks_under_create_graph(family):
             assert np.allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float),
                                rtol=1e-8, atol=1e-9, equal_nan=True), (seed, prog.source())
     assert ran >= 14
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_hooked_leaf_that_is_the_output_like_torch(create_graph):
+    def run(M):
+        x = M.tensor([1.0, 2.0], requires_grad=True)
+        x.register_hook(lambda g: g * x)
+        gos = M.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, -3.0]], requires_grad=True)
+        out = []
+        (g,) = M.autograd.grad(x, x, gos, is_grads_batched=True, create_graph=create_graph)
+        out.append(_tl(g))
+        (g2,) = M.autograd.grad([x, x * 2], x, [gos, gos], is_grads_batched=True,
+                                create_graph=create_graph)
+        out.append(_tl(g2))
+        (g3,) = M.autograd.grad(x, x, gos[2], create_graph=create_graph)
+        out.append(_tl(g3))
+        if create_graph:
+            out += [_tl(t) for t in M.autograd.grad((g.sum(), g3.sum()), [x, gos])]
+        return out
+    assert run(tapegrad) == run(torch)

@@ -561,7 +561,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         if y._tape is not None and all(y._tape is not r for r in roots):
             roots.append(y._tape)
     if not roots:
-        return _leaf_outputs_only(outs, seeds, ins)
+        return _leaf_outputs_only(outs, seeds, ins, batch)
     tapes = cpu.order_tapes(roots)
     graph = cpu.Graph(tapes)
     n = graph.n
@@ -928,7 +928,7 @@ def _reached_leaves(graph, outs, slots):
     return ins, lists
 
 
-def _leaf_outputs_only(outs, seeds, ins):
+def _leaf_outputs_only(outs, seeds, ins, batch=None):
     collect = ins is None
     if collect:
         ins = []
@@ -942,7 +942,7 @@ def _leaf_outputs_only(outs, seeds, ins):
             if y is x:
                 total = s if total is None else total + s
         if HOOKS[0] and total is not None:  # a leaf's own hooks, on its seed
-            total = hooks.leaf_output_hooks(x, total)
+            total = hooks.leaf_output_hooks(x, total, batch)
         results.append(total)
         used.append(total is not None)
     return (results, used, ins) if collect else (results, used)

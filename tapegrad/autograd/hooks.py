@@ -397,10 +397,20 @@ def post_accumulate(x):
                 fn(x)
 
 
-def leaf_output_hooks(x, total):
-    """The tensor hooks of leaf ``x`` when a backward's output is ``x`` itself."""
+def leaf_output_hooks(x, total, batch=None):
+    """The tensor hooks of leaf ``x`` when a backward's output is ``x`` itself: on a
+    recorded seed (create_graph) recording, and with ``batch`` once per sample."""
+    from ..tensor import Tensor
     hooks = leaf_hooks(x, "tensor")
     if not hooks:
         return total
+    if batch:
+        parts = [leaf_output_hooks(x, total[i]) for i in range(batch)]
+        if isinstance(total, Tensor):
+            from ..functions import stack
+            return stack(parts)
+        return np.stack([np.asarray(p) for p in parts])
+    if isinstance(total, Tensor):
+        return _call_tensor_hooks_rec(hooks, total, x._d)
     with no_grad():
         return _call_tensor_hooks(hooks, total, x._d)
