@@ -1,6 +1,7 @@
 """Hooks under create_graph and is_grads_batched, hooks of unreachable tensors, and
 torch's check of values modified in place after they were saved, each against torch."""
 import gc
+import warnings
 
 import numpy as np
 import pytest
@@ -589,5 +590,24 @@ def test_hooked_leaf_that_is_the_output_like_torch(create_graph):
         out.append(_tl(g3))
         if create_graph:
             out += [_tl(t) for t in M.autograd.grad((g.sum(), g3.sum()), [x, gos])]
+        return out
+    assert run(tapegrad) == run(torch)
+
+
+def test_a_hook_raising_under_create_graph_keeps_what_was_accumulated_valid():
+    # a leaf's .grad accumulated (recorded) before a later hook raised must stay a valid
+    # graph: rolling the tape back would leave it pointing at entries no longer there
+    def run(M):
+        a = M.tensor([1.0, 2.0], requires_grad=True)
+        b = M.tensor([0.5, -1.0], requires_grad=True)
+        y = ((b * 3).exp() * a.sin()).sum()  # b's hook runs after a has accumulated
+        hb = b.register_hook(lambda g: (_ for _ in ()).throw(ValueError("stop")))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch: backward(create_graph=True) warns
+            with pytest.raises(ValueError, match="stop"):
+                y.backward(create_graph=True)
+        hb.remove()
+        out = [_tl(a.grad), b.grad]
+        out += [_tl(t) for t in M.autograd.grad(a.grad.sum(), [a, b])]
         return out
     assert run(tapegrad) == run(torch)

@@ -733,7 +733,9 @@ def _hooks_run(sw):
                     sw.accumulate, sw.direct, leaves,
                     rec=(TensorF, _slot_tensors(graph), lambda u, v: u + v))
         return adjd
-    _recorded(sw, run)
+    # no rollback: the hooks' own code ran, and may hold what it recorded (a .grad
+    # accumulated before a later hook raised, a logged tensor), as it may in torch
+    _recorded(sw, run, rollback=False)
 
 
 def _rerecord_run(sw):
@@ -743,9 +745,10 @@ def _rerecord_run(sw):
                                               batch=sw.batch))
 
 
-def _recorded(sw, sweep):
+def _recorded(sw, sweep, rollback=True):
     """Run ``sweep(seeds) -> adjoints`` recording (create_graph): unused inputs are
-    rejected first, and a sweep that fails part way leaves nothing recorded."""
+    rejected first, and (with ``rollback``) a sweep that fails part way leaves nothing
+    recorded."""
     if not sw.allow_unused:  # raise before recording anything
         for i, sl in enumerate(sw.slot_lists):
             if not any(sw.reach[s] for s in sl) and id(sw.ins[i]) not in sw.direct:
@@ -758,7 +761,7 @@ def _recorded(sw, sweep):
     try:
         sw.adjd = sweep(sw.adjd)
     except BaseException:
-        if tape:  # a rule that failed part way leaves nothing recorded
+        if tape and rollback:  # a rule that failed part way leaves nothing recorded
             tape.truncate(start)
         raise
     finally:
