@@ -954,13 +954,18 @@ def _leaf_outputs_only(outs, seeds, ins, batch=None):
 def _check_versions(graph, need, reach):
     """Raise, as torch does, when a value saved for this backward was changed in place
     after it was recorded."""
+    first = None  # per slot: the first needed entry that saved it (built when needed)
+    n = len(graph.rows)
     for t in graph.tapes:
         # an in-place op with grad rebinds its tensor (tape.dirty) without a version bump
-        for k, until in t.dirty.items():
-            s = graph.slot(t, k)
-            op = OPS[int(graph.rows[s, 0]) & ~ARRAY]
-            if (need[s] and "out" in _saved_by(op)) or \
-                    _read_by(graph, need, s, graph.slot(t, until)):
+        if t.dirty:
+            if first is None:
+                first = _first_savers(graph, need)
+            off = graph.slot(t, 0)
+            ks = np.fromiter(t.dirty.keys(), dtype=np.int64, count=len(t.dirty)) + off
+            until = np.fromiter(t.dirty.values(), dtype=np.int64, count=len(t.dirty)) + off
+            codes = graph.rows[ks, 0].astype(np.int64) & ~ARRAY
+            if ((need[ks] & _SAVES_OUT[codes]) | (first[ks] < until)).any():
                 _version_error(None, 1, 0)
         if t.epoch == INPLACE[0]:  # nothing changed in place since this tape began
             continue
@@ -968,12 +973,16 @@ def _check_versions(graph, need, reach):
             x, ver = t.aux[k]
             if x._ver[0] != ver:
                 s = graph.slot(t, k)
-                if reach[s] and _read_by(graph, need, s, len(graph.rows)):
+                if first is None:
+                    first = _first_savers(graph, need)
+                if reach[s] and first[s] < n:
                     _version_error(x, x._ver[0], ver)
         for k, box, ver in t.viewed:
             if box[0] != ver:
                 s = graph.slot(t, k)
-                if reach[s] and _read_by(graph, need, s, len(graph.rows)):
+                if first is None:
+                    first = _first_savers(graph, need)
+                if reach[s] and first[s] < n:
                     _version_error(None, box[0], ver)
 
 
@@ -984,21 +993,25 @@ _TORCH_SAVES = {"relu": {"out"}, "rdivc": set(), "softmax": {"out"}, "log_softma
                 "matmul": {"a", "b"}, "outer": {"a", "b"}, "prod": {"a", "out"},
                 "amax": {"a", "out"}, "amin": {"a", "out"}, "norm": {"a", "out"},
                 "logsumexp": {"a", "out"}}
+# per opcode: whether its entry saves input a, input b, its output
+_SAVES_A, _SAVES_B, _SAVES_OUT = (
+    np.array([w in _TORCH_SAVES.get(op.name, op.uses) for op in OPS], dtype=np.bool_)
+    for w in ("a", "b", "out"))
 
 
-def _saved_by(op):
-    return _TORCH_SAVES.get(op.name, op.uses)
-
-
-def _read_by(graph, need, s, until):
-    """Whether a needed entry before ``until`` saved slot ``s``'s value (as torch would)."""
-    rows = graph.rows[:until]
-    users = np.nonzero(need[:until] & ((rows[:, 1] == s) | (rows[:, 2] == s)))[0]
-    for u in users:
-        saves = _saved_by(OPS[int(rows[u, 0]) & ~ARRAY])
-        if ("a" in saves and int(rows[u, 1]) == s) or ("b" in saves and int(rows[u, 2]) == s):
-            return True
-    return False
+def _first_savers(graph, need):
+    """Per slot, the first needed entry that saved its value as torch would (len(rows)
+    when none): one pass, so a backward after many in-place ops stays linear."""
+    rows = graph.rows
+    n = len(rows)
+    codes = rows[:, 0].astype(np.int64) & ~ARRAY
+    first = np.full(n, n, dtype=np.int64)
+    idx = np.arange(n, dtype=np.int64)
+    for col, table in ((1, _SAVES_A), (2, _SAVES_B)):
+        src = rows[:, col]
+        m = need & table[codes] & (src >= 0)
+        np.minimum.at(first, src[m].astype(np.int64), idx[m])
+    return first
 
 
 def _version_error(x, now, ver):
