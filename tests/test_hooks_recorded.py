@@ -356,7 +356,12 @@ SAVED_EXPRS = [
     "c.amax(0)", "c.norm()", "c.logsumexp(0)", "c@w", "M.stack([c,w])", "M.cat([c,w])",
     "c.clone()", "c.pow(w)", "w.pow(c)", "M.maximum(c,w)", "M.where(w>0,c,w)", "c.t()",
     "c.unsqueeze(0)", "c.outer(w)", "c.diag()", "c.dot(w)", "c.float()", "c.atan()",
-    "M.nn.functional.softplus(c)", "c.min()", "M.outer(c,w)@w"]
+    "M.nn.functional.softplus(c)", "c.min()", "M.outer(c,w)@w", "c.max(0)[0]", "c.min(0)[0]",
+    "c.sort()[0]", "c.mean(0)", "M.clamp_min(c, w)", "c.norm(dim=0)", "c.prod(0)",
+    "c.pow(2.5)", "2.0**c", "M.atan2(c, w)", "M.minimum(c,w)", "c.expm1()", "c.log1p()",
+    "c.sinh()", "c.rsqrt()", "c.erf()", "c[M.tensor([1,0])]", "c.tan()",
+    "M.nn.functional.binary_cross_entropy_with_logits(c, M.tensor([0.0, 1.0]))",
+    "M.nn.functional.cross_entropy(c.reshape(1,2), M.tensor([1]))"]
 
 
 def _modified_after(M, expr, which, scalar):

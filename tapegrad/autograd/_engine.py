@@ -960,12 +960,11 @@ def _check_versions(graph, need, reach):
         # an in-place op with grad rebinds its tensor (tape.dirty) without a version bump
         if t.dirty:
             if first is None:
-                first = _first_savers(graph, need)
+                first, saves_out = _first_savers(graph, need)
             off = graph.slot(t, 0)
             ks = np.fromiter(t.dirty.keys(), dtype=np.int64, count=len(t.dirty)) + off
             until = np.fromiter(t.dirty.values(), dtype=np.int64, count=len(t.dirty)) + off
-            codes = graph.rows[ks, 0].astype(np.int64) & ~ARRAY
-            if ((need[ks] & _SAVES_OUT[codes]) | (first[ks] < until)).any():
+            if ((need[ks] & saves_out[ks]) | (first[ks] < until)).any():
                 _version_error(None, 1, 0)
         if t.epoch == INPLACE[0]:  # nothing changed in place since this tape began
             continue
@@ -974,14 +973,14 @@ def _check_versions(graph, need, reach):
             if x._ver[0] != ver:
                 s = graph.slot(t, k)
                 if first is None:
-                    first = _first_savers(graph, need)
+                    first, saves_out = _first_savers(graph, need)
                 if reach[s] and first[s] < n:
                     _version_error(x, x._ver[0], ver)
         for k, box, ver in t.viewed:
             if box[0] != ver:
                 s = graph.slot(t, k)
                 if first is None:
-                    first = _first_savers(graph, need)
+                    first, saves_out = _first_savers(graph, need)
                 if reach[s] and first[s] < n:
                     _version_error(None, box[0], ver)
 
@@ -999,19 +998,28 @@ _SAVES_A, _SAVES_B, _SAVES_OUT = (
     for w in ("a", "b", "out"))
 
 
+_MAX_LIKE = np.array([op.name in ("amax", "amin") for op in OPS], dtype=np.bool_)
+
+
 def _first_savers(graph, need):
     """Per slot, the first needed entry that saved its value as torch would (len(rows)
-    when none): one pass, so a backward after many in-place ops stays linear."""
+    when none), and whether each entry saved its output: one pass, so a backward after
+    many in-place ops stays linear."""
     rows = graph.rows
     n = len(rows)
     codes = rows[:, 0].astype(np.int64) & ~ARRAY
+    sa, sb, so = _SAVES_A[codes], _SAVES_B[codes], _SAVES_OUT[codes]
+    for k in np.flatnonzero(_MAX_LIKE[codes] & need).tolist():
+        how = graph.aux(k)[2]
+        if how is not None and not isinstance(how, str):  # max(dim): torch saves indices
+            sa[k] = so[k] = False
     first = np.full(n, n, dtype=np.int64)
     idx = np.arange(n, dtype=np.int64)
-    for col, table in ((1, _SAVES_A), (2, _SAVES_B)):
+    for col, saves in ((1, sa), (2, sb)):
         src = rows[:, col]
-        m = need & table[codes] & (src >= 0)
+        m = need & saves & (src >= 0)
         np.minimum.at(first, src[m].astype(np.int64), idx[m])
-    return first
+    return first, so
 
 
 def _version_error(x, now, ver):
