@@ -186,7 +186,7 @@ class Tape:
 
     __slots__ = ("sid", "code", "vals", "arrays", "aux", "leaves", "freed", "retained",
                  "imports", "nary", "versioned", "viewed", "dirty", "limit", "nbytes", "epoch",
-                 "reentered", "_cache", "_vcache", "__weakref__")
+                 "reentered", "_cache", "_vcache", "hooks", "__weakref__")
 
     vals_factory = list  # anomaly mode swaps in a list that notes source lines
 
@@ -210,6 +210,7 @@ class Tape:
         self.limit = ROLLOVER  # the recorder moves on once len(self) reaches this
         self.epoch = INPLACE[0]
         self.nbytes = 0
+        self.hooks = None     # entry -> its node's hooks and metadata (autograd.graph)
 
     def __len__(self):
         return len(self.vals)

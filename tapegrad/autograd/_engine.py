@@ -561,7 +561,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         if y._tape is not None and all(y._tape is not r for r in roots):
             roots.append(y._tape)
     if not roots:
-        return _leaf_outputs_only(outs, seeds, ins)
+        return _leaf_outputs_only(outs, seeds, ins, batch)
     tapes = cpu.order_tapes(roots)
     graph = cpu.Graph(tapes)
     n = graph.n
@@ -613,17 +613,16 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     graph.wanted = need | is_input | is_output  # slots whose gradient anyone will read
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
-    if HOOKS[0] and hooks.graph_has_hooks(graph, ins):  # only the hooks path runs hooks
-        if record or batch:
-            raise NotImplementedError(
-                "backward hooks with create_graph=True or is_grads_batched=True are not "
-                "supported by tapegrad yet; remove the hooks (handle.remove()) for this call, "
-                "or apply the change the hook makes to the gradients you get back")
+    # only the hooks path runs hooks
+    if HOOKS[0] and hooks.graph_has_hooks(graph, ins, (need | is_input | is_output) & reach):
+        if batch:  # torch vmaps the hooks over the batch: here, one sweep per sample
+            return _per_sample(outs, seeds, ins, retain_graph, record, batch, allow_unused,
+                               graph, need, tapes)
         path = _general_path(record, batch, hooked=True)
         fast_leaves = False
     sw = _Sweep(graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
                 batch, ins, slot_lists, direct, allow_unused)
-    sw.outs = outs
+    sw.outs, sw.record = outs, record
     _PATHS.last = path.name
     path.run(sw)
     adj, adjd, is_array = sw.adj, sw.adjd, sw.is_array
@@ -692,7 +691,7 @@ class _Sweep:
     tape's own test)."""
     __slots__ = ("graph", "need", "reach", "arr", "adj", "adjd", "is_input", "is_output",
                  "accumulate", "batch", "ins", "slot_lists", "direct", "allow_unused",
-                 "is_array", "outs")
+                 "is_array", "outs", "record")
 
     def __init__(self, graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
                  batch, ins, slot_lists, direct, allow_unused):
@@ -702,6 +701,7 @@ class _Sweep:
         self.slot_lists, self.direct, self.allow_unused = slot_lists, direct, allow_unused
         self.is_array = None
         self.outs = ()  # the call's outputs (a leaf output's hooks see its whole gradient)
+        self.record = False  # create_graph: the rules are re-recorded on tensors
 
 
 def _general_path(record, batch, hooked=False):
@@ -721,11 +721,34 @@ def _general_path(record, batch, hooked=False):
 
 
 def _hooks_run(sw):
-    hooks.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.is_input, sw.is_output, sw.reach,
-                sw.accumulate, sw.direct, {id(y): y for y in sw.outs if y._tape is None})
+    leaves = {id(y): y for y in sw.outs if y._tape is None}
+    if not sw.record:
+        hooks.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.is_input, sw.is_output, sw.reach,
+                    sw.accumulate, sw.direct, leaves)
+        return
+    graph = sw.graph
+
+    def run(adjd):
+        hooks.sweep(graph, sw.need, sw.adj, adjd, sw.is_input, sw.is_output, sw.reach,
+                    sw.accumulate, sw.direct, leaves,
+                    rec=(TensorF, _slot_tensors(graph), lambda u, v: u + v))
+        return adjd
+    # no rollback: the hooks' own code ran, and may hold what it recorded (a .grad
+    # accumulated before a later hook raised, a logged tensor), as it may in torch
+    _recorded(sw, run, rollback=False)
 
 
 def _rerecord_run(sw):
+    graph = sw.graph
+    _recorded(sw, lambda adjd: rerecord.sweep(graph, sw.need, adjd, TensorF,
+                                              _slot_tensors(graph), lambda u, v: u + v,
+                                              batch=sw.batch))
+
+
+def _recorded(sw, sweep, rollback=True):
+    """Run ``sweep(seeds) -> adjoints`` recording (create_graph): unused inputs are
+    rejected first, and (with ``rollback``) a sweep that fails part way leaves nothing
+    recorded."""
     if not sw.allow_unused:  # raise before recording anything
         for i, sl in enumerate(sw.slot_lists):
             if not any(sw.reach[s] for s in sl) and id(sw.ins[i]) not in sw.direct:
@@ -736,16 +759,39 @@ def _rerecord_run(sw):
     start = len(tape.vals) if tape else 0
     graph = sw.graph
     try:
-        sw.adjd = rerecord.sweep(graph, sw.need, sw.adjd, TensorF, _slot_tensors(graph),
-                                 lambda u, v: u + v, batch=sw.batch)
+        sw.adjd = sweep(sw.adjd)
     except BaseException:
-        if tape:  # a rule that failed part way leaves nothing recorded
+        if tape and rollback:  # a rule that failed part way leaves nothing recorded
             tape.truncate(start)
         raise
     finally:
         set_grad_mode(prev)
     sw.is_array = sw.adjd.__contains__  # every adjoint is a tensor in adjd
     sw.adj = np.zeros(graph.n)
+
+
+def _per_sample(outs, seeds, ins, retain_graph, record, batch, allow_unused, graph, need,
+                tapes):
+    """is_grads_batched through a graph with hooks: one hooked sweep per sample, stacked.
+    torch calls each hook once under vmap, on one sample's gradient; the values are the
+    same, a hook is called once per sample here (docs/differences.md)."""
+    per = [_run(outs, [sd[i] for sd in seeds], ins, True, record=record,
+                allow_unused=allow_unused) for i in range(batch)]
+    used = per[0][1]
+    results = []
+    for j, u in enumerate(used):
+        if not u:
+            results.append(None)
+        elif record:
+            from ..functions import stack
+            results.append(stack([p[0][j] for p in per]))
+        else:
+            results.append(np.stack([np.asarray(p[0][j]) for p in per]))
+    if not retain_graph:
+        graph.free(need)
+        for t in tapes:
+            end_tape(t)
+    return results, used
 
 
 def _batched_run(sw):
@@ -885,7 +931,7 @@ def _reached_leaves(graph, outs, slots):
     return ins, lists
 
 
-def _leaf_outputs_only(outs, seeds, ins):
+def _leaf_outputs_only(outs, seeds, ins, batch=None):
     collect = ins is None
     if collect:
         ins = []
@@ -899,7 +945,7 @@ def _leaf_outputs_only(outs, seeds, ins):
             if y is x:
                 total = s if total is None else total + s
         if HOOKS[0] and total is not None:  # a leaf's own hooks, on its seed
-            total = hooks.leaf_output_hooks(x, total)
+            total = hooks.leaf_output_hooks(x, total, batch)
         results.append(total)
         used.append(total is not None)
     return (results, used, ins) if collect else (results, used)
@@ -908,36 +954,72 @@ def _leaf_outputs_only(outs, seeds, ins):
 def _check_versions(graph, need, reach):
     """Raise, as torch does, when a value saved for this backward was changed in place
     after it was recorded."""
+    first = None  # per slot: the first needed entry that saved it (built when needed)
+    n = len(graph.rows)
     for t in graph.tapes:
+        # an in-place op with grad rebinds its tensor (tape.dirty) without a version bump
+        if t.dirty:
+            if first is None:
+                first, saves_out = _first_savers(graph, need)
+            off = graph.slot(t, 0)
+            ks = np.fromiter(t.dirty.keys(), dtype=np.int64, count=len(t.dirty)) + off
+            until = np.fromiter(t.dirty.values(), dtype=np.int64, count=len(t.dirty)) + off
+            if ((need[ks] & saves_out[ks]) | (first[ks] < until)).any():
+                _version_error(None, 1, 0)
         if t.epoch == INPLACE[0]:  # nothing changed in place since this tape began
             continue
         for k in t.versioned:
             x, ver = t.aux[k]
             if x._ver[0] != ver:
                 s = graph.slot(t, k)
-                if reach[s] and _read_by(graph, need, s, len(graph.rows)):
+                if first is None:
+                    first, saves_out = _first_savers(graph, need)
+                if reach[s] and first[s] < n:
                     _version_error(x, x._ver[0], ver)
         for k, box, ver in t.viewed:
             if box[0] != ver:
                 s = graph.slot(t, k)
-                if reach[s] and _read_by(graph, need, s, len(graph.rows)):
+                if first is None:
+                    first, saves_out = _first_savers(graph, need)
+                if reach[s] and first[s] < n:
                     _version_error(None, box[0], ver)
-        for k, until in t.dirty.items():
-            s = graph.slot(t, k)
-            op = OPS[int(graph.rows[s, 0]) & ~ARRAY]
-            if (need[s] and "out" in op.uses) or _read_by(graph, need, s, graph.slot(t, until)):
-                _version_error(None, 1, 0)
 
 
-def _read_by(graph, need, s, until):
-    """Whether a needed entry before ``until`` reads slot ``s``'s saved value."""
-    rows = graph.rows[:until]
-    users = np.nonzero(need[:until] & ((rows[:, 1] == s) | (rows[:, 2] == s)))[0]
-    for u in users:
-        op = OPS[int(rows[u, 0]) & ~ARRAY]
-        if ("a" in op.uses and int(rows[u, 1]) == s) or ("b" in op.uses and int(rows[u, 2]) == s):
-            return True
-    return False
+# what torch saves for backward where that differs from what the op's rule reads (its
+# ``uses``; an array op's are all of a, b and out): torch raises after an in-place change
+# of a saved value only, and a tape entry keeps the old value, so the rest computes right
+_TORCH_SAVES = {"relu": {"out"}, "rdivc": set(), "softmax": {"out"}, "log_softmax": {"out"},
+                "matmul": {"a", "b"}, "outer": {"a", "b"}, "prod": {"a", "out"},
+                "amax": {"a", "out"}, "amin": {"a", "out"}, "norm": {"a", "out"},
+                "logsumexp": {"a", "out"}}
+# per opcode: whether its entry saves input a, input b, its output
+_SAVES_A, _SAVES_B, _SAVES_OUT = (
+    np.array([w in _TORCH_SAVES.get(op.name, op.uses) for op in OPS], dtype=np.bool_)
+    for w in ("a", "b", "out"))
+
+
+_MAX_LIKE = np.array([op.name in ("amax", "amin") for op in OPS], dtype=np.bool_)
+
+
+def _first_savers(graph, need):
+    """Per slot, the first needed entry that saved its value as torch would (len(rows)
+    when none), and whether each entry saved its output: one pass, so a backward after
+    many in-place ops stays linear."""
+    rows = graph.rows
+    n = len(rows)
+    codes = rows[:, 0].astype(np.int64) & ~ARRAY
+    sa, sb, so = _SAVES_A[codes], _SAVES_B[codes], _SAVES_OUT[codes]
+    for k in np.flatnonzero(_MAX_LIKE[codes] & need).tolist():
+        how = graph.aux(k)[2]
+        if how is not None and not isinstance(how, str):  # max(dim): torch saves indices
+            sa[k] = so[k] = False
+    first = np.full(n, n, dtype=np.int64)
+    idx = np.arange(n, dtype=np.int64)
+    for col, saves in ((1, sa), (2, sb)):
+        src = rows[:, col]
+        m = need & saves & (src >= 0)
+        np.minimum.at(first, src[m].astype(np.int64), idx[m])
+    return first, so
 
 
 def _version_error(x, now, ver):

@@ -32,6 +32,7 @@ class FunctionCtx:
         self._saved = None
         self._dirty = ()
         self._unpack = None  # saved_tensors_hooks' unpack hook, when they packed _saved
+        self._versions = ()  # per saved tensor: (its data, version box, version) when saved
 
     def save_for_backward(self, *tensors):
         for i, t in enumerate(tensors):
@@ -49,6 +50,15 @@ class FunctionCtx:
                                "through the graph a second time.")
         if self._unpack is not None:
             return tuple(None if p is None else self._unpack(p) for p in self._saved)
+        for t, v in zip(self._saved, self._versions):
+            # changed in place since it was saved (rebound by an op with grad, written
+            # under no_grad): torch raises, and the tensor no longer holds the saved value
+            if v is not None and (t._d is not v[0] or getattr(t, "_ver", None) is not v[1]
+                                  or (v[1] is not None and v[1][0] != v[2])):
+                from ._engine import _version_error
+                box = getattr(t, "_ver", None)
+                _version_error(t, box[0] if box is v[1] and box is not None else v[2] + 1,
+                               v[2])
         return self._saved
 
     def mark_non_differentiable(self, *tensors):
@@ -177,6 +187,9 @@ def _save(ctx, tensors):
     hooks = current_saved_hooks()
     if hooks is None:
         ctx._saved = tensors
+        ctx._versions = tuple(None if t is None else
+                              (t._d, getattr(t, "_ver", None), getattr(t, "_ver", [0])[0])
+                              for t in tensors)
         return
     ctx._saved = tuple(None if t is None else hooks.pack_hook(t) for t in tensors)
     ctx._unpack = hooks.unpack_hook

@@ -17,9 +17,6 @@ from ..tensor import _HINTS, Tensor, _GradFn, _pyfloat
 #: live hooks of every kind (tensor, node, post-accumulate): while none is registered the
 #: backward sweeps take their fast paths; with any, ``hooks.sweep`` runs instead
 HOOKS = [0]
-# per tape, per entry: the node's hooks and metadata (held apart from the nodes themselves,
-# which are made afresh by each ``grad_fn`` access, so the state outlives them)
-_STATE = weakref.WeakKeyDictionary()
 _ids = itertools.count()
 
 
@@ -89,12 +86,15 @@ def _add(hooks, fn):
 
 
 def node_state(tape, k, create=True):
-    """{'pre', 'post', 'tensor', 'metadata'} of entry ``k`` of ``tape`` (None if none yet)."""
-    per = _STATE.get(tape)
+    """{'pre', 'post', 'tensor', 'metadata'} of entry ``k`` of ``tape`` (None if none yet).
+    Held by the tape (apart from the nodes, which may be made afresh, so the state outlives
+    them): a hook that holds its own tensor makes a cycle the garbage collector frees, as
+    in torch, where a table beside the tapes would keep both forever."""
+    per = tape.hooks
     if per is None:
         if not create:
             return None
-        per = _STATE[tape] = {}
+        per = tape.hooks = {}
     st = per.get(k)
     if st is None and create:
         st = per[k] = {"pre": _HookDict(), "post": _HookDict(), "tensor": _HookDict(),

@@ -19,7 +19,8 @@ Names (they stay the names of the strategies when paths become a list):
 - ``rerecord``: create_graph, every rule re-recorded on tensors (``rerecord.sweep``).
 - ``batched``: is_grads_batched without create_graph (``cpu.sweep_batched``).
 - ``hooks``: a graph with live hooks, entry by entry with the hooks run in torch's order
-  (``hooks.sweep``); it takes every hooked call, and no other path takes one.
+  (``hooks.sweep``; with create_graph each rule re-recorded, as ``rerecord``); it takes
+  every hooked call (is_grads_batched: one call per sample), and no other path takes one.
 - ``checked``: entry by entry, every rule's output checked (anomaly mode,
   ``cpu.sweep_checked``).
 

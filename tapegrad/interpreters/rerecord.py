@@ -21,52 +21,71 @@ def sweep(graph, need, seeds, F, as_tensor, add, batch=None):
     (is_grads_batched), every adjoint has a leading batch axis of that size: elementwise
     rules broadcast over it, array rules run once through their ``Op.batch`` views."""
     adj = dict(seeds)
-    row, value, wanted = graph.row, graph.value, graph.wanted
     for k in np.nonzero(need)[0][::-1].tolist():
         g = adj.get(k)
         if g is None:
             continue
-        code, a, b, c0, c1 = row(k)
-        op = OPS[code & ~ARRAY]
-        kind = op.kind
-        if op.vjp is None:
-            raise NotImplementedError(
-                f"the derivative of op '{op.name}' cannot be recorded yet, so "
-                "create_graph=True cannot go through it")
-        uses = op.uses  # build tensors only for the values the rule reads
-        out = as_tensor(k) if "out" in uses else None
-        post = None
-        if kind is ARRAY_OP:
-            inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
-            values, aux = [as_tensor(s) for s in inputs], graph.aux(k)
-            if batch:
-                if op.batch is None or op.name in MULTI_OUTPUT:
-                    raise NotImplementedError(
-                        f"is_grads_batched=True with create_graph=True cannot go through "
-                        f"{'a custom Function or traced Program' if op.nary else repr(op.name)}"
-                        f" entry yet; loop over the grad_outputs with create_graph=True")
-                if out is None:  # batch views read its shape even where the rule does not
-                    out = as_tensor(k)
-                values, out, g, aux, post = op.batch(values, out, g, aux, batch)
-            grads = op.vjp(F, g, values, out, aux)
-        else:
-            ua, ub = "a" in uses, "b" in uses
-            inputs, grads = elementwise_rule(
-                op, F, g, out, a, b, c0, c1,
-                lambda s: as_tensor(s) if (ua and s == a) or (ub and s == b) else None)
-        for i, (s, gr) in enumerate(zip(inputs, grads)):
-            if gr is None or not wanted[s]:  # an adjoint nobody reads (a constant input):
-                continue  # its broadcast is not undone, nothing more is recorded
-            if callable(gr) and not isinstance(gr, Part):  # a lazily built gradient
-                gr = gr()
-            if post is not None and post[i] is not None:
-                gr = post[i](gr)
-            if gr.__class__ is Part:  # one output of a custom Function
-                parts = adj.setdefault(s, {})
-                prev = parts.get(gr.index)
-                parts[gr.index] = gr.grad if prev is None else add(prev, gr.grad)
-                continue
-            gr = F.fit(gr, value(s)) if not batch else F.fit_batched(gr, value(s), batch)
-            prev = adj.get(s)
-            adj[s] = gr if prev is None else add(prev, gr)
+        for s, gr in rule(graph, k, g, F, as_tensor, batch):
+            gather(graph, adj, s, gr, F, add, batch)
     return adj
+
+
+def rule(graph, k, g, F, as_tensor, batch=None, every=False):
+    """(input slot, gradient) per argument of entry ``k``'s rule on adjoint ``g``, recorded;
+    an argument whose gradient nobody reads (a constant) is left out, or with ``every``
+    (the hooks' grad_inputs) given as None. A custom Function's output gives a ``Part``."""
+    code, a, b, c0, c1 = graph.row(k)
+    op = OPS[code & ~ARRAY]
+    kind = op.kind
+    if op.vjp is None:
+        raise NotImplementedError(
+            f"the derivative of op '{op.name}' cannot be recorded yet, so "
+            "create_graph=True cannot go through it")
+    uses = op.uses  # build tensors only for the values the rule reads
+    out = as_tensor(k) if "out" in uses else None
+    post = None
+    if kind is ARRAY_OP:
+        inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
+        values, aux = [as_tensor(s) for s in inputs], graph.aux(k)
+        if batch:
+            if op.batch is None or op.name in MULTI_OUTPUT:
+                raise NotImplementedError(
+                    f"is_grads_batched=True with create_graph=True cannot go through "
+                    f"{'a custom Function or traced Program' if op.nary else repr(op.name)}"
+                    f" entry yet; loop over the grad_outputs with create_graph=True")
+            if out is None:  # batch views read its shape even where the rule does not
+                out = as_tensor(k)
+            values, out, g, aux, post = op.batch(values, out, g, aux, batch)
+        grads = op.vjp(F, g, values, out, aux)
+    else:
+        ua, ub = "a" in uses, "b" in uses
+        inputs, grads = elementwise_rule(
+            op, F, g, out, a, b, c0, c1,
+            lambda s: as_tensor(s) if (ua and s == a) or (ub and s == b) else None)
+    wanted = graph.wanted
+    res = []
+    for i, (s, gr) in enumerate(zip(inputs, grads)):
+        if gr is None or not wanted[s]:  # an adjoint nobody reads (a constant input):
+            if every:  # its broadcast is not undone, nothing more is recorded
+                res.append((s, None))
+            continue
+        if callable(gr) and not isinstance(gr, Part):  # a lazily built gradient
+            gr = gr()
+        if post is not None and post[i] is not None:
+            gr = post[i](gr)
+        if gr.__class__ is not Part:
+            gr = F.fit(gr, graph.value(s)) if not batch else \
+                F.fit_batched(gr, graph.value(s), batch)
+        res.append((s, gr))
+    return res
+
+
+def gather(graph, adj, s, gr, F, add, batch=None):
+    """Add gradient ``gr`` (from ``rule``) into slot ``s``'s adjoint."""
+    if gr.__class__ is Part:  # one output of a custom Function
+        parts = adj.setdefault(s, {})
+        prev = parts.get(gr.index)
+        parts[gr.index] = gr.grad if prev is None else add(prev, gr.grad)
+        return
+    prev = adj.get(s)
+    adj[s] = gr if prev is None else add(prev, gr)
