@@ -140,3 +140,43 @@ def test_fused_plan_declined_before_its_key(monkeypatch, index):
         out.append(M.autograd.grad(y, x)[0].numpy())
     np.testing.assert_allclose(out[0], out[1], rtol=1e-12)
     assert not tried
+
+
+@pytest.mark.parametrize("name", ["mul", "sub", "div"])
+def test_one_sided_rules_are_the_registrys(name):
+    # the sweep's per-side binary rules give the registry rule's bits, side by side
+    from tapegrad.ops import NpF, OPS
+    op = next(o for o in OPS if o.name == name)
+    fa, fb = cpu._SIDES[op.code]
+    rng = np.random.default_rng(1)
+    with np.errstate(all="ignore"):
+        for dt in (np.float64, np.float32):
+            for sa, sb in (((4, 3), (4, 3)), ((4, 3), (1, 3)), ((), (5,))):
+                x = np.resize(np.r_[SPECIALS, rng.normal(size=40)], sa).astype(dt)
+                y = np.resize(np.r_[rng.normal(size=40), SPECIALS], sb).astype(dt)
+                g = rng.normal(size=np.broadcast_shapes(sa, sb)).astype(dt)
+                want = op.vjp(NpF, g, x, y, None)
+                got = (fa(g, x, y), fb(g, x, y))
+                for r, s in zip(got, want):
+                    assert _same_bits(np.asarray(r), np.asarray(s))
+
+
+def test_one_sided_rules_taken(monkeypatch):
+    # ``c * w`` with c a constant computes w's side only; ``x * x`` computes g * x once (and
+    # adds it to itself: torch's numbers)
+    calls = []
+    for code, (fa, fb) in list(cpu._SIDES.items()):
+        monkeypatch.setitem(cpu._SIDES, code, (
+            lambda g, x, y, f=fa, c=code: calls.append((c, "a")) or f(g, x, y),
+            lambda g, x, y, f=fb, c=code: calls.append((c, "b")) or f(g, x, y)))
+    mul = next(op.code for op in cpu.OPS if op.name == "mul")
+    rng = np.random.default_rng(2)
+    c0, w0 = rng.normal(size=(6, 5)), rng.normal(size=5)
+    got = []
+    for M in (tg, torch):
+        c, w = M.tensor(c0), M.tensor(w0, requires_grad=True)
+        calls.clear()
+        y = c * w
+        got.append((M.autograd.grad((y * y).sum(), w)[0].numpy(), list(calls)))
+    np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-14)
+    assert got[0][1] == [(mul, "a"), (mul, "b")], got[0][1]  # y*y once, then w's side of c*w

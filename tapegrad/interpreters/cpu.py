@@ -580,6 +580,30 @@ def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
     return (a,), op.vjp(F, g, value(a), out)
 
 
+_MUL = next(op.code for op in OPS if op.name == "mul")
+
+#: each side of the hot binary rules on its own (the registry's rule text, side by side), so
+#: an array entry computes only the gradients someone reads: ``x * w`` with ``x`` a
+#: constant skips ``g * w`` (torch skips it too), and ``x * x`` computes ``g * x`` once
+_SIDES = {
+    _MUL: (lambda g, x, y: g * y, lambda g, x, y: g * x),
+    next(op.code for op in OPS if op.name == "sub"): (lambda g, x, y: g, lambda g, x, y: -g),
+    next(op.code for op in OPS if op.name == "div"): (lambda g, x, y: g / y,
+                                                     lambda g, x, y: -g * x / (y * y)),
+}
+
+
+def _one_sided(code, g, a, b, value, wanted):
+    """The gradients of a binary entry in ``_SIDES``, None for an input nobody reads; for
+    ``x * x`` the same array twice (the sweep adds it to itself: the bits of g*x + g*x)."""
+    fa, fb = _SIDES[code]
+    va, vb = value(a), value(b)
+    if a == b:
+        ga = fa(g, va, vb)
+        return ga, (ga if code == _MUL else fb(g, va, vb))
+    return (fa(g, va, vb) if wanted[a] else None), (fb(g, va, vb) if wanted[b] else None)
+
+
 def sweep_checked(graph, need, adj, adjd, on_bad):
     """The reverse sweep entry by entry in Python (anomaly mode): each rule's outputs are
     checked, and ``on_bad(k, i)`` builds the error for a NaN/inf in output ``i`` of ``k``."""
@@ -632,6 +656,9 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
+    elif on_bad is None and op.code in _SIDES and (a == b or not (graph.wanted[a]
+                                                                  and graph.wanted[b])):
+        inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, graph.wanted)
     else:
         inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
     if on_bad is not None:
