@@ -180,3 +180,33 @@ def test_one_sided_rules_taken(monkeypatch):
         got.append((M.autograd.grad((y * y).sum(), w)[0].numpy(), list(calls)))
     np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-14)
     assert got[0][1] == [(mul, "a"), (mul, "b")], got[0][1]  # y*y once, then w's side of c*w
+
+
+def test_array_unary_and_binary_record_directly(monkeypatch):
+    # the eager recorder's per-op shortcuts (lstm's thousands of small-vector ops): an
+    # array unary op sets no np.errstate (the context variable instead), an op on two
+    # tensors records without going through _record_binary; same values, same quiet
+    # overflow (no warning), same gradients as torch
+    import warnings
+
+    tensor_mod = __import__("tapegrad.tensor", fromlist=["_record_binary"])
+    calls = []
+    real_errstate, real_rb = np.errstate, tensor_mod._record_binary
+    monkeypatch.setattr(np, "errstate", lambda **kw: calls.append("errstate")
+                        or real_errstate(**kw))
+    monkeypatch.setattr(tensor_mod, "_record_binary", lambda *a: calls.append("rb")
+                        or real_rb(*a))
+    x0, w0 = np.array([1.0, -2.0, 800.0]), np.array([0.5, 3.0, -1.0])
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(w0, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = M.exp(x) * w + M.tanh(w)
+            out.append([y.detach().numpy()] + [g.numpy() for g in M.autograd.grad(
+                y.sum(), (x, w))])
+        if M is tg:
+            assert calls == [], calls
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-15)

@@ -559,11 +559,12 @@ def sweep(graph, need, adj, adjd, arr):
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
         return
     owned = set()  # slots whose adjoint array this sweep allocated: added to in place
+    wanted = graph.wanted.tolist()  # read twice per entry: a list's item is the cheaper
     with np.errstate(all="ignore"):
         for k, row in zip(arr.tolist(), rows[arr].tolist()):
             if hi - k > 1:
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
-            array_vjp(graph, k, adj, adjd, row=row, owned=owned)
+            array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)
             hi = k
         if hi > 0:
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
@@ -618,11 +619,14 @@ _GETITEM = next(op for op in OPS if op.name == "getitem")
 MULTI_OUTPUT = frozenset(("function", "program"))
 
 
-def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
+def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=None):
     """Run entry ``k``'s rule on NumPy values and accumulate into its inputs (``row``: its
     row as a list, when the caller has it). ``owned``: slots whose adjoint array the sweep
     allocated itself, so adding to it in place changes no other array (an adjoint can be
-    a rule's input gradient or a view of one, never written to)."""
+    a rule's input gradient or a view of one, never written to). ``wanted``:
+    ``graph.wanted`` as a list, when the caller has it."""
+    if wanted is None:
+        wanted = graph.wanted
     if row is None:
         code, a, b, c0, c1 = graph.row(k)
     else:
@@ -656,9 +660,8 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
-    elif on_bad is None and op.code in _SIDES and (a == b or not (graph.wanted[a]
-                                                                  and graph.wanted[b])):
-        inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, graph.wanted)
+    elif on_bad is None and op.code in _SIDES and (a == b or not (wanted[a] and wanted[b])):
+        inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, wanted)
     else:
         inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
     if on_bad is not None:
@@ -667,7 +670,6 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
             if gr is not None and gr.__class__ is not Part and \
                     not np.all(np.isfinite(gr)):
                 raise on_bad(k, i)
-    wanted = graph.wanted
     for s, gr in zip(inputs, grads):
         if gr is None or not wanted[s]:  # nobody reads that adjoint (a constant input):
             continue  # no broadcast to undo, no sum (torch skips it too)
