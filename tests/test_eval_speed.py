@@ -210,3 +210,21 @@ def test_array_unary_and_binary_record_directly(monkeypatch):
             assert calls == [], calls
     for a, b in zip(*out):
         np.testing.assert_allclose(a, b, rtol=1e-15)
+
+
+def test_flat_mark_declined_once(monkeypatch):
+    # a tape the flat path does not cover (lse's max) is marked once, not once for the flat
+    # and again for the fused path; the note of it does not outlive the call
+    from tapegrad.autograd import _engine
+    calls = []
+    real = cpu._mark_scalar
+    monkeypatch.setattr(cpu, "_mark_scalar", lambda *a: calls.append(1) or real(*a))
+    x0 = np.random.default_rng(3).normal(size=50)
+    got = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        a = M.max(x)
+        got.append(M.autograd.grad(a + M.log(M.sum(M.exp(x - a))), (x,))[0].numpy())
+    assert len(calls) == 1, calls
+    assert _engine._DECLINED.flat is None
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-14)
