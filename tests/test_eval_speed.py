@@ -228,3 +228,24 @@ def test_flat_mark_declined_once(monkeypatch):
     assert len(calls) == 1, calls
     assert _engine._DECLINED.flat is None
     np.testing.assert_allclose(got[0], got[1], rtol=1e-14)
+
+
+def test_square_gradient_recorded_once():
+    # create_graph through x * x (an array) records g * x once and adds it to itself
+    # (kmeans' squared distances): torch's values and second derivatives
+    from tapegrad.ops import OPS
+    mul = next(op.code for op in OPS if op.name == "mul")
+    rng = np.random.default_rng(4)
+    c0, x0 = rng.normal(size=(3, 1)), rng.normal(size=(4,))
+    got = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        d = M.tensor(c0) - x
+        g, = M.autograd.grad(M.sum(M.sin(d * d)), x, create_graph=True)
+        if M is tg:
+            codes = [int(r[0]) & ~cpu.ARRAY for r in g._tape.rows()]
+            assert codes.count(mul) == 3, codes  # d*d, and the rule's g*d once (+ sin's)
+        h, = M.autograd.grad(M.sum(g * g), x)
+        got.append((g.detach().numpy(), h.numpy()))
+    for a, b in zip(*got):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
