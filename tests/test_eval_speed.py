@@ -249,3 +249,17 @@ def test_square_gradient_recorded_once():
         got.append((g.detach().numpy(), h.numpy()))
     for a, b in zip(*got):
         np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32, np.int64, np.bool_])
+def test_dim_reduction_dtypes_unchanged(dt):
+    # a sum or mean over a dim keeps NumPy's fresh result when it already has the input's
+    # dtype (no copy): the values and dtypes are torch's
+    a0 = (np.random.default_rng(5).normal(size=(3, 4, 5)) * 3).astype(dt)
+    for name in ("sum", "mean"):
+        if name == "mean" and dt in (np.int64, np.bool_):
+            continue
+        got = getattr(tg, name)(tg.tensor(a0), 1)
+        want = getattr(torch, name)(torch.tensor(a0), 1)
+        assert str(got.dtype).split(".")[-1] == str(want.dtype).split(".")[-1]
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
