@@ -263,3 +263,23 @@ def test_dim_reduction_dtypes_unchanged(dt):
         want = getattr(torch, name)(torch.tensor(a0), 1)
         assert str(got.dtype).split(".")[-1] == str(want.dtype).split(".")[-1]
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_rule_of_g_alone_on_broadcast_gradient(monkeypatch):
+    # -g of a sum's broadcast gradient runs on one copy (kmeans' recorded first derivative:
+    # neg of an expanded (k, d, 1) over n points), broadcast back: torch's numbers
+    sizes = []
+    real = cpu.elementwise_rule
+    monkeypatch.setattr(cpu, "elementwise_rule", lambda op, F, g, *a: sizes.append(
+        (op.name, np.size(g))) or real(op, F, g, *a))
+    rng = np.random.default_rng(6)
+    x0, w0 = rng.normal(size=(3, 2000)), rng.normal(size=(3, 1))
+    got = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(w0, requires_grad=True)
+        y = M.sum(-(x * w) * 3.0 + 1.0, 1)
+        got.append([g.numpy() for g in M.autograd.grad(M.sum(y * y), (x, w))])
+    for a, b in zip(*got):
+        np.testing.assert_allclose(a, b, rtol=1e-14)
+    assert ("neg", 3) in sizes and ("mulc", 3) in sizes and ("addc", 3) in sizes, sizes

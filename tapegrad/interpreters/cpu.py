@@ -605,6 +605,16 @@ def _one_sided(code, g, a, b, value, wanted):
     return (fa(g, va, vb) if wanted[a] else None), (fb(g, va, vb) if wanted[b] else None)
 
 
+#: unary rules that read neither the input nor the output: functions of g alone (``-g``)
+_G_ONLY = frozenset(op.code for op in OPS if op.kind in (UNARY, UNARY_C)
+                    and "a" not in op.uses and "out" not in op.uses)
+
+
+def _compact(g):
+    """An index of ``g`` that keeps one copy along each zero-stride axis."""
+    return tuple(slice(0, 1) if st == 0 else slice(None) for st in g.strides)
+
+
 def sweep_checked(graph, need, adj, adjd, on_bad):
     """The reverse sweep entry by entry in Python (anomaly mode): each rule's outputs are
     checked, and ``on_bad(k, i)`` builds the error for a NaN/inf in output ``i`` of ``k``."""
@@ -662,6 +672,13 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
     elif on_bad is None and op.code in _SIDES and (a == b or not (wanted[a] and wanted[b])):
         inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, wanted)
+    elif (on_bad is None and op.code in _G_ONLY and g.__class__ is np.ndarray
+          and g.size >= 4096 and 0 in g.strides):
+        # a rule of g alone, elementwise, on a broadcast g (a sum's gradient): run on one
+        # copy of the repeated part and broadcast the result back (the same numbers)
+        inputs, grads = elementwise_rule(op, NpF, g[_compact(g)], out, a, b, c0, c1, value)
+        grads = [np.broadcast_to(gr, g.shape) if gr.__class__ is np.ndarray else gr
+                 for gr in grads]
     else:
         inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
     if on_bad is not None:
