@@ -209,8 +209,8 @@ def _reduce(op, npfn):
                 v = npfn(a, axis=dims, keepdims=keepdim)
         if op.name == "sum" and a.dtype.kind in "bui":
             v = np.asarray(v).astype(np.int64)
-        else:
-            v = np.asarray(v).astype(a.dtype)
+        else:  # (a fresh array already of that dtype is kept, not copied)
+            v = np.asarray(v).astype(a.dtype, copy=False)
         return array_op(op, [x], v, (dims, keepdim))
     fn.__name__ = op.name
     fn.__doc__ = f"``{op.name}`` over ``dim`` (all dims when None), ``keepdim`` as torch."

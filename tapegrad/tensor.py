@@ -831,8 +831,8 @@ def unary(op, x, c0=0.0, c1=0.0):
             op.name in _INT_PRESERVING and d.dtype.kind in "iu"
             or op.name == "clone" and d.dtype.kind == "b"):
         d = d.astype(np.float64)  # e.g. exp of an integer tensor is floating, as in torch
-    with np.errstate(all="ignore"):
-        v = op.np(d, c0, c1) if op.kind == UNARY_C else op.np(d)
+    # quiet: NumPy's warnings off through its context variable, a tenth of an errstate
+    v = quiet(op.np, d, c0, c1) if op.kind == UNARY_C else quiet(op.np, d)
     v = _norm_value(v)
     if v.__class__ is not _pyfloat and v.dtype != d.dtype and d.dtype.kind == "f":
         v = v.astype(d.dtype)
@@ -1036,6 +1036,9 @@ def _binary_general(op, x, y):
             return _binary_slow(op, x, y)
         if v.ndim == 0:
             return _binary_slow(op, x, y)
+        if x.__class__ is Tensor and y.__class__ is Tensor and (x._rg or y._rg) \
+                and STATE.grad_enabled:  # two tensors: _record_binary's last case, direct
+            return _record(op.code | ARRAY, x, y, 0.0, 0.0, v)
         return _record_binary(op, x, y, v)
     return _binary_slow(op, x, y)
 

@@ -140,3 +140,146 @@ def test_fused_plan_declined_before_its_key(monkeypatch, index):
         out.append(M.autograd.grad(y, x)[0].numpy())
     np.testing.assert_allclose(out[0], out[1], rtol=1e-12)
     assert not tried
+
+
+@pytest.mark.parametrize("name", ["mul", "sub", "div"])
+def test_one_sided_rules_are_the_registrys(name):
+    # the sweep's per-side binary rules give the registry rule's bits, side by side
+    from tapegrad.ops import NpF, OPS
+    op = next(o for o in OPS if o.name == name)
+    fa, fb = cpu._SIDES[op.code]
+    rng = np.random.default_rng(1)
+    with np.errstate(all="ignore"):
+        for dt in (np.float64, np.float32):
+            for sa, sb in (((4, 3), (4, 3)), ((4, 3), (1, 3)), ((), (5,))):
+                x = np.resize(np.r_[SPECIALS, rng.normal(size=40)], sa).astype(dt)
+                y = np.resize(np.r_[rng.normal(size=40), SPECIALS], sb).astype(dt)
+                g = rng.normal(size=np.broadcast_shapes(sa, sb)).astype(dt)
+                want = op.vjp(NpF, g, x, y, None)
+                got = (fa(g, x, y), fb(g, x, y))
+                for r, s in zip(got, want):
+                    assert _same_bits(np.asarray(r), np.asarray(s))
+
+
+def test_one_sided_rules_taken(monkeypatch):
+    # ``c * w`` with c a constant computes w's side only; ``x * x`` computes g * x once (and
+    # adds it to itself: torch's numbers)
+    calls = []
+    for code, (fa, fb) in list(cpu._SIDES.items()):
+        monkeypatch.setitem(cpu._SIDES, code, (
+            lambda g, x, y, f=fa, c=code: calls.append((c, "a")) or f(g, x, y),
+            lambda g, x, y, f=fb, c=code: calls.append((c, "b")) or f(g, x, y)))
+    mul = next(op.code for op in cpu.OPS if op.name == "mul")
+    rng = np.random.default_rng(2)
+    c0, w0 = rng.normal(size=(6, 5)), rng.normal(size=5)
+    got = []
+    for M in (tg, torch):
+        c, w = M.tensor(c0), M.tensor(w0, requires_grad=True)
+        calls.clear()
+        y = c * w
+        got.append((M.autograd.grad((y * y).sum(), w)[0].numpy(), list(calls)))
+    np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-14)
+    assert got[0][1] == [(mul, "a"), (mul, "b")], got[0][1]  # y*y once, then w's side of c*w
+
+
+def test_array_unary_and_binary_record_directly(monkeypatch):
+    # the eager recorder's per-op shortcuts (lstm's thousands of small-vector ops): an
+    # array unary op sets no np.errstate (the context variable instead), an op on two
+    # tensors records without going through _record_binary; same values, same quiet
+    # overflow (no warning), same gradients as torch
+    import warnings
+
+    tensor_mod = __import__("tapegrad.tensor", fromlist=["_record_binary"])
+    calls = []
+    real_errstate, real_rb = np.errstate, tensor_mod._record_binary
+    monkeypatch.setattr(np, "errstate", lambda **kw: calls.append("errstate")
+                        or real_errstate(**kw))
+    monkeypatch.setattr(tensor_mod, "_record_binary", lambda *a: calls.append("rb")
+                        or real_rb(*a))
+    x0, w0 = np.array([1.0, -2.0, 800.0]), np.array([0.5, 3.0, -1.0])
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(w0, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = M.exp(x) * w + M.tanh(w)
+            out.append([y.detach().numpy()] + [g.numpy() for g in M.autograd.grad(
+                y.sum(), (x, w))])
+        if M is tg:
+            assert calls == [], calls
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-15)
+
+
+def test_flat_mark_declined_once(monkeypatch):
+    # a tape the flat path does not cover (lse's max) is marked once, not once for the flat
+    # and again for the fused path; the note of it does not outlive the call
+    from tapegrad.autograd import _engine
+    calls = []
+    real = cpu._mark_scalar
+    monkeypatch.setattr(cpu, "_mark_scalar", lambda *a: calls.append(1) or real(*a))
+    x0 = np.random.default_rng(3).normal(size=50)
+    got = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        a = M.max(x)
+        got.append(M.autograd.grad(a + M.log(M.sum(M.exp(x - a))), (x,))[0].numpy())
+    assert len(calls) == 1, calls
+    assert _engine._DECLINED.flat is None
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-14)
+
+
+def test_square_gradient_recorded_once():
+    # create_graph through x * x (an array) records g * x once and adds it to itself
+    # (kmeans' squared distances): torch's values and second derivatives
+    from tapegrad.ops import OPS
+    mul = next(op.code for op in OPS if op.name == "mul")
+    rng = np.random.default_rng(4)
+    c0, x0 = rng.normal(size=(3, 1)), rng.normal(size=(4,))
+    got = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        d = M.tensor(c0) - x
+        g, = M.autograd.grad(M.sum(M.sin(d * d)), x, create_graph=True)
+        if M is tg:
+            codes = [int(r[0]) & ~cpu.ARRAY for r in g._tape.rows()]
+            assert codes.count(mul) == 3, codes  # d*d, and the rule's g*d once (+ sin's)
+        h, = M.autograd.grad(M.sum(g * g), x)
+        got.append((g.detach().numpy(), h.numpy()))
+    for a, b in zip(*got):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32, np.int64, np.bool_])
+def test_dim_reduction_dtypes_unchanged(dt):
+    # a sum or mean over a dim keeps NumPy's fresh result when it already has the input's
+    # dtype (no copy): the values and dtypes are torch's
+    a0 = (np.random.default_rng(5).normal(size=(3, 4, 5)) * 3).astype(dt)
+    for name in ("sum", "mean"):
+        if name == "mean" and dt in (np.int64, np.bool_):
+            continue
+        got = getattr(tg, name)(tg.tensor(a0), 1)
+        want = getattr(torch, name)(torch.tensor(a0), 1)
+        assert str(got.dtype).split(".")[-1] == str(want.dtype).split(".")[-1]
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_rule_of_g_alone_on_broadcast_gradient(monkeypatch):
+    # -g of a sum's broadcast gradient runs on one copy (kmeans' recorded first derivative:
+    # neg of an expanded (k, d, 1) over n points), broadcast back: torch's numbers
+    sizes = []
+    real = cpu.elementwise_rule
+    monkeypatch.setattr(cpu, "elementwise_rule", lambda op, F, g, *a: sizes.append(
+        (op.name, np.size(g))) or real(op, F, g, *a))
+    rng = np.random.default_rng(6)
+    x0, w0 = rng.normal(size=(3, 2000)), rng.normal(size=(3, 1))
+    got = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(w0, requires_grad=True)
+        y = M.sum(-(x * w) * 3.0 + 1.0, 1)
+        got.append([g.numpy() for g in M.autograd.grad(M.sum(y * y), (x, w))])
+    for a, b in zip(*got):
+        np.testing.assert_allclose(a, b, rtol=1e-14)
+    assert ("neg", 3) in sizes and ("mulc", 3) in sizes and ("addc", 3) in sizes, sizes

@@ -108,14 +108,17 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             and allow_unused is None and not materialize_grads and only_inputs):
         # the fast strategies (paths.STRATEGIES): the first that applies runs the call
         ctl = _PATHS.ctl
-        for p in (_FAST_GRAPH if retain_graph is not False else ()) if create_graph \
-                else _FAST_NOGRAPH:
-            if ctl is not None and not ctl.allows(p.name):
-                continue
-            plan = p.applies(outputs, inputs, retain_graph)
-            if plan is not None:
-                _PATHS.last = p.name
-                return p.run(plan)
+        try:
+            for p in (_FAST_GRAPH if retain_graph is not False else ()) if create_graph \
+                    else _FAST_NOGRAPH:
+                if ctl is not None and not ctl.allows(p.name):
+                    continue
+                plan = p.applies(outputs, inputs, retain_graph)
+                if plan is not None:
+                    _PATHS.last = p.name
+                    return p.run(plan)
+        finally:
+            _DECLINED.flat = None  # holds the call's tensors: kept for this call only
         if ctl is not None and ctl.forced in _FAST:
             _declined(ctl.forced, "the call is not one this path covers")
     if materialize_grads and allow_unused is False:
@@ -218,12 +221,20 @@ def _scalar_run(plan):
     return tuple([_plain_s(v) for v in grads.tolist()])
 
 
+#: per thread, the call whose ``_flat_mark`` found None: the flat and fused paths both ask
+#: (lse's max: a pass over the tape each), ``grad`` forgets it when its fast paths are done
+_DECLINED = threading.local()
+
+
 def _flat_mark(y, inputs):
     """(tape, rows, need, lo, input slots) when the flat and fused paths may take the call
     (``_scalar_case`` with arrays, every input reached, every entry on the path one
     ``cpu.FLAT`` covers); else None."""
     tape = y._tape
     if tape is None or not tape.arrays:
+        return None
+    seen = getattr(_DECLINED, "flat", None)
+    if seen is not None and seen[0] is y and seen[1] is inputs and seen[2] == len(tape.vals):
         return None
     case = _scalar_case(y, inputs, arrays=True)
     if case is None:
@@ -233,6 +244,7 @@ def _flat_mark(y, inputs):
     need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
                                            tape.imports[0] if tape.imports else y._slot)
     if not ok or not reach[ins].all():
+        _DECLINED.flat = (y, inputs, len(tape.vals))
         return None
     return tape, rows, need, lo, ins
 

@@ -559,11 +559,12 @@ def sweep(graph, need, adj, adjd, arr):
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
         return
     owned = set()  # slots whose adjoint array this sweep allocated: added to in place
+    wanted = graph.wanted.tolist()  # read twice per entry: a list's item is the cheaper
     with np.errstate(all="ignore"):
         for k, row in zip(arr.tolist(), rows[arr].tolist()):
             if hi - k > 1:
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
-            array_vjp(graph, k, adj, adjd, row=row, owned=owned)
+            array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)
             hi = k
         if hi > 0:
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
@@ -580,6 +581,40 @@ def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
     return (a,), op.vjp(F, g, value(a), out)
 
 
+_MUL = next(op.code for op in OPS if op.name == "mul")
+
+#: each side of the hot binary rules on its own (the registry's rule text, side by side), so
+#: an array entry computes only the gradients someone reads: ``x * w`` with ``x`` a
+#: constant skips ``g * w`` (torch skips it too), and ``x * x`` computes ``g * x`` once
+_SIDES = {
+    _MUL: (lambda g, x, y: g * y, lambda g, x, y: g * x),
+    next(op.code for op in OPS if op.name == "sub"): (lambda g, x, y: g, lambda g, x, y: -g),
+    next(op.code for op in OPS if op.name == "div"): (lambda g, x, y: g / y,
+                                                     lambda g, x, y: -g * x / (y * y)),
+}
+
+
+def _one_sided(code, g, a, b, value, wanted):
+    """The gradients of a binary entry in ``_SIDES``, None for an input nobody reads; for
+    ``x * x`` the same array twice (the sweep adds it to itself: the bits of g*x + g*x)."""
+    fa, fb = _SIDES[code]
+    va, vb = value(a), value(b)
+    if a == b:
+        ga = fa(g, va, vb)
+        return ga, (ga if code == _MUL else fb(g, va, vb))
+    return (fa(g, va, vb) if wanted[a] else None), (fb(g, va, vb) if wanted[b] else None)
+
+
+#: unary rules that read neither the input nor the output: functions of g alone (``-g``)
+_G_ONLY = frozenset(op.code for op in OPS if op.kind in (UNARY, UNARY_C)
+                    and "a" not in op.uses and "out" not in op.uses)
+
+
+def _compact(g):
+    """An index of ``g`` that keeps one copy along each zero-stride axis."""
+    return tuple(slice(0, 1) if st == 0 else slice(None) for st in g.strides)
+
+
 def sweep_checked(graph, need, adj, adjd, on_bad):
     """The reverse sweep entry by entry in Python (anomaly mode): each rule's outputs are
     checked, and ``on_bad(k, i)`` builds the error for a NaN/inf in output ``i`` of ``k``."""
@@ -594,11 +629,14 @@ _GETITEM = next(op for op in OPS if op.name == "getitem")
 MULTI_OUTPUT = frozenset(("function", "program"))
 
 
-def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
+def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=None):
     """Run entry ``k``'s rule on NumPy values and accumulate into its inputs (``row``: its
     row as a list, when the caller has it). ``owned``: slots whose adjoint array the sweep
     allocated itself, so adding to it in place changes no other array (an adjoint can be
-    a rule's input gradient or a view of one, never written to)."""
+    a rule's input gradient or a view of one, never written to). ``wanted``:
+    ``graph.wanted`` as a list, when the caller has it."""
+    if wanted is None:
+        wanted = graph.wanted
     if row is None:
         code, a, b, c0, c1 = graph.row(k)
     else:
@@ -632,6 +670,15 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
+    elif on_bad is None and op.code in _SIDES and (a == b or not (wanted[a] and wanted[b])):
+        inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, wanted)
+    elif (on_bad is None and op.code in _G_ONLY and g.__class__ is np.ndarray
+          and g.size >= 4096 and 0 in g.strides):
+        # a rule of g alone, elementwise, on a broadcast g (a sum's gradient): run on one
+        # copy of the repeated part and broadcast the result back (the same numbers)
+        inputs, grads = elementwise_rule(op, NpF, g[_compact(g)], out, a, b, c0, c1, value)
+        grads = [np.broadcast_to(gr, g.shape) if gr.__class__ is np.ndarray else gr
+                 for gr in grads]
     else:
         inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
     if on_bad is not None:
@@ -640,7 +687,6 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None):
             if gr is not None and gr.__class__ is not Part and \
                     not np.all(np.isfinite(gr)):
                 raise on_bad(k, i)
-    wanted = graph.wanted
     for s, gr in zip(inputs, grads):
         if gr is None or not wanted[s]:  # nobody reads that adjoint (a constant input):
             continue  # no broadcast to undo, no sum (torch skips it too)

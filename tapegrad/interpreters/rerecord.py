@@ -14,6 +14,8 @@ from ..ops import ARRAY, ARRAY_OP, OPS
 from ..ops._registry import Part
 from .cpu import MULTI_OUTPUT, elementwise_rule
 
+_MUL_ARRAY = next(op.code for op in OPS if op.name == "mul") | ARRAY
+
 
 def sweep(graph, need, seeds, F, as_tensor, add, batch=None):
     """Adjoints as tensors: ``seeds`` maps slot -> seed; returns slot -> adjoint.
@@ -59,9 +61,15 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
         grads = op.vjp(F, g, values, out, aux)
     else:
         ua, ub = "a" in uses, "b" in uses
-        inputs, grads = elementwise_rule(
-            op, F, g, out, a, b, c0, c1,
-            lambda s: as_tensor(s) if (ua and s == a) or (ub and s == b) else None)
+        if code == _MUL_ARRAY and a == b:
+            # x * x (an array): the rule's g * x recorded once and added to itself, the
+            # bits of g*x + g*x with one product less to record and differentiate
+            ga = g * as_tensor(a)
+            inputs, grads = (a, b), (ga, ga)
+        else:
+            inputs, grads = elementwise_rule(
+                op, F, g, out, a, b, c0, c1,
+                lambda s: as_tensor(s) if (ua and s == a) or (ub and s == b) else None)
     wanted = graph.wanted
     res = []
     for i, (s, gr) in enumerate(zip(inputs, grads)):

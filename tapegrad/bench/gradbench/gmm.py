@@ -27,17 +27,21 @@ def lower_index(d):
     return idx.reshape(-1)
 
 
-def objective(M, alpha, mu, q, l, x, m, gamma):
-    n, d = x.shape
+def objective(M, alpha, mu, q, l, xT, m, gamma):
+    """``xT``: the points as the columns of a (d, n) matrix. The work is laid out (k, d, n),
+    the points on the last axis: one (d, d) @ (d, n) product per component, and every
+    broadcast (of a centre over the points, of a point's sum over the coordinates) runs
+    along whole rows of n, in both libraries."""
+    d, n = xT.shape
     k = mu.shape[0]
     lpad = M.cat([M.zeros((k, 1), dtype=M.float64), l], 1)
     Q = (lpad[:, lower_index(d)].reshape(k, d, d)
          + M.exp(q)[:, :, None] * M.eye(d, dtype=M.float64))
-    xc = x[:, None, :] - mu[None, :, :]                       # (n, k, d)
-    Qxc = M.matmul(Q[None], xc[..., None])[..., 0]             # (n, k, d)
-    beta = alpha + M.sum(q, 1) - 0.5 * M.sum(Qxc * Qxc, 2)     # (n, k)
+    xc = xT[None, :, :] - mu[:, :, None]                      # (k, d, n)
+    Qxc = M.matmul(Q, xc)                                      # (k, d, n)
+    beta = (alpha + M.sum(q, 1))[:, None] - 0.5 * M.sum(Qxc * Qxc, 1)  # (k, n)
     loglik = (-n * (d / 2 * math.log(2 * math.pi) + M.logsumexp(alpha, 0))
-              + M.sum(M.logsumexp(beta, 1)))
+              + M.sum(M.logsumexp(beta, 0)))
     dof = d + m + 1
     frob = M.sum(M.exp(q) ** 2) + M.sum(l * l)
     prior = (k * (dof * d * math.log(gamma / math.sqrt(2)) - multigammaln(dof / 2, d))
@@ -51,8 +55,8 @@ def _inputs(input):
               np.asarray(input["mu"], dtype=np.float64).reshape(k, d),
               np.asarray(input["q"], dtype=np.float64).reshape(k, d),
               np.asarray(input["l"], dtype=np.float64).reshape(k, d * (d - 1) // 2)]
-    x = np.asarray(input["x"], dtype=np.float64).reshape(-1, d)
-    return arrays, x, int(input["m"]), float(input["gamma"])
+    xT = np.ascontiguousarray(np.asarray(input["x"], dtype=np.float64).reshape(-1, d).T)
+    return arrays, xT, int(input["m"]), float(input["gamma"])
 
 
 def _post_grad(gs):
@@ -61,15 +65,15 @@ def _post_grad(gs):
 
 def prepare(function, input, M, trace):
     check('gmm', function, ('objective', 'jacobian'))
-    arrays, x, m, gamma = _inputs(input)
+    arrays, xT, m, gamma = _inputs(input)
     if trace:
         import tapegrad
-        xt = T(tapegrad, x)
+        xt = T(tapegrad, xT)
         prog = _trace(lambda *p: objective(tapegrad, *p, xt, m, gamma), *arrays)
         if function == "objective":
             return (lambda: prog(*arrays)), as_float
         return (lambda: prog.grad(*arrays)), _post_grad
-    xt = T(M, x)
+    xt = T(M, xT)
     if function == "objective":
         ps = [T(M, a) for a in arrays]
         return (lambda: objective(M, *ps, xt, m, gamma)), as_float

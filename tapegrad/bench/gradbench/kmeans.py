@@ -5,18 +5,22 @@ import numpy as np
 from ._common import check, T, as_float, as_list, grad, leaf, trace as _trace
 
 
-def cost(M, C, P):
-    diff = P[:, None, :] - C[None, :, :]
-    return M.sum(M.min(M.sum(diff * diff, 2), 1).values)
+def cost(M, C, PT):
+    """``PT``: the points as the columns of a (d, n) matrix. The differences are laid out
+    (k, d, n), the points on the last axis, so every broadcast (of a centroid over the
+    points, of a distance's gradient over the coordinates) runs along whole rows of n, in
+    both libraries."""
+    diff = PT[None, :, :] - C[:, :, None]
+    return M.sum(M.min(M.sum(diff * diff, 1), 0).values)
 
 
 def prepare(function, input, M, trace):
     check('kmeans', function, ('cost', 'dir'))
-    P0 = np.asarray(input["points"], dtype=np.float64)
+    PT0 = np.ascontiguousarray(np.asarray(input["points"], dtype=np.float64).T)
     C0 = np.asarray(input["centroids"], dtype=np.float64)
     if trace:
         import tapegrad
-        Pt = T(tapegrad, P0)
+        Pt = T(tapegrad, PT0)
         prog = _trace(lambda C: cost(tapegrad, C, Pt), C0)
         if function == "cost":
             return (lambda: prog(C0)), as_float
@@ -26,7 +30,7 @@ def prepare(function, input, M, trace):
             J = prog.grad(C0)
             return J / prog.hvp((C0,), (ones,))[1]
         return direction_replay, as_list
-    P = T(M, P0)
+    P = T(M, PT0)
     if function == "cost":
         C = T(M, C0)
         return (lambda: cost(M, C, P)), as_float
