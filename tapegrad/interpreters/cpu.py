@@ -93,14 +93,16 @@ def _mark_scalar(rows, ins, out, sweepable, lo):
     for k in range(lo, out + 1):
         a = int(rows[k, 1])
         b = int(rows[k, 2])
-        if (a >= 0 and dep[a]) or (b >= 0 and dep[b]) or int(rows[k, 0]) == IMPORT_CODE:
+        # an import of an array (its opcode with the ARRAY bit) is an import too
+        if (a >= 0 and dep[a]) or (b >= 0 and dep[b]) or \
+                int(rows[k, 0]) & ~ARRAY == IMPORT_CODE:
             dep[k] = True
             need[k] = True
     reach[out] = True
     for k in range(out, lo - 1, -1):
         if need[k]:
             if reach[k]:
-                if not sweepable[int(rows[k, 0])] or int(rows[k, 0]) == IMPORT_CODE:
+                if not sweepable[int(rows[k, 0])] or int(rows[k, 0]) & ~ARRAY == IMPORT_CODE:
                     return need, reach, lo, False
                 a = int(rows[k, 1])
                 b = int(rows[k, 2])
