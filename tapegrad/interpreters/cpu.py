@@ -8,7 +8,7 @@ import bisect
 import numpy as np
 
 from .._jit import njit_cached
-from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF
+from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF, call_rule
 from ..ops._registry import Part
 from ..ops.arrays import sum_to
 from ..tape import STATE
@@ -574,12 +574,9 @@ def sweep(graph, need, adj, adjd, arr):
 def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
     """(inputs, gradients) of an elementwise or bookkeeping entry's rule; ``value(slot)``
     gives the values it reads."""
-    kind = op.kind
-    if kind is UNARY_C:
-        return (a,), op.vjp(F, g, value(a), out, c0, c1)
-    if kind is BINARY:
-        return (a, b), op.vjp(F, g, value(a), value(b), out)
-    return (a,), op.vjp(F, g, value(a), out)
+    if op.kind is BINARY:
+        return (a, b), call_rule(op, F, g, out, value(a), value(b))
+    return (a,), call_rule(op, F, g, out, value(a), None, c0, c1)
 
 
 def sweep_checked(graph, need, adj, adjd, on_bad):
