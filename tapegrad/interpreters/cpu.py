@@ -744,6 +744,16 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
             adjb[s] += gr
 
 
+def sum_axes(have, want, keep=0):
+    """The axes a gradient of shape ``have`` is summed over to shape ``want`` (NumPy
+    broadcasting in reverse: the extra leading axes and the axes ``want`` has as 1), the
+    first ``keep`` axes of both kept (a batch axis)."""
+    rest, want = have[keep:], want[keep:]
+    lead = len(rest) - len(want)
+    return tuple(range(keep, keep + lead)) + tuple(
+        keep + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
+
+
 def sum_to_batched(g, shape):
     """``sum_to`` that keeps the leading batch axis (every gradient derived from the seeds
     has one; a 0-d gradient is a constant that broadcasts over the batch)."""
@@ -751,9 +761,6 @@ def sum_to_batched(g, shape):
         return g
     if g.ndim == 0:
         return np.broadcast_to(g, shape)
-    rest, want = g.shape[1:], shape[1:]
-    lead = len(rest) - len(want)
-    axes = tuple(range(1, 1 + lead)) + tuple(
-        1 + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
+    axes = sum_axes(g.shape, shape, 1)
     r = np.sum(g, axis=axes, keepdims=True) if axes else g
-    return np.reshape(r, (g.shape[0],) + tuple(want))
+    return np.reshape(r, (g.shape[0],) + tuple(shape[1:]))
