@@ -19,8 +19,7 @@ _WHAT = {
     "parallel": ("the parallel replay interpreter (target='parallel')", 25,
                  [("tapegrad.interpreters.replay_cpu", "run_block")]),
     "jacobian": ("the Jacobian interpreter of traced programs", 10,
-                 [("tapegrad.interpreters.replay_cpu", "jacobian"),
-                  ("tapegrad.interpreters.replay_cpu", "vjp_multi")]),
+                 [("tapegrad.interpreters.replay_cpu", "vjp_multi")]),
     "jacobian_batch": ("the batched Jacobian interpreter", 10,
                        [("tapegrad.interpreters.replay_cpu", "jacobian_batch")]),
 }

@@ -155,10 +155,10 @@ def vjp_multi(rows, x, out_slots, S, in_slots):
     return status, outs, G
 
 
-@njit_cached(error_model="numpy", nogil=True)
 def jacobian(rows, x, out_slots, in_slots):
     """(status, outputs, J) with ``J[i, j]`` = d output i / d input j: one forward, one
-    reverse sweep seeded with every output at once."""
+    reverse sweep seeded with every output at once (Python over ``vjp_multi``: a compiled
+    level more would optimize the interpreters again)."""
     status, outs, G = vjp_multi(rows, x, out_slots, np.eye(out_slots.shape[0]), in_slots)
     return status, outs, G.T.copy()
 
@@ -170,8 +170,9 @@ def jacobian_batch(rows, X, out_slots, in_slots):
     B = X.shape[1]
     status = np.zeros(B, dtype=np.int64)
     J = np.zeros((B, out_slots.shape[0], in_slots.shape[0]))
+    eye = np.eye(out_slots.shape[0])
     for b in range(B):
-        st, _, Jb = jacobian(rows, np.ascontiguousarray(X[:, b]), out_slots, in_slots)
+        st, _, G = vjp_multi(rows, np.ascontiguousarray(X[:, b]), out_slots, eye, in_slots)
         status[b] = st
-        J[b] = Jb
+        J[b] = G.T
     return status, J
