@@ -1,4 +1,8 @@
-"""Generates ``_generated_cpu.py``, the compiled scalar sweep, from the ops registry.
+"""Generates the compiled interpreters (``_generated_cpu.py``, ``_generated_replay.py``,
+``_generated_cuda.py``) and the eager fast paths (``_generated_eager.py``) from the ops
+registry. Each rule is run once on ``SymF`` (``rule_exprs``, through ``ops.call_rule``);
+one emitter, ``render``, writes every interpreter's branch of an op from it, told by a
+``Target`` how that interpreter reads and writes values and adjoints.
 
 Run ``python -m tapegrad.interpreters._codegen`` after changing an op; a test fails when
 the committed file is stale. Numba caches the generated module's functions because they
