@@ -93,8 +93,7 @@ def _copy_package(tmp_path):
 
 def _run(code, cwd, env_extra=None, prefix=()):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH", "TAPEGRAD_CACHE_DIR")}
-    env["TAPEGRAD_CACHE_DIR"] = os.path.join(str(cwd), "kcache")
+           if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
     env.update(env_extra or {})
     r = subprocess.run([*prefix, sys.executable, "-c", code], cwd=str(cwd), env=env,
                        capture_output=True, text=True, timeout=600)
@@ -193,7 +192,7 @@ def test_a_read_only_install_imports_and_computes_with_one_warning(tmp_path):
     os.chmod(tmp_path, 0o555)
     try:
         r = _run(GRAD + "print(tg.erf(tg.tensor([0.0, 1.0])).sum().item())\n", pkg,
-                 {"HOME": str(home), "XDG_CACHE_HOME": "", "TAPEGRAD_CACHE_DIR": ""}, prefix)
+                 {"HOME": str(home), "XDG_CACHE_HOME": ""}, prefix)
     finally:
         os.chmod(tmp_path, 0o755)
     assert r.stderr.count("CacheWarning") == 1, r.stderr
