@@ -103,7 +103,7 @@ def test_a_cold_first_gradient_says_so_in_a_fresh_process(tmp_path):
     code = ("import numpy as np, tapegrad as tg; x = tg.tensor([1.0, 2.0], requires_grad=True); "
             "(x * x).sum().backward(); print(x.grad.tolist()); "
             "p = tg.trace(lambda x: (x * x).sum(), np.zeros(2)); p.value_and_grad(np.ones(2))")
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), TAPEGRAD_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     env.pop("TAPEGRAD_QUIET", None)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cold = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,5 +1,5 @@
 """A backward without retain_graph releases what no later backward can use, on every path
-(scalar, flat, fused, general), even while the output lives on (``losses.append(loss)``):
+(scalar, flat, general), even while the output lives on (``losses.append(loss)``):
 only what a backward through an unfreed part of the tape could need stays."""
 import gc
 import tracemalloc
@@ -10,14 +10,13 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.tape as tape_mod
-from tapegrad.autograd import _engine
-from tapegrad.interpreters import _generated_cpu, cpu, fused
+from tapegrad.interpreters import _generated_cpu, cpu
 
 #: bytes a kept step may hold after its backward: its tape's entries, not its arrays
 #: (about 2.7 KB here; the three saved 1000-element float64 arrays alone are 24 KB)
 PER_STEP = 4096
 N_SMALL = 1000                 # the flat path's size
-N_LARGE = cpu.FLAT_MAX + 1001  # past the flat buffers' limit: the fused path's size
+N_LARGE = cpu.FLAT_MAX + 1001  # past the flat buffers' limit: the general sweep's size
 
 
 @pytest.fixture(autouse=True)
@@ -30,14 +29,10 @@ def _fresh_tape():
 
 
 @pytest.fixture
-def paths(monkeypatch, tmp_path_factory):
-    """Which backward path ran: counts of the flat sweep, the fused loops, the general
-    sweep and the one-call scalar sweep (fused kernels compile on first sight here)."""
-    d = str(tmp_path_factory.mktemp("fused"))
-    monkeypatch.setattr(fused, "COMPILE_AFTER", 1)
-    monkeypatch.setattr(fused, "_dir", d)
-    monkeypatch.syspath_prepend(d)
-    seen = {"flat": 0, "fused": 0, "general": 0, "scalar": 0}
+def paths(monkeypatch):
+    """Which backward path ran: counts of the flat sweep, the general sweep and the
+    one-call scalar sweep."""
+    seen = {"flat": 0, "general": 0, "scalar": 0}
 
     def spy(mod, name, key, ok=lambda r: True):
         real = getattr(mod, name)
@@ -49,7 +44,6 @@ def paths(monkeypatch, tmp_path_factory):
             return r
         monkeypatch.setattr(mod, name, f)
     spy(_generated_cpu, "sweep_flat", "flat", lambda r: not r)
-    spy(_engine.FUSED, "applies", "fused", lambda r: r is not None)
     spy(cpu, "sweep", "general")
     spy(cpu, "grad_scalar", "scalar", lambda r: r[2])
     return seen
@@ -101,7 +95,7 @@ CASES = {  # path: (elements, dtype, reduce with dim=)
     "flat": (N_SMALL, tg.float64, False),
     "general float32": (N_SMALL, tg.float32, False),
     "general dim": (N_SMALL, tg.float64, True),
-    "fused": (N_LARGE, tg.float64, False),
+    "general large": (N_LARGE, tg.float64, False),
 }
 
 

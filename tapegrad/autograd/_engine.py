@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 
 from .. import _notice
-from ..interpreters import _generated_cpu, cpu, fused, rerecord
+from ..interpreters import _generated_cpu, cpu, rerecord
 from ..ops import ARRAY, BY_NAME, OPS
 from ..tape import INPLACE, STATE, bump, end_tape, set_grad_mode
 from ..tensor import Tensor, _plain, _plain_s, _pyfloat
@@ -108,17 +108,14 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             and allow_unused is None and not materialize_grads and only_inputs):
         # the fast strategies (paths.STRATEGIES): the first that applies runs the call
         ctl = _PATHS.ctl
-        try:
-            for p in (_FAST_GRAPH if retain_graph is not False else ()) if create_graph \
-                    else _FAST_NOGRAPH:
-                if ctl is not None and not ctl.allows(p.name):
-                    continue
-                plan = p.applies(outputs, inputs, retain_graph)
-                if plan is not None:
-                    _PATHS.last = p.name
-                    return p.run(plan)
-        finally:
-            _DECLINED.flat = None  # holds the call's tensors: kept for this call only
+        for p in (_FAST_GRAPH if retain_graph is not False else ()) if create_graph \
+                else _FAST_NOGRAPH:
+            if ctl is not None and not ctl.allows(p.name):
+                continue
+            plan = p.applies(outputs, inputs, retain_graph)
+            if plan is not None:
+                _PATHS.last = p.name
+                return p.run(plan)
         if ctl is not None and ctl.forced in _FAST:
             _declined(ctl.forced, "the call is not one this path covers")
     if materialize_grads and allow_unused is False:
@@ -221,20 +218,12 @@ def _scalar_run(plan):
     return tuple([_plain_s(v) for v in grads.tolist()])
 
 
-#: per thread, the call whose ``_flat_mark`` found None: the flat and fused paths both ask
-#: (lse's max: a pass over the tape each), ``grad`` forgets it when its fast paths are done
-_DECLINED = threading.local()
-
-
 def _flat_mark(y, inputs):
-    """(tape, rows, need, lo, input slots) when the flat and fused paths may take the call
+    """(tape, rows, need, lo, input slots) when the flat path may take the call
     (``_scalar_case`` with arrays, every input reached, every entry on the path one
     ``cpu.FLAT`` covers); else None."""
     tape = y._tape
     if tape is None or not tape.arrays:
-        return None
-    seen = getattr(_DECLINED, "flat", None)
-    if seen is not None and seen[0] is y and seen[1] is inputs and seen[2] == len(tape.vals):
         return None
     case = _scalar_case(y, inputs, arrays=True)
     if case is None:
@@ -244,7 +233,6 @@ def _flat_mark(y, inputs):
     need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
                                            tape.imports[0] if tape.imports else y._slot)
     if not ok or not reach[ins].all():
-        _DECLINED.flat = (y, inputs, len(tape.vals))
         return None
     return tape, rows, need, lo, ins
 
@@ -253,7 +241,7 @@ def _flat_applies(y, inputs, retain_graph):
     """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
     call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
     tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
-    None when anything else holds (past the buffers' size limit: the fused path)."""
+    None when anything else holds (past the buffers' size limit: the general sweep)."""
     m = _flat_mark(y, inputs)
     if m is None:
         return None
@@ -284,54 +272,6 @@ def _flat_run(plan):
         cpu.free_entries(tape, need)
         end_tape(tape)
     return tuple(out)
-
-
-def _fused_applies(y, inputs, retain_graph):
-    """The flat path's calls past the flat buffers' size limit: the array entries run as one
-    generated loop per shape (``interpreters.fused``), the scalar entries compiled. None
-    when the flat path takes the call, the region does not fit that form or its loop is
-    not compiled yet (forcing the path compiles it at once)."""
-    m = _flat_mark(y, inputs)
-    if m is None:
-        return None
-    tape, rows, need, lo, ins = m
-    ctl = _PATHS.ctl
-    if ((ctl is None or ctl.allows("flat"))
-            and cpu.flat_layout(tape, rows, need, lo, y._slot + 1) is not None):
-        return None  # the flat path's (or, when it declined, the general sweep's)
-    p = fused.plan_for(tape, rows, need, lo, y._slot + 1, ins)
-    if p is None:
-        return None
-    fn = fused.kernel(p.text, force=ctl is not None and ctl.forced == "fused")
-    if fn is None:
-        return None
-    adj = np.zeros(len(rows), dtype=np.float64)
-    adj[y._slot] = 1.0
-    G = fused.run(p, fn, tape, rows, tape.values(), need, lo, y._slot + 1, adj)
-    out = []
-    arrays = tape.arrays
-    given = set()
-    for s in ins.tolist():
-        v = arrays.get(s)
-        if v is None:
-            out.append(_plain_s(float(adj[s])))
-        elif s in G:
-            g = G[s].reshape(v.shape)
-            if s in given:  # an input listed twice gets a gradient of its own, as in torch
-                g = g.copy()
-            given.add(s)
-            out.append(_plain(g))
-        else:
-            return None
-    return tape, need, tuple(out), retain_graph
-
-
-def _fused_run(plan):
-    tape, need, out, retain_graph = plan
-    if not retain_graph:
-        cpu.free_entries(tape, need)
-        end_tape(tape)
-    return out
 
 
 def _record_applies(y, inputs, retain_graph):
@@ -375,9 +315,8 @@ def _record_run(plan):
 
 SCALAR = Path("scalar", _scalar_applies, _scalar_run, graph=False)
 FLAT = Path("flat", _flat_applies, _flat_run, graph=False)
-FUSED = Path("fused", _fused_applies, _fused_run, graph=False)
 RECORD = Path("record", _record_applies, _record_run, graph=True)
-_FAST_NOGRAPH = (SCALAR, FLAT, FUSED)  # create_graph off, in the order they are tried
+_FAST_NOGRAPH = (SCALAR, FLAT)  # create_graph off, in the order they are tried
 _FAST_GRAPH = (RECORD,)                # create_graph on (and the graph retained)
 
 

@@ -95,7 +95,7 @@ def _fit(gr, like):
 def _fit_batched(gr, like, B):
     """``_fit`` for a batch of adjoints: shaped (B,) + like's shape, broadcasting summed
     away behind the batch axis (with recorded ops, so it differentiates again)."""
-    from ..interpreters.cpu import sum_to_batched
+    from ..interpreters.cpu import sum_axes, sum_to_batched
     target = (B,) + tuple(np.shape(like))
     dtype = np.dtype(np.float64) if like.__class__ is _pyfloat else np.asarray(like).dtype
     if not isinstance(gr, Tensor):
@@ -104,10 +104,7 @@ def _fit_batched(gr, like, B):
     if gr.ndim == 0:  # a constant: the same for every seed
         gr = gr.expand(target)
     elif gr.shape != target:
-        rest, want = gr.shape[1:], target[1:]
-        lead = len(rest) - len(want)
-        axes = tuple(range(1, 1 + lead)) + tuple(
-            1 + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
+        axes = sum_axes(gr.shape, target, 1)
         if axes:
             gr = gr.sum(dim=axes, keepdim=True)
         gr = gr.reshape(target)

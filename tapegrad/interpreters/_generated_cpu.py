@@ -16,211 +16,254 @@ def sweep(rows, vals, adj, need, hi, lo):
         op = int(rows[k, 0])
         if op >= ARRAY:
             continue
-        g = adj[k]
         if op == 2:  # import_
             ia = int(rows[k, 1])
+            g = adj[k]
             adj[ia] += g
         elif op == 3:  # neg
             ia = int(rows[k, 1])
+            g = adj[k]
             adj[ia] += (-g)
         elif op == 4:  # exp
             ia = int(rows[k, 1])
             out = vals[k]
+            g = adj[k]
             adj[ia] += (g * out)
         elif op == 5:  # log
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (g / a)
         elif op == 6:  # log1p
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (g / (a + 1.0))
         elif op == 7:  # expm1
             ia = int(rows[k, 1])
             out = vals[k]
+            g = adj[k]
             adj[ia] += (g * (out + 1.0))
         elif op == 8:  # sqrt
             ia = int(rows[k, 1])
             out = vals[k]
+            g = adj[k]
             adj[ia] += (g / (2.0 * out))
         elif op == 9:  # rsqrt
             ia = int(rows[k, 1])
             out = vals[k]
+            g = adj[k]
             adj[ia] += ((((-0.5 * g) * out) * out) * out)
         elif op == 10:  # sin
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (g * math.cos(a))
         elif op == 11:  # cos
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += ((-g) * math.sin(a))
         elif op == 12:  # tan
             ia = int(rows[k, 1])
             out = vals[k]
+            g = adj[k]
             adj[ia] += (g * (1.0 + (out * out)))
         elif op == 13:  # asin
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (g / math.sqrt((1.0 - (a * a))))
         elif op == 14:  # acos
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += ((-g) / math.sqrt((1.0 - (a * a))))
         elif op == 15:  # atan
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (g / (1.0 + (a * a)))
         elif op == 16:  # sinh
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (g * math.cosh(a))
         elif op == 17:  # cosh
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (g * math.sinh(a))
         elif op == 18:  # tanh
             ia = int(rows[k, 1])
             out = vals[k]
+            g = adj[k]
             adj[ia] += (g * (1.0 - (out * out)))
         elif op == 19:  # sigmoid
             ia = int(rows[k, 1])
             out = vals[k]
+            g = adj[k]
             adj[ia] += ((g * (1.0 - out)) * out)
         elif op == 20:  # relu
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (0.0 if (a <= 0.0) else g)
         elif op == 21:  # erf
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
         elif op == 22:  # abs
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
         elif op == 23:  # sign
             ia = int(rows[k, 1])
+            g = adj[k]
             adj[ia] += 0.0
         elif op == 24:  # square
             ia = int(rows[k, 1])
             a = vals[ia]
+            g = adj[k]
             adj[ia] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             ia = int(rows[k, 1])
             out = vals[k]
+            g = adj[k]
             adj[ia] += ((-g) * (out * out))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
+            g = adj[k]
             adj[ia] += g
         elif op == 27:  # mulc
             ia = int(rows[k, 1])
             c0 = rows[k, 3]
+            g = adj[k]
             adj[ia] += (g * c0)
         elif op == 28:  # rsubc
             ia = int(rows[k, 1])
+            g = adj[k]
             adj[ia] += (-g)
         elif op == 29:  # divc
             ia = int(rows[k, 1])
             c0 = rows[k, 3]
+            g = adj[k]
             adj[ia] += (g / c0)
         elif op == 30:  # rdivc
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
+            a = vals[ia]
+            g = adj[k]
             adj[ia] += (((-g) * c0) / (a * a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
+            a = vals[ia]
+            g = adj[k]
             adj[ia] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
+            a = vals[ia]
             out = vals[k]
+            g = adj[k]
             adj[ia] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
         elif op == 33:  # clamp
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
             c1 = rows[k, 4]
+            a = vals[ia]
+            g = adj[k]
             adj[ia] += (g if ((a >= c0) and (a <= c1)) else 0.0)
         elif op == 34:  # softplus
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
             c1 = rows[k, 4]
+            a = vals[ia]
+            g = adj[k]
             adj[ia] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
+            g = adj[k]
             adj[ia] += g
             adj[ib] += g
         elif op == 36:  # sub
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
+            g = adj[k]
             adj[ia] += g
             adj[ib] += (-g)
         elif op == 37:  # mul
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            g = adj[k]
             adj[ia] += (g * b)
             adj[ib] += (g * a)
         elif op == 38:  # div
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            g = adj[k]
             adj[ia] += (g / b)
             adj[ib] += (((-g) * a) / (b * b))
         elif op == 39:  # pow
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
             out = vals[k]
+            g = adj[k]
             adj[ia] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
             adj[ib] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
         elif op == 40:  # atan2
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            g = adj[k]
             adj[ia] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
             adj[ib] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
         elif op == 41:  # maximum
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            g = adj[k]
             adj[ia] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
             adj[ib] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
         elif op == 42:  # minimum
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            g = adj[k]
             adj[ia] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
             adj[ib] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
         elif op == 43:  # clamp_min_t
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            g = adj[k]
             adj[ia] += (g if (a >= b) else 0.0)
             adj[ib] += (g if (a < b) else 0.0)
         elif op == 44:  # clamp_max_t
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            g = adj[k]
             adj[ia] += (g if (a <= b) else 0.0)
             adj[ib] += (g if (a > b) else 0.0)
         elif op == 45:  # clone
             ia = int(rows[k, 1])
+            g = adj[k]
             adj[ia] += g
     return 0
 
@@ -238,297 +281,395 @@ def sweep_batched(rows, vals, adj, need, hi, lo):
             continue
         if op == 2:  # import_
             ia = int(rows[k, 1])
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += g
+                g = gk[j]
+                aa[j] += g
         elif op == 3:  # neg
             ia = int(rows[k, 1])
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (-g)
+                g = gk[j]
+                aa[j] += (-g)
         elif op == 4:  # exp
             ia = int(rows[k, 1])
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * out)
+                g = gk[j]
+                aa[j] += (g * out)
         elif op == 5:  # log
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g / a)
+                g = gk[j]
+                aa[j] += (g / a)
         elif op == 6:  # log1p
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g / (a + 1.0))
+                g = gk[j]
+                aa[j] += (g / (a + 1.0))
         elif op == 7:  # expm1
             ia = int(rows[k, 1])
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * (out + 1.0))
+                g = gk[j]
+                aa[j] += (g * (out + 1.0))
         elif op == 8:  # sqrt
             ia = int(rows[k, 1])
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g / (2.0 * out))
+                g = gk[j]
+                aa[j] += (g / (2.0 * out))
         elif op == 9:  # rsqrt
             ia = int(rows[k, 1])
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((((-0.5 * g) * out) * out) * out)
+                g = gk[j]
+                aa[j] += ((((-0.5 * g) * out) * out) * out)
         elif op == 10:  # sin
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * math.cos(a))
+                g = gk[j]
+                aa[j] += (g * math.cos(a))
         elif op == 11:  # cos
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((-g) * math.sin(a))
+                g = gk[j]
+                aa[j] += ((-g) * math.sin(a))
         elif op == 12:  # tan
             ia = int(rows[k, 1])
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * (1.0 + (out * out)))
+                g = gk[j]
+                aa[j] += (g * (1.0 + (out * out)))
         elif op == 13:  # asin
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g / math.sqrt((1.0 - (a * a))))
+                g = gk[j]
+                aa[j] += (g / math.sqrt((1.0 - (a * a))))
         elif op == 14:  # acos
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((-g) / math.sqrt((1.0 - (a * a))))
+                g = gk[j]
+                aa[j] += ((-g) / math.sqrt((1.0 - (a * a))))
         elif op == 15:  # atan
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g / (1.0 + (a * a)))
+                g = gk[j]
+                aa[j] += (g / (1.0 + (a * a)))
         elif op == 16:  # sinh
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * math.cosh(a))
+                g = gk[j]
+                aa[j] += (g * math.cosh(a))
         elif op == 17:  # cosh
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * math.sinh(a))
+                g = gk[j]
+                aa[j] += (g * math.sinh(a))
         elif op == 18:  # tanh
             ia = int(rows[k, 1])
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * (1.0 - (out * out)))
+                g = gk[j]
+                aa[j] += (g * (1.0 - (out * out)))
         elif op == 19:  # sigmoid
             ia = int(rows[k, 1])
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((g * (1.0 - out)) * out)
+                g = gk[j]
+                aa[j] += ((g * (1.0 - out)) * out)
         elif op == 20:  # relu
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (0.0 if (a <= 0.0) else g)
+                g = gk[j]
+                aa[j] += (0.0 if (a <= 0.0) else g)
         elif op == 21:  # erf
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
+                g = gk[j]
+                aa[j] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
         elif op == 22:  # abs
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
+                g = gk[j]
+                aa[j] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
         elif op == 23:  # sign
             ia = int(rows[k, 1])
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += 0.0
+                g = gk[j]
+                aa[j] += 0.0
         elif op == 24:  # square
             ia = int(rows[k, 1])
             a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((g * 2.0) * a)
+                g = gk[j]
+                aa[j] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             ia = int(rows[k, 1])
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((-g) * (out * out))
+                g = gk[j]
+                aa[j] += ((-g) * (out * out))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += g
+                g = gk[j]
+                aa[j] += g
         elif op == 27:  # mulc
             ia = int(rows[k, 1])
             c0 = rows[k, 3]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * c0)
+                g = gk[j]
+                aa[j] += (g * c0)
         elif op == 28:  # rsubc
             ia = int(rows[k, 1])
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (-g)
+                g = gk[j]
+                aa[j] += (-g)
         elif op == 29:  # divc
             ia = int(rows[k, 1])
             c0 = rows[k, 3]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g / c0)
+                g = gk[j]
+                aa[j] += (g / c0)
         elif op == 30:  # rdivc
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
+            a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (((-g) * c0) / (a * a))
+                g = gk[j]
+                aa[j] += (((-g) * c0) / (a * a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
+            a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+                g = gk[j]
+                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
+            a = vals[ia]
             out = vals[k]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
+                g = gk[j]
+                aa[j] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
         elif op == 33:  # clamp
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
             c1 = rows[k, 4]
+            a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g if ((a >= c0) and (a <= c1)) else 0.0)
+                g = gk[j]
+                aa[j] += (g if ((a >= c0) and (a <= c1)) else 0.0)
         elif op == 34:  # softplus
             ia = int(rows[k, 1])
-            a = vals[ia]
             c0 = rows[k, 3]
             c1 = rows[k, 4]
+            a = vals[ia]
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
+                g = gk[j]
+                aa[j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += g
-                adj[ib, j] += g
+                g = gk[j]
+                aa[j] += g
+                ab[j] += g
         elif op == 36:  # sub
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += g
-                adj[ib, j] += (-g)
+                g = gk[j]
+                aa[j] += g
+                ab[j] += (-g)
         elif op == 37:  # mul
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g * b)
-                adj[ib, j] += (g * a)
+                g = gk[j]
+                aa[j] += (g * b)
+                ab[j] += (g * a)
         elif op == 38:  # div
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g / b)
-                adj[ib, j] += (((-g) * a) / (b * b))
+                g = gk[j]
+                aa[j] += (g / b)
+                ab[j] += (((-g) * a) / (b * b))
         elif op == 39:  # pow
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
             out = vals[k]
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
-                adj[ib, j] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
+                g = gk[j]
+                aa[j] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
+                ab[j] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
         elif op == 40:  # atan2
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-                adj[ib, j] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
+                g = gk[j]
+                aa[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
+                ab[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
         elif op == 41:  # maximum
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-                adj[ib, j] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
+                g = gk[j]
+                aa[j] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
+                ab[j] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
         elif op == 42:  # minimum
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
-                adj[ib, j] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
+                g = gk[j]
+                aa[j] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
+                ab[j] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
         elif op == 43:  # clamp_min_t
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g if (a >= b) else 0.0)
-                adj[ib, j] += (g if (a < b) else 0.0)
+                g = gk[j]
+                aa[j] += (g if (a >= b) else 0.0)
+                ab[j] += (g if (a < b) else 0.0)
         elif op == 44:  # clamp_max_t
             ia = int(rows[k, 1])
-            a = vals[ia]
             ib = int(rows[k, 2])
+            a = vals[ia]
             b = vals[ib]
+            aa = adj[ia]
+            ab = adj[ib]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += (g if (a <= b) else 0.0)
-                adj[ib, j] += (g if (a > b) else 0.0)
+                g = gk[j]
+                aa[j] += (g if (a <= b) else 0.0)
+                ab[j] += (g if (a > b) else 0.0)
         elif op == 45:  # clone
             ia = int(rows[k, 1])
+            aa = adj[ia]
+            gk = adj[k]
             for j in range(nb):
-                g = adj[k, j]
-                adj[ia, j] += g
+                g = gk[j]
+                aa[j] += g
     return 0
 
 
@@ -1058,7 +1199,8 @@ def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
         if not need[k]:
             continue
         op = int(rows[k, 0]) % ARRAY
-        ok = off[k]
+        oout = off[k]
+        sout = 1
         nk = size[k]
         ia = int(rows[k, 1])
         oa = off[ia] if ia >= 0 else 0
@@ -1073,244 +1215,244 @@ def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
             base = oa + p0[k]
             step = p1[k]
             for i in range(nk):
-                A[base + i * step] += A[ok + i]
+                A[base + i * step] += A[oout + i]
         elif op == 59:  # sum
-            g = A[ok]
+            g = A[oout]
             for i in range(size[ia]):
                 A[oa + i] += g
         elif op == 60:  # mean
-            g = A[ok] / size[ia]
+            g = A[oout] / size[ia]
             for i in range(size[ia]):
                 A[oa + i] += g
         elif op == 3:  # neg
             for i in range(nk):
-                g = A[ok + i]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (-g)
         elif op == 4:  # exp
             for i in range(nk):
-                g = A[ok + i]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * out)
         elif op == 5:  # log
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g / a)
         elif op == 6:  # log1p
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g / (a + 1.0))
         elif op == 7:  # expm1
             for i in range(nk):
-                g = A[ok + i]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * (out + 1.0))
         elif op == 8:  # sqrt
             for i in range(nk):
-                g = A[ok + i]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g / (2.0 * out))
         elif op == 9:  # rsqrt
             for i in range(nk):
-                g = A[ok + i]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((((-0.5 * g) * out) * out) * out)
         elif op == 10:  # sin
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * math.cos(a))
         elif op == 11:  # cos
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((-g) * math.sin(a))
         elif op == 12:  # tan
             for i in range(nk):
-                g = A[ok + i]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * (1.0 + (out * out)))
         elif op == 13:  # asin
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g / math.sqrt((1.0 - (a * a))))
         elif op == 14:  # acos
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((-g) / math.sqrt((1.0 - (a * a))))
         elif op == 15:  # atan
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g / (1.0 + (a * a)))
         elif op == 16:  # sinh
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * math.cosh(a))
         elif op == 17:  # cosh
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * math.sinh(a))
         elif op == 18:  # tanh
             for i in range(nk):
-                g = A[ok + i]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * (1.0 - (out * out)))
         elif op == 19:  # sigmoid
             for i in range(nk):
-                g = A[ok + i]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((g * (1.0 - out)) * out)
         elif op == 20:  # relu
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (0.0 if (a <= 0.0) else g)
         elif op == 21:  # erf
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
         elif op == 22:  # abs
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
         elif op == 24:  # square
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             for i in range(nk):
-                g = A[ok + i]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((-g) * (out * out))
         elif op == 26:  # addc
             for i in range(nk):
-                g = A[ok + i]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += g
         elif op == 27:  # mulc
             c0 = rows[k, 3]
             for i in range(nk):
-                g = A[ok + i]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * c0)
         elif op == 28:  # rsubc
             for i in range(nk):
-                g = A[ok + i]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (-g)
         elif op == 29:  # divc
             c0 = rows[k, 3]
             for i in range(nk):
-                g = A[ok + i]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g / c0)
         elif op == 30:  # rdivc
             c0 = rows[k, 3]
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (((-g) * c0) / (a * a))
         elif op == 31:  # powc
             c0 = rows[k, 3]
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 32:  # rpowc
             c0 = rows[k, 3]
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
         elif op == 33:  # clamp
             c0 = rows[k, 3]
             c1 = rows[k, 4]
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g if ((a >= c0) and (a <= c1)) else 0.0)
         elif op == 34:  # softplus
             c0 = rows[k, 3]
             c1 = rows[k, 4]
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             for i in range(nk):
-                g = A[ok + i]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += g
                 A[ob + i * sb] += g
         elif op == 36:  # sub
             for i in range(nk):
-                g = A[ok + i]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += g
                 A[ob + i * sb] += (-g)
         elif op == 37:  # mul
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
                 b = V[ob + i * sb]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g * b)
                 A[ob + i * sb] += (g * a)
         elif op == 38:  # div
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
                 b = V[ob + i * sb]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g / b)
                 A[ob + i * sb] += (((-g) * a) / (b * b))
         elif op == 39:  # pow
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
                 b = V[ob + i * sb]
-                out = V[ok + i]
+                out = V[oout + i * sout]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
                 A[ob + i * sb] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
         elif op == 40:  # atan2
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
                 b = V[ob + i * sb]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
                 A[ob + i * sb] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
         elif op == 41:  # maximum
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
                 b = V[ob + i * sb]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
                 A[ob + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
         elif op == 42:  # minimum
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
                 b = V[ob + i * sb]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
                 A[ob + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
         elif op == 43:  # clamp_min_t
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
                 b = V[ob + i * sb]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g if (a >= b) else 0.0)
                 A[ob + i * sb] += (g if (a < b) else 0.0)
         elif op == 44:  # clamp_max_t
             for i in range(nk):
-                g = A[ok + i]
                 a = V[oa + i * sa]
                 b = V[ob + i * sb]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += (g if (a <= b) else 0.0)
                 A[ob + i * sb] += (g if (a > b) else 0.0)
         elif op == 45:  # clone
             for i in range(nk):
-                g = A[ok + i]
+                g = A[oout + i * sout]
                 A[oa + i * sa] += g
     return 0

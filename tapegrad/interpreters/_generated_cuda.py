@@ -97,42 +97,42 @@ def forward_one(rows, X, V, j):
             a = V[int(rows[k, 1]), j]
             V[k, j] = (1.0 / a)
         elif op == 26:  # addc
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = (a + c0)
         elif op == 27:  # mulc
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = (a * c0)
         elif op == 28:  # rsubc
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = (c0 - a)
         elif op == 29:  # divc
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = (a / c0)
         elif op == 30:  # rdivc
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = (c0 / a)
         elif op == 31:  # powc
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = (a ** c0)
         elif op == 32:  # rpowc
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = (c0 ** a)
         elif op == 33:  # clamp
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
             c1 = rows[k, 5]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = min(max(a, c0), c1) if a == a else a
         elif op == 34:  # softplus
-            a = V[int(rows[k, 1]), j]
             c0 = rows[k, 4]
             c1 = rows[k, 5]
+            a = V[int(rows[k, 1]), j]
             V[k, j] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
         elif op == 35:  # add
             a = V[int(rows[k, 1]), j]

@@ -97,42 +97,42 @@ def forward(rows, x, v):
             a = v[int(rows[k, 1])]
             v[k] = (1.0 / a)
         elif op == 26:  # addc
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
+            a = v[int(rows[k, 1])]
             v[k] = (a + c0)
         elif op == 27:  # mulc
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
+            a = v[int(rows[k, 1])]
             v[k] = (a * c0)
         elif op == 28:  # rsubc
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
+            a = v[int(rows[k, 1])]
             v[k] = (c0 - a)
         elif op == 29:  # divc
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
+            a = v[int(rows[k, 1])]
             v[k] = (a / c0)
         elif op == 30:  # rdivc
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
+            a = v[int(rows[k, 1])]
             v[k] = (c0 / a)
         elif op == 31:  # powc
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
+            a = v[int(rows[k, 1])]
             v[k] = (a ** c0)
         elif op == 32:  # rpowc
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
+            a = v[int(rows[k, 1])]
             v[k] = (c0 ** a)
         elif op == 33:  # clamp
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
             c1 = rows[k, 5]
+            a = v[int(rows[k, 1])]
             v[k] = min(max(a, c0), c1) if a == a else a
         elif op == 34:  # softplus
-            a = v[int(rows[k, 1])]
             c0 = rows[k, 4]
             c1 = rows[k, 5]
+            a = v[int(rows[k, 1])]
             v[k] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
         elif op == 35:  # add
             a = v[int(rows[k, 1])]
@@ -375,58 +375,58 @@ def forward_batch(rows, X, V, status):
                 a = va[j]
                 vk[j] = (1.0 / a)
         elif op == 26:  # addc
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a + c0)
         elif op == 27:  # mulc
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a * c0)
         elif op == 28:  # rsubc
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (c0 - a)
         elif op == 29:  # divc
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a / c0)
         elif op == 30:  # rdivc
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (c0 / a)
         elif op == 31:  # powc
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a ** c0)
         elif op == 32:  # rpowc
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (c0 ** a)
         elif op == 33:  # clamp
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
             c1 = rows[k, 5]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = min(max(a, c0), c1) if a == a else a
         elif op == 34:  # softplus
-            va = V[int(rows[k, 1])]
             c0 = rows[k, 4]
             c1 = rows[k, 5]
+            va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
@@ -884,8 +884,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += (g * out)
         elif op == 5:  # log
             ia = int(rows[k, 1])
@@ -893,8 +893,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g / a)
         elif op == 6:  # log1p
             ia = int(rows[k, 1])
@@ -902,8 +902,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g / (a + 1.0))
         elif op == 7:  # expm1
             ia = int(rows[k, 1])
@@ -911,8 +911,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += (g * (out + 1.0))
         elif op == 8:  # sqrt
             ia = int(rows[k, 1])
@@ -920,8 +920,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += (g / (2.0 * out))
         elif op == 9:  # rsqrt
             ia = int(rows[k, 1])
@@ -929,8 +929,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += ((((-0.5 * g) * out) * out) * out)
         elif op == 10:  # sin
             ia = int(rows[k, 1])
@@ -938,8 +938,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g * math.cos(a))
         elif op == 11:  # cos
             ia = int(rows[k, 1])
@@ -947,8 +947,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += ((-g) * math.sin(a))
         elif op == 12:  # tan
             ia = int(rows[k, 1])
@@ -956,8 +956,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += (g * (1.0 + (out * out)))
         elif op == 13:  # asin
             ia = int(rows[k, 1])
@@ -965,8 +965,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g / math.sqrt((1.0 - (a * a))))
         elif op == 14:  # acos
             ia = int(rows[k, 1])
@@ -974,8 +974,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += ((-g) / math.sqrt((1.0 - (a * a))))
         elif op == 15:  # atan
             ia = int(rows[k, 1])
@@ -983,8 +983,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g / (1.0 + (a * a)))
         elif op == 16:  # sinh
             ia = int(rows[k, 1])
@@ -992,8 +992,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g * math.cosh(a))
         elif op == 17:  # cosh
             ia = int(rows[k, 1])
@@ -1001,8 +1001,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g * math.sinh(a))
         elif op == 18:  # tanh
             ia = int(rows[k, 1])
@@ -1010,8 +1010,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += (g * (1.0 - (out * out)))
         elif op == 19:  # sigmoid
             ia = int(rows[k, 1])
@@ -1019,8 +1019,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += ((g * (1.0 - out)) * out)
         elif op == 20:  # relu
             ia = int(rows[k, 1])
@@ -1028,8 +1028,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (0.0 if (a <= 0.0) else g)
         elif op == 21:  # erf
             ia = int(rows[k, 1])
@@ -1037,8 +1037,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
         elif op == 22:  # abs
             ia = int(rows[k, 1])
@@ -1046,8 +1046,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
         elif op == 24:  # square
             ia = int(rows[k, 1])
@@ -1055,8 +1055,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             ia = int(rows[k, 1])
@@ -1064,8 +1064,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += ((-g) * (out * out))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
@@ -1104,8 +1104,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (((-g) * c0) / (a * a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
@@ -1114,8 +1114,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
@@ -1125,9 +1125,9 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
         elif op == 33:  # clamp
             ia = int(rows[k, 1])
@@ -1137,8 +1137,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g if ((a >= c0) and (a <= c1)) else 0.0)
         elif op == 34:  # softplus
             ia = int(rows[k, 1])
@@ -1148,8 +1148,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 aa[j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
@@ -1180,9 +1180,9 @@ def reverse_batch(rows, V, A):
             ab = A[ib]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 b = vb[j]
+                g = gk[j]
                 aa[j] += (g * b)
                 ab[j] += (g * a)
         elif op == 38:  # div
@@ -1194,9 +1194,9 @@ def reverse_batch(rows, V, A):
             ab = A[ib]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 b = vb[j]
+                g = gk[j]
                 aa[j] += (g / b)
                 ab[j] += (((-g) * a) / (b * b))
         elif op == 39:  # pow
@@ -1209,10 +1209,10 @@ def reverse_batch(rows, V, A):
             ab = A[ib]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 b = vb[j]
                 out = vout[j]
+                g = gk[j]
                 aa[j] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
                 ab[j] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
         elif op == 40:  # atan2
@@ -1224,9 +1224,9 @@ def reverse_batch(rows, V, A):
             ab = A[ib]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 b = vb[j]
+                g = gk[j]
                 aa[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
                 ab[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
         elif op == 41:  # maximum
@@ -1238,9 +1238,9 @@ def reverse_batch(rows, V, A):
             ab = A[ib]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 b = vb[j]
+                g = gk[j]
                 aa[j] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
                 ab[j] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
         elif op == 42:  # minimum
@@ -1252,9 +1252,9 @@ def reverse_batch(rows, V, A):
             ab = A[ib]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 b = vb[j]
+                g = gk[j]
                 aa[j] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
                 ab[j] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
         elif op == 43:  # clamp_min_t
@@ -1266,9 +1266,9 @@ def reverse_batch(rows, V, A):
             ab = A[ib]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 b = vb[j]
+                g = gk[j]
                 aa[j] += (g if (a >= b) else 0.0)
                 ab[j] += (g if (a < b) else 0.0)
         elif op == 44:  # clamp_max_t
@@ -1280,9 +1280,9 @@ def reverse_batch(rows, V, A):
             ab = A[ib]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
                 b = vb[j]
+                g = gk[j]
                 aa[j] += (g if (a <= b) else 0.0)
                 ab[j] += (g if (a > b) else 0.0)
         elif op == 45:  # clone
@@ -1301,8 +1301,8 @@ def reverse_batch(rows, V, A):
             ac = A[ic]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 a = va[j]
+                g = gk[j]
                 ab[j] += (g if (a != 0.0) else 0.0)
                 ac[j] += (0.0 if (a != 0.0) else g)
         elif op == 86:  # pick
@@ -1312,8 +1312,8 @@ def reverse_batch(rows, V, A):
             aa = A[ia]
             gk = A[k]
             for j in range(nb):
-                g = gk[j]
                 b = vb[j]
+                g = gk[j]
                 aa[j] += (g * b)
         elif op == 88:  # round_f32
             ia = int(rows[k, 1])

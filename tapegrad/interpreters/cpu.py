@@ -8,7 +8,7 @@ import bisect
 import numpy as np
 
 from .._jit import njit_cached
-from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF
+from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF, call_rule
 from ..ops._registry import Part
 from ..ops.arrays import sum_to
 from ..tape import STATE
@@ -93,14 +93,16 @@ def _mark_scalar(rows, ins, out, sweepable, lo):
     for k in range(lo, out + 1):
         a = int(rows[k, 1])
         b = int(rows[k, 2])
-        if (a >= 0 and dep[a]) or (b >= 0 and dep[b]) or int(rows[k, 0]) == IMPORT_CODE:
+        # an import of an array (its opcode with the ARRAY bit) is an import too
+        if (a >= 0 and dep[a]) or (b >= 0 and dep[b]) or \
+                int(rows[k, 0]) & ~ARRAY == IMPORT_CODE:
             dep[k] = True
             need[k] = True
     reach[out] = True
     for k in range(out, lo - 1, -1):
         if need[k]:
             if reach[k]:
-                if not sweepable[int(rows[k, 0])] or int(rows[k, 0]) == IMPORT_CODE:
+                if not sweepable[int(rows[k, 0])] or int(rows[k, 0]) & ~ARRAY == IMPORT_CODE:
                     return need, reach, lo, False
                 a = int(rows[k, 1])
                 b = int(rows[k, 2])
@@ -573,12 +575,9 @@ def sweep(graph, need, adj, adjd, arr):
 def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
     """(inputs, gradients) of an elementwise or bookkeeping entry's rule; ``value(slot)``
     gives the values it reads."""
-    kind = op.kind
-    if kind is UNARY_C:
-        return (a,), op.vjp(F, g, value(a), out, c0, c1)
-    if kind is BINARY:
-        return (a, b), op.vjp(F, g, value(a), value(b), out)
-    return (a,), op.vjp(F, g, value(a), out)
+    if op.kind is BINARY:
+        return (a, b), call_rule(op, F, g, out, value(a), value(b))
+    return (a,), call_rule(op, F, g, out, value(a), None, c0, c1)
 
 
 _MUL = next(op.code for op in OPS if op.name == "mul")
@@ -791,6 +790,16 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
             adjb[s] += gr
 
 
+def sum_axes(have, want, keep=0):
+    """The axes a gradient of shape ``have`` is summed over to shape ``want`` (NumPy
+    broadcasting in reverse: the extra leading axes and the axes ``want`` has as 1), the
+    first ``keep`` axes of both kept (a batch axis)."""
+    rest, want = have[keep:], want[keep:]
+    lead = len(rest) - len(want)
+    return tuple(range(keep, keep + lead)) + tuple(
+        keep + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
+
+
 def sum_to_batched(g, shape):
     """``sum_to`` that keeps the leading batch axis (every gradient derived from the seeds
     has one; a 0-d gradient is a constant that broadcasts over the batch)."""
@@ -798,9 +807,6 @@ def sum_to_batched(g, shape):
         return g
     if g.ndim == 0:
         return np.broadcast_to(g, shape)
-    rest, want = g.shape[1:], shape[1:]
-    lead = len(rest) - len(want)
-    axes = tuple(range(1, 1 + lead)) + tuple(
-        1 + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
+    axes = sum_axes(g.shape, shape, 1)
     r = np.sum(g, axis=axes, keepdims=True) if axes else g
-    return np.reshape(r, (g.shape[0],) + tuple(want))
+    return np.reshape(r, (g.shape[0],) + tuple(shape[1:]))

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._jit import njit_cached
 from ..ops import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, UNARY, UNARY_C,
-                   lowering)
+                   call_rule, lowering, rule_inputs)
 
 NCOL = 6
 LEAF = BY_NAME["leaf"].code
@@ -389,19 +389,10 @@ def rule_rows(L, F, op, g, row, k):
     a, b, c = int(a), int(b), int(c)
     R = lambda s: _R(L, s)  # noqa: E731
     out = R(k)
-    if op.kind == UNARY:
-        grads = op.vjp(F, g, R(a), out)
-        slots = (a,)
-    elif op.kind == UNARY_C:
-        grads = op.vjp(F, g, R(a), out, float(c0), float(c1))
-        slots = (a,)
-    elif op.kind == BINARY:
-        grads = op.vjp(F, g, R(a), R(b), out)
-        slots = (a, b)
-    else:
-        grads = op.vjp(F, g, R(a), R(b) if b >= 0 else None, R(c) if c >= 0 else None, out)
-        slots = (a, b, c)
-    return [(s, gr) for s, gr in zip(slots, grads) if gr is not None]
+    grads = call_rule(op, F, g, out, R(a), R(b) if b >= 0 else None, float(c0), float(c1),
+                      R(c) if c >= 0 else None)
+    slots = {"a": a, "b": b, "c": c}
+    return [(slots[n], gr) for n, gr in zip(rule_inputs(op), grads) if gr is not None]
 
 
 def grad_rows(rows, out_slots, seeds, in_slots):

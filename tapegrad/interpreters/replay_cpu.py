@@ -1,9 +1,12 @@
 """Drivers of traced programs on the CPU: one sample, a batch in blocks of samples (serial
-or spread over cores with ``prange``), and one sample with many seeds (Jacobians)."""
+or spread over cores by threads), and one sample with many seeds (Jacobians)."""
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
 import numpy as np
-from numba import prange
 
 from .._jit import njit_cached
 from ._generated_replay import forward, forward_batch, reverse, reverse_batch, reverse_multi
@@ -64,31 +67,65 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1):
                 G[i, b0 + j] = ai[j]
 
 
-@njit_cached(error_model="numpy", nogil=True)
+# run_batch and run_parallel are Python: a compiled caller links the generated interpreters'
+# code into its own and optimizes it all again (Numba links callees' LLVM modules), so each
+# compiled level above run_block would cost as much as the interpreters themselves (about
+# 10 s for run_batch and 15 s more for a prange driver, cold, on 2 cores); the loop over
+# blocks costs microseconds in Python
+
+def _outputs(X, out_slots, in_slots):
+    B = X.shape[1]
+    return (np.zeros(B, dtype=np.int64), np.empty((out_slots.shape[0], B)),
+            np.zeros((in_slots.shape[0], B)))
+
+
 def run_batch(rows, X, out_slots, S, in_slots, grad, block):
     """``run`` for samples in columns, a block at a time."""
+    status, outs, G = _outputs(X, out_slots, in_slots)
     B = X.shape[1]
-    status = np.zeros(B, dtype=np.int64)
-    outs = np.empty((out_slots.shape[0], B))
-    G = np.zeros((in_slots.shape[0], B))
     for b0 in range(0, B, block):
         run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                   min(B, b0 + block))
     return status, outs, G
 
 
-@njit_cached(error_model="numpy", parallel=True)
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _executor():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS,
+                                       thread_name_prefix="tapegrad-replay")
+        return _pool
+
+
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
-    """``run_batch`` with the blocks spread over CPU cores."""
+    """``run_batch`` with the blocks spread over CPU cores: ``run_block`` releases the GIL,
+    so threads run blocks at once (``numba.get_num_threads()`` of them; each block writes
+    its own columns)."""
+    status, outs, G = _outputs(X, out_slots, in_slots)
     B = X.shape[1]
-    status = np.zeros(B, dtype=np.int64)
-    outs = np.empty((out_slots.shape[0], B))
-    G = np.zeros((in_slots.shape[0], B))
-    nblocks = (B + block - 1) // block
-    for ib in prange(nblocks):
-        b0 = ib * block
-        run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                  min(B, b0 + block))
+    starts = list(range(0, B, block))
+    if not starts:
+        return status, outs, G
+
+    def blocks(i0, step):
+        for b0 in starts[i0::step]:
+            run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
+                      min(B, b0 + block))
+
+    # the first block here: it compiles run_block once, before threads call it
+    run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, 0, min(B, block))
+    starts = starts[1:]
+    n = min(numba.get_num_threads(), len(starts))
+    if n <= 1:
+        blocks(0, 1)
+    else:
+        for f in [_executor().submit(blocks, i, n) for i in range(n)]:
+            f.result()
     return status, outs, G
 
 
@@ -118,10 +155,10 @@ def vjp_multi(rows, x, out_slots, S, in_slots):
     return status, outs, G
 
 
-@njit_cached(error_model="numpy", nogil=True)
 def jacobian(rows, x, out_slots, in_slots):
     """(status, outputs, J) with ``J[i, j]`` = d output i / d input j: one forward, one
-    reverse sweep seeded with every output at once."""
+    reverse sweep seeded with every output at once (Python over ``vjp_multi``: a compiled
+    level more would optimize the interpreters again)."""
     status, outs, G = vjp_multi(rows, x, out_slots, np.eye(out_slots.shape[0]), in_slots)
     return status, outs, G.T.copy()
 
@@ -133,8 +170,9 @@ def jacobian_batch(rows, X, out_slots, in_slots):
     B = X.shape[1]
     status = np.zeros(B, dtype=np.int64)
     J = np.zeros((B, out_slots.shape[0], in_slots.shape[0]))
+    eye = np.eye(out_slots.shape[0])
     for b in range(B):
-        st, _, Jb = jacobian(rows, np.ascontiguousarray(X[:, b]), out_slots, in_slots)
+        st, _, G = vjp_multi(rows, np.ascontiguousarray(X[:, b]), out_slots, eye, in_slots)
         status[b] = st
-        J[b] = Jb
+        J[b] = G.T
     return status, J

@@ -1,7 +1,8 @@
 """The ops registry, by family. Everything else (recorder, interpreters, tests, docs) derives
 from it."""
 from . import elementwise, arrays, traced  # noqa: F401  (opcodes: _registry.OPCODES)
-from ._backends import Node, Sym, build_backends, build_node_backend
+from ._backends import (Node, Sym, build_backends, build_node_backend, call_rule, rule_inputs,
+                        rule_of)
 from ._registry import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPCODES, OPS, REPLAY, ROW,
                         SPECIAL, UNARY, UNARY_C,
                         Op, finish, opcode_enum)
@@ -15,14 +16,7 @@ NodeF = build_node_backend()
 def _rule_uses(op):
     """Names among a, b, out that an elementwise rule reads (from its generated source)."""
     import re
-    names = ("g", "a", "b", "out", "c0", "c1")
-    sym = {n: Sym(n) for n in names}
-    if op.kind == UNARY:
-        grads = op.vjp(SymF, sym["g"], sym["a"], sym["out"])
-    elif op.kind == UNARY_C:
-        grads = op.vjp(SymF, sym["g"], sym["a"], sym["out"], sym["c0"], sym["c1"])
-    else:
-        grads = op.vjp(SymF, sym["g"], sym["a"], sym["b"], sym["out"])
+    grads = rule_of(op, SymF, Sym).values()
     text = " ".join(x.s if isinstance(x, Sym) else "" for x in grads)
     # constants count when the rule or the forward reads them (a replay runs the forward)
     fwd = (op.nb or "c0 c1").replace("{", "").replace("}", "")
@@ -38,7 +32,8 @@ for _op in OPS:
 del _op
 
 __all__ = ["ARRAY", "ARRAY_OP", "BINARY", "BY_NAME", "COMPARE", "REPLAY", "OPS", "ROW", "SPECIAL",
-           "UNARY", "UNARY_C", "const_ops", "Op", "Opcode", "Node", "NodeF", "Sym", "SymF", "NpF"]
+           "UNARY", "UNARY_C", "const_ops", "Op", "Opcode", "Node", "NodeF", "Sym", "SymF", "NpF",
+           "call_rule", "rule_inputs", "rule_of"]
 
 
 def const_ops():

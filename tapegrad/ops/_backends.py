@@ -13,7 +13,44 @@ import math
 
 import numpy as np
 
-from ._registry import ARRAY_OP, BINARY, OPS, REPLAY, UNARY, UNARY_C
+from ._registry import ARRAY_OP, BINARY, COMPARE, OPS, REPLAY, UNARY, UNARY_C
+
+
+# --- the one calling convention of a scalar rule ---------------------------------------------
+
+def rule_inputs(op):
+    """Names of the inputs whose gradients ``op``'s scalar rule returns, in order (the
+    elementwise kinds and ``import_``; replay-only ops take up to three, a, b, c)."""
+    kind = op.kind
+    if kind is BINARY:
+        return ("a", "b")
+    if kind is REPLAY or kind is COMPARE:
+        return ("a", "b", "c")[:op.arity]
+    return ("a",)
+
+
+def call_rule(op, F, g, out, a, b=None, c0=None, c1=None, c=None):
+    """The gradients ``op``'s scalar rule returns (one per ``rule_inputs(op)``, None where
+    it gives none) on backend ``F`` at adjoint ``g``, output ``out``, inputs ``a``, ``b``,
+    ``c`` and constants ``c0``, ``c1``: the argument order of each kind's rule, stated once
+    (array ops have one form, ``op.vjp(F, g, inputs, out, aux)``)."""
+    kind = op.kind
+    if kind is BINARY:
+        return op.vjp(F, g, a, b, out)
+    if kind is UNARY_C:
+        return op.vjp(F, g, a, out, c0, c1)
+    if kind is REPLAY or kind is COMPARE:
+        return op.vjp(F, g, a, b, c, out)
+    return op.vjp(F, g, a, out)  # unary, import_
+
+
+def rule_of(op, F, arg):
+    """{input name: gradient} of ``op``'s scalar rule with every argument ``arg(name)``
+    (``g``, ``out``, ``a``, ``b``, ``c``, ``c0``, ``c1``): how a code generator runs a rule
+    on symbols (``SymF``, ``NodeF``). Gradients that are None are left out."""
+    grads = call_rule(op, F, arg("g"), arg("out"), arg("a"), arg("b"), arg("c0"), arg("c1"),
+                      arg("c"))
+    return {n: gr for n, gr in zip(rule_inputs(op), grads) if gr is not None}
 
 
 def _src(x):
