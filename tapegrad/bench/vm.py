@@ -58,11 +58,12 @@ def _trace(name, fn, x):
 
 
 def _casadi_buffer(outputs_of, n, *args):
-    """CasADi SX Function of ``x`` (and ``args``, each an ndarray of ``n``) returning
-    ``outputs_of(ca, x, *syms)``, called through ``Function.buffer()``: the arguments and
-    results are bound once to NumPy arrays, so a call is CasADi's VM and nothing else."""
+    """CasADi SX Function of one symbol of ``n`` per array of ``args`` returning
+    ``outputs_of(ca, *syms)``, called through ``Function.buffer()``: the arguments (bound to
+    ``args``) and results are bound once to NumPy arrays, so a call is CasADi's VM and
+    nothing else."""
     ca = load_library("casadi")
-    syms = [ca.SX.sym(f"a{i}", n) for i in range(1 + len(args))]
+    syms = [ca.SX.sym(f"a{i}", n) for i in range(len(args))]
     outs = outputs_of(ca, *syms)
     F = ca.Function("F", syms, outs)
     buf, call = F.buffer()
@@ -340,15 +341,23 @@ CASES: dict[str, SpeedCase] = {c.name: c for c in _cases()}
 # --- what the row format has no column for ----------------------------------------------------
 
 
-def _mean_call_s(fn, budget_s=0.1):
-    fn()
-    calls, t0 = 0, time.perf_counter()
-    while True:
+def _interleaved_s(fns, turns=5, turn_s=0.02):
+    """Median over ``turns`` of each function's mean call time, the functions taking turns
+    (so that a busy moment of a shared machine slows them alike)."""
+    times = [[] for _ in fns]
+    for fn in fns:
         fn()
-        calls += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= budget_s:
-            return elapsed / calls
+    for _ in range(turns):
+        for i, fn in enumerate(fns):
+            calls, t0 = 0, time.perf_counter()
+            while True:
+                fn()
+                calls += 1
+                elapsed = time.perf_counter() - t0
+                if elapsed >= turn_s:
+                    break
+            times[i].append(elapsed / calls)
+    return [float(np.median(t)) for t in times]
 
 
 def _ns(seconds):
@@ -370,10 +379,10 @@ def finish(name: str, row) -> None:
     if name.endswith("_vs_casadi"):
         x = built["x"]
         rows = len(prog)
-        fwd = _mean_call_s(lambda: prog(x))
+        fwd, both = _interleaved_s([lambda: prog(x), lambda: prog.value_and_grad(x)])
         parts.append(f"{rows} program rows: forward {_ns(fwd / rows)}/row, reverse "
-                     f"{_ns(max(row.tapegrad - fwd, 0.0) / rows)}/row (value_and_grad minus "
-                     f"program(x))")
+                     f"{_ns(max(both - fwd, 0.0) / rows)}/row (program(x), and value_and_grad "
+                     f"minus it, timed in turns after the row)")
         ca = _BUILT.get(name + ":casadi")
         if ca and row.torch:
             parts.append(f"CasADi {ca['instructions']} instructions, "
