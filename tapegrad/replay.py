@@ -465,11 +465,12 @@ def _collect_tapes(outs, tr):
 
 
 def _layout(specs):
-    """(shape, offset, size) of each (shape, dtype) in a flat vector of their elements."""
+    """(shape, offset, size, rank) of each (shape, dtype) in a flat vector of their
+    elements."""
     out, o = [], 0
     for shape, _ in specs:
         m = int(np.prod(shape))
-        out.append((tuple(shape), o, m))
+        out.append((tuple(shape), o, m, len(shape)))
         o += m
     return tuple(out)
 
@@ -483,7 +484,7 @@ def _flat_one(code, xs):
         return None
     as_tensor = False
     flat = None
-    for x, (shape, o, m) in zip(xs, layout):
+    for x, (shape, o, m, rank) in zip(xs, layout):
         if isinstance(x, Tensor):
             as_tensor = True
             x = x._d
@@ -504,9 +505,9 @@ def _flat_one(code, xs):
             return x.reshape(-1), as_tensor  # the interpreters only read it
         if flat is None:
             flat = np.empty(code.n_in)
-        if len(shape) == 1:  # the common shapes without a reshape (a NumPy call each)
+        if rank == 1:  # the common shapes without a reshape (a NumPy call each)
             flat[o:o + m] = x
-        elif shape == ():
+        elif rank == 0:
             flat[o] = x
         else:
             flat[o:o + m] = x.ravel()
@@ -517,13 +518,16 @@ def _wrap_one(flat, layout, as_tensor, single):
     """``Program._wrap`` of one sample's float64 results: views of ``flat`` (a fresh array
     of each call, never reused), 0-d results as NumPy or Python floats."""
     out = []
-    for shape, o, m in layout:
-        if shape == ():
+    for shape, o, m, rank in layout:
+        if rank == 0:
             v = flat[o]
             out.append(_plain(float(v)) if as_tensor else v)
+            continue
+        if rank == 1:
+            v = flat if len(layout) == 1 and flat.shape[0] == m else flat[o:o + m]
         else:
             v = flat[o:o + m].reshape(shape)
-            out.append(_plain(v) if as_tensor else v)
+        out.append(_plain(v) if as_tensor else v)
     return out[0] if single else tuple(out)
 
 
@@ -543,7 +547,9 @@ class _Code:
         # of one sample: worked out once for the calls' fast paths (``_run_one``)
         self.in_layout = _layout(inputs)
         self.out_layout = _layout(outputs)
-        self.n_in = sum(m for _, _, m in self.in_layout)
+        self.n_in = sum(m for _, _, m, _ in self.in_layout)
+        self.single_out = kind == "single"
+        self.single_in = len(inputs) == 1
         self.all_f64 = all(d == _F64 for _, d in inputs + outputs)
         self.seeds = np.ones(len(self.out_slots))
 
@@ -959,7 +965,7 @@ class Program:
         r = self._run_one(xs, False)
         if r is not None:
             code, outs, _, _, as_tensor = r
-            return _wrap_one(outs, code.out_layout, as_tensor, code.kind == "single")
+            return _wrap_one(outs, code.out_layout, as_tensor, code.single_out)
         code, outs, _, batch, as_tensor = self._run(xs)
         return self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
 
@@ -1008,8 +1014,8 @@ class Program:
             r = self._run_one(xs, True)
             if r is not None:
                 code, outs, grads, _, as_tensor = r
-                return (_wrap_one(outs, code.out_layout, as_tensor, code.kind == "single"),
-                        _wrap_one(grads, code.in_layout, as_tensor, len(code.in_layout) == 1))
+                return (_wrap_one(outs, code.out_layout, as_tensor, code.single_out),
+                        _wrap_one(grads, code.in_layout, as_tensor, code.single_in))
         self._scalar_check("value_and_grad")
         code, outs, grads, batch, as_tensor = self._run(xs, grad=True)
         value = self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
@@ -1152,8 +1158,9 @@ class Program:
                 st, outs, _ = _cpu.run(base.rows, x[:base.n_in], base.out_slots, base.seeds,
                                        base.in_slots, False)
                 if st == 0:
-                    return (_wrap_one(outs, base.out_layout, as_tensor, base.kind == "single"),
-                            _wrap_one(grads, base.in_layout, as_tensor, nin == 1))
+                    return (_wrap_one(outs, base.out_layout, as_tensor, base.single_out),
+                            _wrap_one(grads[:base.n_in], base.in_layout, as_tensor,
+                                      nin == 1))
         if len(vs) != len(xs):
             raise ValueError(f"hvp: v has {len(vs)} part(s) for {len(xs)} input(s)")
         for i, (a, b) in enumerate(zip(xs, vs)):

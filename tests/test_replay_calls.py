@@ -144,6 +144,14 @@ def test_hvp_matches_torch(prog, no_general_path):
     np.testing.assert_allclose(value, want.item(), rtol=1e-13)
     for got, w in ((ha, wa), (hb, wb), (hc, wc)):
         np.testing.assert_allclose(got, w.numpy(), rtol=1e-12, atol=1e-13)
+    # one input: the product has the input's shape (the program's gradient also holds v's)
+    one = tg.trace(lambda x: (x.sin() * x).prod(), b)
+    value, h = one.hvp(b, vb)
+    want, w = torch.autograd.functional.hvp(lambda x: (x.sin() * x).prod(),
+                                            torch.tensor(b), torch.tensor(vb))
+    assert h.shape == (3,)
+    np.testing.assert_allclose(value, want.item(), rtol=1e-13)
+    np.testing.assert_allclose(h, w.numpy(), rtol=1e-12, atol=1e-13)
 
 
 def test_threads_share_no_buffers(prog):
