@@ -220,3 +220,18 @@ def test_vm_notes_and_absolute_targets():
                   ">= 3x", tapegrad=256e-6, torch=512e-6)
     vm.finish(row.case, row)
     assert row.extra["note"] == "per input: tapegrad 1 us, single calls 2 us"
+
+
+def test_batch_blocks_fit_the_cache_and_give_the_same_numbers():
+    from tapegrad.bench.cases import rosenbrock_scalar
+    small = tg.trace(lambda x: (x.sin() * x).sum(), np.zeros(3))
+    assert small.block == replay_cpu.BLOCK
+    n = 100
+    big = tg.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]), np.zeros(n))
+    assert big.block == 32 and big.to("parallel").block == 32  # 892 rows
+    X = np.random.default_rng(10).normal(size=(150, n))
+    v, g = big.value_and_grad(X)
+    v0, g0 = replay.Program(big._variants, block=replay_cpu.BLOCK).value_and_grad(X)
+    np.testing.assert_array_equal(v, v0)
+    np.testing.assert_array_equal(g, g0)
+    np.testing.assert_array_equal(g[77], big.value_and_grad(X[77])[1])
