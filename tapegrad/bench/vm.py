@@ -382,8 +382,8 @@ def finish(name: str, row) -> None:
         rows = len(prog)
         fwd, both = _interleaved_s([lambda: prog(x), lambda: prog.value_and_grad(x)])
         parts.append(f"{rows} program rows: forward {_ns(fwd / rows)}/row, reverse "
-                     f"{_ns(max(both - fwd, 0.0) / rows)}/row (program(x), and value_and_grad "
-                     f"minus it, timed in turns after the row)")
+                     f"{_ns(max(both - fwd, 0.0) / rows)}/row (whole calls, Python included: "
+                     f"program(x), and value_and_grad minus it, timed in turns after the row)")
         ca = _BUILT.get(name + ":casadi")
         if ca and row.torch:
             parts.append(f"CasADi {ca['instructions']} instructions, "
