@@ -24,7 +24,6 @@ FORMAT = "tapegrad-program"
 FORMAT_VERSION = 1
 TARGETS = ("cpu", "parallel", "cuda")
 _F64 = np.dtype(np.float64)
-_ONE = np.ones(1)
 _PKG = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -465,6 +464,65 @@ def _collect_tapes(outs, tr):
     return [seen[s] for s in sorted(seen)]
 
 
+def _layout(specs):
+    """(shape, offset, size, rank) of each (shape, dtype) in a flat vector of their
+    elements."""
+    out, o = [], 0
+    for shape, _ in specs:
+        m = int(np.prod(shape))
+        out.append((tuple(shape), o, m, len(shape)))
+        o += m
+    return tuple(out)
+
+
+def _flat_one(code, xs):
+    """(flat float64 inputs, whether any was a Tensor) of one sample when every input is a
+    float64 ndarray, Tensor or float of exactly its traced shape (an optimization loop's
+    call); None otherwise: ``Program._inputs`` then checks them and says what is wrong."""
+    layout = code.in_layout
+    if len(xs) != len(layout) or not code.all_f64:
+        return None
+    as_tensor = False
+    parts = []
+    for x, (shape, _, _, rank) in zip(xs, layout):
+        if isinstance(x, Tensor):
+            as_tensor = True
+            x = x._d
+        cls = x.__class__
+        if cls is float:
+            if rank:
+                return None
+            parts.append((x,))
+            continue
+        if cls is not np.ndarray:
+            return None
+        dt = x.dtype
+        if (dt is not _F64 and dt != _F64) or x.shape != shape:
+            return None  # a batch, or a wrong input: the general path
+        # one NumPy call gathers them (a slice assignment each costs more)
+        parts.append(x if rank == 1 else x.reshape(-1))
+    if len(parts) == 1 and parts[0].__class__ is np.ndarray:
+        return parts[0], as_tensor  # the interpreters only read it
+    return (np.concatenate(parts) if parts else np.empty(0)), as_tensor
+
+
+def _wrap_one(flat, layout, as_tensor, single):
+    """``Program._wrap`` of one sample's float64 results: views of ``flat`` (a fresh array
+    of each call, never reused), 0-d results as NumPy or Python floats."""
+    out = []
+    for shape, o, m, rank in layout:
+        if rank == 0:
+            v = flat[o]
+            out.append(_plain(float(v)) if as_tensor else v)
+            continue
+        if rank == 1:
+            v = flat if len(layout) == 1 and flat.shape[0] == m else flat[o:o + m]
+        else:
+            v = flat[o:o + m].reshape(shape)
+        out.append(_plain(v) if as_tensor else v)
+    return out[0] if single else tuple(out)
+
+
 class _Code:
     """One traced variant: rows, input and output layout, guard sites."""
 
@@ -477,9 +535,15 @@ class _Code:
         self.kind = kind          # "single" or "tuple"
         self.sites = sites        # [(file, line, text, taken)]
         self._derived = {}
-        # one float64 input, one float64 scalar output: value_and_grad's fast path
-        self.fast = (len(inputs) == 1 and inputs[0][1] == _F64 and len(self.out_slots) == 1
-                     and kind == "single" and outputs[0] == ((), _F64))
+        # (shape, offset, size) of each input and output in the flat vectors, and the seeds
+        # of one sample: worked out once for the calls' fast paths (``_run_one``)
+        self.in_layout = _layout(inputs)
+        self.out_layout = _layout(outputs)
+        self.n_in = sum(m for _, _, m, _ in self.in_layout)
+        self.single_out = kind == "single"
+        self.single_in = len(inputs) == 1
+        self.all_f64 = all(d == _F64 for _, d in inputs + outputs)
+        self.seeds = np.ones(len(self.out_slots))
 
     def derived(self, key, build):
         c = self._derived.get(key)
@@ -519,6 +583,11 @@ def _hvp_code(code):
     return _Code(pruned, new[np.concatenate([code.in_slots, vs])], new[[dot]],
                  code.inputs + code.inputs, [((), np.dtype(np.float64))], "single",
                  code.sites)
+
+
+def _hvp_of(code):
+    """``code``'s Hessian-vector program, built once."""
+    return code.derived("hvp", lambda: _hvp_code(code))
 
 
 def _vjp_code(code):
@@ -611,6 +680,25 @@ def program_vjp(F, g, values, aux):
 # --- the program ------------------------------------------------------------------------------
 
 
+#: bytes of a block's values and adjoints (rows x block x 2 float64) that stay in a core's
+#: L2 cache; measured on 2-core EPYC (1 MiB L2 a core): 128 samples a block made the batch of
+#: a 9,000-row program slower per input than single calls, 16 made it 1.7x faster
+BLOCK_BYTES = 1 << 19
+
+
+def _block_for(variants):
+    """Samples a block for a batch of this program: the largest power of two from 16 to
+    ``replay_cpu.BLOCK`` whose values and adjoints fit in ``BLOCK_BYTES`` (blocks only
+    split the samples: every block size gives the same numbers)."""
+    if not variants:
+        return _cpu.BLOCK
+    rows = max(1, variants[0].rows.shape[0])
+    block = _cpu.BLOCK
+    while block > 16 and rows * block * 16 > BLOCK_BYTES:
+        block //= 2
+    return block
+
+
 class Program:
     """A traced function: call it, or ask for gradients, at new inputs without re-recording.
 
@@ -635,7 +723,7 @@ class Program:
         self.retrace = retrace
         self.strict = strict
         self.target = target
-        self.block = block or _cpu.BLOCK
+        self.block = block or _block_for(variants)
 
     # -- description ------------------------------------------------------------------------
     @property
@@ -763,9 +851,12 @@ class Program:
             if "replay" in _notice.PENDING:
                 _notice.announce("replay")
             return _cpu.run(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
+        # one block has nothing to spread over the cores, and starting the threads costs
+        # more than the block (tens of ms on a busy machine): it runs serially
+        parallel = self.target == "parallel" and batch > self.block
         if _notice.PENDING:
-            _notice.announce("parallel" if self.target == "parallel" else "batch")
-        fn = _cpu.run_parallel if self.target == "parallel" else _cpu.run_batch
+            _notice.announce("parallel" if parallel else "batch")
+        fn = _cpu.run_parallel if parallel else _cpu.run_batch
         return fn(code.rows, x, code.out_slots, seeds, code.in_slots, grad, self.block)
 
     def _execute_cuda(self, code, x, batch, seeds, grad):
@@ -784,6 +875,29 @@ class Program:
             if batch is None:
                 outs, grads = outs[:, 0], grads[:, 0]
         return (status[0] if batch is None else status), outs, grads
+
+    def _run_one(self, xs, grad, select=None):
+        """``_run`` of one sample on the CPU, for inputs that ``_flat_one`` takes: (code,
+        outs, grads, flat inputs, as_tensor), or None when the general path must run (other
+        inputs, a CUDA target, or a guard that failed in every variant: ``_run`` then says
+        which or re-traces)."""
+        if self._cuda is not None:
+            return None
+        code = self._variants[0]
+        if select is not None:
+            code = select(code)
+        f = _flat_one(code, xs)
+        if f is None:
+            return None
+        x, as_tensor = f
+        if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+            _notice.announce("replay")
+        for variant in self._variants:
+            c = variant if select is None else select(variant)
+            status, outs, grads = _cpu.run(c.rows, x, c.out_slots, c.seeds, c.in_slots, grad)
+            if status == 0:
+                return c, outs, grads, x, as_tensor
+        return None
 
     def _run(self, xs, seeds=None, grad=False, select=lambda c: c):
         """Run the right variant; returns (code, outs, grads, batch, as_tensor)."""
@@ -852,8 +966,14 @@ class Program:
         """The traced function's outputs at ``xs``. Called on tensors that require grad
         (with grad mode on), the call is recorded on their tape as one entry: gradients,
         batched gradients and create_graph flow through it like through any op."""
-        if STATE.grad_enabled and any(isinstance(x, Tensor) and x._rg for x in xs):
-            return self._call_recorded(xs)
+        if STATE.grad_enabled:
+            for x in xs:
+                if isinstance(x, Tensor) and x._rg:
+                    return self._call_recorded(xs)
+        r = self._run_one(xs, False)
+        if r is not None:
+            code, outs, _, _, as_tensor = r
+            return _wrap_one(outs, code.out_layout, as_tensor, code.single_out)
         code, outs, _, batch, as_tensor = self._run(xs)
         return self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
 
@@ -898,21 +1018,12 @@ class Program:
     def value_and_grad(self, *xs):
         """(value, gradient) at ``xs``: the gradient has the inputs' shapes (a tuple when
         there are several inputs)."""
-        code = self._code
-        if len(xs) == 1 and code.fast and self._cuda is None:  # optimization loops
-            x = xs[0]
-            xc = x.__class__
-            d = x if xc is np.ndarray else x._d if xc is Tensor else None
-            if d.__class__ is np.ndarray and d.dtype == _F64 and d.shape == code.inputs[0][0]:
-                if "replay" in _notice.PENDING:
-                    _notice.announce("replay")
-                st, outs, grads = _cpu.run(code.rows, d.reshape(-1), code.out_slots, _ONE,
-                                           code.in_slots, True)
-                if st == 0:
-                    g = grads.reshape(d.shape)
-                    if xc is np.ndarray:
-                        return outs[0], g
-                    return _plain(float(outs[0])), _plain(g)
+        if len(self._code.out_slots) == 1:  # optimization loops: one sample, on the CPU
+            r = self._run_one(xs, True)
+            if r is not None:
+                code, outs, grads, _, as_tensor = r
+                return (_wrap_one(outs, code.out_layout, as_tensor, code.single_out),
+                        _wrap_one(grads, code.in_layout, as_tensor, code.single_in))
         self._scalar_check("value_and_grad")
         code, outs, grads, batch, as_tensor = self._run(xs, grad=True)
         value = self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
@@ -1043,6 +1154,21 @@ class Program:
         self._scalar_check("hvp")
         xs = tuple(xs) if isinstance(xs, (tuple, list)) else (xs,)
         vs = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+        nin = len(self._code.inputs)
+        if len(xs) == len(vs) == nin:  # one sample on the CPU: exact shapes are checked
+            r = self._run_one(xs + vs, True, _hvp_of)
+            if r is not None:
+                code, _, grads, x, as_tensor = r
+                base = self._variants[0]
+                for c in self._variants:  # the value: the variant hvp ran
+                    if c._derived.get("hvp") is code:
+                        base = c
+                st, outs, _ = _cpu.run(base.rows, x[:base.n_in], base.out_slots, base.seeds,
+                                       base.in_slots, False)
+                if st == 0:
+                    return (_wrap_one(outs, base.out_layout, as_tensor, base.single_out),
+                            _wrap_one(grads[:base.n_in], base.in_layout, as_tensor,
+                                      nin == 1))
         if len(vs) != len(xs):
             raise ValueError(f"hvp: v has {len(vs)} part(s) for {len(xs)} input(s)")
         for i, (a, b) in enumerate(zip(xs, vs)):
@@ -1050,11 +1176,7 @@ class Program:
                 raise ValueError(f"hvp: v[{i}] has shape {list(np.shape(getattr(b, '_d', b)))}"
                                  f" but input {i} has shape "
                                  f"{list(np.shape(getattr(a, '_d', a)))}")
-        nin = len(self._code.inputs)
-
-        def select(c):
-            return c.derived("hvp", lambda: _hvp_code(c))
-        code, outs, grads, batch, as_tensor = self._run(xs + vs, grad=True, select=select)
+        code, outs, grads, batch, as_tensor = self._run(xs + vs, grad=True, select=_hvp_of)
         value = self(*xs)
         part = grads[:len(code.in_slots) // 2]
         return value, self._wrap(part, code.inputs[:nin], batch, as_tensor,

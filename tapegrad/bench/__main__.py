@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tapegrad.bench import cases
+from tapegrad.bench import cases, vm
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,7 @@ def run_speed_case(name: str, settings: Settings, with_torch: bool) -> Row:
         row.passed = row.ratio >= case.target_speedup and row.error is None
     elif row.error is not None:
         row.passed = False
+    vm.finish(name, row)  # issue 17's rows: notes and targets that are not speedups
     return row
 
 
@@ -532,6 +533,8 @@ def render_notes(rows: list[Row], with_torch: bool) -> list[str]:
                 f"{r.case}: import {format_value(r.extra['import_s'], 's')} + first grad "
                 f"{format_value(r.extra['first_grad_s'], 's')} (median of {_processes(len(r.extra['runs']))})"
             )
+        if r.extra.get("note"):
+            notes.append(f"{r.case}: {r.extra['note']}")
         if r.error:
             notes.append(f"{r.case}: ERROR {r.error}")
     if not with_torch:

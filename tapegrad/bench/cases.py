@@ -409,26 +409,6 @@ class _Array:
         return self.a
 
 
-def _make_casadi_rosenbrock(n: int):
-    """tapegrad: the traced program; casadi: an SX Function of (value, gradient), run by
-    CasADi's SX virtual machine."""
-    def make(library: str):
-        if library == "tapegrad":
-            return _make_replay_rosenbrock(n)(library)
-        ca = load_library("casadi")
-        x = ca.SX.sym("x", n)
-        f = rosenbrock_scalar([x[i] for i in range(n)])
-        F = ca.Function("F", [x], [f, ca.gradient(f, x)])
-        x0 = ca.DM(_rosenbrock_x0(n))
-
-        def iteration():
-            return (_Array(F(x0)[1]),)
-
-        return iteration
-
-    return make
-
-
 ADAM_STEPS = 1000
 ADAM_LR = 1e-3
 
@@ -768,24 +748,6 @@ SPEED_CASES: dict[str, SpeedCase] = {
             lambda: rosenbrock_hessian_reference(_rosenbrock_x0(100)) @ _hvp_v(100),
             target_speedup=300.0,
             tags=("replay",),
-        ),
-        SpeedCase(
-            "replay_rosenbrock_scalar_n100_vs_casadi",
-            "traced scalar Rosenbrock (n=100), value and gradient, vs CasADi SX Function",
-            _make_casadi_rosenbrock(100),
-            lambda: rosenbrock_grad_reference(_rosenbrock_x0(100)),
-            target_speedup=1.0,
-            tags=("replay",),
-            peer="casadi",
-        ),
-        SpeedCase(
-            "replay_rosenbrock_scalar_n1000_vs_casadi",
-            "traced scalar Rosenbrock (n=1000), value and gradient, vs CasADi SX Function",
-            _make_casadi_rosenbrock(1000),
-            lambda: rosenbrock_grad_reference(_rosenbrock_x0(1000)),
-            target_speedup=1.0,
-            tags=("replay",),
-            peer="casadi",
         ),
         SpeedCase(
             "adam_1000_steps_rosenbrock_scalar_n100",

@@ -1,0 +1,419 @@
+"""Issue 17's replay rows: traced programs against CasADi's SX virtual machine called through
+``Function.buffer()``, batches against single calls, ``target="parallel"`` against the serial
+batch, the Python cost of a call, and forward-only calls against ``value_and_grad``.
+
+Each case is a :class:`~tapegrad.bench.cases.SpeedCase` (so ``--only``, ``--list`` and the
+pytest-benchmark suite see it); :func:`finish` adds what the row format has no column for
+(ns per program row forward and reverse, rows of the Hessian-vector program, times per input)
+as a note, and the pass rule of the rows whose target is not a speedup.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .cases import (
+    PENDULUM_PARAMS, PENDULUM_STEPS, SpeedCase, _hvp_v, _rosenbrock_x0, load_library,
+    pendulum_euler, pendulum_grad_reference, rosenbrock_grad_reference,
+    rosenbrock_hessian_reference, rosenbrock_scalar)
+
+BATCH = 256
+SMALL_BATCH = 8
+OVERHEAD_TARGET_S = 2e-6
+
+#: what ``make("tapegrad")`` built, for ``finish`` (case name -> dict)
+_BUILT: dict[str, dict] = {}
+
+
+class _Last:
+    """The last result of an iteration, read like a tensor by ``check_result``: timed calls
+    store one attribute instead of wrapping their result."""
+
+    a = None
+
+    def detach(self):
+        return self
+
+    def numpy(self):
+        return np.asarray(self.a, dtype=np.float64).reshape(-1)
+
+
+def _rosenbrock_fn(n):
+    return lambda x: rosenbrock_scalar([x[i] for i in range(n)])
+
+
+def _pendulum_fn(tg):
+    return lambda p: pendulum_euler(tg, p[0], p[1], p[2], p[3], steps=PENDULUM_STEPS)
+
+
+def _trace(name, fn, x):
+    tg = load_library("tapegrad")
+    prog = tg.trace(fn, x)
+    _BUILT[name] = {"prog": prog, "x": x}
+    return prog
+
+
+# --- value_and_grad against CasADi's VM -------------------------------------------------------
+
+
+def _casadi_buffer(outputs_of, n, *args):
+    """CasADi SX Function of one symbol of ``n`` per array of ``args`` returning
+    ``outputs_of(ca, *syms)``, called through ``Function.buffer()``: the arguments (bound to
+    ``args``) and results are bound once to NumPy arrays, so a call is CasADi's VM and
+    nothing else."""
+    ca = load_library("casadi")
+    syms = [ca.SX.sym(f"a{i}", n) for i in range(len(args))]
+    outs = outputs_of(ca, *syms)
+    F = ca.Function("F", syms, outs)
+    buf, call = F.buffer()
+    keep = [np.ascontiguousarray(a, dtype=np.float64) for a in args]
+    for i, a in enumerate(keep):
+        buf.set_arg(i, memoryview(a))
+    res = [np.zeros(o.numel()) for o in outs]
+    for i, r in enumerate(res):
+        buf.set_res(i, memoryview(r))
+    return F, buf, call, keep, res
+
+
+def _make_vs_casadi(name, n, fn_of, x0):
+    """tapegrad: ``program.value_and_grad(x)`` on an ndarray; casadi: the (value, gradient)
+    SX Function of the same scalar ops through its buffer."""
+    def make(library):
+        last = _Last()
+        checked = (last,)
+        if library == "tapegrad":
+            x = np.array(x0, dtype=np.float64)
+            prog = _trace(name, fn_of(load_library("tapegrad")), x)
+            vg = prog.value_and_grad
+
+            def iteration():
+                last.a = vg(x)[1]
+                return checked
+            return iteration
+
+        def outputs(ca, x):
+            f = fn_of(ca)(x)
+            return [f, ca.gradient(f, x)]
+        F, buf, call, keep, res = _casadi_buffer(outputs, n, x0)
+        _BUILT[name + ":casadi"] = {"instructions": F.n_instructions(), "buf": buf, "keep": keep}
+        last.a = res[1]  # the buffer is the result
+
+        def iteration():
+            call()
+            return checked
+        return iteration
+    return make
+
+
+def _make_hvp_vs_jtimes(name, n):
+    """tapegrad: ``program.hvp(x, v)``; casadi: ``jtimes(gradient(f, x), x, v)``."""
+    x0, v0 = _rosenbrock_x0(n), _hvp_v(n)
+
+    def make(library):
+        last = _Last()
+        checked = (last,)
+        if library == "tapegrad":
+            x, v = x0.copy(), v0.copy()
+            prog = _trace(name, _rosenbrock_fn(n), x)
+            hvp = prog.hvp
+
+            def iteration():
+                last.a = hvp(x, v)[1]
+                return checked
+            return iteration
+
+        def outputs(ca, x, v):
+            f = rosenbrock_scalar([x[i] for i in range(n)])
+            return [ca.jtimes(ca.gradient(f, x), x, v)]
+        F, buf, call, keep, res = _casadi_buffer(outputs, n, x0, v0)
+        _BUILT[name + ":casadi"] = {"instructions": F.n_instructions(), "buf": buf, "keep": keep}
+        last.a = res[0]
+
+        def iteration():
+            call()
+            return checked
+        return iteration
+    return make
+
+
+# --- batches ----------------------------------------------------------------------------------
+
+
+def _batch_x(n, batch):
+    return np.random.default_rng(n + batch).uniform(-1.5, 1.5, (batch, n))
+
+
+def _batch_reference(n, batch):
+    return lambda: np.concatenate([rosenbrock_grad_reference(x) for x in _batch_x(n, batch)])
+
+
+def _make_batch_vs_single(name, n, batch):
+    """tapegrad: one batched ``value_and_grad`` over ``batch`` inputs; peer: ``batch``
+    single calls of the same program."""
+    def make(library):
+        last = _Last()
+        checked = (last,)
+        X = _batch_x(n, batch)
+        prog = _trace(name, _rosenbrock_fn(n), X[0].copy())
+        vg = prog.value_and_grad
+        if library == "tapegrad":
+            def iteration():
+                last.a = vg(X)[1]
+                return checked
+            return iteration
+        rows = list(X)
+        G = np.empty_like(X)
+
+        def iteration():
+            for i, x in enumerate(rows):
+                G[i] = vg(x)[1]
+            last.a = G
+            return checked
+        return iteration
+    return make
+
+
+def _make_parallel_vs_serial(name, n, batch):
+    """tapegrad: the batch on ``target="parallel"``; peer: the same batch on the serial
+    (``"cpu"``) target."""
+    def make(library):
+        last = _Last()
+        checked = (last,)
+        X = _batch_x(n, batch)
+        prog = _trace(name, _rosenbrock_fn(n), X[0].copy())
+        vg = (prog.to("parallel") if library == "tapegrad" else prog).value_and_grad
+
+        def iteration():
+            last.a = vg(X)[1]
+            return checked
+        return iteration
+    return make
+
+
+# --- the cost of a call -----------------------------------------------------------------------
+
+
+def _three_inputs(a, b, c):
+    return (a * b).sum() + c.sin().sum()
+
+
+def _three_x():
+    rng = np.random.default_rng(3)
+    return [rng.uniform(-1.0, 1.0, 2) for _ in range(3)]
+
+
+def _three_reference():
+    a, b, c = _three_x()
+    return np.concatenate([b, a, np.cos(c)])
+
+
+def _make_call_overhead(name):
+    """tapegrad: ``program.value_and_grad(a, b, c)`` on three small arrays (a dozen rows);
+    peer: the compiled entry it dispatches to, called on inputs flattened beforehand."""
+    def make(library):
+        tg = load_library("tapegrad")
+        from tapegrad.interpreters import replay_cpu
+        a, b, c = _three_x()
+        prog = tg.trace(_three_inputs, a, b, c)
+        _BUILT[name] = {"prog": prog}
+        last = _Last()
+        checked = (last,)
+        if library == "tapegrad":
+            vg = prog.value_and_grad
+
+            def iteration():
+                last.a = vg(a, b, c)[1]
+                return checked
+            return iteration
+        code = prog._code
+        args = (code.rows, np.concatenate([a, b, c]), code.out_slots, np.ones(1),
+                code.in_slots, True)
+        run = replay_cpu.run
+
+        def iteration():
+            last.a = run(*args)[2]
+            return checked
+        return iteration
+    return make
+
+
+def _make_forward_only(name, n):
+    """tapegrad: ``program(x)``; peer: ``program.value_and_grad(x)`` (the value checked)."""
+    def make(library):
+        last = _Last()
+        checked = (last,)
+        x = _rosenbrock_x0(n)
+        prog = _trace(name, _rosenbrock_fn(n), x)
+        if library == "tapegrad":
+            def iteration():
+                last.a = prog(x)
+                return checked
+            return iteration
+        vg = prog.value_and_grad
+
+        def iteration():
+            last.a = vg(x)[0]
+            return checked
+        return iteration
+    return make
+
+
+def _rosenbrock_value(n):
+    x = _rosenbrock_x0(n)
+    return lambda: np.array([np.sum(100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)])
+
+
+def _cases():
+    p = np.array(PENDULUM_PARAMS)
+    return [
+        SpeedCase(
+            "replay_rosenbrock_scalar_n100_vs_casadi",
+            "traced scalar Rosenbrock (n=100), value_and_grad vs CasADi's SX Function through "
+            "Function.buffer() (buffers set once)",
+            _make_vs_casadi("replay_rosenbrock_scalar_n100_vs_casadi", 100, _rosenbrock_fn_of(100),
+                            _rosenbrock_x0(100)),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(100)),
+            target_speedup=1.0, tags=("replay", "vm"), peer="casadi"),
+        SpeedCase(
+            "replay_rosenbrock_scalar_n1000_vs_casadi",
+            "traced scalar Rosenbrock (n=1000), value_and_grad vs CasADi's SX Function through "
+            "Function.buffer() (buffers set once)",
+            _make_vs_casadi("replay_rosenbrock_scalar_n1000_vs_casadi", 1000,
+                            _rosenbrock_fn_of(1000), _rosenbrock_x0(1000)),
+            lambda: rosenbrock_grad_reference(_rosenbrock_x0(1000)),
+            target_speedup=1.0, tags=("replay", "vm"), peer="casadi"),
+        SpeedCase(
+            "replay_pendulum_euler_10k_vs_casadi",
+            "traced 10,000-step pendulum, value_and_grad vs CasADi's SX Function through "
+            "Function.buffer() (buffers set once)",
+            _make_vs_casadi("replay_pendulum_euler_10k_vs_casadi", 4, _pendulum_fn, p),
+            lambda: pendulum_grad_reference(PENDULUM_PARAMS, PENDULUM_STEPS),
+            target_speedup=1.0, rtol=1e-8, tags=("replay", "vm"), peer="casadi"),
+        SpeedCase(
+            "replay_hvp_rosenbrock_scalar_n100_vs_casadi_jtimes",
+            "traced scalar Rosenbrock (n=100), program.hvp vs CasADi jtimes through "
+            "Function.buffer(); target: within 3x, and the Hessian-vector program at most 4x "
+            "the gradient program's rows",
+            _make_hvp_vs_jtimes("replay_hvp_rosenbrock_scalar_n100_vs_casadi_jtimes", 100),
+            lambda: rosenbrock_hessian_reference(_rosenbrock_x0(100)) @ _hvp_v(100),
+            target_speedup=1 / 3, tags=("replay", "vm"), peer="casadi"),
+        *[SpeedCase(
+            f"replay_batch{BATCH}_rosenbrock_scalar_n{n}_vs_single_calls",
+            f"traced scalar Rosenbrock (n={n}), value_and_grad over a batch of {BATCH} inputs "
+            f"vs {BATCH} single calls",
+            _make_batch_vs_single(f"replay_batch{BATCH}_rosenbrock_scalar_n{n}_vs_single_calls",
+                                  n, BATCH),
+            _batch_reference(n, BATCH), target_speedup=3.0, tags=("replay", "vm"),
+            peer="tapegrad-loop") for n in (100, 1000)],
+        *[SpeedCase(
+            f"replay_parallel_batch{b}_rosenbrock_scalar_n100_vs_serial",
+            f"traced scalar Rosenbrock (n=100), value_and_grad over {b} inputs, "
+            f"target='parallel' vs the serial batch"
+            + ("" if b == BATCH else " (target: not slower, within 10% timing noise)"),
+            _make_parallel_vs_serial(f"replay_parallel_batch{b}_rosenbrock_scalar_n100_vs_serial",
+                                     100, b),
+            _batch_reference(100, b), target_speedup=target, tags=("replay", "vm"),
+            peer="tapegrad-loop") for b, target in ((BATCH, 1.7), (SMALL_BATCH, 0.9))],
+        SpeedCase(
+            "replay_call_overhead_3_inputs_vs_compiled_entry",
+            "value_and_grad(a, b, c) of a 3-input program of a dozen rows vs the compiled "
+            "entry it calls; target: the Python side costs at most 2 us",
+            _make_call_overhead("replay_call_overhead_3_inputs_vs_compiled_entry"),
+            _three_reference, target_speedup=0.0, tags=("replay", "vm"), peer="tapegrad-loop"),
+        SpeedCase(
+            "replay_forward_only_rosenbrock_scalar_n1000_vs_value_and_grad",
+            "traced scalar Rosenbrock (n=1000), forward-only program(x) vs value_and_grad(x); "
+            "target: at most half",
+            _make_forward_only("replay_forward_only_rosenbrock_scalar_n1000_vs_value_and_grad",
+                               1000),
+            _rosenbrock_value(1000), target_speedup=2.0, tags=("replay", "vm"),
+            peer="tapegrad-loop"),
+    ]
+
+
+def _rosenbrock_fn_of(n):
+    return lambda lib: _rosenbrock_fn(n)
+
+
+CASES: dict[str, SpeedCase] = {c.name: c for c in _cases()}
+
+
+# --- what the row format has no column for ----------------------------------------------------
+
+
+def _interleaved_s(fns, turns=5, turn_s=0.02):
+    """Median over ``turns`` of each function's mean call time, the functions taking turns
+    (so that a busy moment of a shared machine slows them alike)."""
+    times = [[] for _ in fns]
+    for fn in fns:
+        fn()
+    for _ in range(turns):
+        for i, fn in enumerate(fns):
+            calls, t0 = 0, time.perf_counter()
+            while True:
+                fn()
+                calls += 1
+                elapsed = time.perf_counter() - t0
+                if elapsed >= turn_s:
+                    break
+            times[i].append(elapsed / calls)
+    return [float(np.median(t)) for t in times]
+
+
+def _ns(seconds):
+    return f"{seconds * 1e9:.1f} ns"
+
+
+def _us(seconds):
+    return f"{seconds * 1e6:.3g} us"
+
+
+def finish(name: str, row) -> None:
+    """Add the note of an issue-17 row (``row.extra["note"]``) and the pass rule of the rows
+    whose target is not a speedup; other rows are left alone."""
+    if name not in CASES or row.tapegrad is None:
+        return
+    built = _BUILT.get(name, {})
+    prog = built.get("prog")
+    parts = []
+    if name.endswith("_vs_casadi"):
+        x = built["x"]
+        rows = len(prog)
+        fwd, both = _interleaved_s([lambda: prog(x), lambda: prog.value_and_grad(x)])
+        parts.append(f"{rows} program rows: forward {_ns(fwd / rows)}/row, reverse "
+                     f"{_ns(max(both - fwd, 0.0) / rows)}/row (whole calls, Python included: "
+                     f"program(x), and value_and_grad minus it, timed in turns after the row)")
+        ca = _BUILT.get(name + ":casadi")
+        if ca and row.torch:
+            parts.append(f"CasADi {ca['instructions']} instructions, "
+                         f"{_ns(row.torch / ca['instructions'])}/instruction (forward and "
+                         f"reverse together); peer = CasADi Function.buffer(), buffers set once")
+    elif name.endswith("_jtimes"):
+        grad_rows = len(prog.grad_program())
+        from tapegrad.replay import _hvp_code
+        code = prog._code
+        hvp_rows = code.derived("hvp", lambda: _hvp_code(code)).rows.shape[0]
+        ratio = hvp_rows / grad_rows
+        parts.append(f"Hessian-vector program {hvp_rows} rows, gradient program {grad_rows} "
+                     f"rows ({ratio:.2f}x; target <= 4x)")
+        if ratio > 4:
+            row.passed = False
+        parts.append("peer = CasADi jtimes through Function.buffer(), buffers set once")
+    elif "_batch" in name:
+        batch = BATCH if f"batch{BATCH}_" in name else SMALL_BATCH
+        peer = "single calls" if name.endswith("single_calls") else "serial batch"
+        line = f"per input: tapegrad {_us(row.tapegrad / batch)}"
+        if row.torch:
+            line += f", {peer} {_us(row.torch / batch)}"
+        parts.append(line)
+    elif "call_overhead" in name:
+        row.target = f"<= {_us(OVERHEAD_TARGET_S)} over entry"
+        if row.torch:
+            over = row.tapegrad - row.torch
+            parts.append(f"Python side {_us(over)} per call (value_and_grad {_us(row.tapegrad)}"
+                         f" minus the compiled entry {_us(row.torch)}, which is Numba's "
+                         f"dispatch and the interpreters' allocations)")
+            row.passed = over <= OVERHEAD_TARGET_S and row.error is None
+    if parts:
+        row.extra["note"] = "; ".join(parts)
