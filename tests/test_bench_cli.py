@@ -84,3 +84,26 @@ def test_the_module_runs_from_the_command_line():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["import_to_first_grad_warm", "import_to_first_grad_cold"]
+
+
+def test_a_missing_optional_peer_skips_its_rows_with_one_line(monkeypatch, capsys):
+    # casadi is only in the bench extra: a user with torch alone gets a table and status 0
+    real = cli.cases.load_library
+
+    def load(library):
+        if library == "casadi":
+            raise ImportError("No module named 'casadi'")
+        return real(library)
+
+    monkeypatch.setattr(cli.cases, "load_library", load)
+    ran = []
+    monkeypatch.setattr(cli, "run_speed_case", lambda name, *a: ran.append(name) or
+                        fake_row(True))
+    casadi_rows = [n for n in cli.all_case_names() if n.endswith("_vs_casadi")]
+    assert cli.main(["--only", "rosenbrock_scalar_n100", *casadi_rows]) == 0
+    out = capsys.readouterr().out
+    assert ran == ["rosenbrock_scalar_n100"]
+    lines = [line for line in out.splitlines() if "casadi" in line]
+    assert lines == [f"casadi not installed: pip install 'tapegrad[bench]' "
+                     f"(skipping its {len(casadi_rows)} rows)"]
+    assert "ERROR" not in out
