@@ -26,3 +26,16 @@ def set_rollover(monkeypatch, n):
     monkeypatch.setattr(tape_mod, "ROLLOVER", n)
     # tapes read the limit when they are made: start this thread on a new one
     monkeypatch.setattr(tape_mod.STATE, "tape", tape_mod._no_tape)
+
+
+@pytest.fixture(scope="module")
+def frozen_heap():
+    """Tests that call ``gc.collect()`` (memory and hook counts) pay for it only on what they
+    make: by their module's turn the session's heap (Numba's compiled functions, torch,
+    hypothesis) is millions of objects that a full collection walks in seconds, so it moves
+    to the permanent generation first (``gc.freeze``), and back after the module."""
+    import gc
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()

@@ -13,6 +13,8 @@ import tapegrad.tape as tape_mod
 from tapegrad.autograd import _engine
 from tapegrad.interpreters import _generated_cpu, cpu, fused
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # cheap gc.collect() calls
+
 #: bytes a kept step may hold after its backward: its tape's entries, not its arrays
 #: (about 2.7 KB here; the three saved 1000-element float64 arrays alone are 24 KB)
 PER_STEP = 4096
