@@ -14,6 +14,23 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+def pytest_addoption(parser, pluginmanager):
+    """Without pytest-xdist (an environment older than the test extra, or ``-p no:xdist``),
+    pyproject's ``-n 2`` is accepted and the tests run in one process, after one warning."""
+    if not pluginmanager.hasplugin("xdist"):
+        # xdist's own spelling of the option (pytest reserves lowercase short options)
+        parser.getgroup("xdist")._addoption("-n", "--numprocesses", dest="numprocesses",
+                                            default=None, help="needs pytest-xdist")
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and \
+            not config.pluginmanager.hasplugin("xdist"):
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"-n {config.option.numprocesses} ignored: pytest-xdist is not installed (pip "
+            "install -e '.[test]'); the tests run in one process"), stacklevel=2)
+
+
 @pytest.fixture
 def torch():
     """torch, or a clean skip when it is not installed."""

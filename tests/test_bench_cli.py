@@ -1,6 +1,7 @@
 """``python -m tapegrad.bench``'s command line: case selection, --list, --plot and the exit
 status (no benchmark runs here: the runners are stubbed)."""
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -100,3 +101,13 @@ def test_a_missing_optional_peer_skips_its_rows_with_one_line(monkeypatch, capsy
     assert lines == [f"casadi not installed: pip install 'tapegrad[bench]' "
                      f"(skipping its {len(casadi_rows)} rows)"]
     assert "ERROR" not in out
+
+
+def test_the_tests_run_in_one_process_without_xdist():
+    # pyproject's addopts pass -n 2; without pytest-xdist the run goes on, after one warning
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist",
+                        "-p", "no:cacheprovider", "tests/test_bench_cli.py", "-k", "list_shows"],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "-n 2 ignored: pytest-xdist is not installed" in r.stdout
