@@ -2,7 +2,7 @@
 
 Not part of the test suite (pyproject's testpaths is ``tests``). Run with::
 
-    python -m pytest bench/ --benchmark-only
+    python -m pytest bench/ --benchmark-only -n 0
 
 Each case is grouped so that tapegrad and torch sit side by side; the first
 (compiling) call runs and is checked against the exact gradient before timing.

@@ -1,6 +1,7 @@
 """``python -m tapegrad.bench``'s command line: case selection, --list, --plot and the exit
 status (no benchmark runs here: the runners are stubbed)."""
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -84,3 +85,29 @@ def test_the_module_runs_from_the_command_line():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["import_to_first_grad_warm", "import_to_first_grad_cold"]
+
+
+def test_a_missing_optional_peer_skips_its_rows_with_one_line(monkeypatch, capsys):
+    # casadi is only in the bench extra: a user with torch alone gets a table and status 0
+    monkeypatch.setitem(sys.modules, "casadi", None)  # import casadi raises ImportError
+    ran = []
+    monkeypatch.setattr(cli, "run_speed_case", lambda name, *a: ran.append(name) or
+                        fake_row(True))
+    casadi_rows = [n for n in cli.all_case_names() if n.endswith("_vs_casadi")]
+    assert cli.main(["--only", "rosenbrock_scalar_n100", *casadi_rows]) == 0
+    out = capsys.readouterr().out
+    assert ran == ["rosenbrock_scalar_n100"]
+    lines = [line for line in out.splitlines() if "casadi" in line]
+    assert lines == [f"casadi not installed: pip install 'tapegrad[bench]' "
+                     f"(skipping its {len(casadi_rows)} rows)"]
+    assert "ERROR" not in out
+
+
+def test_the_tests_run_in_one_process_without_xdist():
+    # pyproject's addopts pass -n 2; without pytest-xdist the run goes on, after one warning
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist",
+                        "-p", "no:cacheprovider", "tests/test_bench_cli.py", "-k", "list_shows"],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "-n 2 ignored: pytest-xdist is not installed" in r.stdout

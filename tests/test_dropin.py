@@ -686,6 +686,7 @@ def test_hooks_with_inputs_and_across_tapes(monkeypatch):
     assert _hooks_inputs_and_many_tapes(tapegrad) == expected
 
 
+@pytest.mark.usefixtures("frozen_heap")  # cheap gc.collect() calls
 def test_hooks_removed_leave_fast_paths():
     import gc
 

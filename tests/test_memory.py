@@ -17,6 +17,8 @@ tensor_mod = importlib.import_module("tapegrad.tensor")
 
 from conftest import set_rollover  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # cheap gc.collect() calls
+
 #: allowed growth of traced memory between iteration 1,000 and iteration 10,000
 FLAT_BOUND = 64 * 1024
 

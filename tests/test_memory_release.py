@@ -12,6 +12,8 @@ import tapegrad as tg
 import tapegrad.tape as tape_mod
 from tapegrad.interpreters import _generated_cpu, cpu
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # cheap gc.collect() calls
+
 #: bytes a kept step may hold after its backward: its tape's entries, not its arrays
 #: (about 2.7 KB here; the three saved 1000-element float64 arrays alone are 24 KB)
 PER_STEP = 4096

@@ -673,5 +673,12 @@ def test_update_functions_compile_with_numba():
 
 
 def test_docstring_examples():
-    result = doctest.testmod(optim, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 10 and result.failed == 0
+    # the package's and each module's (doctest finds only what a module defines itself)
+    import pkgutil
+    attempted = 0
+    for mod in [optim] + [importlib.import_module(f"tapegrad.optim.{m.name}")
+                          for m in pkgutil.iter_modules(optim.__path__)]:
+        result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0, mod.__name__
+        attempted += result.attempted
+    assert attempted > 10

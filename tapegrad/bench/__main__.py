@@ -127,6 +127,22 @@ def summary_line(rows: list[Row], strict: bool) -> str:
     return "; ".join(parts)
 
 
+#: peers that only the bench extra installs: without one, its rows are skipped (one line says
+#: so), not ERROR, so a user with only torch still gets a table and exit status 0
+OPTIONAL_PEERS = ("casadi",)
+
+
+def missing_optional_peers(names: list[str]) -> dict[str, list[str]]:
+    """``{peer: [case names]}`` for each optional peer of the selected cases that cannot be
+    imported."""
+    missing: dict[str, list[str]] = {}
+    for name in names:
+        case = cases.SPEED_CASES.get(name)
+        if case is not None and case.peer in OPTIONAL_PEERS:
+            missing.setdefault(case.peer, []).append(name)
+    return {peer: rows for peer, rows in missing.items() if not cases.library_available(peer)}
+
+
 def plot_unavailable() -> str | None:
     """Why ``--plot`` cannot work here (matplotlib missing), or None."""
     import importlib.util
@@ -221,7 +237,7 @@ def run_speed_case(name: str, settings: Settings, with_torch: bool) -> Row:
     fns = {}
     peer = case.peer
     with_peer = with_torch if peer == "torch" else cases.library_available(peer)
-    if not with_peer and peer != "torch":
+    if not with_peer and peer != "torch":  # main skips these rows; a direct call says why
         row.error = f"{peer} is not installed (pip install {peer}): tapegrad only"
     for library in ("tapegrad", peer) if with_peer else ("tapegrad",):
         try:
@@ -641,6 +657,12 @@ def main(argv: list[str] | None = None) -> int:
     with_torch = cases.library_available("torch")
     if not with_torch:
         progress("torch was not found: measuring tapegrad only")
+
+    skipped = missing_optional_peers(names)
+    for peer, peer_rows in skipped.items():
+        print(f"{peer} not installed: pip install 'tapegrad[bench]' "
+              f"(skipping its {len(peer_rows)} row{'s' * (len(peer_rows) != 1)})", flush=True)
+        names = [n for n in names if n not in peer_rows]
 
     rows: list[Row] = []
     for name in names:
