@@ -1244,7 +1244,7 @@ def test_gradient_edge_outlives_its_tensor_and_rejects_constants(torch):
 
 # --- the one-call scalar path -------------------------------------------------------------
 # grad(loss, leaves) with default options on a tape of scalar entries runs mark and sweep in
-# one compiled call (_engine.SCALAR.applies). Everything it does not cover falls back to the
+# one compiled call (_fast_paths.SCALAR.applies). Everything it does not cover falls back to the
 # general path; these tests pin both sides of each condition against torch.
 
 
@@ -1255,18 +1255,18 @@ def _scalar_program(M, xs):
 
 
 def test_one_call_path_equals_the_general_path_and_torch(torch, monkeypatch):
-    from tapegrad.autograd import _engine
+    from tapegrad.autograd import _fast_paths
 
     def run(M):
         xs = [leaf(M, v) for v in (0.3, -0.8, 1.1)]
         return M.autograd.grad(_scalar_program(M, xs), xs)
     fast = run(tg)
     calls = []
-    real = _engine.SCALAR.applies
-    monkeypatch.setattr(_engine.SCALAR, "applies", lambda *a: calls.append(a) or None)
+    real = _fast_paths.SCALAR.applies
+    monkeypatch.setattr(_fast_paths.SCALAR, "applies", lambda *a: calls.append(a) or None)
     general = run(tg)
     assert calls  # the spy replaced the one-call path, so `general` came from the other one
-    monkeypatch.setattr(_engine.SCALAR, "applies", real)
+    monkeypatch.setattr(_fast_paths.SCALAR, "applies", real)
     want = run(torch)
     assert_all_same(fast, want)
     assert_all_same(general, want)
@@ -1354,11 +1354,11 @@ def test_one_call_path_across_a_tape_rollover(torch, monkeypatch):
     # tapes roll over every 128 entries: the loss imports partial sums from earlier tapes,
     # and a later iteration on a tape with an import entry off its path runs in one call
     from conftest import set_rollover
-    from tapegrad.autograd import _engine
+    from tapegrad.autograd import _fast_paths
     set_rollover(monkeypatch, 128)
     taken = []
-    real = _engine.SCALAR.applies
-    monkeypatch.setattr(_engine.SCALAR, "applies",
+    real = _fast_paths.SCALAR.applies
+    monkeypatch.setattr(_fast_paths.SCALAR, "applies",
                         lambda *a: taken.append(real(*a)) or taken[-1])
 
     def run(M, steps):
@@ -1379,9 +1379,9 @@ def test_one_call_path_across_a_tape_rollover(torch, monkeypatch):
 # --- the flat sweep: scalar and small-array entries in one compiled call -------------------
 
 def _flat_spy(monkeypatch):
-    from tapegrad.autograd import _engine
-    real, done = _engine.FLAT.applies, []
-    monkeypatch.setattr(_engine.FLAT, "applies", lambda *a: done.append(real(*a)) or done[-1])
+    from tapegrad.autograd import _fast_paths
+    real, done = _fast_paths.FLAT.applies, []
+    monkeypatch.setattr(_fast_paths.FLAT, "applies", lambda *a: done.append(real(*a)) or done[-1])
     return done
 
 
@@ -1404,7 +1404,7 @@ FLAT_PROGRAMS = {
 
 @pytest.mark.parametrize("name", sorted(FLAT_PROGRAMS))
 def test_flat_path_equals_the_general_path_and_torch(name, torch, monkeypatch):
-    from tapegrad.autograd import _engine
+    from tapegrad.autograd import _fast_paths
     x0 = np.random.default_rng(len(name)).uniform(-1.2, 1.2, 7)
 
     def run(M):
@@ -1413,7 +1413,7 @@ def test_flat_path_equals_the_general_path_and_torch(name, torch, monkeypatch):
     done = _flat_spy(monkeypatch)
     fast = run(tg)
     assert done and done[-1] is not None  # the flat sweep computed these
-    monkeypatch.setattr(_engine.FLAT, "applies", lambda *a: None)
+    monkeypatch.setattr(_fast_paths.FLAT, "applies", lambda *a: None)
     general = run(tg)
     want = run(torch)
     for got in (fast, general):

@@ -161,7 +161,7 @@ def test_array_unary_and_binary_record_directly(monkeypatch):
     # overflow (no warning), same gradients as torch
     import warnings
 
-    tensor_mod = __import__("tapegrad.tensor", fromlist=["_record_binary"])
+    tensor_mod = __import__("tapegrad._recorder", fromlist=["_record_binary"])
     calls = []
     real_errstate, real_rb = np.errstate, tensor_mod._record_binary
     monkeypatch.setattr(np, "errstate", lambda **kw: calls.append("errstate")

@@ -509,14 +509,14 @@ def test_setitem_loop_traced():
 
 
 def test_retained_backward_looks_only_at_its_own_graph(monkeypatch):
-    from tapegrad.autograd import _engine
+    from tapegrad.autograd import _sweep
     from tapegrad.tape import Tape
     n = 300
     xs = [tapegrad.tensor(i / n, requires_grad=True) for i in range(n)]
     ys = [x * x + tapegrad.sin(x) for x in xs]
     seen = []
-    reached = _engine._reached_leaves
-    monkeypatch.setattr(_engine, "_reached_leaves",
+    reached = _sweep._reached_leaves
+    monkeypatch.setattr(_sweep, "_reached_leaves",
                         lambda graph, outs, slots: seen.append(len(slots)) or
                         reached(graph, outs, slots))
     monkeypatch.setattr(Tape, "leaf_items", lambda self: pytest.fail("scanned every leaf"))

@@ -188,15 +188,15 @@ def test_create_graph_leaks_nothing():
 
 def _recording_spy(monkeypatch):
     """Count the compiled recording sweep's calls that did the work (not None)."""
-    from tapegrad.autograd import _engine
-    real, done = _engine.RECORD.applies, []
-    monkeypatch.setattr(_engine.RECORD, "applies", lambda *a: done.append(real(*a)) or done[-1])
+    from tapegrad.autograd import _fast_paths
+    real, done = _fast_paths.RECORD.applies, []
+    monkeypatch.setattr(_fast_paths.RECORD, "applies", lambda *a: done.append(real(*a)) or done[-1])
     return lambda: sum(r is not None for r in done)
 
 
 def _tensor_sweep_only(monkeypatch):
-    from tapegrad.autograd import _engine
-    monkeypatch.setattr(_engine.RECORD, "applies", lambda *a: None)
+    from tapegrad.autograd import _fast_paths
+    monkeypatch.setattr(_fast_paths.RECORD, "applies", lambda *a: None)
 
 
 _LOSSES = {

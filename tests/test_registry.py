@@ -197,3 +197,19 @@ def test_a_registered_op_reaches_every_path_and_the_public_surface(tmp_path):
 def test_a_registered_op_reaches_every_compiled_path(tmp_path):
     pytest.importorskip("torch")
     _check(_package_with_cube(tmp_path))
+
+
+def test_functions_gathers_every_family_function():
+    # functions.py's surface looks an op's hand-written function up in its own globals(): a
+    # function written in a family module (_fn_*.py) but not imported there would lose,
+    # silently, to the default one the surface builds for an elementwise op
+    import importlib
+    import pathlib
+    pkg = pathlib.Path(functions.__file__).parent
+    families = sorted(p.stem for p in pkg.glob("_fn_*.py"))
+    assert families, pkg
+    for name in families:
+        mod = importlib.import_module(f"tapegrad.{name}")
+        for k, v in vars(mod).items():
+            if not k.startswith("_") and callable(v) and v.__module__ == mod.__name__:
+                assert getattr(functions, k, None) is v, f"{name}.{k} is not in functions.py"

@@ -348,8 +348,8 @@ def test_mark_through_grad_on_a_scalar_program_with_unrelated_branches(fresh_tap
 
 
 def test_array_sweep_visits_only_needed_entries(fresh_tape, monkeypatch):
-    from tapegrad.autograd import _engine
-    monkeypatch.setattr(_engine.FLAT, "applies", lambda *a: None)  # the general array sweep
+    from tapegrad.autograd import _fast_paths
+    monkeypatch.setattr(_fast_paths.FLAT, "applies", lambda *a: None)  # the general array sweep
     calls = _spy_mark(monkeypatch)
     visited = _spy_array_vjp(monkeypatch)
     x = tg.tensor([0.1, 0.2, 0.3], requires_grad=True)   # %0

@@ -55,7 +55,7 @@ class FunctionCtx:
             # under no_grad): torch raises, and the tensor no longer holds the saved value
             if v is not None and (t._d is not v[0] or getattr(t, "_ver", None) is not v[1]
                                   or (v[1] is not None and v[1][0] != v[2])):
-                from ._engine import _version_error
+                from ._versions import _version_error
                 box = getattr(t, "_ver", None)
                 _version_error(t, box[0] if box is v[1] and box is not None else v[2] + 1,
                                v[2])

@@ -55,7 +55,7 @@ class Path:
         return f"Path({self.name!r})"
 
 
-#: every strategy, in the order they are tried (filled in by the engine, autograd/_engine.py)
+#: every strategy, in the order they are tried (filled in by the engine, autograd/_sweep.py)
 STRATEGIES: list = []
 
 

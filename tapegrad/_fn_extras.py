@@ -1,0 +1,434 @@
+"""Functions GradBench's tools use (einsum, cross, sort, mm, gamma functions), from recorded ops."""
+from __future__ import annotations
+
+import builtins
+import collections
+import math
+import numbers
+
+import numpy as np
+
+from ._fn_elementwise import _t, _tn, clone
+from ._fn_linalg import matmul
+from ._fn_reductions import _float_input, sum  # sum: tapegrad's, over dims (einsum)
+from ._fn_shapes import broadcast_to, getitem, permute, reshape
+from .ops import BY_NAME as _O
+from .tape import STATE, all_or_nothing
+from .tensor import Tensor, _dim, _hint, _plain, _to_dtype, array_op, tensor
+
+# --- functions GradBench's pytorch tool uses: built from the differentiable ops above, so
+# create_graph, is_grads_batched and replay come with them -------------------------------
+
+
+def empty(*size, dtype=None, requires_grad=False):
+    """A tensor of shape ``size`` (torch leaves it uninitialized; tapegrad fills zeros).
+
+    >>> tapegrad.empty(2, 3).shape
+    (2, 3)
+    """
+    from .tensor import zeros
+    return zeros(*size, dtype=dtype, requires_grad=requires_grad)
+
+
+@all_or_nothing
+def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+    """Repeat each element (each slice along ``dim``; of the flattened input when ``dim`` is
+    None) ``repeats`` times; ``repeats`` is an int or one count per element. With one
+    integer tensor argument, the indices repeated by their counts (torch's form).
+
+    >>> tapegrad.repeat_interleave(tapegrad.tensor([1., 2.]), 2).tolist()
+    [1.0, 1.0, 2.0, 2.0]
+    """
+    input = _t(input)
+    if repeats is None:  # repeat_interleave(counts): arange(len(counts)) repeated
+        counts = np.asarray(input._d)
+        if counts.dtype.kind not in "iu" or counts.ndim != 1:
+            raise RuntimeError("repeat_interleave: repeats must be a 1-d integer tensor")
+        return tensor(np.repeat(np.arange(len(counts)), counts))
+    if dim is None:
+        input, dim = reshape(input, -1), 0
+    dim = _dim(dim, input.ndim) if input.ndim else 0
+    if input.ndim == 0:
+        input = reshape(input, 1)
+    n = input.shape[dim]
+    r = np.asarray(repeats._d if isinstance(repeats, Tensor) else repeats)
+    if r.dtype.kind not in "iu":
+        raise RuntimeError(f"repeat_interleave: repeats must be integers, got {r.dtype}")
+    if r.ndim > 1 or (r.ndim == 1 and len(r) not in (1, n)):
+        raise RuntimeError(f"repeat_interleave: repeats must have the same size as input "
+                           f"along dim ({n}), got {list(r.shape)}")
+    if (r < 0).any():
+        raise RuntimeError("repeat_interleave: repeats can not be negative")
+    idx = np.repeat(np.arange(n), r.reshape(-1) if r.ndim else int(r))
+    if output_size is not None and len(idx) != output_size:
+        raise RuntimeError(f"repeat_interleave: output_size {output_size} does not match the "
+                           f"{len(idx)} elements the repeats give")
+    return getitem(input, (slice(None),) * dim + (idx,))
+
+
+def _cross(input, other, dim):
+    input, other = _t(input), _t(other, "other")
+    if input.ndim != other.ndim:
+        raise RuntimeError(f"linalg.cross: inputs must have the same number of dimensions "
+                           f"(got {input.ndim} and {other.ndim}); unsqueeze the smaller one")
+    try:
+        shape = np.broadcast_shapes(input.shape, other.shape)
+    except ValueError:
+        raise RuntimeError(f"linalg.cross: inputs of shapes {list(input.shape)} and "
+                           f"{list(other.shape)} do not broadcast") from None
+    if dim is None:  # torch.cross without dim: the first dimension of size 3
+        dims = [i for i, n in enumerate(shape) if n == 3]
+        if not dims:
+            raise RuntimeError("no dimension of size 3 in input")
+        dim = dims[0]
+    dim = _dim(dim, len(shape))
+    if shape[dim] != 3:
+        raise RuntimeError(f"linalg.cross: inputs dimension {dim} must have length 3. Got "
+                           f"{input.shape[dim - len(shape) + input.ndim] if input.ndim else 0}"
+                           f" and {other.shape[dim - len(shape) + other.ndim] if other.ndim else 0}")  # noqa: E501
+    input, other = broadcast_to(input, shape), broadcast_to(other, shape)
+    lead = (slice(None),) * dim
+    i, j = lead + (np.array([1, 2, 0]),), lead + (np.array([2, 0, 1]),)
+    return getitem(input, i) * getitem(other, j) - getitem(input, j) * getitem(other, i)
+
+
+@all_or_nothing
+def cross(input, other, dim=None):
+    """Cross product of 3-vectors along ``dim`` (default: the first dimension of size 3,
+    as torch.cross).
+
+    >>> tapegrad.cross(tapegrad.tensor([1., 0, 0]), tapegrad.tensor([0., 1, 0])).tolist()
+    [0.0, 0.0, 1.0]
+    """
+    return _cross(input, other, dim)
+
+
+def linalg_cross(input, other, *, dim=-1):
+    """``tapegrad.linalg.cross``: cross product of 3-vectors along ``dim`` (default -1)."""
+    return _cross(input, other, dim)
+
+
+def _einsum_parse(equation, operands):
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise RuntimeError(f"einsum(): {len(terms)} operand(s) in the equation "
+                           f"{equation!r} but {len(operands)} tensor(s) given")
+    used = set(c for c in eq if c.isalpha())
+    spare = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                 if c not in used)
+    nell = builtins.max([op.ndim - len(t.replace("...", "")) for t, op in zip(terms, operands)
+                         if "..." in t] + [0])
+    ell = "".join(next(spare) for _ in range(nell))
+    labels = []
+    for t, op in zip(terms, operands):
+        if "..." in t:
+            k = op.ndim - len(t.replace("...", ""))
+            t = t.replace("...", ell[nell - k:] if k else "")
+        if not builtins.all(c.isalpha() for c in t):
+            raise RuntimeError(f"einsum(): invalid subscript in {equation!r}: subscripts must "
+                               "be letters (and one '...')")
+        if len(t) != op.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation "
+                               f"({len(t)}) does not match the number of dimensions "
+                               f"({op.ndim}) for operand {len(labels)}")
+        labels.append(t)
+    if arrow:
+        out = out.replace("...", ell)
+        if len(set(out)) != len(out) or not builtins.all(c.isalpha() for c in out):
+            raise RuntimeError(f"einsum(): invalid output subscripts in {equation!r}")
+        missing = set(out) - set("".join(labels))
+        if missing:
+            raise RuntimeError(f"einsum(): output subscript {sorted(missing)[0]} does not "
+                               "appear in the equation for any input operand")
+    else:  # implicit output: the ellipsis, then every label used once, sorted
+        counts = collections.Counter("".join(labels))
+        out = ell + "".join(sorted(c for c in counts if counts[c] == 1 and c not in ell))
+    return labels, out
+
+
+@all_or_nothing
+def einsum(equation, *operands):
+    """Einstein summation, as torch.einsum: products, batched products, traces, diagonals,
+    outer products and sums over indices (``'ij,jk->ik'``, ``'bij,bjk->bik'``, ``'ii'``,
+    ``'i,j->ij'``, ``'...ij->...i'``). Operands are contracted left to right through
+    reshape, permute, matmul and sum, so every derivative order works.
+
+    >>> a = tapegrad.tensor([[1., 2.], [3., 4.]])
+    >>> tapegrad.einsum("ii", a).item()
+    5.0
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    operands = [_t(o, f"operand {i}") for i, o in enumerate(operands)]
+    if not operands:
+        raise RuntimeError("einsum(): must provide at least one operand")
+    labels, out = _einsum_parse(equation, operands)
+    sizes = {}
+    for lab, op in zip(labels, operands):
+        for c, n in zip(lab, op.shape):
+            if sizes.setdefault(c, n) != n:
+                raise RuntimeError(f"einsum(): subscript {c} has size {n} for an operand "
+                                   f"which does not match the previously seen size "
+                                   f"{sizes[c]}")
+    terms = []
+    for lab, op in zip(labels, operands):
+        # a label repeated within one operand takes the diagonal
+        while len(set(lab)) < len(lab):
+            c = next(c for c in lab if lab.count(c) > 1)
+            p, q = lab.index(c), lab.index(c, lab.index(c) + 1)
+            rest = [i for i in range(len(lab)) if i not in (p, q)]
+            op = permute(op, tuple(rest + [p, q]))
+            ar = np.arange(sizes[c])
+            op = getitem(op, (slice(None),) * len(rest) + (ar, ar))
+            lab = "".join(lab[i] for i in rest) + c
+        terms.append((lab, op))
+
+    la, a = terms[0]
+    for k in range(1, len(terms)):
+        lb, b = terms[k]
+        keep = set(out).union(*[set(t[0]) for t in terms[k + 1:]])  # needed after this pair
+        # labels only in a or only in b and needed nowhere else are summed first
+        others_a = set(lb) | keep
+        drop = [i for i, c in enumerate(la) if c not in others_a]
+        if drop:
+            a, la = sum(a, tuple(drop)), "".join(c for c in la if c in others_a)
+        others_b = set(la) | keep
+        drop = [i for i, c in enumerate(lb) if c not in others_b]
+        if drop:
+            b, lb = sum(b, tuple(drop)), "".join(c for c in lb if c in others_b)
+        batch = [c for c in la if c in lb and c in keep]
+        contr = [c for c in la if c in lb and c not in keep]
+        only_a = [c for c in la if c not in lb]
+        only_b = [c for c in lb if c not in la]
+        a = permute(a, tuple(la.index(c) for c in batch + only_a + contr))
+        b = permute(b, tuple(lb.index(c) for c in batch + contr + only_b))
+
+        def size(cs):
+            return int(np.prod([sizes[c] for c in cs], dtype=np.int64))
+        prod = matmul(reshape(a, (size(batch), size(only_a), size(contr))),
+                      reshape(b, (size(batch), size(contr), size(only_b))))
+        la = "".join(batch + only_a + only_b)
+        a = reshape(prod, tuple(sizes[c] for c in la))
+    drop = [i for i, c in enumerate(la) if c not in out]
+    if drop:
+        a, la = sum(a, tuple(drop)), "".join(c for c in la if c in out)
+    if la != out:
+        a = permute(a, tuple(la.index(c) for c in out))
+    return a
+
+
+def _lgamma_np(x):
+    x = np.asarray(x, dtype=np.float64)
+    pole = (x <= 0) & (x == np.floor(x))  # math.lgamma raises there; torch gives inf
+    return np.where(pole, np.inf, np.vectorize(math.lgamma, otypes=[np.float64])(
+        np.where(pole | ~np.isfinite(x), 1.0, x))) + np.where(np.isfinite(x), 0, np.abs(x))
+
+
+# Bernoulli numbers B_2k for the asymptotic series of the polygamma functions
+_BERNOULLI = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730, 7 / 6, -3617 / 510)
+
+
+def _polygamma_np(n, x):
+    """psi^(n)(x) for x > 0: shift x past 12 by the recurrence, then the asymptotic series
+    (relative error under 1e-15 there)."""
+    x = np.array(x, dtype=np.float64)
+    acc = np.zeros_like(x)
+    fact = math.factorial(n)
+    while True:
+        small = x < 12
+        if not small.any():
+            break
+        # psi^(n)(x) = psi^(n)(x + 1) - (-1)^n n! / x^(n+1)
+        acc = np.where(small, acc - (-1) ** n * fact / x ** (n + 1), acc)
+        x = np.where(small, x + 1, x)
+    if n == 0:
+        s = np.log(x) - 1 / (2 * x)
+        for k, b in enumerate(_BERNOULLI, 1):
+            s = s - b / (2 * k * x ** (2 * k))
+    else:
+        s = math.factorial(n - 1) / x ** n + fact / (2 * x ** (n + 1))
+        for k, b in enumerate(_BERNOULLI, 1):
+            s = s + b * math.factorial(2 * k + n - 1) / (math.factorial(2 * k)
+                                                          * x ** (2 * k + n))
+        s = (-1) ** (n + 1) * s
+    return acc + s
+
+
+def _gamma_function(n):
+    """lgamma (n = -1) or polygamma n as a custom Function whose backward is the next one,
+    so every derivative order is available."""
+    from .autograd.function import Function
+    cache = _GAMMA_FNS
+
+    if n in cache:
+        return cache[n]
+
+    class _Gamma(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            d = np.asarray(x._d, dtype=np.float64)
+            return tensor(_lgamma_np(d) if n < 0 else _polygamma_np(n, d))
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * _gamma_function(n + 1).apply(x)
+    cache[n] = _Gamma
+    return _Gamma
+
+
+_GAMMA_FNS = {}
+
+
+def special_multigammaln(input, p):
+    """``tapegrad.special.multigammaln``: log of the multivariate gamma function of
+    dimension ``p``, elementwise (defined for elements above (p - 1) / 2; below, like
+    torch, the sum of log|Gamma| terms).
+
+    >>> round(tapegrad.special.multigammaln(tapegrad.tensor(2.5), 3).item(), 6)
+    1.880995
+    """
+    input = _float_input(_t(input), "multigammaln")
+    if not isinstance(p, numbers.Integral) or p < 1:
+        raise RuntimeError(f"multigammaln: p has to be greater than or equal to 1, got {p}")
+    lg = _gamma_function(-1)
+    terms = [lg.apply(input - j / 2) for j in range(p)]
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total + p * (p - 1) / 4 * math.log(math.pi)
+
+
+# --- sorting, matrix products, comparisons, index_add (built from recorded ops) ----------------
+
+_sort_result = collections.namedtuple("sort", ["values", "indices"])
+
+
+def _sort_indices(a, d, descending):
+    """Stable sort indices along ``d``; NaN sorts as the largest value, as in torch."""
+    if not descending:
+        return np.argsort(a, axis=d, kind="stable")
+    n = a.shape[d]
+    rev = np.flip(a, axis=d)  # ties keep their order: sort the reversed array, then flip
+    return (n - 1) - np.flip(np.argsort(rev, axis=d, kind="stable"), axis=d)
+
+
+def _guard_order(x, idx, d, descending, what):
+    """While tracing, ``idx`` (the order of traced ``x`` along ``d``) is baked into the
+    program: guard that it is still the stable sorted order at replay (each neighbour pair
+    in order, ties only in index order), so another order raises GuardError instead of
+    replaying a wrong permutation. Where that cannot be checked (NaN), guard the values."""
+    tr = STATE.trace
+    if tr is None or not tr.traced(x) or x.shape[d] < 2:
+        return
+    n = x.shape[d]
+    v = getitem(x, _along(idx, d))
+    lo = getitem(v, (slice(None),) * d + (slice(0, n - 1),))
+    hi = getitem(v, (slice(None),) * d + (slice(1, n),))
+    ilo = np.take(idx, np.arange(n - 1), axis=d)
+    ihi = np.take(idx, np.arange(1, n), axis=d)
+    tie_ok = _plain(ilo < ihi)
+    ok = ((hi < lo) if descending else (lo < hi)) | ((lo == hi) & tie_ok)
+    if builtins.bool(np.all(np.asarray(ok._d))):
+        builtins.bool(ok.all())  # bool() of a traced truth value records the guard
+    else:
+        tr.on_escape(x, what)
+
+
+def _along(idx, d):
+    """An advanced index picking ``idx`` (same shape as the input) along dim ``d``."""
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[d] = idx
+    return tuple(grids)
+
+
+def sort(input, dim=-1, descending=False, stable=False):
+    """(values, indices) sorted along ``dim``; the values are differentiable (their gradient
+    goes back to where each value came from). Ties keep their order (a stable sort), where
+    torch's unstable sort may order tied indices otherwise."""
+    x = _t(input)
+    if x.ndim == 0:
+        return _sort_result(_hint(clone(x), "SortBackward0") if x._rg else clone(x),
+                            _plain(np.asarray(0, dtype=np.int64)))
+    d = _dim(dim, x.ndim)
+    a = np.asarray(x._d)
+    idx = _sort_indices(a, d, descending)
+    _guard_order(x, idx, d, descending, "sort()")
+    values = _hint(getitem(x, _along(idx, d)), "SortBackward0")
+    return _sort_result(values, _plain(idx.astype(np.int64)))
+
+
+def argsort(input, dim=-1, descending=False, stable=False):
+    """Indices that sort ``input`` along ``dim`` (int64; ties in order)."""
+    x = _t(input)
+    if x.ndim == 0:
+        return _plain(np.asarray(0, dtype=np.int64))
+    d = _dim(dim, x.ndim)
+    idx = _sort_indices(np.asarray(x._d), d, descending)
+    _guard_order(x, idx, d, descending, "argsort()")
+    return _plain(idx.astype(np.int64))
+
+
+def mm(input, mat2):
+    """Matrix product of two 2-D tensors (``matmul`` restricted to matrices, as torch)."""
+    x, y = _t(input), _t(mat2, "mat2")
+    if x.ndim != 2:
+        raise RuntimeError(f"self must be a matrix (mm needs 2-D tensors), got {x.ndim}-D")
+    if y.ndim != 2:
+        raise RuntimeError(f"mat2 must be a matrix (mm needs 2-D tensors), got {y.ndim}-D")
+    if x.shape[1] != y.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({x.shape[0]}x"
+                           f"{x.shape[1]} and {y.shape[0]}x{y.shape[1]})")
+    return matmul(x, y)
+
+
+def equal(input, other):
+    """True when both tensors have the same shape and elements (NaN is unequal)."""
+    x, y = _t(input), _t(other, "other")
+    if x.shape != y.shape:
+        return False
+    tr = STATE.trace
+    if tr is not None and (tr.traced(x) or tr.traced(y) or tr.ref(x) is not None
+                           or tr.ref(y) is not None):
+        return builtins.bool((x == y).all())  # a guard: replay checks the answer holds
+    return builtins.bool(np.array_equal(np.asarray(x._d), np.asarray(y._d)))
+
+
+def _index_added(self, dim, index, source, alpha):
+    """``self`` with ``alpha * source`` added at ``index`` along ``dim`` (repeats add up),
+    recorded as ``self + index_scatter(...)`` so every order of derivative follows."""
+    x = _t(self, "self")
+    d = _dim(dim, builtins.max(x.ndim, 1))
+    if not isinstance(index, Tensor) or np.asarray(index._d).dtype.kind not in "iu" \
+            or index.ndim > 1:
+        raise IndexError("index_add_(): index must be a 1-D tensor of integers (int64), got "
+                         f"{index if not isinstance(index, Tensor) else index.dtype}")
+    src = _tn(source, "source")
+    if not isinstance(src, Tensor):
+        raise TypeError(f"index_add_(): source must be a Tensor, got {type(source).__name__}")
+    idx = np.asarray(index._d).reshape(-1).astype(np.int64)
+    shape = x.shape
+    want = shape[:d] + (len(idx),) + shape[d + 1:] if x.ndim else (len(idx),)
+    if tuple(src.shape if src.ndim else (1,) * builtins.max(x.ndim, 1)) != tuple(want) \
+            and not (x.ndim == 0 and src.numel() == len(idx) == 1):
+        raise RuntimeError(f"index_add_(): source has shape {list(src.shape)}; it must be "
+                           f"the shape of self with dim {d} of size len(index) = {list(want)}")
+    n = shape[d] if x.ndim else 1
+    if idx.size and (idx.min() < 0 or idx.max() >= n):  # torch takes no negative index
+        raise IndexError(f"index_add_(): index out of range for dimension {d} of size {n}")
+    if x.ndim == 0:  # index is [0] or [], source a single value
+        return src.reshape(()) * alpha if len(idx) else zeros_like_t(x)
+    nidx = (slice(None),) * d + (idx,)
+    scaled = src if alpha == 1 else src * alpha
+    if scaled.dtype is not x.dtype:
+        scaled = _to_dtype(scaled, x.dtype.np)
+    z = np.zeros(shape, dtype=x.dtype.np)
+    np.add.at(z, nidx, np.asarray(scaled._d))
+    return array_op(_O["index_scatter"], [scaled], z, (nidx, tuple(shape), False))
+
+
+def zeros_like_t(x):
+    return _plain(np.zeros(x.shape, x.dtype.np)) if x.ndim else _plain(0.0)

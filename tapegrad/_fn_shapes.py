@@ -1,0 +1,498 @@
+"""Shape functions (reshape, permute, cat...), indexing (getitem, setitem), in-place writes."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ._fn_elementwise import _t, _tn
+from .ops import ARRAY, OPS, ROW
+from .ops import BY_NAME as _O
+from .tape import STATE, bump
+from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _hint, _norm_value, _plain, _pyfloat,
+                     _to_dtype, array_op, result_dtype)
+
+_CLONE = _O["clone"].code
+
+
+def _shape_arg(shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    return tuple(int(s) for s in shape)
+
+
+def reshape(input, *shape):
+    """Same elements, new shape (one dim may be -1)."""
+    x = _t(input)
+    shape = _shape_arg(shape)
+    a = np.asarray(x._d)
+    try:
+        v = a.reshape(shape)
+    except ValueError:
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {a.size}") \
+            from None
+    return _aliased(array_op(_O["reshape"], [x], v, (v.shape, a.shape)), x,
+                    lambda b: b.reshape(shape), lambda t: reshape(t, a.shape))
+
+
+def flatten(input, start_dim=0, end_dim=-1):
+    x = _t(input)
+    if x.ndim == 0:
+        return reshape(x, 1)
+    s = _dim(start_dim, x.ndim)
+    e = _dim(end_dim, x.ndim)
+    shape = x.shape[:s] + (-1,) + x.shape[e + 1:]
+    return reshape(x, shape)
+
+
+def squeeze(input, dim=None):
+    x = _t(input)
+    shape = x.shape
+    if dim is None:
+        new = tuple(s for s in shape if s != 1)
+    else:
+        d = _dim(dim, x.ndim)
+        new = shape[:d] + shape[d + 1:] if x.ndim and shape[d] == 1 else shape
+    return _hint(reshape(x, new), "SqueezeBackward0" if dim is None else "SqueezeBackward1")
+
+
+def unsqueeze(input, dim):
+    x = _t(input)
+    d = _dim(dim, x.ndim + 1)
+    return _hint(reshape(x, x.shape[:d] + (1,) + x.shape[d:]), "UnsqueezeBackward0")
+
+
+def transpose(input, dim0, dim1):
+    """Swap two dims."""
+    x = _t(input)
+    nd = x.ndim
+    d0, d1 = _dim(dim0, nd), _dim(dim1, nd)
+    a = np.asarray(x._d)
+    v = np.swapaxes(a, d0, d1) if nd else a
+    return _aliased(array_op(_O["transpose"], [x], v, (d0, d1) if nd else (0, 0)), x,
+                    lambda b: np.swapaxes(b, d0, d1) if nd else b,
+                    lambda t: transpose(t, d0, d1) if nd else t)
+
+
+swapaxes = swapdims = transpose
+
+
+def permute(input, *dims):
+    x = _t(input)
+    dims = _shape_arg(dims)
+    if len(dims) != x.ndim:
+        raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input "
+                           f"does not match the length of the desired ordering of dimensions "
+                           f"i.e. input.dim() = {x.ndim} is not equal to len(dims) = "
+                           f"{len(dims)}")
+    ds = tuple(_dim(d, x.ndim) for d in dims)
+    if sorted(ds) != list(range(x.ndim)):
+        raise RuntimeError(f"permute(): duplicate dims are not allowed: {dims}")
+    return _aliased(array_op(_O["permute"], [x], np.transpose(np.asarray(x._d), ds), ds), x,
+                    lambda b: np.transpose(b, ds),
+                    lambda t: permute(t, tuple(int(i) for i in np.argsort(ds))))
+
+
+def t(input):
+    x = _t(input)
+    if x.ndim > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
+    return _hint(transpose(x, 0, 1), "TBackward0") if x.ndim == 2 else x
+
+
+def _seq(tensors, fname):
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{fname}(): argument 'tensors' must be a tuple or list of Tensors, "
+                        f"not {type(tensors).__name__}")
+    if not tensors:
+        raise RuntimeError(f"{fname}(): expected a non-empty list of Tensors")
+    for i, x in enumerate(tensors):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{fname}(): expected Tensor as element {i} in argument 0, but got "
+                            f"{type(x).__name__}")
+    return list(tensors)
+
+
+def stack(tensors, dim=0):
+    """Join same-shape tensors along a new ``dim``."""
+    ts = _seq(tensors, "stack")
+    shape0 = ts[0].shape
+    for i, x in enumerate(ts):
+        if x.shape != shape0:
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got "
+                               f"{list(shape0)} at entry 0 and {list(x.shape)} at entry {i}")
+    d = _dim(dim, len(shape0) + 1)
+    rd = result_dtype(*ts)
+    v = np.stack([np.asarray(x._d, dtype=rd) for x in ts], axis=d)
+    return array_op(_O["stack"], ts, v, (d,))
+
+
+def cat(tensors, dim=0):
+    """Join tensors along an existing ``dim``."""
+    ts = _seq(tensors, "cat")
+    nd = ts[0].ndim
+    if nd == 0:
+        raise RuntimeError("zero-dimensional tensor (at position 0) cannot be concatenated")
+    d = _dim(dim, nd)
+    for i, x in enumerate(ts):
+        if x.ndim != nd:
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {nd} and "
+                               f"{x.ndim}")
+        s0, s1 = list(ts[0].shape), list(x.shape)
+        s0[d] = s1[d] = 0
+        if s0 != s1:
+            raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected "
+                               f"size {ts[0].shape} but got size {x.shape} for tensor number "
+                               f"{i} in the list.")
+    rd = result_dtype(*ts)
+    v = np.concatenate([np.asarray(x._d, dtype=rd) for x in ts], axis=d)
+    return array_op(_O["cat"], ts, v, (d,))
+
+
+
+def broadcast_to(input, size):
+    x = _t(input)
+    shape = _shape_arg((size,))
+    a = np.asarray(x._d)
+    try:
+        v = np.broadcast_to(a, shape)
+    except ValueError:
+        raise RuntimeError(f"The expanded size of the tensor must match the existing size: "
+                           f"cannot expand {list(a.shape)} to {list(shape)}") from None
+    return array_op(_O["expand"], [x], v, (v.shape, a.shape))
+
+
+# --- indexing ------------------------------------------------------------------------------
+
+
+def _index(idx):
+    """A NumPy index from a torch-style one (tensors become arrays)."""
+    if isinstance(idx, tuple):
+        return tuple(_index_item(i) for i in idx)
+    return _index_item(idx)
+
+
+def _index_item(i):
+    if isinstance(i, Tensor):
+        a = np.asarray(i._d)
+        if a.dtype.kind == "f":
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        return a
+    if isinstance(i, list):
+        a = np.asarray(i)
+        if a.dtype.kind == "f":
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        return a
+    if isinstance(i, float):
+        raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or byte "
+                         "Variables are valid indices (got float)")
+    return i
+
+
+def getitem(x, idx):
+    d = x._d
+    if idx.__class__ is slice and d.__class__ is np.ndarray and d.ndim:
+        v = d[idx]  # one slice: a view, the common case written out
+        if not (x._rg and STATE.grad_enabled):
+            t = _plain(v)
+            t._ver = x._ver
+            if STATE.trace is not None:  # a slice of a traced comparison: recorded
+                return STATE.trace.plain_op(lambda a: getitem(a, idx), (x,), t)
+            return t
+        return _record_view(x, v, idx, d.shape)
+    if d.__class__ is _pyfloat:
+        d = np.asarray(d)
+    if d.ndim == 0 and idx not in ((), Ellipsis, None):
+        raise IndexError("invalid index of a 0-dim tensor. Use `tensor.item()` in Python or "
+                         "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number")
+    nidx = _index(idx)
+    try:
+        v = d[nidx]
+    except IndexError as e:
+        raise IndexError(str(e).replace("axis", "dimension")) from None
+    tr = STATE.trace
+    if tr is not None:  # a traced mask or index chooses elements: guarded
+        tr.on_index(idx)
+    if not (x._rg and STATE.grad_enabled):
+        t = _plain(_norm_value(v))
+        if isinstance(v, np.ndarray) and np.shares_memory(v, d):
+            t._ver = x._ver  # a view: in-place writes through it bump the base's version
+        if tr is not None:
+            return tr.plain_op(lambda a: getitem(a, idx), (x,), t)
+        return t
+    basic = _basic_index(nidx)
+    if not basic:
+        return array_op(_O["getitem"], [x], v, (nidx, d.shape, basic))
+    return _record_view(x, v, nidx, d.shape)
+
+
+def _record_view(x, v, index, shape):
+    """Record ``v = x[index]`` for a basic index. A basic index gives a view: no copy. The
+    tape keeps the view, and checks the base's version at backward, as torch's views share
+    their base's version counter."""
+    res = array_op(_O["getitem"], [x], v, (index, shape, True))
+    if isinstance(v, np.ndarray) and res._tape is not None:
+        try:
+            box = x._ver
+        except AttributeError:
+            box = x._ver = [0]
+        res._tape.viewed.append((res._slot, box, box[0]))
+    res._view = (x, index)
+    res._alias = (x, lambda a, v: a.__setitem__(index, v), None)  # recorded: ``_view``
+    return res
+
+
+def _aliased(res, x, fn, inverse):
+    """``res`` is a view of ``x`` (``fn`` makes it from ``x``'s array): an unrecorded
+    in-place change of ``res`` writes through to ``x``, as torch's views share memory;
+    ``inverse`` maps a tensor of ``res``'s shape to ``x``'s (the recorded write-back)."""
+    def write(a, v):
+        view = fn(a)
+        if not np.shares_memory(view, a):  # never silently into a copy
+            raise RuntimeError("in-place change of a view whose base's layout changed: "
+                               "make it on a contiguous tensor (x.clone())")
+        np.copyto(view, v, casting="unsafe")
+
+    if res._tape is not None and res is not x and isinstance(res._d, np.ndarray) \
+            and isinstance(x._d, np.ndarray) and np.shares_memory(res._d, x._d):
+        res._alias = (x, write, inverse)
+    return res
+
+
+def _basic_index(index):
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
+               for i in items)
+
+
+def setitem(x, idx, value):
+    d = x._d
+    scalar = d.__class__ is _pyfloat
+    if scalar:
+        d = np.asarray(d)
+    nidx = _index(idx)
+    tr = STATE.trace
+    if tr is not None:
+        tr.on_index(idx, "x[i] = v")
+    v = value if isinstance(value, Tensor) else _tn(value, "value")
+    vt = v if isinstance(v, Tensor) else None
+    vv = np.asarray(v._d if vt is not None else v)
+    try:
+        tshape = np.shape(d[nidx])  # no view of d kept: _owned_write counts its holders
+        np.broadcast_to(vv, tshape)
+    except IndexError as e:
+        raise IndexError(str(e).replace("axis", "dimension")) from None
+    except ValueError:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(vv.shape)} cannot be "
+                           f"broadcast to indexing result of shape {list(tshape)}") \
+            from None
+    grad = STATE.grad_enabled and (x._rg or (vt is not None and vt._rg))
+    if grad:
+        if x._rg and x._tape is None:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an "
+                               "in-place operation (index assignment). Assign into a clone "
+                               "(y = x.clone(); y[...] = v) or wrap it in tapegrad.no_grad().")
+        if _leaf_base(x) is not None:  # checked before anything is recorded
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
+                               "an in-place operation (index assignment). Assign into a clone, "
+                               "or wrap it in tapegrad.no_grad().")
+        vt = vt if vt is not None else _plain(_norm_value(vv.astype(d.dtype)))
+        if vt.dtype.np != d.dtype:
+            vt = _to_dtype(vt, d.dtype)
+        own = _owned_write(x, d)
+        out = d if own else np.array(d, copy=True)
+        out[nidx] = vv.astype(d.dtype, copy=False)
+        res = array_op(_O["setitem"], [x, vt], out, (nidx, None))
+        if own:  # the older entry's value is dead (see _owned_write): a zero-stride stand-in
+            # keeps its shape and frees its hold on the array; the tape counted it once
+            res._tape.arrays[x._slot] = np.broadcast_to(np.zeros((), d.dtype), d.shape)
+            res._tape.nbytes -= out.nbytes
+        _rebind(x, res)
+        _write_back(x)
+        return
+    if tr is not None:
+        tr.written(x, v, "an index assignment (x[i] = v) of a traced value")
+    if scalar:
+        out = np.array(d, copy=True)
+        out[nidx] = vv
+        x._d = _pyfloat(out)
+        x._sid = -1
+        if x._tape is not None:
+            x._tape.dirty[x._slot] = len(x._tape)
+            _keep_on_tape(x)
+            _write_through(x)
+        return
+    _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
+
+
+def _owned_write(x, d):
+    """Whether an index assignment into ``x`` may write its array in place: ``d`` is the
+    copy that the previous recorded assignment made, still on the tape the next entry goes
+    to, and nothing but ``x`` and that entry holds it (no view, no other tensor, no import
+    into another tape), and no entry recorded since reads it. Nothing reads that entry's
+    value after this write then (the setitem rule needs only shapes). So a loop of row writes
+    keeps the written rows and one array,
+    not one copy of the destination per write."""
+    tape = x._tape
+    if (tape is None or x._sid != tape.sid or d.__class__ is not np.ndarray
+            or d.base is not None or not d.flags.writeable or STATE.tape() is not tape
+            or len(tape.vals) >= tape.limit or tape.arrays.get(x._slot) is not d
+            or OPS[int(tape.code[x._slot * ROW]) & ~ARRAY] is not _O["setitem"]):
+        return False
+    # holders: x._d, the tape's entry, the caller's d, our d and getrefcount's argument
+    if sys.getrefcount(d) > 5:
+        return False
+    # an entry recorded since that reads the value (x * x) needs it as it is: copy
+    k0, code = x._slot, tape.code
+    for k in range(k0 + 1, len(tape.vals)):
+        uses = OPS[int(code[k * ROW]) & ~ARRAY].uses
+        if uses and (("a" in uses and code[k * ROW + 1] == k - k0)
+                     or ("b" in uses and code[k * ROW + 2] == k - k0)):
+            return False
+    return not any(k > k0 and k0 in tape.aux[k][0] for k in tape.nary)
+
+
+def _rebind(x, res):
+    """Make tensor ``x`` the result of an in-place op recorded out of place."""
+    if x._tape is not None:  # entries before this op that saved x's old value now see a
+        x._tape.dirty[x._slot] = res._slot if res._tape is x._tape else len(x._tape)
+    x._d = res._d
+    x._rg = res._rg
+    x._tape = res._tape
+    x._sid = res._sid
+    x._slot = res._slot
+    if res._d.__class__ is not _pyfloat:
+        x._ver = [0]  # a new array: what a tape saved of the old one is unchanged
+
+
+def _inplace_write(x, write):
+    """Modify ``x``'s array in place (no recording): copy-on-write when a tape holds it."""
+    d = x._d
+    if x._tape is not None or not d.flags.writeable:
+        d = np.array(d, copy=True)
+        write(d)
+        if x._tape is not None:
+            x._tape.dirty[x._slot] = len(x._tape)
+        x._d = d
+        x._ver = [0]  # a new array: what a tape saved of the old one is unchanged
+    else:
+        write(d)
+        bump(x._ver)
+    x._sid = -1
+    if x._tape is not None:
+        _keep_on_tape(x)
+        _write_through(x)
+
+
+def _leaf_base(t):
+    """The leaf that requires grad which view ``t`` (through views) is of, else None."""
+    while True:
+        alias = getattr(t, "_alias", None)
+        if alias is None:
+            return None
+        t = alias[0]
+        if t._rg and t._tape is None:
+            return t
+
+
+def _write_back(t):
+    """``t``, a view, was changed in place (recorded): its base takes the new value,
+    recorded too, and so on up the views (a reshape, transpose or permute view, or one of
+    a view, kept the base's old value before: a wrong number)."""
+    view = getattr(t, "_view", None)
+    if view is not None:
+        setitem(view[0], view[1], t)  # writes back from view[0] in turn
+        return
+    alias = getattr(t, "_alias", None)
+    if alias is not None and alias[2] is not None:
+        base = alias[0]
+        new = alias[2](t)
+        if new.dtype is not base.dtype:
+            new = _to_dtype(new, base.dtype.np)
+        _rebind(base, new)
+        _write_back(base)
+
+
+def _write_through(x):
+    """``x``, a view of another tensor, was changed in place without recording (its array
+    copied, as the tape holds it): write its new value into its base, as torch's views share
+    memory (without this the base kept its old value: a wrong number)."""
+    alias = getattr(x, "_alias", None)
+    if alias is not None:
+        base, write = alias[:2]
+        _inplace_write(base, lambda arr: write(arr, x._d))
+
+
+def _keep_on_tape(x):
+    """After an unrecorded in-place change (under no_grad) of non-leaf ``x``: enter its new
+    value on its tape as an identity of the old entry, so later ops read the new value and
+    the gradient flows through the in-place op unchanged, as in torch (``x`` keeps its
+    history; without this it would be entered again as a leaf of its own)."""
+    if STATE.trace is not None:
+        return
+    tape, old = x._tape, x._slot
+    v = x._d
+    k = tape.append(_CLONE if v.__class__ is _pyfloat else _CLONE | ARRAY, old, -1, 0.0, 0.0,
+                    v)
+    x._slot, x._sid = k, tape.sid
+    if getattr(x, "_retains", False):
+        import weakref
+        tape.retained.pop(old, None)
+        tape.retained[k] = weakref.ref(x)
+    from .autograd.graph import entry_name
+    _hint(x, entry_name(tape, old))  # it prints as the op that made it, as torch's
+
+
+def _inplace(op_fn):
+    def method(self, other):
+        other = _tn(other, "other")
+        grad = STATE.grad_enabled and (self._rg or (isinstance(other, Tensor) and other._rg))
+        if grad and self._rg and self._tape is None:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an "
+                               "in-place operation. Use an out-of-place op (x = x + y), or "
+                               "update it inside tapegrad.no_grad().")
+        view = _leaf_base(self) if grad else None
+        if view is not None:
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
+                               "an in-place operation. Use an out-of-place op, or update it "
+                               "inside tapegrad.no_grad().")
+        oshape = other.shape if isinstance(other, Tensor) else np.shape(other)
+        try:
+            bshape = np.broadcast_shapes(self.shape, oshape)
+        except ValueError:
+            bshape = None
+        if bshape != self.shape:  # checked before anything is recorded
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
+                               f"broadcast shape {list(bshape or oshape)}")
+        res = op_fn(self, other)
+        if grad:
+            if res.dtype is not self.dtype:
+                res = _to_dtype(res, self.dtype.np)
+            _rebind(self, res)
+            _write_back(self)  # write through to the base, as torch's views do
+            return self
+        v = res._d
+        tr = STATE.trace
+        if tr is not None:  # self takes res's value: and its reference, when traced
+            tr.rebind(self, res)
+        if self._d.__class__ is _pyfloat:
+            self._d = v if v.__class__ is _pyfloat else float(v)
+            self._sid = -1
+            box = getattr(self, "_ver", None)
+            if box is not None:
+                bump(box)
+            if self._tape is not None:
+                self._tape.dirty[self._slot] = len(self._tape)
+                _keep_on_tape(self)
+                _write_through(self)
+            return self
+        rt = np.asarray(v).dtype
+        if _cat(rt) > _cat(self._d.dtype):  # torch's canCast: no float into int, int into bool
+            raise RuntimeError(f"result type {TORCH_NAMES[rt.name]} can't be cast to the "
+                               f"desired output type {TORCH_NAMES[self.dtype.name]}")
+        _inplace_write(self, lambda arr: np.copyto(arr, v, casting="unsafe"))
+        return self
+    return method

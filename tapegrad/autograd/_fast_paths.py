@@ -1,0 +1,163 @@
+"""The fast backward strategies (scalar, flat, record): one compiled call each, or decline."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..interpreters import _generated_cpu, cpu
+from ..tape import INPLACE, STATE, end_tape
+from ..tensor import Tensor, _plain, _plain_s, _pyfloat
+from .anomaly import ANOMALY
+from .graph import HOOKS
+from .paths import Path
+
+
+def _scalar_case(y, inputs, arrays=False):
+    """(tape, input slots) when ``grad(y, inputs)`` is the case the one-call paths cover:
+    a 0-d float64 loss on one tape of scalar entries (no arrays, N-ary or retained entries,
+    nothing freed or changed in place) and 0-d float64 leaves entered once each; else None.
+    With ``arrays``, the tape and the leaves may hold arrays."""
+    tape = y._tape
+    if (tape is None or y._d.__class__ is not _pyfloat or (tape.arrays and not arrays)
+            or tape.nary or tape.retained or tape.freed is not None or tape.reentered
+            or tape.epoch != INPLACE[0] or tape.dirty or ANOMALY.enabled or HOOKS[0]):
+        return None
+    if inputs.__class__ is Tensor:
+        inputs = (inputs,)
+    elif inputs.__class__ is not list and inputs.__class__ is not tuple:
+        return None
+    sid = tape.sid
+    slots = []
+    for x in inputs:
+        if (x.__class__ is not Tensor or x._sid != sid or x._tape is not None
+                or (x._d.__class__ is not _pyfloat and not arrays) or not x._rg):
+            return None
+        slots.append(x._slot)
+    if not slots:
+        return None
+    return tape, np.array(slots, dtype=np.int64)
+
+
+def _scalar_applies(y, inputs, retain_graph):
+    """``grad(y, inputs)`` with default options in one compiled call, for the case that
+    dominates scalar optimization loops (``_scalar_case``, and no import on the path). None
+    when anything else holds: the next path then runs (and raises whatever torch raises)."""
+    case = _scalar_case(y, inputs)
+    if case is None:
+        return None
+    tape, slots = case
+    grads, need, used = cpu.grad_scalar(tape.rows(), tape.values(), slots, y._slot,
+                                        cpu.SWEEPABLE,
+                                        tape.imports[0] if tape.imports else y._slot)
+    if not used:
+        return None  # an unused input: the general path raises or returns None for it
+    return tape, need, grads, retain_graph
+
+
+def _scalar_run(plan):
+    tape, need, grads, retain_graph = plan
+    if not retain_graph:
+        cpu.free_entries(tape, need)
+        end_tape(tape)
+    return tuple([_plain_s(v) for v in grads.tolist()])
+
+
+def _flat_mark(y, inputs):
+    """(tape, rows, need, lo, input slots) when the flat path may take the call
+    (``_scalar_case`` with arrays, every input reached, every entry on the path one
+    ``cpu.FLAT`` covers); else None."""
+    tape = y._tape
+    if tape is None or not tape.arrays:
+        return None
+    case = _scalar_case(y, inputs, arrays=True)
+    if case is None:
+        return None
+    tape, ins = case
+    rows = tape.rows()
+    need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
+                                           tape.imports[0] if tape.imports else y._slot)
+    if not ok or not reach[ins].all():
+        return None
+    return tape, rows, need, lo, ins
+
+
+def _flat_applies(y, inputs, retain_graph):
+    """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
+    call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
+    tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
+    None when anything else holds (past the buffers' size limit: the general sweep)."""
+    m = _flat_mark(y, inputs)
+    if m is None:
+        return None
+    tape, rows, need, lo, ins = m
+    layout = cpu.flat_layout(tape, rows, need, lo, y._slot + 1)
+    if layout is None:
+        return None
+    off, size, V, p0, p1 = layout
+    A = np.zeros(len(V), dtype=np.float64)
+    A[y._slot] = 1.0
+    if _generated_cpu.sweep_flat(rows, need, y._slot + 1, lo, off, size, V, A, p0, p1):
+        return None  # broadcasting it does not run
+    return tape, need, ins, off, A, retain_graph
+
+
+def _flat_run(plan):
+    tape, need, ins, off, A, retain_graph = plan
+    out = []
+    arrays = tape.arrays
+    for s in ins.tolist():
+        v = arrays.get(s)
+        if v is None:
+            out.append(_plain_s(float(A[s])))
+        else:
+            o = off[s]
+            out.append(_plain(A[o:o + v.size].reshape(v.shape).copy()))
+    if not retain_graph:
+        cpu.free_entries(tape, need)
+        end_tape(tape)
+    return tuple(out)
+
+
+def _record_applies(y, inputs, retain_graph):
+    """``grad(y, inputs, create_graph=True)`` with default options in one compiled call:
+    the sweep's entries are emitted by ``cpu.grad_record`` (appended to the loss's tape by
+    ``_record_run``), which must be the one this thread records onto. Covers
+    ``_scalar_case`` with every rule on the path recordable; None otherwise (the tensor
+    sweep then records the same entries)."""
+    case = _scalar_case(y, inputs)
+    if case is None:
+        return None
+    tape, slots = case
+    if STATE.tape() is not tape or STATE.trace is not None or len(tape.vals) >= tape.limit:
+        return None
+    base = len(tape.vals)
+    rows, codes, values, gslots, gvals, ok = cpu.grad_record(
+        tape.rows(), tape.values(), slots, y._slot, -1, 1.0, cpu.RECORDABLE,
+        tape.imports[0] if tape.imports else y._slot, base)
+    if not ok:
+        return None
+    return tape, rows, codes, values, gslots, gvals
+
+
+def _record_run(plan):
+    tape, rows, codes, values, gslots, gvals = plan
+    tape.extend(rows, codes, values)
+    sid, out = tape.sid, []
+    for s, v in zip(gslots.tolist(), gvals.tolist()):
+        if s < 0:  # a constant gradient (no path through a recorded value)
+            out.append(_plain_s(v))
+            continue
+        t = Tensor()
+        t._d = v
+        t._rg = True
+        t._tape = tape
+        t._sid = sid
+        t._slot = s
+        out.append(t)
+    return tuple(out)
+
+
+SCALAR = Path("scalar", _scalar_applies, _scalar_run, graph=False)
+FLAT = Path("flat", _flat_applies, _flat_run, graph=False)
+RECORD = Path("record", _record_applies, _record_run, graph=True)
+_FAST_NOGRAPH = (SCALAR, FLAT)  # create_graph off, in the order they are tried
+_FAST_GRAPH = (RECORD,)                # create_graph on (and the graph retained)
