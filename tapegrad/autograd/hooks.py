@@ -129,19 +129,7 @@ def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None, d
     else:
         get, put, call_hooks = adjd.get, adjd.__setitem__, _call_tensor_hooks_rec
     todo = np.nonzero((need | is_input | is_output) & reach)[0][::-1].tolist()
-    leaf_slots = {}  # id(leaf) -> (leaf, its reached slots)
-    for s in todo:
-        if _NAMES[int(graph.rows[s, 0]) & ~ARRAY] == "leaf":
-            leaf = graph.aux(s)[0]
-            leaf_slots.setdefault(id(leaf), (leaf, []))[1].append(s)
-    slot_leaf = {s: key for key, (_, ss) in leaf_slots.items() for s in ss}
-    last_user = {}  # id(leaf) -> the last entry of the sweep that reads one of its slots
-    for s in todo:
-        if need[s]:
-            for i in _inputs(graph, s):
-                key = slot_leaf.get(i)
-                if key is not None:
-                    last_user[key] = s
+    leaf_slots, slot_leaf, last_user = _leaf_users(graph, todo, need)
     captured = {}
     done = set()
 
@@ -174,12 +162,7 @@ def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None, d
     taken = []
     # create_graph records the hooks' ops too (grad mode is on, as in torch)
     with no_grad() if rec is None else contextlib.nullcontext(), np.errstate(all="ignore"):
-        for key in list(direct or ()):  # leaf outputs no entry reads: ready first, as in torch
-            if key not in leaf_slots:
-                leaf = direct_leaves[key]
-                hooks = leaf_hooks(leaf, "tensor")
-                if hooks:
-                    direct[key] = call_hooks(hooks, direct[key], leaf._d)
+        _direct_leaf_hooks(direct, direct_leaves, leaf_slots, call_hooks)
         for s in todo:
             name = _NAMES[int(graph.rows[s, 0]) & ~ARRAY]
             if name in ("const", "leaf"):
@@ -218,6 +201,37 @@ def sweep(graph, need, adj, adjd, is_input, is_output, reach, accumulate=None, d
     for s, g in captured.items():
         put(s, g)
     return set(taken)
+
+
+def _leaf_users(graph, todo, need):
+    """For the leaves among the slots ``todo`` sweeps: id(leaf) -> (leaf, its slots), slot
+    -> id(leaf), and id(leaf) -> the last entry of the sweep that reads one of its slots
+    (where the leaf's gradient is complete)."""
+    leaf_slots = {}
+    for s in todo:
+        if _NAMES[int(graph.rows[s, 0]) & ~ARRAY] == "leaf":
+            leaf = graph.aux(s)[0]
+            leaf_slots.setdefault(id(leaf), (leaf, []))[1].append(s)
+    slot_leaf = {s: key for key, (_, ss) in leaf_slots.items() for s in ss}
+    last_user = {}
+    for s in todo:
+        if need[s]:
+            for i in _inputs(graph, s):
+                key = slot_leaf.get(i)
+                if key is not None:
+                    last_user[key] = s
+    return leaf_slots, slot_leaf, last_user
+
+
+def _direct_leaf_hooks(direct, direct_leaves, leaf_slots, call_hooks):
+    """Leaf outputs no entry reads: their tensor hooks run first on their seeds, as in
+    torch."""
+    for key in list(direct or ()):
+        if key not in leaf_slots:
+            leaf = direct_leaves[key]
+            hooks = leaf_hooks(leaf, "tensor")
+            if hooks:
+                direct[key] = call_hooks(hooks, direct[key], leaf._d)
 
 
 def _call_tensor_hooks_rec(hooks, g, like):
