@@ -10,7 +10,7 @@ import numpy as np
 from .._jit import njit_cached
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF, call_rule
 from ..ops._registry import Part
-from ..ops.arrays import sum_to
+from ..ops.arrays import sum_axes, sum_to
 from ..tape import STATE
 from . import _generated_cpu, record_vm
 
@@ -788,16 +788,6 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
             adjd[s] = gr if prev is None else prev + gr
         else:
             adjb[s] += gr
-
-
-def sum_axes(have, want, keep=0):
-    """The axes a gradient of shape ``have`` is summed over to shape ``want`` (NumPy
-    broadcasting in reverse: the extra leading axes and the axes ``want`` has as 1), the
-    first ``keep`` axes of both kept (a batch axis)."""
-    rest, want = have[keep:], want[keep:]
-    lead = len(rest) - len(want)
-    return tuple(range(keep, keep + lead)) + tuple(
-        keep + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
 
 
 def sum_to_batched(g, shape):
