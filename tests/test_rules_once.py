@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import tapegrad
-
-from tapegrad.ops import BY_NAME, OPS
+from tapegrad.autograd import paths
+from tapegrad.interpreters import _codegen, cpu
+from tapegrad.ops import BY_NAME, OPS, NpF
 from tapegrad.ops.arrays import sum_axes, sum_to
 
 torch = pytest.importorskip("torch")
@@ -91,3 +92,93 @@ def test_torch_saves_is_declared_per_op():
     for op in OPS:
         if op.torch_saves is not None and not callable(op.torch_saves):
             assert op.torch_saves <= {"a", "b", "out"}, op
+
+
+# --- scatter forms: the flat sweep's and a view's adjoint, from the registry -------------
+
+
+def _index_cases():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=9)
+    for index in (slice(1, 7), slice(None, None, 2), slice(8, 0, -3), 4, -2, (slice(2, 5),)):
+        yield a, index
+    yield rng.normal(size=(3, 4)), (1, slice(0, 3))
+    yield rng.normal(size=(3, 4)), (slice(None), 2)
+
+
+@pytest.mark.parametrize("name", [op.name for op in OPS if op.scatter is not None])
+def test_scatter_form_is_the_rule(name):
+    """Each op's ``scatter`` form, added into zeros, gives its ``vjp``'s gradient bit for
+    bit (the flat sweep and a view's adjoint run that form, the other sweeps ``vjp``)."""
+    op = BY_NAME[name]
+    at, f = op.scatter
+    rng = np.random.default_rng(1)
+    if at == "all":
+        cases = [(rng.normal(size=s), (None, False)) for s in [(), (5,), (3, 4), (2, 3, 2)]]
+    else:
+        cases = [(a, (i, a.shape, True)) for a, i in _index_cases()]
+    for a, aux in cases:
+        out = op.np(a, aux)
+        g = rng.normal(size=np.shape(out))
+        (ref,) = op.vjp(NpF, g, [a], out, aux)
+        ref = np.broadcast_to(ref, a.shape)
+        got = np.zeros(a.shape)
+        if at == "all":
+            got += f(g, a.size)
+        else:
+            got[aux[0]] += f(g, a.size)
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_flat_sweep_is_generated_from_the_scatter_forms(monkeypatch):
+    """The flat sweep states no derivative of its own: its branch of an op is that op's
+    ``scatter`` form (changing the form changes the generated branch), and the ops it runs
+    are the elementwise ones and those with a form."""
+    text = _codegen._flat_source()
+    for op in OPS:
+        if op.scatter is not None:
+            branch = "".join(f"            {x}\n" for x in _codegen.render_scatter(op))
+            assert branch in text, op
+            assert cpu.FLAT[op.code | 256]
+        elif op.kind == "array":
+            assert not cpu.FLAT[op.code | 256], op
+    monkeypatch.setattr(BY_NAME["mean"], "scatter", ("all", lambda g, n: g * 3.0 / n))
+    assert "(A[oout] * 3.0) / size[ia]" in _codegen._flat_source()
+
+
+def test_view_adjoint_runs_the_registry_form(monkeypatch):
+    """The array sweep adds a basic index's gradient in place through the op's
+    ``scatter`` form, not a rule of its own: a changed form changes that gradient."""
+    def grad():
+        x = tapegrad.tensor(np.linspace(0.1, 0.9, 300), requires_grad=True)
+        with paths.force("sweep"):
+            (g,) = tapegrad.autograd.grad((x[10:20] * x[5:15]).sum() + x.sum(), (x,))
+        return g.numpy()
+    ref = grad()
+    monkeypatch.setattr(BY_NAME["getitem"], "scatter", ("index", lambda g, n: g * 2.0))
+    changed = grad()
+    np.testing.assert_array_equal(changed[20:], ref[20:])
+    assert not np.array_equal(changed[5:20], ref[5:20])
+
+
+def _program(M, x):
+    # slices and integers of a 1-d array, full sums and means, elementwise ops between
+    y = (x[1:6] * x[::2][:5]).sum() + x[3] * M.sin(x[-1]) + x[1:8:3].exp().mean()
+    z = (x * x).mean() * (x[2:] - x[:-2]).sum()
+    return y + z + x[0] * x[0]
+
+
+@pytest.mark.parametrize("n", [9, 40])
+def test_flat_path_matches_sweep_and_torch(n):
+    x0 = np.random.default_rng(n).normal(size=n)
+    xt = torch.tensor(x0, requires_grad=True)
+    (ref,) = torch.autograd.grad(_program(torch, xt), (xt,))
+    got = {}
+    for path in ("flat", "sweep"):
+        x = tapegrad.tensor(x0, requires_grad=True)
+        with paths.force(path):
+            (g,) = tapegrad.autograd.grad(_program(tapegrad, x), (x,))
+        assert paths.last() == path
+        got[path] = g.numpy()
+    np.testing.assert_allclose(got["flat"], ref.numpy(), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(got["sweep"], ref.numpy(), rtol=1e-13, atol=1e-14)

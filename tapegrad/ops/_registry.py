@@ -112,10 +112,11 @@ class Op:
         self.torch_saves = torch_saves if torch_saves is None or callable(torch_saves) \
             else frozenset(torch_saves)
         # (at, f): the rule as "input element += f(g, n)", g an adjoint element of the
-        # output and n the input's size; ``at`` is "all" (a full reduction: every input
-        # element gets the output's one adjoint) or "index" (getitem: output element i goes
-        # to the input at the entry's index, aux[0]). ``f`` runs on NumPy values and on
-        # ``Sym`` (the generated flat sweep); a test checks it against ``vjp``
+        # output and n the input's size; ``at`` is "all" (a full reduction, aux[0] None:
+        # every input element gets the output's one adjoint) or "index" (output element i
+        # goes to the input at the entry's index, aux (index, input shape, basic) as
+        # getitem's). ``f`` runs on NumPy values (a view's adjoint, interpreters/cpu.py)
+        # and on ``Sym`` (the generated flat sweep); a test checks it against ``vjp``
         self.scatter = scatter
         self.code = OPCODES.index(name)
         # which of the entry's values (a, b, out) its rule reads, and which constants (c0, c1)

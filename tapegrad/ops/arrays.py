@@ -263,6 +263,7 @@ def _index_scatter(g, aux):
 
 register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,  # aux: index,
          vjp=lambda F, g, v, out, aux: (F.index_scatter(g, aux),),  # shape, basic
+         scatter=("index", lambda g, n: g),  # the same rule, added in place at the index
          batch=_plain_batch(_index_aux), lower=lw.lower_getitem, via="`x[index]`")
 register("index_scatter", A, np=_index_scatter, saves=False,
          vjp=lambda F, g, v, out, aux: (F.getitem(g, (aux[0], aux[1])),),
@@ -383,7 +384,7 @@ def _prod_others_vjp(F, g, v, out, aux):
 
 
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
-         saves=False, vjp=_sum_vjp,
+         saves=False, vjp=_sum_vjp, scatter=("all", lambda g, n: g),
          batch=_plain_batch(_reduce_aux), lower=lw.lower_sum, api=("sum",), method=True)
 
 
@@ -395,7 +396,7 @@ def _mean_np(a, aux):
 
 
 register("mean", A, np=_mean_np, torch="mean",
-         saves=False, vjp=_mean_vjp,
+         saves=False, vjp=_mean_vjp, scatter=("all", lambda g, n: g / n),
          batch=_plain_batch(_reduce_aux), lower=lw.lower_mean, api=("mean",), method=True)
 register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp,
          batch=_plain_batch(_reduce_aux), lower=lw.lower_prod, api=("prod",), method=True,
