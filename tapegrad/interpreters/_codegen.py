@@ -58,7 +58,9 @@ class Target:
         self.cols, self.val, self.adj, self.loop = cols, val, adj, loop
         self.val_mode, self.adj_mode = val_mode, adj_mode
         self.keep_zero, self.index = keep_zero, index
-        self.out = out  # a forward's result: format of where it is written (``{s}`` is k)
+        # a forward's result: format of the statement that stores it (``{s}``: the slot,
+        # k; ``{e}``: the expression); ``cols`` None: the operands are bound already
+        self.out = out
 
 
 #: the tape's rows (opcode, a, b, c0, c1) and a traced program's (opcode, a, b, c, c0, c1)
@@ -102,8 +104,11 @@ def render(op, t, forward=False):
     if forward:
         e = _forward_expr(op)
         ins = [n for n in _inputs(op) if _uses(e, n)]
-        head = [f"{n} = rows[k, {t.cols[n]}]" for n in _consts_of(op) if _uses(e, n)]
-        reads = {n: t.val.format(s=f"int(rows[k, {t.cols[n]}])", n=n) for n in ins}
+        bound = t.cols is None  # the operands are the function's own arguments
+        head = [] if bound else [f"{n} = rows[k, {t.cols[n]}]" for n in _consts_of(op)
+                                 if _uses(e, n)]
+        reads = {} if bound else {n: t.val.format(s=f"int(rows[k, {t.cols[n]}])", n=n)
+                                  for n in ins}
         pre = list(head)
         inner = []
         for n, src in reads.items():
@@ -112,7 +117,7 @@ def render(op, t, forward=False):
                 inner.append(f"{n} = v{n}[j]")
             else:
                 pre.append(f"{n} = {src}")
-        inner.append(f"{t.out.format(s='k')} = {e}")
+        inner.append(t.out.format(s="k", e=e))
         return pre + ([t.loop] + ["    " + x for x in inner] if t.loop else inner)
     exprs = rule_exprs(op, t.keep_zero)
     if not exprs:
@@ -181,8 +186,9 @@ RECORD_HEADER = '''
 {kinds} = range({n})
 '''
 
-# the forward of each scalar op, one branch per op; the interpreter that runs the recording
-# instructions is a real module, interpreters/record_vm.py
+# the forward of each scalar op, one branch per op (``render`` with the ``VALUE`` target);
+# the interpreter that runs the recording instructions is a real module,
+# interpreters/record_vm.py
 VALUE_SOURCE = '''
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -339,15 +345,8 @@ def _record_source():
     src.append("#: entries the recording sweep emits per swept entry, at most\n")
     src.append(f"MAX_EMIT = {max(e for _, _, e in progs.values())}\n")
     src.append(f"#: opcodes it records\nRECORDS = {tuple(op.code for op in progs)!r}\n")
-    branches = []
-    first = True
-    for op in OPS:
-        if op.kind not in (UNARY, UNARY_C, BINARY) or op.nb is None:
-            continue
-        names = {"a": "a", "b": "b", "c0": "c0", "c1": "c1"}
-        branches.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n"
-                        f"        return {op.nb.format(**names)}\n")
-        first = False
+    ops = [op for op in OPS if op.kind in (UNARY, UNARY_C, BINARY) and op.nb is not None]
+    branches = dispatch(ops, VALUE, indent=4, forward=True)
     src.append(VALUE_SOURCE.replace("{value_branches}", "".join(branches)))
     return "".join(src)
 
@@ -686,11 +685,14 @@ def rule_exprs(op, keep_zero=False):
 
 #: a traced program's interpreters: one sample (``v``, ``adj``), a batch in columns (``V``,
 #: ``A``: rows x samples), one sample with many seeds (``A[k, j]``), a CUDA thread
-REPLAY_ONE = Target(ROW_COLS, "v[{s}]", "adj[{s}]", out="v[{s}]")
+REPLAY_ONE = Target(ROW_COLS, "v[{s}]", "adj[{s}]", out="v[{s}] = {e}")
 REPLAY_BATCH = Target(ROW_COLS, "V[{s}]", "A[{s}]", val_mode="row", adj_mode="row",
-                      loop="for j in range(nb):", out="vk[j]")
+                      loop="for j in range(nb):", out="vk[j] = {e}")
 REPLAY_MULTI = Target(ROW_COLS, "v[{s}]", "A[{s}]", adj_mode="row", loop="for j in range(nb):")
-CUDA = Target(ROW_COLS, "V[{s}, j]", "A[{s}, t]", out="V[{s}, j]")
+CUDA = Target(ROW_COLS, "V[{s}, j]", "A[{s}, t]", out="V[{s}, j] = {e}")
+#: the forward at operands that are the function's arguments (``value``, the recording
+#: sweep's constant folding)
+VALUE = Target(None, None, None, out="return {e}")
 
 
 def _replay_source():
