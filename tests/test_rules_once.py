@@ -182,3 +182,16 @@ def test_flat_path_matches_sweep_and_torch(n):
         got[path] = g.numpy()
     np.testing.assert_allclose(got["flat"], ref.numpy(), rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(got["sweep"], ref.numpy(), rtol=1e-13, atol=1e-14)
+
+
+def test_one_sided_rules_are_generated_from_the_registry():
+    """The array sweep's per-side binary rules are the registry's rules, generated (every
+    binary rule that is arithmetic on g, a and b), not written in the sweep."""
+    names = {OPS[code].name for code in cpu._SIDES}
+    assert names == {"add", "sub", "mul", "div"}
+    from tapegrad.interpreters._codegen import rule_exprs
+    for code, (fa, fb, symmetric) in cpu._SIDES.items():
+        exprs = rule_exprs(OPS[code], keep_zero=True)
+        g, a, b = 0.3, 1.7, -2.9
+        assert fa(g, a, b) == eval(exprs["a"]) and fb(g, a, b) == eval(exprs["b"])
+        assert symmetric == (OPS[code].name in ("add", "mul"))  # x * x: g * x once

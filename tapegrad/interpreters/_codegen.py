@@ -428,11 +428,41 @@ SCALAR_BATCHED = Target(TAPE_COLS, "vals[{s}]", "adj[{s}]", adj_mode="row",
                         loop="for j in range(nb):", keep_zero=True)
 
 
+_NUMBER = re.compile(r"\b\d+\.\d*(?:e[+-]?\d+)?")
+
+
+def _arithmetic(expr):
+    """Whether a rule's expression is arithmetic on g, a and b alone (no call, no
+    condition, no out): then it runs on NumPy arrays as it is."""
+    rest = re.sub(r"\b[gab]\b", "", _NUMBER.sub("", expr))
+    return rest.strip("()+-*/ ") == ""
+
+
+def _sides_source():
+    """``SIDES``: each side of the binary rules that are arithmetic on g, a and b, as its
+    own Python function (the array sweep computes only the sides someone reads), and
+    whether the b side is the a side with a and b swapped (``x * x``: computed once)."""
+    src = ["\n\n#: {opcode: (a's side, b's side, b's is a's with a and b swapped)} of the binary\n"
+           "#: rules that are arithmetic on g, a and b (the array sweep's one-sided rules)\n"
+           "SIDES = {\n"]
+    for op in OPS:
+        if op.kind != BINARY:
+            continue
+        exprs = rule_exprs(op, keep_zero=True)
+        if set(exprs) != {"a", "b"} or not all(_arithmetic(e) for e in exprs.values()):
+            continue
+        swapped = re.sub(r"\b[ab]\b", lambda m: "b" if m.group() == "a" else "a", exprs["a"])
+        src.append(f"    {op.code}: (lambda g, a, b: {exprs['a']}, "
+                   f"lambda g, a, b: {exprs['b']}, {swapped == exprs['b']}),  # {op.name}\n")
+    return "".join(src) + "}\n"
+
+
 def generate():
     ops = [op for op in OPS if op.scalar]
     lines = [HEADER.format(array=ARRAY)] + dispatch(ops, SCALAR) + ["    return 0\n"]
     batched = [BATCHED_HEADER] + dispatch(ops, SCALAR_BATCHED) + ["    return 0\n"]
-    return "".join(lines + batched) + _record_source() + _flat_source()
+    return ("".join(lines + batched) + _record_source() + _flat_source()
+            + _sides_source())
 
 
 TARGET = pathlib.Path(__file__).with_name("_generated_cpu.py")

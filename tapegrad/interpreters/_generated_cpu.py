@@ -1457,3 +1457,13 @@ def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
                 g = A[oout + i * sout]
                 A[oa + i * sa] += g
     return 0
+
+
+#: {opcode: (a's side, b's side, b's is a's with a and b swapped)} of the binary
+#: rules that are arithmetic on g, a and b (the array sweep's one-sided rules)
+SIDES = {
+    35: (lambda g, a, b: g, lambda g, a, b: g, True),  # add
+    36: (lambda g, a, b: g, lambda g, a, b: (-g), False),  # sub
+    37: (lambda g, a, b: (g * b), lambda g, a, b: (g * a), True),  # mul
+    38: (lambda g, a, b: (g / b), lambda g, a, b: (((-g) * a) / (b * b)), False),  # div
+}

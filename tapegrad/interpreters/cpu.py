@@ -582,27 +582,22 @@ def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
     return (a,), call_rule(op, F, g, out, value(a), None, c0, c1)
 
 
-_MUL = next(op.code for op in OPS if op.name == "mul")
-
-#: each side of the hot binary rules on its own (the registry's rule text, side by side), so
-#: an array entry computes only the gradients someone reads: ``x * w`` with ``x`` a
-#: constant skips ``g * w`` (torch skips it too), and ``x * x`` computes ``g * x`` once
-_SIDES = {
-    _MUL: (lambda g, x, y: g * y, lambda g, x, y: g * x),
-    next(op.code for op in OPS if op.name == "sub"): (lambda g, x, y: g, lambda g, x, y: -g),
-    next(op.code for op in OPS if op.name == "div"): (lambda g, x, y: g / y,
-                                                     lambda g, x, y: -g * x / (y * y)),
-}
+#: each side of the binary rules that are arithmetic (add, sub, mul, div: the registry's
+#: rules, generated side by side), so an array entry computes only the gradients someone
+#: reads: ``x * w`` with ``x`` a constant skips ``g * w`` (torch skips it too), and
+#: ``x * x`` computes ``g * x`` once. {opcode: (side a, side b, symmetric)}
+_SIDES = dict(getattr(_generated_cpu, "SIDES", {}))  # {} while regenerating
 
 
 def _one_sided(code, g, a, b, value, wanted):
     """The gradients of a binary entry in ``_SIDES``, None for an input nobody reads; for
-    ``x * x`` the same array twice (the sweep adds it to itself: the bits of g*x + g*x)."""
-    fa, fb = _SIDES[code]
+    ``x * x`` (a symmetric rule) the same array twice (the sweep adds it to itself: the
+    bits of g*x + g*x)."""
+    fa, fb, symmetric = _SIDES[code]
     va, vb = value(a), value(b)
     if a == b:
         ga = fa(g, va, vb)
-        return ga, (ga if code == _MUL else fb(g, va, vb))
+        return ga, (ga if symmetric else fb(g, va, vb))
     return (fa(g, va, vb) if wanted[a] else None), (fb(g, va, vb) if wanted[b] else None)
 
 
