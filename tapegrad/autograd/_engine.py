@@ -937,10 +937,15 @@ def _check_versions(graph, need, reach):
 
 
 # per opcode: whether its entry saves input a, input b, its output as torch does (each op's
-# ``torch_saves``, ``Op.saved``); where that depends on the entry's aux, per needed entry
-_SAVES_A, _SAVES_B, _SAVES_OUT = (
-    np.array([w in (() if callable(op.torch_saves) else op.saved()) for op in OPS],
-             dtype=np.bool_) for w in ("a", "b", "out"))
+# ``torch_saves``, ``Op.saved``): always, or when input a / input b requires grad (torch saves
+# what the formulas of the inputs that require grad read: ``h * w`` with w a constant saves
+# w only); where that depends on the entry's aux, per needed entry
+_VALUES = ("a", "b", "out")
+_SAVES_ALWAYS, _SAVES_IF_A, _SAVES_IF_B = (
+    np.array([[w in (() if callable(op.torch_saves) or by and not op.saves_by_input
+                     else op.saved(grads=grads)) for w in _VALUES] for op in OPS],
+             dtype=np.bool_)
+    for by, grads in ((False, ()), (True, ("a",)), (True, ("b",))))
 _SAVES_BY_AUX = np.array([callable(op.torch_saves) for op in OPS], dtype=np.bool_)
 
 
@@ -951,7 +956,12 @@ def _first_savers(graph, need):
     rows = graph.rows
     n = len(rows)
     codes = rows[:, 0].astype(np.int64) & ~ARRAY
-    sa, sb, so = _SAVES_A[codes], _SAVES_B[codes], _SAVES_OUT[codes]
+    saves = _SAVES_ALWAYS[codes]
+    for col, by in ((1, _SAVES_IF_A), (2, _SAVES_IF_B)):  # an input that requires grad
+        src = rows[:, col].astype(np.int64)
+        rg = (src >= 0) & (codes[src] != CONST)
+        saves |= rg[:, None] & by[codes]
+    sa, sb, so = saves[:, 0], saves[:, 1], saves[:, 2]
     for k in np.flatnonzero(_SAVES_BY_AUX[codes] & need).tolist():
         saved = OPS[codes[k]].saved(graph.aux(k))  # max(dim): torch saves the indices only
         sa[k], sb[k], so[k] = "a" in saved, "b" in saved, "out" in saved

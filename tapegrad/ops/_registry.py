@@ -18,7 +18,8 @@ An op is declared once, everything about it in its one ``register(...)`` call:
 * ``via`` -- for the API reference (docs/api.md), what records an op that no torch
   function of its own name does,
 * ``torch_saves`` -- which of its values (a, b, out) torch saves for backward, where that
-  differs from what its rule reads: the in-place version check raises only for those,
+  differs from what its rule reads (per input that requires grad, as torch saves only
+  what the needed formulas read): the in-place version check raises only for those,
 * ``scatter`` -- for an op whose gradient is its output's adjoint added into its input
   (full sums and means, indexing), that rule written elementwise, as the sweeps that
   add in place run it (the flat sweep, a view's adjoint).
@@ -60,7 +61,7 @@ OPCODES = (
     "round_f32",
 )
 
-_VALUES = frozenset(("a", "b", "out"))
+_VALUES, _OUT = frozenset(("a", "b", "out")), frozenset(("out",))
 OPS: list[Op] = []  # by opcode (ops/__init__ sorts it once every family has registered)
 BY_NAME: dict[str, Op] = {}
 
@@ -107,10 +108,13 @@ class Op:
         self.via = via
         # which of a, b, out torch saves for backward (its version check raises after an
         # in-place change of those only; a tape entry keeps the old value, so the rest
-        # computes right): None for what the rule reads (``uses``), a set, or a function of
-        # the entry's aux giving one (max over a dim saves only its indices)
+        # computes right): None for what the rule reads (``uses``), a set, a dict {input:
+        # what its gradient reads} (torch saves those of the inputs that require grad, and
+        # a result whatever requires grad), or a function of the entry's aux giving a set
+        # (max over a dim saves only its indices)
         self.torch_saves = torch_saves if torch_saves is None or callable(torch_saves) \
-            else frozenset(torch_saves)
+            else {n: frozenset(v) for n, v in torch_saves.items()} \
+            if isinstance(torch_saves, dict) else frozenset(torch_saves)
         # (at, f): the rule as "input element += f(g, n)", g an adjoint element of the
         # output and n the input's size; ``at`` is "all" (a full reduction, aux[0] None:
         # every input element gets the output's one adjoint) or "index" (output element i
@@ -123,13 +127,24 @@ class Op:
         # its rule or forward reads; filled in by ops/__init__
         self.uses = frozenset(("a", "b", "out")) if saves else frozenset()
 
-    def saved(self, aux=None):
-        """Which of a, b, out an entry of this op saves as torch does (``aux``: the
-        entry's, for an op whose answer depends on it)."""
+    def saved(self, aux=None, grads=("a", "b")):
+        """Which of a, b, out an entry of this op saves as torch does, when its inputs
+        ``grads`` require grad (``aux``: the entry's, for an op whose answer depends on
+        it)."""
         s = self.torch_saves
         if s is None:
             return self.uses & _VALUES
-        return s(aux) if callable(s) else s
+        if callable(s):
+            return s(aux)
+        if isinstance(s, dict):  # torch saves a result whatever requires grad
+            out = _OUT if any("out" in v for v in s.values()) else frozenset()
+            return out.union(*[s.get(n, ()) for n in grads])
+        return s
+
+    @property
+    def saves_by_input(self):
+        """Whether what an entry saves depends on which of its inputs require grad."""
+        return isinstance(self.torch_saves, dict)
 
     @property
     def scalar(self):

@@ -567,12 +567,12 @@ def _matmul_vjp(F, g, v, out, aux):
 
 register("matmul", A, np=lambda a, b, aux: np.matmul(a, b), torch="matmul", vjp=_matmul_vjp,
          batch=_matmul_batch, lower=lw.lower_matmul, api=("matmul",), method=True,
-         torch_saves=("a", "b"))
+         torch_saves={"a": ("b",), "b": ("a",)})  # a's gradient reads b, b's reads a
 register("outer", A, np=lambda a, b, aux: np.multiply.outer(a, b), torch="outer",
          vjp=lambda F, g, v, out, aux: ((lambda: F.matmul(g, v[1], None)),
                                         (lambda: F.matmul(v[0], g, None))),
          batch=_outer_batch, lower=lw.lower_outer, api=("outer",), method=True,
-         torch_saves=("a", "b"))
+         torch_saves={"a": ("b",), "b": ("a",)})
 
 
 def sum_axes(have, want, keep=0):
