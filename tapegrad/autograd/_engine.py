@@ -938,7 +938,7 @@ def _check_versions(graph, need, reach):
 
 # per opcode: whether its entry saves input a, input b, its output as torch does (each op's
 # ``torch_saves``, ``Op.saved``): always, or when input a / input b requires grad (torch saves
-# what the formulas of the inputs that require grad read: ``h * w`` with w a constant saves
+# what the formulas of the inputs that require grad read: ``h @ w`` with w a constant saves
 # w only); where that depends on the entry's aux, per needed entry
 _VALUES = ("a", "b", "out")
 _SAVES_ALWAYS, _SAVES_IF_A, _SAVES_IF_B = (
