@@ -114,12 +114,12 @@ def test_full_max_gradient_shortcuts(case, create_graph):
         np.testing.assert_allclose(a, b, rtol=1e-15, equal_nan=True)
 
 
-@pytest.mark.parametrize("name", ["mul", "sub", "div"])
+@pytest.mark.parametrize("name", ["add", "mul", "sub", "div"])
 def test_one_sided_rules_are_the_registrys(name):
     # the sweep's per-side binary rules give the registry rule's bits, side by side
     from tapegrad.ops import NpF, OPS
     op = next(o for o in OPS if o.name == name)
-    fa, fb = cpu._SIDES[op.code]
+    fa, fb, _ = cpu._SIDES[op.code]
     rng = np.random.default_rng(1)
     with np.errstate(all="ignore"):
         for dt in (np.float64, np.float32):
@@ -137,10 +137,10 @@ def test_one_sided_rules_taken(monkeypatch):
     # ``c * w`` with c a constant computes w's side only; ``x * x`` computes g * x once (and
     # adds it to itself: torch's numbers)
     calls = []
-    for code, (fa, fb) in list(cpu._SIDES.items()):
+    for code, (fa, fb, sym) in list(cpu._SIDES.items()):
         monkeypatch.setitem(cpu._SIDES, code, (
             lambda g, x, y, f=fa, c=code: calls.append((c, "a")) or f(g, x, y),
-            lambda g, x, y, f=fb, c=code: calls.append((c, "b")) or f(g, x, y)))
+            lambda g, x, y, f=fb, c=code: calls.append((c, "b")) or f(g, x, y), sym))
     mul = next(op.code for op in cpu.OPS if op.name == "mul")
     rng = np.random.default_rng(2)
     c0, w0 = rng.normal(size=(6, 5)), rng.normal(size=5)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import ARRAY, OPS
+from ..ops import ARRAY, BY_NAME, OPS
 from ..tape import INPLACE
 
 
@@ -41,20 +41,18 @@ def _check_versions(graph, need, reach):
                     _version_error(None, box[0], ver)
 
 
-# what torch saves for backward where that differs from what the op's rule reads (its
-# ``uses``; an array op's are all of a, b and out): torch raises after an in-place change
-# of a saved value only, and a tape entry keeps the old value, so the rest computes right
-_TORCH_SAVES = {"relu": {"out"}, "rdivc": set(), "softmax": {"out"}, "log_softmax": {"out"},
-                "matmul": {"a", "b"}, "outer": {"a", "b"}, "prod": {"a", "out"},
-                "amax": {"a", "out"}, "amin": {"a", "out"}, "norm": {"a", "out"},
-                "logsumexp": {"a", "out"}}
-# per opcode: whether its entry saves input a, input b, its output
-_SAVES_A, _SAVES_B, _SAVES_OUT = (
-    np.array([w in _TORCH_SAVES.get(op.name, op.uses) for op in OPS], dtype=np.bool_)
-    for w in ("a", "b", "out"))
-
-
-_MAX_LIKE = np.array([op.name in ("amax", "amin") for op in OPS], dtype=np.bool_)
+# per opcode: whether its entry saves input a, input b, its output as torch does (each op's
+# ``torch_saves``, ``Op.saved``): always, or when input a / input b requires grad (torch saves
+# what the formulas of the inputs that require grad read: ``h @ w`` with w a constant saves
+# w only); where that depends on the entry's aux, per needed entry
+_VALUES = ("a", "b", "out")
+_SAVES_ALWAYS, _SAVES_IF_A, _SAVES_IF_B = (
+    np.array([[w in (() if callable(op.torch_saves) or by and not op.saves_by_input
+                     else op.saved(grads=grads)) for w in _VALUES] for op in OPS],
+             dtype=np.bool_)
+    for by, grads in ((False, ()), (True, ("a",)), (True, ("b",))))
+_SAVES_BY_AUX = np.array([callable(op.torch_saves) for op in OPS], dtype=np.bool_)
+CONST = BY_NAME["const"].code
 
 
 def _first_savers(graph, need):
@@ -64,11 +62,15 @@ def _first_savers(graph, need):
     rows = graph.rows
     n = len(rows)
     codes = rows[:, 0].astype(np.int64) & ~ARRAY
-    sa, sb, so = _SAVES_A[codes], _SAVES_B[codes], _SAVES_OUT[codes]
-    for k in np.flatnonzero(_MAX_LIKE[codes] & need).tolist():
-        how = graph.aux(k)[2]
-        if how is not None and not isinstance(how, str):  # max(dim): torch saves indices
-            sa[k] = so[k] = False
+    saves = _SAVES_ALWAYS[codes]
+    for col, by in ((1, _SAVES_IF_A), (2, _SAVES_IF_B)):  # an input that requires grad
+        src = rows[:, col].astype(np.int64)
+        rg = (src >= 0) & (codes[src] != CONST)
+        saves |= rg[:, None] & by[codes]
+    sa, sb, so = saves[:, 0], saves[:, 1], saves[:, 2]
+    for k in np.flatnonzero(_SAVES_BY_AUX[codes] & need).tolist():
+        saved = OPS[codes[k]].saved(graph.aux(k))  # max(dim): torch saves the indices only
+        sa[k], sb[k], so[k] = "a" in saved, "b" in saved, "out" in saved
     first = np.full(n, n, dtype=np.int64)
     idx = np.arange(n, dtype=np.int64)
     for col, saves in ((1, sa), (2, sb)):

@@ -1192,9 +1192,10 @@ def value(op, a, b, c0, c1):
 def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
     """Reverse sweep of the needed entries ``hi-1 .. lo`` on flat buffers: slot ``k``'s
     values are ``V[off[k]:off[k] + size[k]]`` (C order), its adjoints the same part of
-    ``A``. A getitem entry adds its adjoint into its 1-d base at ``p0[k] + i * p1[k]``; sum
-    and mean cover a whole array. Returns 0, or 1 + an elementwise entry whose input has
-    neither the output's size nor one element (``A`` is then partly swept: discard it)."""
+    ``A``. An entry whose op scatters at an index adds its adjoint into its 1-d base at
+    ``p0[k] + i * p1[k]``; a full reduction's covers a whole array. Returns 0, or 1 + an
+    elementwise entry whose input has neither the output's size nor one element (``A`` is
+    then partly swept: discard it)."""
     for k in range(hi - 1, lo - 1, -1):
         if not need[k]:
             continue
@@ -1221,7 +1222,7 @@ def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
             for i in range(size[ia]):
                 A[oa + i] += g
         elif op == 60:  # mean
-            g = A[oout] / size[ia]
+            g = (A[oout] / size[ia])
             for i in range(size[ia]):
                 A[oa + i] += g
         elif op == 3:  # neg
@@ -1456,3 +1457,13 @@ def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
                 g = A[oout + i * sout]
                 A[oa + i * sa] += g
     return 0
+
+
+#: {opcode: (a's side, b's side, b's is a's with a and b swapped)} of the binary
+#: rules that are arithmetic on g, a and b (the array sweep's one-sided rules)
+SIDES = {
+    35: (lambda g, a, b: g, lambda g, a, b: g, True),  # add
+    36: (lambda g, a, b: g, lambda g, a, b: (-g), False),  # sub
+    37: (lambda g, a, b: (g * b), lambda g, a, b: (g * a), True),  # mul
+    38: (lambda g, a, b: (g / b), lambda g, a, b: (((-g) * a) / (b * b)), False),  # div
+}

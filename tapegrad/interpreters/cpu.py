@@ -10,7 +10,7 @@ import numpy as np
 from .._jit import njit_cached
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL, UNARY, UNARY_C, NpF, call_rule
 from ..ops._registry import Part
-from ..ops.arrays import sum_to
+from ..ops.arrays import sum_axes, sum_to
 from ..tape import STATE
 from . import _generated_cpu, record_vm
 
@@ -171,19 +171,21 @@ RECORDABLE = np.zeros(2 * ARRAY, dtype=np.bool_)
 RECORDABLE[list(getattr(_generated_cpu, "RECORDS", ()))] = True  # () while regenerating
 
 
-#: opcodes the flat sweep runs: elementwise ops on scalars or arrays, getitem, sum, mean
+#: opcodes the flat sweep runs: elementwise ops on scalars or arrays, and array ops with a
+#: ``scatter`` form (getitem, sum, mean)
 FLAT = np.zeros(2 * ARRAY, dtype=np.bool_)
-#: the ones whose entries flat_layout checks in Python (their aux): getitem, sum, mean
+#: the ones whose entries flat_layout checks in Python (their aux): the scatter ones
 _FLAT_AUX = np.zeros(2 * ARRAY, dtype=np.bool_)
+#: opcodes whose scatter form adds at an index (their entries need p0, p1)
+_AT_INDEX = frozenset(op.code for op in OPS if op.scatter and op.scatter[0] == "index")
 for _op in OPS:
     if _op.kind in (UNARY, UNARY_C, BINARY) and _op.vjp is not None:
         FLAT[_op.code] = FLAT[_op.code | ARRAY] = True
-    elif _op.name in ("getitem", "sum", "mean"):
+    elif _op.scatter is not None:
         FLAT[_op.code | ARRAY] = _FLAT_AUX[_op.code | ARRAY] = True
 del _op
 FLAT_MAX = 1 << 16  # elements packed into the flat buffers, at most: beyond, NumPy is as fast
 _F64 = np.dtype(np.float64)
-_SUM, _MEAN = (next(op.code for op in OPS if op.name == n) for n in ("sum", "mean"))
 
 
 @njit_cached(nogil=True)
@@ -223,9 +225,9 @@ def _flat_slots(rows, need, lo, hi, keys, sizes, special):
 def flat_layout(tape, rows, need, lo, hi):
     """The flat sweep's buffers for the needed entries ``lo .. hi-1`` of ``tape``: (off,
     size, V, p0, p1). None when an array they read is not float64, the arrays are large,
-    or a needed getitem, sum or mean is not one the flat sweep runs (an index other than one
-    slice or integer of a 1-d array, a sum or mean over some dims). The sweep itself checks
-    that elementwise entries broadcast only from one element."""
+    or a needed entry with a scatter form is not one the flat sweep runs (an index other
+    than one slice or integer of a 1-d array, a reduction over some dims). The sweep itself
+    checks that elementwise entries broadcast only from one element."""
     arrays = tape.arrays
     m = len(arrays)
     keys = np.fromiter(arrays, dtype=np.int64, count=m)
@@ -240,10 +242,10 @@ def flat_layout(tape, rows, need, lo, hi):
         if v.dtype is not f64:
             return None
         parts.append(v.ravel())
-    p0 = p1 = off  # read by getitem entries only
+    p0 = p1 = off  # read by entries that scatter at an index only
     for k in checks.tolist():
         code, a = int(rows[k, 0]) & ~ARRAY, int(rows[k, 1])
-        if code != _GETITEM.code:  # sum or mean
+        if code not in _AT_INDEX:  # a full reduction, or one the flat sweep does not run
             if tape.aux[k][0] is not None:
                 return None
             continue
@@ -580,27 +582,22 @@ def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
     return (a,), call_rule(op, F, g, out, value(a), None, c0, c1)
 
 
-_MUL = next(op.code for op in OPS if op.name == "mul")
-
-#: each side of the hot binary rules on its own (the registry's rule text, side by side), so
-#: an array entry computes only the gradients someone reads: ``x * w`` with ``x`` a
-#: constant skips ``g * w`` (torch skips it too), and ``x * x`` computes ``g * x`` once
-_SIDES = {
-    _MUL: (lambda g, x, y: g * y, lambda g, x, y: g * x),
-    next(op.code for op in OPS if op.name == "sub"): (lambda g, x, y: g, lambda g, x, y: -g),
-    next(op.code for op in OPS if op.name == "div"): (lambda g, x, y: g / y,
-                                                     lambda g, x, y: -g * x / (y * y)),
-}
+#: each side of the binary rules that are arithmetic (add, sub, mul, div: the registry's
+#: rules, generated side by side), so an array entry computes only the gradients someone
+#: reads: ``x * w`` with ``x`` a constant skips ``g * w`` (torch skips it too), and
+#: ``x * x`` computes ``g * x`` once. {opcode: (side a, side b, symmetric)}
+_SIDES = dict(getattr(_generated_cpu, "SIDES", {}))  # {} while regenerating
 
 
 def _one_sided(code, g, a, b, value, wanted):
     """The gradients of a binary entry in ``_SIDES``, None for an input nobody reads; for
-    ``x * x`` the same array twice (the sweep adds it to itself: the bits of g*x + g*x)."""
-    fa, fb = _SIDES[code]
+    ``x * x`` (a symmetric rule) the same array twice (the sweep adds it to itself: the
+    bits of g*x + g*x)."""
+    fa, fb, symmetric = _SIDES[code]
     va, vb = value(a), value(b)
     if a == b:
         ga = fa(g, va, vb)
-        return ga, (ga if code == _MUL else fb(g, va, vb))
+        return ga, (ga if symmetric else fb(g, va, vb))
     return (fa(g, va, vb) if wanted[a] else None), (fb(g, va, vb) if wanted[b] else None)
 
 
@@ -621,8 +618,6 @@ def sweep_checked(graph, need, adj, adjd, on_bad):
         for k in np.nonzero(need)[0][::-1].tolist():
             array_vjp(graph, k, adj, adjd, on_bad)
 
-
-_GETITEM = next(op for op in OPS if op.name == "getitem")
 
 # entries whose outputs are separate ``function_out`` entries: their rule gets {index: grad}
 MULTI_OUTPUT = frozenset(("function", "program"))
@@ -652,10 +647,10 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
             g = np.zeros_like(out)
     else:
         g = adj[k]
-    aux = graph.aux(k) if op is _GETITEM and owned is not None else None
+    aux = graph.aux(k) if op.code in _AT_INDEX and owned is not None else None
     if aux is not None and len(aux) > 2 and aux[2] and is_array(a):
-        # a basic index (a view): add the gradient into that part of the base's adjoint
-        index = aux[0]
+        # a basic index (a view): the op's scatter form, added into that part of the base's
+        # adjoint in place (no input-sized gradient built)
         base = adjd.get(a)
         if base is None or a not in owned:
             v = value(a)
@@ -664,7 +659,7 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
                 fresh += base
             base = adjd[a] = fresh
             owned.add(a)
-        base[index] += g
+        base[aux[0]] += op.scatter[1](g, base.size)
         return
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
@@ -788,16 +783,6 @@ def array_vjp_batched(graph, k, adjb, adjd, B):
             adjd[s] = gr if prev is None else prev + gr
         else:
             adjb[s] += gr
-
-
-def sum_axes(have, want, keep=0):
-    """The axes a gradient of shape ``have`` is summed over to shape ``want`` (NumPy
-    broadcasting in reverse: the extra leading axes and the axes ``want`` has as 1), the
-    first ``keep`` axes of both kept (a batch axis)."""
-    rest, want = have[keep:], want[keep:]
-    lead = len(rest) - len(want)
-    return tuple(range(keep, keep + lead)) + tuple(
-        keep + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
 
 
 def sum_to_batched(g, shape):

@@ -12,9 +12,12 @@ import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, OPS
 from ..ops._registry import Part
-from .cpu import MULTI_OUTPUT, elementwise_rule
+from .cpu import _SIDES, MULTI_OUTPUT, elementwise_rule
 
-_MUL_ARRAY = next(op.code for op in OPS if op.name == "mul") | ARRAY
+#: array opcodes of the symmetric one-sided rules that read their input (``x * x``: one
+#: side, added to itself)
+_SYMMETRIC_ARRAY = {code | ARRAY: sides[0] for code, sides in _SIDES.items()
+                    if sides[2] and "a" in OPS[code].uses}
 
 
 def sweep(graph, need, seeds, F, as_tensor, add, batch=None):
@@ -61,10 +64,11 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
         grads = op.vjp(F, g, values, out, aux)
     else:
         ua, ub = "a" in uses, "b" in uses
-        if code == _MUL_ARRAY and a == b:
+        if a == b and code in _SYMMETRIC_ARRAY:
             # x * x (an array): the rule's g * x recorded once and added to itself, the
             # bits of g*x + g*x with one product less to record and differentiate
-            ga = g * as_tensor(a)
+            ta = as_tensor(a)
+            ga = _SYMMETRIC_ARRAY[code](g, ta, ta)
             inputs, grads = (a, b), (ga, ga)
         else:
             inputs, grads = elementwise_rule(

@@ -16,7 +16,13 @@ An op is declared once, everything about it in its one ``register(...)`` call:
   (NumPy's spellings, outside ``__all__``), and ``Tensor.<name>`` for each when
   ``method`` (tapegrad/functions.py builds them; an elementwise op needs no code there),
 * ``via`` -- for the API reference (docs/api.md), what records an op that no torch
-  function of its own name does.
+  function of its own name does,
+* ``torch_saves`` -- which of its values (a, b, out) torch saves for backward, where that
+  differs from what its rule reads (per input that requires grad, as torch saves only
+  what the needed formulas read): the in-place version check raises only for those,
+* ``scatter`` -- for an op whose gradient is its output's adjoint added into its input
+  (full sums and means, indexing), that rule written elementwise, as the sweeps that
+  add in place run it (the flat sweep, a view's adjoint).
 
 Elementwise ops have a scalar opcode swept by the compiled interpreter; when an entry
 works on arrays its opcode carries the ``ARRAY`` flag and the array interpreter runs the
@@ -55,6 +61,7 @@ OPCODES = (
     "round_f32",
 )
 
+_VALUES, _OUT = frozenset(("a", "b", "out")), frozenset(("out",))
 OPS: list[Op] = []  # by opcode (ops/__init__ sorts it once every family has registered)
 BY_NAME: dict[str, Op] = {}
 
@@ -64,11 +71,12 @@ class Op:
 
     __slots__ = ("name", "code", "kind", "py", "np", "nb", "vjp", "saves", "torch",
                  "nary", "doc", "uses", "batch", "arity", "lower", "const", "api", "aliases",
-                 "method", "via")
+                 "method", "via", "torch_saves", "scatter")
 
     def __init__(self, name, kind, *, py=None, np=None, nb=None, vjp=None, saves=True,
                  torch=None, nary=False, doc="", batch=None, arity=None, lower=None,
-                 const=None, api=(), aliases=(), method=False, via=""):
+                 const=None, api=(), aliases=(), method=False, via="", torch_saves=None,
+                 scatter=None):
         self.name = name
         self.kind = kind
         self.py = py
@@ -98,10 +106,45 @@ class Op:
         self.api, self.aliases, self.method = tuple(api), tuple(aliases), method
         # what records the op, for the API reference where no torch function of its name does
         self.via = via
+        # which of a, b, out torch saves for backward (its version check raises after an
+        # in-place change of those only; a tape entry keeps the old value, so the rest
+        # computes right): None for what the rule reads (``uses``), a set, a dict {input:
+        # what its gradient reads} (torch saves those of the inputs that require grad, and
+        # a result whatever requires grad), or a function of the entry's aux giving a set
+        # (max over a dim saves only its indices)
+        self.torch_saves = torch_saves if torch_saves is None or callable(torch_saves) \
+            else {n: frozenset(v) for n, v in torch_saves.items()} \
+            if isinstance(torch_saves, dict) else frozenset(torch_saves)
+        # (at, f): the rule as "input element += f(g, n)", g an adjoint element of the
+        # output and n the input's size; ``at`` is "all" (a full reduction, aux[0] None:
+        # every input element gets the output's one adjoint) or "index" (output element i
+        # goes to the input at the entry's index, aux (index, input shape, basic) as
+        # getitem's). ``f`` runs on NumPy values (a view's adjoint, interpreters/cpu.py)
+        # and on ``Sym`` (the generated flat sweep); a test checks it against ``vjp``
+        self.scatter = scatter
         self.code = OPCODES.index(name)
         # which of the entry's values (a, b, out) its rule reads, and which constants (c0, c1)
         # its rule or forward reads; filled in by ops/__init__
         self.uses = frozenset(("a", "b", "out")) if saves else frozenset()
+
+    def saved(self, aux=None, grads=("a", "b")):
+        """Which of a, b, out an entry of this op saves as torch does, when its inputs
+        ``grads`` require grad (``aux``: the entry's, for an op whose answer depends on
+        it)."""
+        s = self.torch_saves
+        if s is None:
+            return self.uses & _VALUES
+        if callable(s):
+            return s(aux)
+        if isinstance(s, dict):  # torch saves a result whatever requires grad
+            out = _OUT if any("out" in v for v in s.values()) else frozenset()
+            return out.union(*[s.get(n, ()) for n in grads])
+        return s
+
+    @property
+    def saves_by_input(self):
+        """Whether what an entry saves depends on which of its inputs require grad."""
+        return isinstance(self.torch_saves, dict)
 
     @property
     def scalar(self):

@@ -263,6 +263,7 @@ def _index_scatter(g, aux):
 
 register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,  # aux: index,
          vjp=lambda F, g, v, out, aux: (F.index_scatter(g, aux),),  # shape, basic
+         scatter=("index", lambda g, n: g),  # the same rule, added in place at the index
          batch=_plain_batch(_index_aux), lower=lw.lower_getitem, via="`x[index]`")
 register("index_scatter", A, np=_index_scatter, saves=False,
          vjp=lambda F, g, v, out, aux: (F.getitem(g, (aux[0], aux[1])),),
@@ -383,7 +384,7 @@ def _prod_others_vjp(F, g, v, out, aux):
 
 
 register("sum", A, np=lambda a, aux: np.sum(a, axis=aux[0], keepdims=aux[1]), torch="sum",
-         saves=False, vjp=_sum_vjp,
+         saves=False, vjp=_sum_vjp, scatter=("all", lambda g, n: g),
          batch=_plain_batch(_reduce_aux), lower=lw.lower_sum, api=("sum",), method=True)
 
 
@@ -395,10 +396,11 @@ def _mean_np(a, aux):
 
 
 register("mean", A, np=_mean_np, torch="mean",
-         saves=False, vjp=_mean_vjp,
+         saves=False, vjp=_mean_vjp, scatter=("all", lambda g, n: g / n),
          batch=_plain_batch(_reduce_aux), lower=lw.lower_mean, api=("mean",), method=True)
 register("prod", A, np=_prod_np, torch="prod", vjp=_prod_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_prod, api=("prod",), method=True)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_prod, api=("prod",), method=True,
+         torch_saves=("a", "out"))
 register("prod_others", A, np=_prod_others, vjp=_prod_others_vjp,
          batch=_plain_batch(_reduce_aux), lower=lw.lower_prod_others, via="the gradient of `prod`")
 
@@ -432,10 +434,19 @@ def _extreme_vjp(F, g, v, out, aux):
     return (F.where(full, F.expand(gk, (np.shape(a), np.shape(gk))), F.zeros_like(a)),)
 
 
+def _extreme_saves(aux):
+    """torch's max/min over everything save the input and result; over a dim, the indices
+    only (aux[2]: None or a str for everything, else the indices)."""
+    return _INPUT_OUT if aux[2] is None or isinstance(aux[2], str) else frozenset()
+
+
+_INPUT_OUT = frozenset(("a", "out"))
 register("amax", A, np=_extreme_np(np.max), torch="max", vjp=_extreme_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_amax, api=("amax", "max"), method=True)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_amax, api=("amax", "max"), method=True,
+         torch_saves=_extreme_saves)
 register("amin", A, np=_extreme_np(np.min), torch="min", vjp=_extreme_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_amin, api=("amin", "min"), method=True)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_amin, api=("amin", "min"), method=True,
+         torch_saves=_extreme_saves)
 
 
 def _norm_np(a, aux):
@@ -480,7 +491,8 @@ def _norm_vjp(F, g, v, out, aux):
 
 
 register("norm", A, np=_norm_np, torch="norm", vjp=_norm_vjp,
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_norm, api=("norm",), method=True)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_norm, api=("norm",), method=True,
+         torch_saves=("a", "out"))
 
 
 def _lse_np(a, aux):
@@ -494,7 +506,8 @@ def _lse_np(a, aux):
 register("logsumexp", A, np=_lse_np, torch="logsumexp",
          vjp=lambda F, g, v, out, aux: (
              _gk(F, g, v[0], aux) * F.exp(v[0] - _gk(F, out, v[0], aux)),),
-         batch=_plain_batch(_reduce_aux), lower=lw.lower_logsumexp, api=("logsumexp",), method=True)
+         batch=_plain_batch(_reduce_aux), lower=lw.lower_logsumexp, api=("logsumexp",), method=True,
+         torch_saves=("a", "out"))
 
 
 def _softmax_np(a, aux):
@@ -514,12 +527,13 @@ def _log_softmax_np(a, aux):
 register("softmax", A, np=_softmax_np, torch="softmax",
          vjp=lambda F, g, v, out, aux: (
              out * (g - F.sum(g * out, ((aux[0],), True))),),
-         batch=_plain_batch(_softmax_aux), lower=lw.lower_softmax, api=("softmax",), method=True)
+         batch=_plain_batch(_softmax_aux), lower=lw.lower_softmax, api=("softmax",), method=True,
+         torch_saves=("out",))
 register("log_softmax", A, np=_log_softmax_np, torch="log_softmax",
          vjp=lambda F, g, v, out, aux: (
              g - F.exp(out) * F.sum(g, ((aux[0],), True)),),
          batch=_plain_batch(_softmax_aux), lower=lw.lower_log_softmax,
-         api=("log_softmax",), method=True)
+         api=("log_softmax",), method=True, torch_saves=("out",))
 
 # --- linear algebra ------------------------------------------------------------------------
 
@@ -552,11 +566,24 @@ def _matmul_vjp(F, g, v, out, aux):
 
 
 register("matmul", A, np=lambda a, b, aux: np.matmul(a, b), torch="matmul", vjp=_matmul_vjp,
-         batch=_matmul_batch, lower=lw.lower_matmul, api=("matmul",), method=True)
+         batch=_matmul_batch, lower=lw.lower_matmul, api=("matmul",), method=True,
+         torch_saves={"a": ("b",), "b": ("a",)})  # a's gradient reads b, b's reads a
 register("outer", A, np=lambda a, b, aux: np.multiply.outer(a, b), torch="outer",
          vjp=lambda F, g, v, out, aux: ((lambda: F.matmul(g, v[1], None)),
                                         (lambda: F.matmul(v[0], g, None))),
-         batch=_outer_batch, lower=lw.lower_outer, api=("outer",), method=True)
+         batch=_outer_batch, lower=lw.lower_outer, api=("outer",), method=True,
+         torch_saves={"a": ("b",), "b": ("a",)})
+
+
+def sum_axes(have, want, keep=0):
+    """The axes a gradient of shape ``have`` is summed over to shape ``want`` (NumPy
+    broadcasting in reverse: the extra leading axes and the axes ``want`` has as 1), the
+    first ``keep`` axes of both kept (a batch axis). The one statement of that rule: the
+    array sweep (``sum_to``), the batched sweep and the lowering to program rows use it."""
+    rest, want = have[keep:], want[keep:]
+    lead = len(rest) - len(want)
+    return tuple(range(keep, keep + lead)) + tuple(
+        keep + lead + i for i, n in enumerate(want) if n == 1 and rest[lead + i] != 1)
 
 
 def sum_to(g, shape):
@@ -565,9 +592,7 @@ def sum_to(g, shape):
     gs = np.shape(g)
     if gs == shape:
         return g
-    lead = len(gs) - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        i + lead for i, n in enumerate(shape) if n == 1 and gs[i + lead] != 1)
+    axes = sum_axes(gs, shape)
     r = fast_sum(g, axes, True) if axes else g
     return np.reshape(r, shape)
 

@@ -194,7 +194,7 @@ register("sigmoid", U, py=_py_sigmoid, np=_np_sigmoid,
          vjp=lambda F, g, a, out: (g * (1.0 - out) * out,), api=("sigmoid",), method=True)
 register("relu", U, py=_py_relu, np=_np_relu, nb="(0.0 if {a} <= 0.0 else {a})",
          torch="relu", vjp=lambda F, g, a, out: (F.where(a <= 0.0, F.zeros_like(g), g),),
-         api=("relu",), method=True)
+         api=("relu",), method=True, torch_saves=("out",))
 register("erf", U, py=math.erf, np=_np_erf_fn, nb="math.erf({a})", torch="erf",
          vjp=lambda F, g, a, out: (g * (2.0 / math.sqrt(math.pi)) * F.exp(-(a * a)),),
          api=("erf",), method=True)
@@ -225,7 +225,8 @@ register("divc", C, py=_safe(lambda a, c0, c1: a / c0, lambda a, c0, c1: _div_er
          vjp=lambda F, g, a, out, c0, c1: (g / c0,), via="`x / c`")
 register("rdivc", C, py=_safe(lambda a, c0, c1: c0 / a, lambda a, c0, c1: _div_err(c0, a)),
          np=lambda a, c0, c1: c0 / a, nb="({c0} / {a})",
-         vjp=lambda F, g, a, out, c0, c1: (-g * c0 / (a * a),), via="`c / x`")
+         vjp=lambda F, g, a, out, c0, c1: (-g * c0 / (a * a),), via="`c / x`",
+         torch_saves=())  # torch's c / x is reciprocal(x) * c: x itself is not saved
 register("powc", C, py=lambda a, c0, c1: _py_pow(a, c0), np=lambda a, c0, c1: _np_pow(a, c0),
          nb="({a} ** {c0})", torch="pow",
          vjp=lambda F, g, a, out, c0, c1: (F.cond(

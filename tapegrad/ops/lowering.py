@@ -322,12 +322,13 @@ lower_function_out = unsupported("a custom autograd.Function cannot be traced")
 
 
 def _sum_to(L, G, shape):
+    """``arrays.sum_to`` on program slots: the same axes (``arrays.sum_axes``), summed by
+    program rows."""
+    from .arrays import sum_axes  # (arrays imports this module while it loads)
     shape = tuple(shape)
     gs = np.shape(G)
     if gs == shape:
         return G
-    lead = len(gs) - len(shape)
-    axes = tuple(range(lead)) + tuple(i + lead for i, n in enumerate(shape)
-                                      if n == 1 and gs[i + lead] != 1)
+    axes = sum_axes(gs, shape)
     r = reduce(L, "add", G, axes, True, 0.0) if axes else G
     return np.reshape(r, shape)
