@@ -252,3 +252,91 @@ def test_rule_of_g_alone_on_broadcast_gradient(monkeypatch):
     for a, b in zip(*got):
         np.testing.assert_allclose(a, b, rtol=1e-14)
     assert ("neg", 3) in sizes and ("mulc", 3) in sizes and ("addc", 3) in sizes, sizes
+
+
+def test_full_max_gradient_bits():
+    # max()'s NumPy rule fills 0.0 * val and writes val where picked, for mask * val's
+    # cast: the same bits as torch, -0.0 off the maximum under a negative gradient, NaN
+    # everywhere when nothing matches (a NaN seed)
+    x0 = np.random.default_rng(2).normal(size=(50, 40))
+    x0[3, 4] = x0[7, 1] = 9.0
+    for seed in (-2.5, 2.5, np.inf, np.nan):
+        got = []
+        for M in (tg, torch):
+            x = M.tensor(x0, requires_grad=True)
+            for fn in (M.max, M.min):
+                g, = M.autograd.grad(fn(x), x, grad_outputs=M.tensor(seed, dtype=M.float64))
+                got.append(g.numpy())
+        for a, b in zip(got[:2], got[2:]):
+            assert _same_bits(a, b), seed
+
+
+def _extremes(rng, shape, dtype):
+    a = rng.integers(-2, 3, size=shape).astype(dtype)
+    a[rng.random(shape) < 0.1] = np.nan
+    z = a == 0
+    a[z & (rng.random(shape) < 0.5)] = -0.0
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_max_min_dim_one_pass(monkeypatch, dtype):
+    # max/min over a dim of a float64 array in one compiled pass (kmeans' min over k):
+    # torch's values and indices, bit for bit, with ties (the first), NaNs (the first NaN
+    # wins) and signed zeros; other dtypes keep NumPy's path, with the same results
+    import tapegrad.functions as fmod
+    taken = []
+    real = fmod.first_extreme
+    monkeypatch.setattr(fmod, "first_extreme",
+                        lambda a, d, m: taken.append(d) or real(a, d, m))
+    rng = np.random.default_rng(3)
+    for shape in [(7,), (4, 5), (3, 1, 6), (2, 5, 3, 4), (1, 1)]:
+        a0 = _extremes(rng, shape, dtype)
+        for d in range(-len(shape), len(shape)):
+            for keepdim in (False, True):
+                for name in ("max", "min"):
+                    r = getattr(tg, name)(tg.tensor(a0), d, keepdim=keepdim)
+                    e = getattr(torch, name)(torch.tensor(a0), d, keepdim=keepdim)
+                    assert _same_bits(r.values.numpy(), e.values.numpy()), (shape, d, name)
+                    assert np.array_equal(r.indices.numpy(), e.indices.numpy())
+                    assert r.values.dtype == tg.float64 if dtype == np.float64 else True
+    assert taken  # the compiled pass was asked every time; it declines float32 itself
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_min_dim_second_order(dim):
+    # min(dim)'s rule masks the picked entries with one comparison and lets where
+    # broadcast g (no expand recorded): torch's first and second derivatives
+    rng = np.random.default_rng(4)
+    x0 = rng.normal(size=(6, 5, 40))
+    x0[2, 3, 7] = x0[4, 3, 7] = -9.0  # a tie: the first index takes the gradient
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        m = M.min(x * x * x, dim).values
+        g, = M.autograd.grad(M.sum(m * m), x, create_graph=True)
+        h, = M.autograd.grad(M.sum(g * g), x)
+        out.append((g.detach().numpy(), h.numpy()))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+def test_broadcast_adjoints_added_on_one_copy(monkeypatch):
+    # x + x under a sum's broadcast gradient: both sides' gradients are the same
+    # zero-stride view, added on one copy and broadcast back (kmeans' second sweep through
+    # the recorded 2 g x); a later gradient into that adjoint adds into a fresh array
+    compact = []
+    real = cpu._compact
+    monkeypatch.setattr(cpu, "_compact", lambda g: compact.append(g.shape) or real(g))
+    rng = np.random.default_rng(5)
+    x0, w0 = rng.normal(size=(3, 2000)), rng.normal(size=(3, 2000))
+    got = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w, v = M.tensor(w0), M.tensor([1.0, -2.0, 3.0])
+        only, = M.autograd.grad(M.sum(M.sum(x + x, 1) * v), x)
+        both, = M.autograd.grad(M.sum((x + x) * w) + M.sum(M.sum(x + x, 1) * v), x)
+        got.append((only.numpy(), both.numpy()))
+    for a, b in zip(*got):
+        assert _same_bits(a, b)
+    assert compact == [(3, 2000)] * 2  # once per backward: the compact sum

@@ -706,6 +706,13 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
                 adjd[s] = gr
             elif owned is not None and s in owned:
                 np.add(prev, gr, out=prev)
+            elif (prev.__class__ is np.ndarray and prev.size >= 4096 and 0 in prev.strides
+                  and gr.strides == prev.strides):
+                # two broadcasts alike (x + x under a sum's gradient): added on one copy of
+                # the repeated part and broadcast back, the same numbers; a read-only view,
+                # so not owned (a later gradient is added into a fresh array)
+                c = _compact(prev)
+                adjd[s] = np.broadcast_to(prev[c] + gr[c], prev.shape)
             else:
                 adjd[s] = prev + gr
                 if owned is not None:

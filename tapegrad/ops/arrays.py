@@ -423,7 +423,17 @@ def _extreme_vjp(F, g, v, out, aux):
             count = np.array(np.count_nonzero(mask), dtype=np.int64).reshape((1,) * mask.ndim)
         else:
             count = np.sum(mask, axis=aux[0], keepdims=True)
-        return (mask * (_gk(F, g, a, aux) / count),)  # torch's form: all-NaN when count is 0
+        val = _gk(F, g, a, aux) / count
+        if even:  # torch's evenly_distribute_backward (CPU): zeros, val where picked
+            if val.__class__ is np.ndarray and val.size == 1 and mask.ndim:
+                res = np.zeros(mask.shape, dtype=val.dtype)  # one pass, no bool-float cast:
+                np.copyto(res, val.reshape(()), where=mask)  # most of lse's backward
+                return (res,)
+            return (F.where(mask, val, F.zeros_like(a)),)
+        # amax/amin: torch's scale_grad_by_count, mask * val (all-NaN when count is 0)
+        if val.__class__ is np.ndarray:  # its bits, 1.0 * val or 0.0 * val, with no cast
+            return (np.where(mask, val, val * 0.0),)
+        return (mask * val,)
     dim, index = aux[0][0], aux[2]
     shape = np.shape(a)
     # the picked positions as one broadcast comparison (put_along_axis into zeros cost
