@@ -6,9 +6,13 @@ import numpy as np
 
 from .. import _generated_eager as _eager
 from ..functions import where as _where
-from ..ops import ARRAY_OP, BINARY, OPS, UNARY, UNARY_C
+from ..ops import ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
 from ..ops.arrays import sum_to
+from ..tape import STATE
 from ..tensor import Tensor, _plain, _pyfloat, array_op, binary, unary
+
+_WHERE = BY_NAME["where"]
+_F64 = np.dtype(np.float64)
 
 
 class _TensorF:
@@ -68,6 +72,13 @@ def _where_rule(c, x, y):
         return x if c._d.item() else y
     if not isinstance(x, Tensor) and not isinstance(y, Tensor):
         return np.where(c._d if isinstance(c, Tensor) else c, x, y)
+    if (c.__class__ is np.ndarray and c.dtype == np.bool_ and x.__class__ is Tensor
+            and y.__class__ is float and x._d.__class__ is np.ndarray and x._d.dtype == _F64
+            and STATE.trace is None):
+        # where(mask, g, 0.0), max/min(dim)'s rule: where()'s entry without its checks and
+        # conversions (most of its time here)
+        v = np.where(c, x._d, y)
+        return array_op(_WHERE, [x, _plain(_pyfloat(y))], v, (np.broadcast_to(c, v.shape),))
     return _where(c, _operand(x), _operand(y))
 
 

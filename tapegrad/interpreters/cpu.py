@@ -562,13 +562,16 @@ def sweep(graph, need, adj, adjd, arr):
         return
     owned = set()  # slots whose adjoint array this sweep allocated: added to in place
     wanted = graph.wanted.tolist()  # read twice per entry: a list's item is the cheaper
+    # a needed scalar entry anywhere? (none: no compiled call between the array entries,
+    # a few microseconds each, most of a create_graph sweep's entries are arrays)
+    scalars = np.count_nonzero(need) > len(arr)
     with np.errstate(all="ignore"):
         for k, row in zip(arr.tolist(), rows[arr].tolist()):
-            if hi - k > 1:
+            if scalars and hi - k > 1:
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
             array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)
             hi = k
-        if hi > 0:
+        if scalars and hi > 0:
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import lowering as lw
+from ._extreme import picked
 from ._registry import ARRAY_OP, UNARY, Part, register
 
 A = ARRAY_OP
@@ -436,11 +437,10 @@ def _extreme_vjp(F, g, v, out, aux):
         return (mask * val,)
     dim, index = aux[0][0], aux[2]
     shape = np.shape(a)
-    # the picked positions as one broadcast comparison (put_along_axis into zeros cost
-    # several times more), and where broadcasts g itself: no expand entry to record
-    at = np.arange(shape[dim]).reshape((shape[dim],) + (1,) * (len(shape) - dim - 1))
-    full = at == np.expand_dims(index, dim)
-    return (F.where(full, _gk(F, g, a, aux), F.zeros_like(a)),)
+    # where broadcasts g itself (no expand entry to record), unreshaped when the reduced
+    # dim leads (kmeans' min over k): no reshape entry either
+    gk = g if not aux[1] and all(n == 1 for n in shape[:dim]) else _gk(F, g, a, aux)
+    return (F.where(picked(shape, dim, index), gk, F.zeros_like(a)),)
 
 
 register("amax", A, np=_extreme_np(np.max), torch="max", vjp=_extreme_vjp,
