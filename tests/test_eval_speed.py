@@ -340,3 +340,46 @@ def test_broadcast_adjoints_added_on_one_copy(monkeypatch):
     for a, b in zip(*got):
         assert _same_bits(a, b)
     assert compact == [(3, 2000)] * 2  # once per backward: the compact sum
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+@pytest.mark.parametrize("case", ["plain", "zero", "nan"])
+def test_sub_broadcast_gradient_summed_then_negated(monkeypatch, case, create_graph):
+    # x - c, c broadcast: -sum_to(g) in place of sum_to(-g) (kmeans' centroid side, the
+    # negation on 80 numbers, not 80,000): the bits of the direct way, -0.0 against +0.0
+    # included (a zero or NaN sum takes the direct way), and torch's numbers
+    from tapegrad.interpreters import rerecord
+    taken = []
+    real = cpu.neg_sum_to
+    monkeypatch.setattr(cpu, "neg_sum_to", lambda g, shape: taken.append(shape) or
+                        real(g, shape))
+    rng = np.random.default_rng(7)
+    x0, c0 = rng.normal(size=(4, 3, 1000)), rng.normal(size=(4, 3, 1))
+    w0 = rng.normal(size=(4, 3, 1000))
+    if case == "zero":  # one row's gradient sums to exactly zero: +0.0 from -g's sum
+        w0[1, 2, :] = np.tile([1.5, -1.5], 500)
+    elif case == "nan":
+        w0[2, 0, 7] = np.nan
+
+    def run(M):
+        x, c = M.tensor(x0), M.tensor(c0, requires_grad=True)
+        w = M.tensor(w0, requires_grad=True)
+        y = M.sum((x - c) * w)
+        if create_graph:
+            gc, = M.autograd.grad(y, c, create_graph=True)
+            gw, = M.autograd.grad(M.sum(gc * gc * gc), w)
+            return [gc.detach().numpy(), gw.numpy()]
+        return [g.numpy() for g in M.autograd.grad(y, (c, w))]
+    got = run(tg)
+    with monkeypatch.context() as m:  # the direct way: sum_to(-g)
+        m.setattr(cpu, "negated_sum_applies", lambda g, v: False)
+        m.setattr(rerecord, "negated_sum_applies", lambda g, v: False)
+        direct = run(tg)
+    want = run(torch)
+    for a, b, t in zip(got, direct, want):
+        assert _same_bits(a, b)
+        np.testing.assert_allclose(a, t, rtol=1e-12, atol=1e-12)
+    if case == "zero":
+        assert np.signbit(got[0][1, 2, 0]) == np.signbit(direct[0][1, 2, 0])
+    if not create_graph:
+        assert taken == [(4, 3, 1)]
