@@ -76,7 +76,8 @@ def _where_rule(c, x, y):
         # where(mask, g, 0.0), max/min(dim)'s rule: where()'s entry without its checks and
         # conversions (most of its time here)
         v = np.where(c, x._d, y)
-        return array_op(_WHERE, [x, _plain(_pyfloat(y))], v, (np.broadcast_to(c, v.shape),))
+        return array_op(_WHERE, [x, _plain(_pyfloat(y))], v,
+                        (c if c.shape == v.shape else np.broadcast_to(c, v.shape),))
     return _where(c, _operand(x), _operand(y))
 
 

@@ -626,7 +626,7 @@ def neg_sum_to(g, shape):
     each partial sum of -g is minus g's, or both are zeros (x + -x is +0.0 either way), or
     both NaN; so a result with a zero or a NaN (signs could differ) is summed from -g."""
     r = -sum_to(g, shape)
-    if r.all() and not np.isnan(r).any():
+    if r.all() and not np.isnan(r.sum()):  # (a NaN sum: maybe inf - inf, the direct way)
         return r
     return sum_to(-g, shape)
 
