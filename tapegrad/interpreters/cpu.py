@@ -604,8 +604,14 @@ def _one_sided(code, g, a, b, value, wanted):
     if a == b:
         ga = fa(g, va, vb)
         return ga, (ga if code == _MUL else fb(g, va, vb))
-    if code == _SUB and wanted[b] and negated_sum_applies(g, vb):
-        return (fa(g, va, vb) if wanted[a] else None), neg_sum_to(g, vb.shape)
+    if code == _SUB and wanted[b] and g.__class__ is np.ndarray and g.size >= 4096 \
+            and g.flags.c_contiguous:
+        if vb.__class__ is not np.ndarray:  # x - m, m a number (lse's max): -sum(g)
+            r = -np.sum(g)  # (the same bits as np.sum(-g), as neg_sum_to says)
+            return (fa(g, va, vb) if wanted[a] else None), \
+                (float(r) if r and not np.isnan(r) else float(np.sum(-g)))
+        if negated_sum_applies(g, vb):
+            return (fa(g, va, vb) if wanted[a] else None), neg_sum_to(g, vb.shape)
     return (fa(g, va, vb) if wanted[a] else None), (fb(g, va, vb) if wanted[b] else None)
 
 
@@ -696,7 +702,8 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
-    elif on_bad is None and op.code in _SIDES and (a == b or not (wanted[a] and wanted[b])):
+    elif on_bad is None and op.code in _SIDES and (
+            a == b or not (wanted[a] and wanted[b]) or op.code == _SUB):
         inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, wanted)
     elif (on_bad is None and op.code in _G_ONLY and g.__class__ is np.ndarray
           and g.size >= 4096 and 0 in g.strides):
