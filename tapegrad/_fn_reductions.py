@@ -11,6 +11,7 @@ from ._fn_shapes import reshape
 from .ops import BY_NAME
 from .ops import BY_NAME as _O
 from .ops.arrays import fast_sum
+from .ops._extreme import first_extreme
 from .tape import STATE
 from .tensor import (TORCH_NAMES, Tensor, _dim, _errstate, _np_dtype, _plain, _pyfloat, _to_dtype,
                      array_op, binary, quiet, unary)
@@ -122,14 +123,20 @@ def _extreme(op, npfn, argfn, pair_op, name):
             return _minmax(unary(_O["clone"], x), _plain(np.asarray(0, dtype=np.int64)))
         if a.shape[d] == 0:
             raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
-        idx = argfn(a, axis=d)
-        # NaN wins, like torch: argmax/argmin of a slice with NaN picks the first NaN
-        nan_any = np.isnan(a).any(axis=d) if a.dtype.kind == "f" else None
-        if nan_any is not None and nan_any.any():
-            idx = np.where(nan_any, np.argmax(np.isnan(a), axis=d), idx)
-        v = np.take_along_axis(a, np.expand_dims(idx, d), axis=d)
-        if not keepdim:
-            v = np.squeeze(v, axis=d)
+        got = first_extreme(a, d, name == "max")  # float64: one compiled pass
+        if got is not None:
+            v, idx = got
+            if keepdim:
+                v = np.expand_dims(v, d)
+        else:
+            idx = argfn(a, axis=d)
+            # NaN wins, like torch: argmax/argmin of a slice with NaN picks the first NaN
+            nan_any = np.isnan(a).any(axis=d) if a.dtype.kind == "f" else None
+            if nan_any is not None and nan_any.any():
+                idx = np.where(nan_any, np.argmax(np.isnan(a), axis=d), idx)
+            v = np.take_along_axis(a, np.expand_dims(idx, d), axis=d)
+            if not keepdim:
+                v = np.squeeze(v, axis=d)
         ind = np.expand_dims(idx, d) if keepdim else idx
         values = array_op(op, [x], v, ((d,), keepdim, idx))  # idx: reduced shape
         ind = _plain(np.asarray(ind, dtype=np.int64))

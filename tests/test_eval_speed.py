@@ -252,3 +252,162 @@ def test_rule_of_g_alone_on_broadcast_gradient(monkeypatch):
     for a, b in zip(*got):
         np.testing.assert_allclose(a, b, rtol=1e-14)
     assert ("neg", 3) in sizes and ("mulc", 3) in sizes and ("addc", 3) in sizes, sizes
+
+
+def test_full_max_gradient_bits():
+    # max()'s NumPy rule fills 0.0 * val and writes val where picked, for mask * val's
+    # cast: the same bits as torch, -0.0 off the maximum under a negative gradient, NaN
+    # everywhere when nothing matches (a NaN seed)
+    x0 = np.random.default_rng(2).normal(size=(50, 40))
+    x0[3, 4] = x0[7, 1] = 9.0
+    for seed in (-2.5, 2.5, np.inf, np.nan):
+        got = []
+        for M in (tg, torch):
+            x = M.tensor(x0, requires_grad=True)
+            for fn in (M.max, M.min):
+                g, = M.autograd.grad(fn(x), x, grad_outputs=M.tensor(seed, dtype=M.float64))
+                got.append(g.numpy())
+        for a, b in zip(got[:2], got[2:]):
+            assert _same_bits(a, b), seed
+
+
+def _extremes(rng, shape, dtype):
+    a = rng.integers(-2, 3, size=shape).astype(dtype)
+    a[rng.random(shape) < 0.1] = np.nan
+    z = a == 0
+    a[z & (rng.random(shape) < 0.5)] = -0.0
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_max_min_dim_one_pass(monkeypatch, dtype):
+    # max/min over a dim of a float64 array in one compiled pass (kmeans' min over k):
+    # torch's values and indices, bit for bit, with ties (the first), NaNs (the first NaN
+    # wins) and signed zeros; other dtypes keep NumPy's path, with the same results
+    import tapegrad.functions as fmod
+    taken = []
+    real = fmod.first_extreme
+    monkeypatch.setattr(fmod, "first_extreme",
+                        lambda a, d, m: taken.append(d) or real(a, d, m))
+    rng = np.random.default_rng(3)
+    for shape in [(7,), (4, 5), (3, 1, 6), (2, 5, 3, 4), (1, 1)]:
+        a0 = _extremes(rng, shape, dtype)
+        for d in range(-len(shape), len(shape)):
+            for keepdim in (False, True):
+                for name in ("max", "min"):
+                    r = getattr(tg, name)(tg.tensor(a0), d, keepdim=keepdim)
+                    e = getattr(torch, name)(torch.tensor(a0), d, keepdim=keepdim)
+                    assert _same_bits(r.values.numpy(), e.values.numpy()), (shape, d, name)
+                    assert np.array_equal(r.indices.numpy(), e.indices.numpy())
+                    assert r.values.dtype == tg.float64 if dtype == np.float64 else True
+    assert taken  # the compiled pass was asked every time; it declines float32 itself
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_min_dim_second_order(dim):
+    # min(dim)'s rule masks the picked entries with one comparison and lets where
+    # broadcast g (no expand recorded): torch's first and second derivatives
+    rng = np.random.default_rng(4)
+    x0 = rng.normal(size=(6, 5, 40))
+    x0[2, 3, 7] = x0[4, 3, 7] = -9.0  # a tie: the first index takes the gradient
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        m = M.min(x * x * x, dim).values
+        g, = M.autograd.grad(M.sum(m * m), x, create_graph=True)
+        h, = M.autograd.grad(M.sum(g * g), x)
+        out.append((g.detach().numpy(), h.numpy()))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+def test_broadcast_adjoints_added_on_one_copy(monkeypatch):
+    # x + x under a sum's broadcast gradient: both sides' gradients are the same
+    # zero-stride view, added on one copy and broadcast back (kmeans' second sweep through
+    # the recorded 2 g x); a later gradient into that adjoint adds into a fresh array
+    compact = []
+    real = cpu._compact
+    monkeypatch.setattr(cpu, "_compact", lambda g: compact.append(g.shape) or real(g))
+    rng = np.random.default_rng(5)
+    x0, w0 = rng.normal(size=(3, 2000)), rng.normal(size=(3, 2000))
+    got = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w, v = M.tensor(w0), M.tensor([1.0, -2.0, 3.0])
+        only, = M.autograd.grad(M.sum(M.sum(x + x, 1) * v), x)
+        both, = M.autograd.grad(M.sum((x + x) * w) + M.sum(M.sum(x + x, 1) * v), x)
+        got.append((only.numpy(), both.numpy()))
+    for a, b in zip(*got):
+        assert _same_bits(a, b)
+    assert compact == [(3, 2000)] * 2  # once per backward: the compact sum
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+@pytest.mark.parametrize("case", ["plain", "zero", "nan"])
+def test_sub_broadcast_gradient_summed_then_negated(monkeypatch, case, create_graph):
+    # x - c, c broadcast: -sum_to(g) in place of sum_to(-g) (kmeans' centroid side, the
+    # negation on 80 numbers, not 80,000): the bits of the direct way, -0.0 against +0.0
+    # included (a zero or NaN sum takes the direct way), and torch's numbers
+    from tapegrad.interpreters import rerecord
+    taken = []
+    real = cpu.neg_sum_to
+    monkeypatch.setattr(cpu, "neg_sum_to", lambda g, shape: taken.append(shape) or
+                        real(g, shape))
+    rng = np.random.default_rng(7)
+    x0, c0 = rng.normal(size=(4, 3, 1000)), rng.normal(size=(4, 3, 1))
+    w0 = rng.normal(size=(4, 3, 1000))
+    if case == "zero":  # one row's gradient sums to exactly zero: +0.0 from -g's sum
+        w0[1, 2, :] = np.tile([1.5, -1.5], 500)
+    elif case == "nan":
+        w0[2, 0, 7] = np.nan
+
+    def run(M):
+        x, c = M.tensor(x0), M.tensor(c0, requires_grad=True)
+        w = M.tensor(w0, requires_grad=True)
+        y = M.sum((x - c) * w)
+        if create_graph:
+            gc, = M.autograd.grad(y, c, create_graph=True)
+            gw, = M.autograd.grad(M.sum(gc * gc * gc), w)
+            return [gc.detach().numpy(), gw.numpy()]
+        return [g.numpy() for g in M.autograd.grad(y, (c, w))]
+    got = run(tg)
+    with monkeypatch.context() as m:  # the direct way: sum_to(-g)
+        m.setattr(cpu, "negated_sum_applies", lambda g, v: False)
+        m.setattr(rerecord, "negated_sum_applies", lambda g, v: False)
+        direct = run(tg)
+    want = run(torch)
+    for a, b, t in zip(got, direct, want):
+        assert _same_bits(a, b)
+        np.testing.assert_allclose(a, t, rtol=1e-12, atol=1e-12)
+    if case == "zero":
+        assert np.signbit(got[0][1, 2, 0]) == np.signbit(direct[0][1, 2, 0])
+    if not create_graph:
+        assert taken == [(4, 3, 1)]
+
+
+@pytest.mark.parametrize("case", ["plain", "zero", "nan"])
+def test_sub_scalar_gradient_summed_then_negated(monkeypatch, case):
+    # x - m, m a number (lse's max): m's gradient -sum(g), the bits of sum(-g) (a zero or
+    # NaN sum takes that way; a number's adjoint starts at +0.0, so a zero is +0.0 either
+    # way), and torch's numbers; the one-sided rule now also when both sides are wanted
+    rng = np.random.default_rng(8)
+    x0 = rng.normal(size=5000)
+    w0 = rng.normal(size=5000)
+    if case == "zero":  # exp(x - m) is 1: m's gradient sums to exactly zero
+        x0[:] = 0.5
+        w0[:] = np.tile([0.25, -0.25], 2500)
+    elif case == "nan":
+        w0[11] = np.nan
+
+    def run(M):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(w0)
+        m = M.max(x)
+        return [g.numpy() for g in M.autograd.grad(M.sum(M.exp(x - m) * w), (x, m))]
+    got = run(tg)
+    with monkeypatch.context() as mp:  # the registry's rule: sum(-g)
+        mp.setattr(cpu, "_SIDES", {})
+        direct = run(tg)
+    for a, b, t in zip(got, direct, run(torch)):
+        assert _same_bits(a, b)
+        np.testing.assert_allclose(a, t, rtol=1e-12, atol=1e-300)

@@ -6,9 +6,13 @@ import numpy as np
 
 from .. import _generated_eager as _eager
 from ..functions import where as _where
-from ..ops import ARRAY_OP, BINARY, OPS, UNARY, UNARY_C
+from ..ops import ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
 from ..ops.arrays import sum_to
-from ..tensor import Tensor, _plain, _pyfloat, array_op, binary, unary
+from ..tape import STATE
+from ..tensor import Tensor, _plain, _pyfloat, array_op, binary, quiet, unary
+
+_WHERE = BY_NAME["where"]
+_F64 = np.dtype(np.float64)
 
 
 class _TensorF:
@@ -53,9 +57,7 @@ def _array(op):
     def f(*args):
         *values, aux = args
         tensors = [v if isinstance(v, Tensor) else _number_or_array(v) for v in values]
-        raw = [t._d for t in tensors]
-        with np.errstate(all="ignore"):
-            v = op.np(*raw, aux)
+        v = quiet(op.np, *[t._d for t in tensors], aux)  # (errstate's cost, a tenth)
         return array_op(op, tensors, v, aux)
     f.__name__ = op.name
     return f
@@ -68,13 +70,26 @@ def _where_rule(c, x, y):
         return x if c._d.item() else y
     if not isinstance(x, Tensor) and not isinstance(y, Tensor):
         return np.where(c._d if isinstance(c, Tensor) else c, x, y)
+    if (c.__class__ is np.ndarray and c.dtype == np.bool_ and x.__class__ is Tensor
+            and y.__class__ is float and x._d.__class__ is np.ndarray and x._d.dtype == _F64
+            and STATE.trace is None):
+        # where(mask, g, 0.0), max/min(dim)'s rule: where()'s entry without its checks and
+        # conversions (most of its time here)
+        v = np.where(c, x._d, y)
+        return array_op(_WHERE, [x, _plain(_pyfloat(y))], v,
+                        (c if c.shape == v.shape else np.broadcast_to(c, v.shape),))
     return _where(c, _operand(x), _operand(y))
 
 
 def _fit(gr, like):
     """A gradient for a value shaped like ``like``: broadcasting summed away, same dtype."""
-    if gr.__class__ is Tensor and gr._d.__class__ is _pyfloat and like.__class__ is _pyfloat:
-        return gr  # the scalar path
+    if gr.__class__ is Tensor:
+        d = gr._d
+        if d.__class__ is _pyfloat and like.__class__ is _pyfloat:
+            return gr  # the scalar path
+        if d.__class__ is np.ndarray and like.__class__ is np.ndarray and \
+                d.shape == like.shape and d.dtype == like.dtype:
+            return gr  # already fits (most rules' gradients)
     if isinstance(gr, Tensor):
         if like.__class__ is _pyfloat:
             return gr if gr.shape == () else gr.sum()

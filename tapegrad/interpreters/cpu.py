@@ -564,13 +564,16 @@ def sweep(graph, need, adj, adjd, arr):
         return
     owned = set()  # slots whose adjoint array this sweep allocated: added to in place
     wanted = graph.wanted.tolist()  # read twice per entry: a list's item is the cheaper
+    # a needed scalar entry anywhere? (none: no compiled call between the array entries,
+    # a few microseconds each, most of a create_graph sweep's entries are arrays)
+    scalars = np.count_nonzero(need) > len(arr)
     with np.errstate(all="ignore"):
         for k, row in zip(arr.tolist(), rows[arr].tolist()):
-            if hi - k > 1:
+            if scalars and hi - k > 1:
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
             array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)
             hi = k
-        if hi > 0:
+        if scalars and hi > 0:
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
 
 
@@ -598,7 +601,37 @@ def _one_sided(code, g, a, b, value, wanted):
     if a == b:
         ga = fa(g, va, vb)
         return ga, (ga if symmetric else fb(g, va, vb))
+    if code == _SUB and wanted[b] and g.__class__ is np.ndarray and g.size >= 4096 \
+            and g.flags.c_contiguous:
+        if vb.__class__ is not np.ndarray:  # x - m, m a number (lse's max): -sum(g)
+            r = -np.sum(g)  # (the same bits as np.sum(-g), as neg_sum_to says)
+            return (fa(g, va, vb) if wanted[a] else None), \
+                (float(r) if r and not np.isnan(r) else float(np.sum(-g)))
+        if negated_sum_applies(g, vb):
+            return (fa(g, va, vb) if wanted[a] else None), neg_sum_to(g, vb.shape)
     return (fa(g, va, vb) if wanted[a] else None), (fb(g, va, vb) if wanted[b] else None)
+
+
+_SUB = next(op.code for op in OPS if op.name == "sub")
+
+
+def negated_sum_applies(g, v):
+    """Whether ``x - v``'s gradient ``-g`` broadcast over a smaller array ``v`` may be
+    summed first and negated after (``neg_sum_to``): a C-contiguous g (so g and -g are
+    summed in the same order) larger than v."""
+    return (g.__class__ is np.ndarray and v.__class__ is np.ndarray and g.shape != v.shape
+            and g.size >= 4096 and g.flags.c_contiguous)
+
+
+def neg_sum_to(g, shape):
+    """``sum_to(-g, shape)`` as ``-sum_to(g, shape)``: the negation on the summed array
+    (kmeans' centroids: 80 numbers, not 80,000). The same bits: in any order of additions
+    each partial sum of -g is minus g's, or both are zeros (x + -x is +0.0 either way), or
+    both NaN; so a result with a zero or a NaN (signs could differ) is summed from -g."""
+    r = -sum_to(g, shape)
+    if r.all() and not np.isnan(r.sum()):  # (a NaN sum: maybe inf - inf, the direct way)
+        return r
+    return sum_to(-g, shape)
 
 
 #: unary rules that read neither the input nor the output: functions of g alone (``-g``)
@@ -664,7 +697,8 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
-    elif on_bad is None and op.code in _SIDES and (a == b or not (wanted[a] and wanted[b])):
+    elif on_bad is None and op.code in _SIDES and (
+            a == b or not (wanted[a] and wanted[b]) or op.code == _SUB):
         inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, wanted)
     elif (on_bad is None and op.code in _G_ONLY and g.__class__ is np.ndarray
           and g.size >= 4096 and 0 in g.strides):
@@ -701,6 +735,13 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
                 adjd[s] = gr
             elif owned is not None and s in owned:
                 np.add(prev, gr, out=prev)
+            elif (prev.__class__ is np.ndarray and prev.size >= 4096 and 0 in prev.strides
+                  and gr.strides == prev.strides):
+                # two broadcasts alike (x + x under a sum's gradient): added on one copy of
+                # the repeated part and broadcast back, the same numbers; a read-only view,
+                # so not owned (a later gradient is added into a fresh array)
+                c = _compact(prev)
+                adjd[s] = np.broadcast_to(prev[c] + gr[c], prev.shape)
             else:
                 adjd[s] = prev + gr
                 if owned is not None:

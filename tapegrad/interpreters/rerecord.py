@@ -12,12 +12,13 @@ import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, OPS
 from ..ops._registry import Part
-from .cpu import _SIDES, MULTI_OUTPUT, elementwise_rule
+from .cpu import _SIDES, MULTI_OUTPUT, elementwise_rule, negated_sum_applies
 
 #: array opcodes of the symmetric one-sided rules that read their input (``x * x``: one
 #: side, added to itself)
 _SYMMETRIC_ARRAY = {code | ARRAY: sides[0] for code, sides in _SIDES.items()
                     if sides[2] and "a" in OPS[code].uses}
+_SUB_ARRAY = next(op.code for op in OPS if op.name == "sub") | ARRAY
 
 
 def sweep(graph, need, seeds, F, as_tensor, add, batch=None):
@@ -64,7 +65,19 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
         grads = op.vjp(F, g, values, out, aux)
     else:
         ua, ub = "a" in uses, "b" in uses
-        if a == b and code in _SYMMETRIC_ARRAY:
+        gb = None
+        if code == _SUB_ARRAY and a != b and not batch and graph.wanted[b] \
+                and negated_sum_applies(getattr(g, "_d", None), graph.value(b)):
+            # x - v, v broadcast: neg(sum_to(g)) recorded, the bits of sum_to(neg(g)) with
+            # the negation on the small array (cpu.neg_sum_to); a zero or NaN in the sum
+            # takes the registry's order (the sum_to then left unused on the tape)
+            s = F.fit(g, graph.value(b))
+            r = s._d
+            if r.all() and not np.isnan(r.sum()):  # (a NaN sum: maybe inf - inf, the direct way)
+                gb = F.neg(s)
+        if gb is not None:
+            inputs, grads = (a, b), (g, gb)
+        elif a == b and code in _SYMMETRIC_ARRAY:
             # x * x (an array): the rule's g * x recorded once and added to itself, the
             # bits of g*x + g*x with one product less to record and differentiate
             ta = as_tensor(a)

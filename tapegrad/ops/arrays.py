@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import lowering as lw
+from ._extreme import picked
 from ._registry import ARRAY_OP, UNARY, Part, register
 
 A = ARRAY_OP
@@ -425,13 +426,23 @@ def _extreme_vjp(F, g, v, out, aux):
             count = np.array(np.count_nonzero(mask), dtype=np.int64).reshape((1,) * mask.ndim)
         else:
             count = np.sum(mask, axis=aux[0], keepdims=True)
-        return (mask * (_gk(F, g, a, aux) / count),)  # torch's form: all-NaN when count is 0
+        val = _gk(F, g, a, aux) / count
+        if even:  # torch's evenly_distribute_backward (CPU): zeros, val where picked
+            if val.__class__ is np.ndarray and val.size == 1 and mask.ndim:
+                res = np.zeros(mask.shape, dtype=val.dtype)  # one pass, no bool-float cast:
+                np.copyto(res, val.reshape(()), where=mask)  # most of lse's backward
+                return (res,)
+            return (F.where(mask, val, F.zeros_like(a)),)
+        # amax/amin: torch's scale_grad_by_count, mask * val (all-NaN when count is 0)
+        if val.__class__ is np.ndarray:  # its bits, 1.0 * val or 0.0 * val, with no cast
+            return (np.where(mask, val, val * 0.0),)
+        return (mask * val,)
     dim, index = aux[0][0], aux[2]
-    picked = np.expand_dims(index, dim)
-    full = np.zeros(np.shape(a), dtype=np.bool_)
-    np.put_along_axis(full, picked, True, axis=dim)
-    gk = _gk(F, g, a, aux)
-    return (F.where(full, F.expand(gk, (np.shape(a), np.shape(gk))), F.zeros_like(a)),)
+    shape = np.shape(a)
+    # where broadcasts g itself (no expand entry to record), unreshaped when the reduced
+    # dim leads (kmeans' min over k): no reshape entry either
+    gk = g if not aux[1] and all(n == 1 for n in shape[:dim]) else _gk(F, g, a, aux)
+    return (F.where(picked(shape, dim, index), gk, F.zeros_like(a)),)
 
 
 def _extreme_saves(aux):
