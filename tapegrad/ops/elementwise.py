@@ -289,7 +289,8 @@ register("div", B, py=_safe(operator.truediv, _div_err), np=np.true_divide, nb="
          torch="div", vjp=lambda F, g, a, b, out: (g / b, -g * a / (b * b)),
          const=(("divc", 1.0), ("rdivc", 1.0)),
          api=("div",), aliases=("divide", "true_divide"), method=True)
-register("pow", B, py=lambda a, b: a * a if b == 2.0 else _py_pow(a, b), np=_np_pow, nb="({a} ** {b})", torch="pow", vjp=_pow_vjp,
+register("pow", B, py=lambda a, b: a * a if b == 2.0 else _py_pow(a, b), np=_np_pow,
+         nb="({a} ** {b})", torch="pow", vjp=_pow_vjp,
          const=(("powc", 1.0), ("rpowc", 1.0)), api=("pow",), method=True)
 register("atan2", B, py=math.atan2, np=np.arctan2, nb="math.atan2({a}, {b})", torch="atan2",
          vjp=_atan2_vjp, api=("atan2",), aliases=("arctan2",), method=True)
