@@ -475,35 +475,41 @@ def _layout(specs):
     return tuple(out)
 
 
-def _flat_one(code, xs):
+def _flat_one(code, xs, flat):
     """(flat float64 inputs, whether any was a Tensor) of one sample when every input is a
     float64 ndarray, Tensor or float of exactly its traced shape (an optimization loop's
-    call); None otherwise: ``Program._inputs`` then checks them and says what is wrong."""
-    layout = code.in_layout
-    if len(xs) != len(layout) or not code.all_f64:
+    call); None otherwise: ``Program._inputs`` then checks them and says what is wrong.
+    ``flat``: (buffer, views of it shaped like each input) that the inputs are copied into
+    (the view is None for one input of rank 1 or more, which is passed as it is)."""
+    shapes = code.in_shapes
+    if len(xs) != len(shapes) or not code.all_f64:
         return None
     as_tensor = False
-    parts = []
-    for x, (shape, _, _, rank) in zip(xs, layout):
-        if isinstance(x, Tensor):
+    buf, views = flat
+    for x, shape, view in zip(xs, shapes, views):
+        cls = x.__class__
+        if cls is not np.ndarray:
+            if cls is float:
+                if shape:
+                    return None
+                view[()] = x
+                continue
+            if not isinstance(x, Tensor):
+                return None
             as_tensor = True
             x = x._d
-        cls = x.__class__
-        if cls is float:
-            if rank:
-                return None
-            parts.append((x,))
-            continue
-        if cls is not np.ndarray:
-            return None
-        dt = x.dtype
-        if (dt is not _F64 and dt != _F64) or x.shape != shape:
+            if x.__class__ is float:
+                if shape:
+                    return None
+                view[()] = x
+                continue
+        # another float64 dtype object (byte order, metadata) takes the general path too
+        if x.dtype is not _F64 or x.shape != shape:
             return None  # a batch, or a wrong input: the general path
-        # one NumPy call gathers them (a slice assignment each costs more)
-        parts.append(x if rank == 1 else x.reshape(-1))
-    if len(parts) == 1 and parts[0].__class__ is np.ndarray:
-        return parts[0], as_tensor  # the interpreters only read it
-    return (np.concatenate(parts) if parts else np.empty(0)), as_tensor
+        if view is None:  # one input: passed as it is (the interpreters only read it)
+            return (x if len(shape) == 1 else x.reshape(-1)), as_tensor
+        view[...] = x  # into views made once: cheaper than np.concatenate of the inputs
+    return buf, as_tensor
 
 
 def _wrap_one(flat, layout, as_tensor, single):
@@ -544,6 +550,37 @@ class _Code:
         self.single_in = len(inputs) == 1
         self.all_f64 = all(d == _F64 for _, d in inputs + outputs)
         self.seeds = np.ones(len(self.out_slots))
+        # the one-sample calls' entry (``replay_cpu.run_into``): output then input slots,
+        # the gradient's layout in its results, and buffers reused across calls (a list
+        # of free ones: a call pops one and puts it back, so threads never share one)
+        self.slots = np.concatenate((self.out_slots, self.in_slots))
+        self.in_shapes = tuple(tuple(sh) for sh, _ in inputs)
+        m = len(self.out_slots)
+        self.grad_layout = tuple((sh, o + m, k, r) for sh, o, k, r in self.in_layout)
+        self._work, self._flat = [], []
+
+    def new_work(self):
+        """A ``work`` buffer of ``replay_cpu.run_into``: the seeds of value_and_grad (ones),
+        then room for the values and adjoints."""
+        work = np.empty(len(self.out_slots) + 2 * self.rows.shape[0])
+        work[:len(self.out_slots)] = 1.0
+        return work
+
+    def run1(self, x, grad):
+        """(status, fresh results: outputs then gradient) of one sample ``x``."""
+        free = self._work
+        work = free.pop() if free else self.new_work()
+        res = np.empty(self.slots.shape[0])
+        status = _cpu.run_into(self.rows, self.slots, x, work, res, grad)
+        free.append(work)
+        return status, res
+
+    def flat_buffer(self):
+        """(flat inputs, views of it shaped like each input) for ``_flat_one``."""
+        buf = np.empty(self.n_in)
+        if len(self.in_layout) == 1 and self.in_layout[0][3]:
+            return buf, (None,)
+        return buf, tuple(buf[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
 
     def derived(self, key, build):
         c = self._derived.get(key)
@@ -878,26 +915,38 @@ class Program:
 
     def _run_one(self, xs, grad, select=None):
         """``_run`` of one sample on the CPU, for inputs that ``_flat_one`` takes: (code,
-        outs, grads, flat inputs, as_tensor), or None when the general path must run (other
-        inputs, a CUDA target, or a guard that failed in every variant: ``_run`` then says
-        which or re-traces)."""
+        fresh results (outputs, then the gradient at ``code.grad_layout``), a copy of the
+        flat inputs when ``select`` is given, as_tensor), or None when the general path must
+        run (other inputs, a CUDA target, or a guard that failed in every variant: ``_run``
+        then says which or re-traces)."""
         if self._cuda is not None:
             return None
         code = self._variants[0]
         if select is not None:
             code = select(code)
-        f = _flat_one(code, xs)
-        if f is None:
+        # buffers are popped from a list of free ones and put back: threads never share one
+        # (the compiled calls release the GIL), and nothing is allocated but the results
+        free = code._flat
+        flat = free.pop() if free else code.flat_buffer()
+        try:
+            f = _flat_one(code, xs, flat)
+            if f is None:
+                return None
+            x, as_tensor = f
+            if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+                _notice.announce("replay")
+            for variant in self._variants:
+                c = variant if select is None else select(variant)
+                works = c._work
+                work = works.pop() if works else c.new_work()
+                res = np.empty(c.slots.shape[0])
+                status = _cpu.run_into(c.rows, c.slots, x, work, res, grad)
+                works.append(work)
+                if status == 0:
+                    return c, res, None if select is None else x.copy(), as_tensor
             return None
-        x, as_tensor = f
-        if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
-            _notice.announce("replay")
-        for variant in self._variants:
-            c = variant if select is None else select(variant)
-            status, outs, grads = _cpu.run(c.rows, x, c.out_slots, c.seeds, c.in_slots, grad)
-            if status == 0:
-                return c, outs, grads, x, as_tensor
-        return None
+        finally:
+            free.append(flat)
 
     def _run(self, xs, seeds=None, grad=False, select=lambda c: c):
         """Run the right variant; returns (code, outs, grads, batch, as_tensor)."""
@@ -972,8 +1021,8 @@ class Program:
                     return self._call_recorded(xs)
         r = self._run_one(xs, False)
         if r is not None:
-            code, outs, _, _, as_tensor = r
-            return _wrap_one(outs, code.out_layout, as_tensor, code.single_out)
+            code, res, _, as_tensor = r
+            return _wrap_one(res, code.out_layout, as_tensor, code.single_out)
         code, outs, _, batch, as_tensor = self._run(xs)
         return self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
 
@@ -1018,12 +1067,12 @@ class Program:
     def value_and_grad(self, *xs):
         """(value, gradient) at ``xs``: the gradient has the inputs' shapes (a tuple when
         there are several inputs)."""
-        if len(self._code.out_slots) == 1:  # optimization loops: one sample, on the CPU
+        if len(self._variants[0].out_slots) == 1:  # optimization loops: one sample, on the CPU
             r = self._run_one(xs, True)
             if r is not None:
-                code, outs, grads, _, as_tensor = r
-                return (_wrap_one(outs, code.out_layout, as_tensor, code.single_out),
-                        _wrap_one(grads, code.in_layout, as_tensor, code.single_in))
+                code, res, _, as_tensor = r
+                return (_wrap_one(res, code.out_layout, as_tensor, code.single_out),
+                        _wrap_one(res, code.grad_layout, as_tensor, code.single_in))
         self._scalar_check("value_and_grad")
         code, outs, grads, batch, as_tensor = self._run(xs, grad=True)
         value = self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
@@ -1158,17 +1207,15 @@ class Program:
         if len(xs) == len(vs) == nin:  # one sample on the CPU: exact shapes are checked
             r = self._run_one(xs + vs, True, _hvp_of)
             if r is not None:
-                code, _, grads, x, as_tensor = r
+                code, hres, x, as_tensor = r
                 base = self._variants[0]
                 for c in self._variants:  # the value: the variant hvp ran
                     if c._derived.get("hvp") is code:
                         base = c
-                st, outs, _ = _cpu.run(base.rows, x[:base.n_in], base.out_slots, base.seeds,
-                                       base.in_slots, False)
-                if st == 0:
-                    return (_wrap_one(outs, base.out_layout, as_tensor, base.single_out),
-                            _wrap_one(grads[:base.n_in], base.in_layout, as_tensor,
-                                      nin == 1))
+                st, res = base.run1(x[:base.n_in], False)
+                if st == 0:  # H v: the gradient of the hvp program at its first inputs
+                    return (_wrap_one(res, base.out_layout, as_tensor, base.single_out),
+                            _wrap_one(hres, code.grad_layout[:nin], as_tensor, nin == 1))
         if len(vs) != len(xs):
             raise ValueError(f"hvp: v has {len(vs)} part(s) for {len(xs)} input(s)")
         for i, (a, b) in enumerate(zip(xs, vs)):

@@ -91,6 +91,24 @@ def test_results_never_alias_a_later_call_or_the_inputs(prog):
     np.testing.assert_array_equal(gx, [0.0, 2.0, 4.0])
 
 
+def test_one_sample_calls_reuse_their_buffers(prog):
+    """The compiled entry sweeps into buffers kept with the program (values, adjoints, the
+    flat inputs): one each after many calls; only the results are new."""
+    a, b, c = inputs(11)
+    code = prog._code
+    v, g = prog.value_and_grad(a, b, c)
+    work, flat = code._work[0], code._flat[0]
+    for _ in range(3):
+        assert prog(a, b, c) == v
+        v2, g2 = prog.value_and_grad(a, b, c)
+        assert v2 == v and all((x == y).all() for x, y in zip(g, g2))
+        assert not any(np.shares_memory(x, y) for x, y in zip(g, g2))
+    assert code._work == [work] and code._flat == [flat]
+    # another float64 dtype object (big-endian): the general path says what to do
+    with pytest.raises(TypeError, match="input 1 has dtype >f8"):
+        prog.value_and_grad(a, b.astype(">f8"), c)
+
+
 def test_bad_inputs_still_raise_clear_errors(prog):
     a, b, c = inputs(6)
     with pytest.raises(TypeError, match="input 1 has dtype float32"):

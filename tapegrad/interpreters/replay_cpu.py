@@ -15,24 +15,41 @@ BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cach
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def run(rows, x, out_slots, seeds, in_slots, grad):
-    """Forward at ``x``; with ``grad``, the reverse sweep seeded with ``seeds`` at the
-    outputs. Returns (status, outputs, gradients at ``in_slots``)."""
+def run_into(rows, slots, x, work, res, grad):
+    """Forward at ``x``; with ``grad``, the reverse sweep seeded at the outputs. ``slots``:
+    the m output slots, then the input slots; ``work`` (m + 2 x rows): the seeds, then room
+    for the rows' values and adjoints; ``res``: the outputs, then (with ``grad``) the
+    gradient. Returns the status (0, or 1 + the row of a failed guard).
+
+    The caller owns the buffers (the one-sample calls reuse ``work``): nothing is allocated
+    or boxed here but the status, which took a third of a small program's call (the entry
+    returning three fresh arrays cost 1.4 us on a 12-row program, this one 0.55 us)."""
     n = rows.shape[0]
-    v = np.empty(n)
+    m = work.shape[0] - 2 * n
+    v = work[m:m + n]
     status = forward(rows, x, v)
-    outs = np.empty(out_slots.shape[0])
-    for i in range(out_slots.shape[0]):
-        outs[i] = v[out_slots[i]]
-    grads = np.zeros(in_slots.shape[0])
+    for i in range(m):
+        res[i] = v[slots[i]]
     if grad and status == 0:
-        adj = np.zeros(n)
-        for i in range(out_slots.shape[0]):
-            adj[out_slots[i]] += seeds[i]
+        adj = work[m + n:]
+        adj[:] = 0.0
+        for i in range(m):
+            adj[slots[i]] += work[i]
         reverse(rows, v, adj)
-        for i in range(in_slots.shape[0]):
-            grads[i] = adj[in_slots[i]]
-    return status, outs, grads
+        for i in range(m, slots.shape[0]):
+            res[i] = adj[slots[i]]
+    return status
+
+
+def run(rows, x, out_slots, seeds, in_slots, grad):
+    """``run_into`` with fresh buffers: (status, outputs, gradients at ``in_slots``; zeros
+    without ``grad``)."""
+    m = out_slots.shape[0]
+    work = np.empty(m + 2 * rows.shape[0])
+    work[:m] = seeds
+    res = np.zeros(m + in_slots.shape[0])
+    status = run_into(rows, np.concatenate((out_slots, in_slots)), x, work, res, grad)
+    return status, res[:m], res[m:]
 
 
 @njit_cached(error_model="numpy", nogil=True)
