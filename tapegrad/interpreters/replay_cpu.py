@@ -53,16 +53,22 @@ def run(rows, x, out_slots, seeds, in_slots, grad):
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1):
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, W):
     """``run`` for samples ``b0:b1`` (columns of ``X``, ``S``), written into ``status``,
-    ``outs``, ``G``."""
+    ``outs``, ``G``. ``W``: the caller's room for the block's values and adjoints (2 x rows
+    x samples), reused from block to block (allocated here when it is smaller)."""
     n = rows.shape[0]
     nb = b1 - b0
     Xb = np.empty((X.shape[0], nb))
     for i in range(X.shape[0]):
         for j in range(nb):
             Xb[i, j] = X[i, b0 + j]
-    V = np.empty((n, nb))
+    if W.shape[0] >= 2 * n * nb:
+        V = W[:n * nb].reshape((n, nb))
+        A = W[n * nb:2 * n * nb].reshape((n, nb))
+    else:
+        V = np.empty((n, nb))
+        A = np.empty((n, nb))
     st = np.zeros(nb, dtype=np.int64)
     forward_batch(rows, Xb, V, st)
     for i in range(out_slots.shape[0]):
@@ -72,7 +78,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1):
     for j in range(nb):
         status[b0 + j] = st[j]
     if grad:
-        A = np.zeros((n, nb))
+        A[:] = 0.0
         for i in range(out_slots.shape[0]):
             ao = A[out_slots[i]]
             for j in range(nb):
@@ -96,18 +102,27 @@ def _outputs(X, out_slots, in_slots):
             np.zeros((in_slots.shape[0], B)))
 
 
+def _room(rows, block):
+    """``run_block``'s W for blocks of ``block`` samples: one per thread and call (a block
+    of a 9,000-row program has megabytes of values and adjoints: allocated per block they
+    were page faults and heap locks that the threads took in turn)."""
+    return np.empty(2 * rows.shape[0] * block)
+
+
 def run_batch(rows, X, out_slots, S, in_slots, grad, block):
     """``run`` for samples in columns, a block at a time."""
     status, outs, G = _outputs(X, out_slots, in_slots)
     B = X.shape[1]
+    W = _room(rows, min(B, block))
     for b0 in range(0, B, block):
         run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                  min(B, b0 + block))
+                  min(B, b0 + block), W)
     return status, outs, G
 
 
 _pool = None
 _pool_lock = threading.Lock()
+_compiled = False  # run_block has run once in this process (compiled or loaded)
 
 
 def _executor():
@@ -121,8 +136,9 @@ def _executor():
 
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     """``run_batch`` with the blocks spread over CPU cores: ``run_block`` releases the GIL,
-    so threads run blocks at once (``numba.get_num_threads()`` of them; each block writes
-    its own columns)."""
+    so threads run blocks at once (``numba.get_num_threads()`` of them, this one among them;
+    each block writes its own columns)."""
+    global _compiled
     status, outs, G = _outputs(X, out_slots, in_slots)
     B = X.shape[1]
     starts = list(range(0, B, block))
@@ -130,18 +146,26 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         return status, outs, G
 
     def blocks(i0, step):
+        W = _room(rows, min(B, block))
         for b0 in starts[i0::step]:
             run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                      min(B, b0 + block))
+                      min(B, b0 + block), W)
 
-    # the first block here: it compiles run_block once, before threads call it
-    run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, 0, min(B, block))
-    starts = starts[1:]
+    if not _compiled:  # one block here first: run_block compiles once, before threads call it
+        blocks(0, len(starts))
+        starts = starts[1:]
+        _compiled = True
     n = min(numba.get_num_threads(), len(starts))
     if n <= 1:
         blocks(0, 1)
-    else:
-        for f in [_executor().submit(blocks, i, n) for i in range(n)]:
+        return status, outs, G
+    # the other threads take every n-th block from 1, 2, ...; this one from 0 meanwhile (it
+    # waited idle before: with the first block run alone, at most 1.6x on 2 cores)
+    futures = [_executor().submit(blocks, i, n) for i in range(1, n)]
+    try:
+        blocks(0, n)
+    finally:
+        for f in futures:
             f.result()
     return status, outs, G
 
