@@ -253,3 +253,22 @@ def test_batch_blocks_fit_the_cache_and_give_the_same_numbers():
     np.testing.assert_array_equal(v, v0)
     np.testing.assert_array_equal(g, g0)
     np.testing.assert_array_equal(g[77], big.value_and_grad(X[77])[1])
+
+
+def test_run_block_room_reused_or_too_small_gives_the_same_numbers():
+    """``run_block`` sweeps into the caller's room W (reused from block to block, so the
+    adjoints are zeroed each time) or, when W is too small, into its own arrays."""
+    prog = tg.trace(lambda x: (x.sin() * x).sum() * x[0], np.zeros(3))
+    code = prog._code
+    X = np.ascontiguousarray(np.random.default_rng(12).normal(size=(3, 5)))
+    S = np.ones((1, 5))
+    want = [prog.value_and_grad(X[:, j].copy()) for j in range(5)]
+    for W in (np.full(2 * code.rows.shape[0] * 2, np.nan), np.empty(0)):
+        status, outs, G = replay_cpu._outputs(X, code.out_slots, code.in_slots)
+        for b0 in (0, 2, 4):  # blocks of 2, the last of 1
+            replay_cpu.run_block(code.rows, X, code.out_slots, S, code.in_slots, True,
+                                 status, outs, G, b0, min(5, b0 + 2), W)
+        assert (status == 0).all()
+        for j, (v, g) in enumerate(want):
+            assert outs[0, j] == v
+            np.testing.assert_array_equal(G[:, j], g)
