@@ -246,10 +246,14 @@ def test_batch_blocks_fit_the_cache_and_give_the_same_numbers():
     assert small.block == replay_cpu.BLOCK
     n = 100
     big = tg.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]), np.zeros(n))
-    assert big.block == 32 and big.to("parallel").block == 32  # 892 rows
+    assert big.block == 128 and big.to("parallel").block == 128  # 892 rows: 1.8 MB
+    n = 1000  # 8,992 rows: 128 samples would be 18 MB of values and adjoints
+    bigger = tg.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]), np.zeros(n))
+    assert bigger.block == 64
+    n = 100
     X = np.random.default_rng(10).normal(size=(150, n))
     v, g = big.value_and_grad(X)
-    v0, g0 = replay.Program(big._variants, block=replay_cpu.BLOCK).value_and_grad(X)
+    v0, g0 = replay.Program(big._variants, block=16).value_and_grad(X)
     np.testing.assert_array_equal(v, v0)
     np.testing.assert_array_equal(g, g0)
     np.testing.assert_array_equal(g[77], big.value_and_grad(X[77])[1])
