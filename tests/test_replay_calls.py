@@ -276,3 +276,19 @@ def test_run_block_room_reused_or_too_small_gives_the_same_numbers():
         for j, (v, g) in enumerate(want):
             assert outs[0, j] == v
             np.testing.assert_array_equal(G[:, j], g)
+
+
+def test_block_room_is_kept_per_thread(monkeypatch):
+    """Each thread keeps its largest block room between calls (up to ROOM_KEPT bytes)."""
+    rows = np.zeros((10, 6))
+    monkeypatch.setattr(replay_cpu, "_local", threading.local())
+    W = replay_cpu._room(rows, 16)
+    assert W.shape == (320,) and replay_cpu._room(rows, 8) is W
+    other = []
+    t = threading.Thread(target=lambda: other.append(replay_cpu._room(rows, 16)))
+    t.start()
+    t.join()
+    assert other[0] is not W
+    monkeypatch.setattr(replay_cpu, "ROOM_KEPT", 8 * 320)
+    big = replay_cpu._room(rows, 32)
+    assert big.shape == (640,) and replay_cpu._room(rows, 16) is W  # too big to keep
