@@ -41,9 +41,21 @@ def run_into(rows, slots, x, work, res, grad):
     return status
 
 
+@njit_cached(error_model="numpy", nogil=True)
 def run(rows, x, out_slots, seeds, in_slots, grad):
-    """``run_into`` with fresh buffers: (status, outputs, gradients at ``in_slots``; zeros
-    without ``grad``)."""
+    """``run_into`` with fresh buffers, for compiled callers (``optim_loop``): (status,
+    outputs, gradients at ``in_slots``; zeros without ``grad``)."""
+    m = out_slots.shape[0]
+    work = np.empty(m + 2 * rows.shape[0])
+    work[:m] = seeds
+    res = np.zeros(m + in_slots.shape[0])
+    status = run_into(rows, np.concatenate((out_slots, in_slots)), x, work, res, grad)
+    return status, res[:m], res[m:]
+
+
+def run_fresh(rows, x, out_slots, seeds, in_slots, grad):
+    """``run`` called from Python: the same, over the compiled ``run_into`` (``run`` itself
+    would compile the interpreters once more, for seconds)."""
     m = out_slots.shape[0]
     work = np.empty(m + 2 * rows.shape[0])
     work[:m] = seeds
