@@ -507,7 +507,8 @@ def _flat_one(code, xs, flat):
         if x.dtype is not _F64 or x.shape != shape:
             return None  # a batch, or a wrong input: the general path
         if view is None:  # one input: passed as it is (the interpreters only read it)
-            return (x if len(shape) == 1 else x.reshape(-1)), as_tensor
+            # C-contiguous: a strided vector would compile the entry again for its layout
+            return (np.ascontiguousarray(x) if len(shape) == 1 else x.reshape(-1)), as_tensor
         view[...] = x  # into views made once: cheaper than np.concatenate of the inputs
     return buf, as_tensor
 
@@ -573,6 +574,9 @@ class _Code:
         self.grad_layout = tuple((sh, o + m, k, r) for sh, o, k, r in self.in_layout)
         self.out_keys = _keys(self.out_layout)
         self.grad_keys = _keys(self.grad_layout)
+        # one float64 vector in, NumPy results of rank <= 1: ``Program._run_vec``'s case
+        self.vec = len(inputs) == 1 and len(self.in_shapes[0]) == 1 and self.all_f64 and \
+            self.out_keys is not None
         self._work, self._flat = [], []
 
     def new_work(self):
@@ -932,6 +936,30 @@ class Program:
                 outs, grads = outs[:, 0], grads[:, 0]
         return (status[0] if batch is None else status), outs, grads
 
+    def _run_vec(self, xs, grad):
+        """``_run_one`` for an optimization loop's call, in fewer Python steps: one float64
+        vector of the traced shape in (the interpreters read it as it is), on the CPU.
+        (code, fresh results) or None."""
+        code = self._variants[0]
+        if not code.vec or len(xs) != 1 or self._cuda is not None:
+            return None
+        x = xs[0]
+        if x.__class__ is not np.ndarray or x.dtype is not _F64 or \
+                x.shape != code.in_shapes[0]:
+            return None
+        x = np.ascontiguousarray(x)  # x itself, unless strided (a compile for its layout)
+        if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+            _notice.announce("replay")
+        for c in self._variants:
+            works = c._work
+            work = works.pop() if works else c.new_work()
+            res = np.empty(c.slots.shape[0])
+            status = _cpu.run_into(c.rows, c.slots, x, work, res, grad)
+            works.append(work)
+            if status == 0:
+                return c, res
+        return None
+
     def _run_one(self, xs, grad, select=None):
         """``_run`` of one sample on the CPU, for inputs that ``_flat_one`` takes: (code,
         fresh results (outputs, then the gradient at ``code.grad_layout``), a copy of the
@@ -1038,6 +1066,9 @@ class Program:
             for x in xs:
                 if isinstance(x, Tensor) and x._rg:
                     return self._call_recorded(xs)
+        r = self._run_vec(xs, False)
+        if r is not None:
+            return _pick(r[1], r[0].out_keys, r[0].single_out)
         r = self._run_one(xs, False)
         if r is not None:
             code, res, _, as_tensor = r
@@ -1087,6 +1118,10 @@ class Program:
         """(value, gradient) at ``xs``: the gradient has the inputs' shapes (a tuple when
         there are several inputs)."""
         if len(self._variants[0].out_slots) == 1:  # optimization loops: one sample, on the CPU
+            r = self._run_vec(xs, True)
+            if r is not None:
+                code, res = r
+                return _pick(res, code.out_keys, code.single_out), res[code.grad_keys[0]]
             r = self._run_one(xs, True)
             if r is not None:
                 code, res, _, as_tensor = r

@@ -292,3 +292,35 @@ def test_block_room_is_kept_per_thread(monkeypatch):
     monkeypatch.setattr(replay_cpu, "ROOM_KEPT", 8 * 320)
     big = replay_cpu._room(rows, 32)
     assert big.shape == (640,) and replay_cpu._room(rows, 16) is W  # too big to keep
+
+
+def test_one_vector_calls_match_the_general_path(monkeypatch):
+    """One float64 vector in (``Program._run_vec``): the same numbers and types as the
+    other paths, a strided vector without a compile for its layout, guards and variants."""
+    def f(x):
+        return (x.sin() * x).sum() if x[0] > 0 else (x * x).sum()
+    prog = tg.trace(f, np.ones(4), retrace=True)
+    X = np.random.default_rng(13).normal(size=8)
+    X[0] = 0.5
+    x = X[::2]  # strided
+    prog.value_and_grad(np.ascontiguousarray(x))
+    signatures = len(replay_cpu.run_into.signatures)
+    got = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
+    assert len(prog._variants) == 2
+    assert len(replay_cpu.run_into.signatures) == signatures
+    monkeypatch.setattr(replay.Program, "_run_vec", lambda *args, **kw: None)
+    ref = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
+    monkeypatch.setattr(replay.Program, "_run_one", lambda *args, **kw: None)
+    slow = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
+    for a, b, c in zip(got, ref, slow):
+        a, b, c = (r if isinstance(r, tuple) else (r,) for r in (a, b, c))
+        for u, v, w in zip(a, b, c):
+            assert type(u) is type(v) is type(w)
+            np.testing.assert_array_equal(u, v)
+            np.testing.assert_array_equal(u, w)
+    xt = torch.tensor(-x, requires_grad=True)
+    (want,) = torch.autograd.grad((xt * xt).sum(), (xt,))
+    np.testing.assert_array_equal(got[2][1], want.numpy())
+    # a (1, 1) output is not a vector result: the general path shapes it
+    sq = tg.trace(lambda x: (x * x).sum().reshape(1, 1), np.ones(3))
+    assert not sq._code.vec and sq(np.ones(3)).shape == (1, 1)
