@@ -115,7 +115,7 @@ def _outputs(X, out_slots, in_slots):
 
 
 _local = threading.local()
-ROOM_KEPT = 1 << 26  # bytes of room a thread keeps between calls (a 9,000-row program: 18 MB)
+ROOM_KEPT = 1 << 24  # bytes of room a thread keeps between calls: replay.BLOCK_BYTES
 
 
 def _room(rows, block):
