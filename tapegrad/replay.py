@@ -480,7 +480,8 @@ def _flat_one(code, xs, flat):
     float64 ndarray, Tensor or float of exactly its traced shape (an optimization loop's
     call); None otherwise: ``Program._inputs`` then checks them and says what is wrong.
     ``flat``: (buffer, views of it shaped like each input) that the inputs are copied into
-    (the view is None for one input of rank 1 or more, which is passed as it is)."""
+    (the view is None for one input of rank 1 or more, which is passed as it is, or made
+    contiguous)."""
     shapes = code.in_shapes
     if len(xs) != len(shapes) or not code.all_f64:
         return None
@@ -556,15 +557,14 @@ class _Code:
         self.kind = kind          # "single" or "tuple"
         self.sites = sites        # [(file, line, text, taken)]
         self._derived = {}
-        # (shape, offset, size) of each input and output in the flat vectors, and the seeds
-        # of one sample: worked out once for the calls' fast paths (``_run_one``)
+        # (shape, offset, size) of each input and output in the flat vectors: worked out
+        # once for the calls' fast paths (``_run_one``)
         self.in_layout = _layout(inputs)
         self.out_layout = _layout(outputs)
         self.n_in = sum(m for _, _, m, _ in self.in_layout)
         self.single_out = kind == "single"
         self.single_in = len(inputs) == 1
         self.all_f64 = all(d == _F64 for _, d in inputs + outputs)
-        self.seeds = np.ones(len(self.out_slots))
         # the one-sample calls' entry (``replay_cpu.run_into``): output then input slots,
         # the gradient's layout in its results, and buffers reused across calls (a list
         # of free ones: a call pops one and puts it back, so threads never share one)
