@@ -164,6 +164,8 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     global _compiled
     status, outs, G = _outputs(X, out_slots, in_slots)
     B = X.shape[1]
+    if B == 0:
+        return status, outs, G
     n = numba.get_num_threads()
     # a block a thread at least (not below 16 samples a block); not smaller: blocks half
     # as big cost 12% more per sample (n=100 Rosenbrock, 64 vs 128 samples)
@@ -188,8 +190,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         blocks()
     finally:
         # a thread that has not started by now would find no block left: it is not waited
-        # for (on a busy machine that wait was longer than the batch: measured 0.75x the
-        # serial batch with the blocks dealt out in advance)
+        # for (on a busy machine its start can take longer than the whole batch)
         for f in futures:
             if not f.cancel():
                 f.result()
