@@ -13,7 +13,7 @@ _WHAT = {
                   ("tapegrad.interpreters._generated_cpu", "sweep"),
                   ("tapegrad.tape", "_decode_rows")]),
     "replay": ("the replay interpreter of traced programs", 5,
-               [("tapegrad.interpreters.replay_cpu", "run")]),
+               [("tapegrad.interpreters.replay_cpu", "run_into")]),
     "batch": ("the batched replay interpreter", 15,
               [("tapegrad.interpreters.replay_cpu", "run_block")]),
     "parallel": ("the parallel replay interpreter (target='parallel')", 15,

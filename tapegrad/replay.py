@@ -475,35 +475,43 @@ def _layout(specs):
     return tuple(out)
 
 
-def _flat_one(code, xs):
+def _flat_one(code, xs, flat):
     """(flat float64 inputs, whether any was a Tensor) of one sample when every input is a
     float64 ndarray, Tensor or float of exactly its traced shape (an optimization loop's
-    call); None otherwise: ``Program._inputs`` then checks them and says what is wrong."""
-    layout = code.in_layout
-    if len(xs) != len(layout) or not code.all_f64:
+    call); None otherwise: ``Program._inputs`` then checks them and says what is wrong.
+    ``flat``: (buffer, views of it shaped like each input) that the inputs are copied into
+    (the view is None for one input of rank 1 or more, which is passed as it is, or made
+    contiguous)."""
+    shapes = code.in_shapes
+    if len(xs) != len(shapes) or not code.all_f64:
         return None
     as_tensor = False
-    parts = []
-    for x, (shape, _, _, rank) in zip(xs, layout):
-        if isinstance(x, Tensor):
+    buf, views = flat
+    for x, shape, view in zip(xs, shapes, views):
+        cls = x.__class__
+        if cls is not np.ndarray:
+            if cls is float:
+                if shape:
+                    return None
+                view[()] = x
+                continue
+            if not isinstance(x, Tensor):
+                return None
             as_tensor = True
             x = x._d
-        cls = x.__class__
-        if cls is float:
-            if rank:
-                return None
-            parts.append((x,))
-            continue
-        if cls is not np.ndarray:
-            return None
-        dt = x.dtype
-        if (dt is not _F64 and dt != _F64) or x.shape != shape:
+            if x.__class__ is float:
+                if shape:
+                    return None
+                view[()] = x
+                continue
+        # another float64 dtype object (byte order, metadata) takes the general path too
+        if x.dtype is not _F64 or x.shape != shape:
             return None  # a batch, or a wrong input: the general path
-        # one NumPy call gathers them (a slice assignment each costs more)
-        parts.append(x if rank == 1 else x.reshape(-1))
-    if len(parts) == 1 and parts[0].__class__ is np.ndarray:
-        return parts[0], as_tensor  # the interpreters only read it
-    return (np.concatenate(parts) if parts else np.empty(0)), as_tensor
+        if view is None:  # one input: passed as it is (the interpreters only read it)
+            # C-contiguous: a strided vector would compile the entry again for its layout
+            return (np.ascontiguousarray(x) if len(shape) == 1 else x.reshape(-1)), as_tensor
+        view[...] = x  # into views made once: cheaper than np.concatenate of the inputs
+    return buf, as_tensor
 
 
 def _wrap_one(flat, layout, as_tensor, single):
@@ -523,6 +531,20 @@ def _wrap_one(flat, layout, as_tensor, single):
     return out[0] if single else tuple(out)
 
 
+def _keys(layout):
+    """The index of each result in the flat results (an int for a 0-d result, a slice for a
+    vector), for ``_pick``; None when a result needs a reshape."""
+    if any(rank > 1 for _, _, _, rank in layout):
+        return None
+    return tuple(slice(o, o + m) if rank else o for _, o, m, rank in layout)
+
+
+def _pick(flat, keys, single):
+    """``_wrap_one`` of NumPy results of rank 0 or 1 (fewer Python steps: indexing by keys
+    made once)."""
+    return flat[keys[0]] if single else tuple(map(flat.__getitem__, keys))
+
+
 class _Code:
     """One traced variant: rows, input and output layout, guard sites."""
 
@@ -535,15 +557,50 @@ class _Code:
         self.kind = kind          # "single" or "tuple"
         self.sites = sites        # [(file, line, text, taken)]
         self._derived = {}
-        # (shape, offset, size) of each input and output in the flat vectors, and the seeds
-        # of one sample: worked out once for the calls' fast paths (``_run_one``)
+        # (shape, offset, size) of each input and output in the flat vectors: worked out
+        # once for the calls' fast paths (``_run_one``)
         self.in_layout = _layout(inputs)
         self.out_layout = _layout(outputs)
         self.n_in = sum(m for _, _, m, _ in self.in_layout)
         self.single_out = kind == "single"
         self.single_in = len(inputs) == 1
         self.all_f64 = all(d == _F64 for _, d in inputs + outputs)
-        self.seeds = np.ones(len(self.out_slots))
+        # the one-sample calls' entry (``replay_cpu.run_into``): output then input slots,
+        # the gradient's layout in its results, and buffers reused across calls (a list
+        # of free ones: a call pops one and puts it back, so threads never share one)
+        self.slots = np.concatenate((self.out_slots, self.in_slots))
+        self.in_shapes = tuple(tuple(sh) for sh, _ in inputs)
+        m = len(self.out_slots)
+        self.grad_layout = tuple((sh, o + m, k, r) for sh, o, k, r in self.in_layout)
+        self.out_keys = _keys(self.out_layout)
+        self.grad_keys = _keys(self.grad_layout)
+        # one float64 vector in, NumPy results of rank <= 1: ``Program._run_vec``'s case
+        self.vec = len(inputs) == 1 and len(self.in_shapes[0]) == 1 and self.all_f64 and \
+            self.out_keys is not None
+        self._work, self._flat = [], []
+
+    def new_work(self):
+        """A ``work`` buffer of ``replay_cpu.run_into``: the seeds of value_and_grad (ones),
+        then room for the values and adjoints."""
+        work = np.empty(len(self.out_slots) + 2 * self.rows.shape[0])
+        work[:len(self.out_slots)] = 1.0
+        return work
+
+    def run1(self, x, grad):
+        """(status, fresh results: outputs then gradient) of one sample ``x``."""
+        free = self._work
+        work = free.pop() if free else self.new_work()
+        res = np.empty(self.slots.shape[0])
+        status = _cpu.run_into(self.rows, self.slots, x, work, res, grad)
+        free.append(work)
+        return status, res
+
+    def flat_buffer(self):
+        """(flat inputs, views of it shaped like each input) for ``_flat_one``."""
+        buf = np.empty(self.n_in)
+        if len(self.in_layout) == 1 and self.in_layout[0][3]:
+            return buf, (None,)
+        return buf, tuple(buf[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
 
     def derived(self, key, build):
         c = self._derived.get(key)
@@ -680,10 +737,13 @@ def program_vjp(F, g, values, aux):
 # --- the program ------------------------------------------------------------------------------
 
 
-#: bytes of a block's values and adjoints (rows x block x 2 float64) that stay in a core's
-#: L2 cache; measured on 2-core EPYC (1 MiB L2 a core): 128 samples a block made the batch of
-#: a 9,000-row program slower per input than single calls, 16 made it 1.7x faster
-BLOCK_BYTES = 1 << 19
+#: bytes of a block's values and adjoints (rows x block x 2 float64): the blocks run in
+#: buffers reused from block to block, so the budget is the L3 cache, not a core's L2 (more
+#: samples a row spread the interpreter's cost of the row). Measured on 2-core EPYC (1 MiB
+#: L2 a core, 32 MiB L3), CPU time of value_and_grad over 256 samples: 8,992 rows (n=1000
+#: Rosenbrock) 7.8 ms in blocks of 16, 6.0 in 64, 6.2 in 128, 9.4 in 256 (single calls 9.8);
+#: 892 rows 0.68 ms in 16, 0.54 in 32, 0.39 in 128 (single calls 1.49)
+BLOCK_BYTES = 1 << 24
 
 
 def _block_for(variants):
@@ -850,7 +910,7 @@ class Program:
         if batch is None:
             if "replay" in _notice.PENDING:
                 _notice.announce("replay")
-            return _cpu.run(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
+            return _cpu.run_fresh(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
         # one block has nothing to spread over the cores, and starting the threads costs
         # more than the block (tens of ms on a busy machine): it runs serially
         parallel = self.target == "parallel" and batch > self.block
@@ -876,28 +936,64 @@ class Program:
                 outs, grads = outs[:, 0], grads[:, 0]
         return (status[0] if batch is None else status), outs, grads
 
+    def _run_vec(self, xs, grad):
+        """``_run_one`` for an optimization loop's call, in fewer Python steps: one float64
+        vector of the traced shape in (the interpreters read it as it is), on the CPU.
+        (code, fresh results) or None."""
+        code = self._variants[0]
+        if not code.vec or len(xs) != 1 or self._cuda is not None:
+            return None
+        x = xs[0]
+        if x.__class__ is not np.ndarray or x.dtype is not _F64 or \
+                x.shape != code.in_shapes[0]:
+            return None
+        x = np.ascontiguousarray(x)  # x itself, unless strided (a compile for its layout)
+        if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+            _notice.announce("replay")
+        for c in self._variants:
+            works = c._work
+            work = works.pop() if works else c.new_work()
+            res = np.empty(c.slots.shape[0])
+            status = _cpu.run_into(c.rows, c.slots, x, work, res, grad)
+            works.append(work)
+            if status == 0:
+                return c, res
+        return None
+
     def _run_one(self, xs, grad, select=None):
         """``_run`` of one sample on the CPU, for inputs that ``_flat_one`` takes: (code,
-        outs, grads, flat inputs, as_tensor), or None when the general path must run (other
-        inputs, a CUDA target, or a guard that failed in every variant: ``_run`` then says
-        which or re-traces)."""
+        fresh results (outputs, then the gradient at ``code.grad_layout``), a copy of the
+        flat inputs when ``select`` is given, as_tensor), or None when the general path must
+        run (other inputs, a CUDA target, or a guard that failed in every variant: ``_run``
+        then says which or re-traces)."""
         if self._cuda is not None:
             return None
         code = self._variants[0]
         if select is not None:
             code = select(code)
-        f = _flat_one(code, xs)
-        if f is None:
+        # buffers are popped from a list of free ones and put back: threads never share one
+        # (the compiled calls release the GIL), and nothing is allocated but the results
+        free = code._flat
+        flat = free.pop() if free else code.flat_buffer()
+        try:
+            f = _flat_one(code, xs, flat)
+            if f is None:
+                return None
+            x, as_tensor = f
+            if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+                _notice.announce("replay")
+            for variant in self._variants:
+                c = variant if select is None else select(variant)
+                works = c._work
+                work = works.pop() if works else c.new_work()
+                res = np.empty(c.slots.shape[0])
+                status = _cpu.run_into(c.rows, c.slots, x, work, res, grad)
+                works.append(work)
+                if status == 0:
+                    return c, res, None if select is None else x.copy(), as_tensor
             return None
-        x, as_tensor = f
-        if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
-            _notice.announce("replay")
-        for variant in self._variants:
-            c = variant if select is None else select(variant)
-            status, outs, grads = _cpu.run(c.rows, x, c.out_slots, c.seeds, c.in_slots, grad)
-            if status == 0:
-                return c, outs, grads, x, as_tensor
-        return None
+        finally:
+            free.append(flat)
 
     def _run(self, xs, seeds=None, grad=False, select=lambda c: c):
         """Run the right variant; returns (code, outs, grads, batch, as_tensor)."""
@@ -928,7 +1024,7 @@ class Program:
             xb, sb = np.ascontiguousarray(x[:, b]), np.ascontiguousarray(seeds[:, b])
             for variant in self._variants[1:]:
                 c = select(variant)
-                st, o, g = _cpu.run(c.rows, xb, c.out_slots, sb, c.in_slots, grad)
+                st, o, g = _cpu.run_fresh(c.rows, xb, c.out_slots, sb, c.in_slots, grad)
                 if st == 0:
                     outs[:, b], grads[:, b] = o, g
                     break
@@ -970,10 +1066,13 @@ class Program:
             for x in xs:
                 if isinstance(x, Tensor) and x._rg:
                     return self._call_recorded(xs)
+        r = self._run_vec(xs, False)
+        if r is not None:
+            return _pick(r[1], r[0].out_keys, r[0].single_out)
         r = self._run_one(xs, False)
         if r is not None:
-            code, outs, _, _, as_tensor = r
-            return _wrap_one(outs, code.out_layout, as_tensor, code.single_out)
+            code, res, _, as_tensor = r
+            return _wrap_one(res, code.out_layout, as_tensor, code.single_out)
         code, outs, _, batch, as_tensor = self._run(xs)
         return self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
 
@@ -1018,12 +1117,20 @@ class Program:
     def value_and_grad(self, *xs):
         """(value, gradient) at ``xs``: the gradient has the inputs' shapes (a tuple when
         there are several inputs)."""
-        if len(self._code.out_slots) == 1:  # optimization loops: one sample, on the CPU
+        if len(self._variants[0].out_slots) == 1:  # optimization loops: one sample, on the CPU
+            r = self._run_vec(xs, True)
+            if r is not None:
+                code, res = r
+                return _pick(res, code.out_keys, code.single_out), res[code.grad_keys[0]]
             r = self._run_one(xs, True)
             if r is not None:
-                code, outs, grads, _, as_tensor = r
-                return (_wrap_one(outs, code.out_layout, as_tensor, code.single_out),
-                        _wrap_one(grads, code.in_layout, as_tensor, code.single_in))
+                code, res, _, as_tensor = r
+                if not as_tensor and code.out_keys is not None and \
+                        code.grad_keys is not None:
+                    return (_pick(res, code.out_keys, code.single_out),
+                            _pick(res, code.grad_keys, code.single_in))
+                return (_wrap_one(res, code.out_layout, as_tensor, code.single_out),
+                        _wrap_one(res, code.grad_layout, as_tensor, code.single_in))
         self._scalar_check("value_and_grad")
         code, outs, grads, batch, as_tensor = self._run(xs, grad=True)
         value = self._wrap(outs, code.outputs, batch, as_tensor, code.kind)
@@ -1158,17 +1265,15 @@ class Program:
         if len(xs) == len(vs) == nin:  # one sample on the CPU: exact shapes are checked
             r = self._run_one(xs + vs, True, _hvp_of)
             if r is not None:
-                code, _, grads, x, as_tensor = r
+                code, hres, x, as_tensor = r
                 base = self._variants[0]
                 for c in self._variants:  # the value: the variant hvp ran
                     if c._derived.get("hvp") is code:
                         base = c
-                st, outs, _ = _cpu.run(base.rows, x[:base.n_in], base.out_slots, base.seeds,
-                                       base.in_slots, False)
-                if st == 0:
-                    return (_wrap_one(outs, base.out_layout, as_tensor, base.single_out),
-                            _wrap_one(grads[:base.n_in], base.in_layout, as_tensor,
-                                      nin == 1))
+                st, res = base.run1(x[:base.n_in], False)
+                if st == 0:  # H v: the gradient of the hvp program at its first inputs
+                    return (_wrap_one(res, base.out_layout, as_tensor, base.single_out),
+                            _wrap_one(hres, code.grad_layout[:nin], as_tensor, nin == 1))
         if len(vs) != len(xs):
             raise ValueError(f"hvp: v has {len(vs)} part(s) for {len(xs)} input(s)")
         for i, (a, b) in enumerate(zip(xs, vs)):

@@ -56,7 +56,7 @@ def test_an_op_missing_from_the_opcode_table_is_refused():
 
 @pytest.mark.parametrize("fn, generated", [
     (cpu.grad_scalar, "interpreters/_generated_cpu.py"),
-    (replay_cpu.run, "interpreters/_generated_replay.py"),
+    (replay_cpu.run_into, "interpreters/_generated_replay.py"),
     (optim_loop.adam_loop, "interpreters/_generated_replay.py"),
 ])
 def test_a_driver_cache_key_covers_the_generated_code_it_calls(fn, generated):

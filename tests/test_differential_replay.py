@@ -360,7 +360,10 @@ def leg_batched(prog, stats, parallel=False):
         if why:
             return why
     if parallel:
+        # blocks of one sample: the batch (a few samples) spreads over the thread pool, as a
+        # batch above one default block does (one block runs serially)
         Pp = P.to("parallel")
+        Pp.block = 1
         value_p, g_p = Pp.value_and_grad(*X)
         _, hv_p = Pp.hvp(X, V)
         why = _cmp(prog, [value_p] + _flat(g_p, n) + _flat(hv_p, n) +
@@ -716,8 +719,8 @@ DEFAULT = {"replay": 150, "batched": 60, "higher": 60, "entry": 80}
 @pytest.mark.parametrize("leg", list(DEFAULT))
 def test_replay_leg(leg):
     n = DEFAULT[leg]
-    stats = run_legs(range(40_000, 40_000 + n), [leg], parallel=3)
-    extra = {"batched": {"parallel": 3, "batched_retrace": 2},
+    stats = run_legs(range(40_000, 40_000 + n), [leg], parallel=12)
+    extra = {"batched": {"parallel": 12, "batched_retrace": 2},
              "entry": {"entry_batched": n // 3, "entry_grads_batched": n // 3}}.get(leg, {})
     assert_ran(stats, {leg: int(n * 0.6), **extra})
     if leg == "replay":  # the programs flip branches: some guards must have fired

@@ -91,6 +91,24 @@ def test_results_never_alias_a_later_call_or_the_inputs(prog):
     np.testing.assert_array_equal(gx, [0.0, 2.0, 4.0])
 
 
+def test_one_sample_calls_reuse_their_buffers(prog):
+    """The compiled entry sweeps into buffers kept with the program (values, adjoints, the
+    flat inputs): one each after many calls; only the results are new."""
+    a, b, c = inputs(11)
+    code = prog._code
+    v, g = prog.value_and_grad(a, b, c)
+    work, flat = code._work[0], code._flat[0]
+    for _ in range(3):
+        assert prog(a, b, c) == v
+        v2, g2 = prog.value_and_grad(a, b, c)
+        assert v2 == v and all((x == y).all() for x, y in zip(g, g2))
+        assert not any(np.shares_memory(x, y) for x, y in zip(g, g2))
+    assert code._work == [work] and code._flat == [flat]
+    # another float64 dtype object (big-endian): the general path says what to do
+    with pytest.raises(TypeError, match="input 1 has dtype >f8"):
+        prog.value_and_grad(a, b.astype(">f8"), c)
+
+
 def test_bad_inputs_still_raise_clear_errors(prog):
     a, b, c = inputs(6)
     with pytest.raises(TypeError, match="input 1 has dtype float32"):
@@ -228,10 +246,81 @@ def test_batch_blocks_fit_the_cache_and_give_the_same_numbers():
     assert small.block == replay_cpu.BLOCK
     n = 100
     big = tg.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]), np.zeros(n))
-    assert big.block == 32 and big.to("parallel").block == 32  # 892 rows
+    assert big.block == 128 and big.to("parallel").block == 128  # 892 rows: 1.8 MB
+    n = 1000  # 8,992 rows: 128 samples would be 18 MB of values and adjoints
+    bigger = tg.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]), np.zeros(n))
+    assert bigger.block == 64
+    n = 100
     X = np.random.default_rng(10).normal(size=(150, n))
     v, g = big.value_and_grad(X)
-    v0, g0 = replay.Program(big._variants, block=replay_cpu.BLOCK).value_and_grad(X)
+    v0, g0 = replay.Program(big._variants, block=16).value_and_grad(X)
     np.testing.assert_array_equal(v, v0)
     np.testing.assert_array_equal(g, g0)
     np.testing.assert_array_equal(g[77], big.value_and_grad(X[77])[1])
+
+
+def test_run_block_room_reused_or_too_small_gives_the_same_numbers():
+    """``run_block`` sweeps into the caller's room W (reused from block to block, so the
+    adjoints are zeroed each time) or, when W is too small, into its own arrays."""
+    prog = tg.trace(lambda x: (x.sin() * x).sum() * x[0], np.zeros(3))
+    code = prog._code
+    X = np.ascontiguousarray(np.random.default_rng(12).normal(size=(3, 5)))
+    S = np.ones((1, 5))
+    want = [prog.value_and_grad(X[:, j].copy()) for j in range(5)]
+    for W in (np.full(2 * code.rows.shape[0] * 2, np.nan), np.empty(0)):
+        status, outs, G = replay_cpu._outputs(X, code.out_slots, code.in_slots)
+        for b0 in (0, 2, 4):  # blocks of 2, the last of 1
+            replay_cpu.run_block(code.rows, X, code.out_slots, S, code.in_slots, True,
+                                 status, outs, G, b0, min(5, b0 + 2), W)
+        assert (status == 0).all()
+        for j, (v, g) in enumerate(want):
+            assert outs[0, j] == v
+            np.testing.assert_array_equal(G[:, j], g)
+
+
+def test_block_room_is_kept_per_thread(monkeypatch):
+    """Each thread keeps its largest block room between calls (up to ROOM_KEPT bytes)."""
+    rows = np.zeros((10, 6))
+    monkeypatch.setattr(replay_cpu, "_local", threading.local())
+    W = replay_cpu._room(rows, 16)
+    assert W.shape == (320,) and replay_cpu._room(rows, 8) is W
+    other = []
+    t = threading.Thread(target=lambda: other.append(replay_cpu._room(rows, 16)))
+    t.start()
+    t.join()
+    assert other[0] is not W
+    monkeypatch.setattr(replay_cpu, "ROOM_KEPT", 8 * 320)
+    big = replay_cpu._room(rows, 32)
+    assert big.shape == (640,) and replay_cpu._room(rows, 16) is W  # too big to keep
+
+
+def test_one_vector_calls_match_the_general_path(monkeypatch):
+    """One float64 vector in (``Program._run_vec``): the same numbers and types as the
+    other paths, a strided vector without a compile for its layout, guards and variants."""
+    def f(x):
+        return (x.sin() * x).sum() if x[0] > 0 else (x * x).sum()
+    prog = tg.trace(f, np.ones(4), retrace=True)
+    X = np.random.default_rng(13).normal(size=8)
+    X[0] = 0.5
+    x = X[::2]  # strided
+    prog.value_and_grad(np.ascontiguousarray(x))
+    signatures = len(replay_cpu.run_into.signatures)
+    got = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
+    assert len(prog._variants) == 2
+    assert len(replay_cpu.run_into.signatures) == signatures
+    monkeypatch.setattr(replay.Program, "_run_vec", lambda *args, **kw: None)
+    ref = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
+    monkeypatch.setattr(replay.Program, "_run_one", lambda *args, **kw: None)
+    slow = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
+    for a, b, c in zip(got, ref, slow):
+        a, b, c = (r if isinstance(r, tuple) else (r,) for r in (a, b, c))
+        for u, v, w in zip(a, b, c):
+            assert type(u) is type(v) is type(w)
+            np.testing.assert_array_equal(u, v)
+            np.testing.assert_array_equal(u, w)
+    xt = torch.tensor(-x, requires_grad=True)
+    (want,) = torch.autograd.grad((xt * xt).sum(), (xt,))
+    np.testing.assert_array_equal(got[2][1], want.numpy())
+    # a (1, 1) output is not a vector result: the general path shapes it
+    sq = tg.trace(lambda x: (x * x).sum().reshape(1, 1), np.ones(3))
+    assert not sq._code.vec and sq(np.ones(3)).shape == (1, 1)

@@ -1156,7 +1156,7 @@ def value(op, a, b, c0, c1):
     elif op == 30:  # rdivc
         return (c0 / a)
     elif op == 31:  # powc
-        return (a ** c0)
+        return (a * a if c0 == 2.0 else a ** c0)
     elif op == 32:  # rpowc
         return (c0 ** a)
     elif op == 33:  # clamp

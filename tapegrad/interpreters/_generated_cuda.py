@@ -119,7 +119,7 @@ def forward_one(rows, X, V, j):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = V[int(rows[k, 1]), j]
-            V[k, j] = (a ** c0)
+            V[k, j] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 32:  # rpowc
             c0 = rows[k, 4]
             a = V[int(rows[k, 1]), j]

@@ -119,7 +119,7 @@ def forward(rows, x, v):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[int(rows[k, 1])]
-            v[k] = (a ** c0)
+            v[k] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 32:  # rpowc
             c0 = rows[k, 4]
             a = v[int(rows[k, 1])]
@@ -409,7 +409,7 @@ def forward_batch(rows, X, V, status):
             va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
-                vk[j] = (a ** c0)
+                vk[j] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 32:  # rpowc
             c0 = rows[k, 4]
             va = V[int(rows[k, 1])]
