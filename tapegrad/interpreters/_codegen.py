@@ -690,6 +690,14 @@ def _replay_source():
     src = [REPLAY_HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
                                 guard=BY_NAME["guard"].code)]
     ops = _replay_ops()
+    looped = [op for op in ops if op.name in BATCH_LOOPED]
+    shared = [op for op in ops if op.name not in BATCH_LOOPED]
+    size = max(op.code for op in OPS) + 1
+    src.append(f"\n#: the ops whose batch branch is the shared loop (``forward_value``,\n"
+               f"#: ``reverse_value``), and the inputs their rules give gradients to (bits a, b, c)\n"
+               f"SHARED = np.array({[int(op in shared) for op in _by_code(size)]}, "
+               f"dtype=np.bool_)\n"
+               f"GRADS = np.array({_grad_bits(shared, size)}, dtype=np.int64)\n")
 
     # forward, one sample
     src.append('''
@@ -743,7 +751,8 @@ def forward_batch(rows, X, V, status):
                     status[j] = k + 1
                     failed += 1
 ''')
-    src += dispatch(ops, REPLAY_BATCH, forward=True, first=False)
+    src += dispatch(looped, REPLAY_BATCH, forward=True, first=False)
+    src.append(SHARED_FORWARD)
     src.append("    return failed\n")
 
     # reverse sweeps: one sample; a batch; one sample with many seeds
@@ -766,10 +775,113 @@ def {name}(rows, {vname}, {aname}):
             src.append(f"    nb = {aname}.shape[1]\n")
         src.append("    for k in range(rows.shape[0] - 1, -1, -1):\n")
         src.append("        op = int(rows[k, 0])\n")
-        src += dispatch(ops, {"reverse": REPLAY_ONE, "reverse_batch": REPLAY_BATCH,
-                              "reverse_multi": REPLAY_MULTI}[name])
+        if name == "reverse_batch":
+            src += dispatch(looped, REPLAY_BATCH)
+            src.append(SHARED_REVERSE)
+        else:
+            src += dispatch(ops, {"reverse": REPLAY_ONE, "reverse_multi": REPLAY_MULTI}[name])
         src.append("    return 0\n")
+    src += _shared_source(shared)
     return "".join(src)
+
+
+#: the ops whose batch branches are loops of their own, which LLVM vectorizes over the
+#: block's samples: the common ones in traced programs. The other ops share one loop that
+#: calls their one-sample code per sample: each loop of its own costs about 0.1 s of a cold
+#: compile, and the 60 of them made the first batched call compile 15 s (2 cores)
+BATCH_LOOPED = frozenset((
+    "neg", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "square", "addc", "mulc",
+    "rsubc", "divc", "powc", "add", "sub", "mul", "div"))
+
+# the shared branch of forward_batch and reverse_batch: unused operands (-1) read row k
+SHARED_FORWARD = '''        elif SHARED[op]:
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            va = V[ia if ia >= 0 else k]
+            vb = V[ib if ib >= 0 else k]
+            vc = V[ic if ic >= 0 else k]
+            c0 = rows[k, 4]
+            c1 = rows[k, 5]
+            for j in range(nb):
+                vk[j] = forward_value(op, va[j], vb[j], vc[j], c0, c1)
+'''
+SHARED_REVERSE = '''        elif SHARED[op] and GRADS[op] != 0:
+            m = GRADS[op]
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            va = V[ia]
+            vb = V[ib]
+            vc = V[ic]
+            vout = V[k]
+            aa = A[ia]
+            ab = A[ib]
+            ac = A[ic]
+            gk = A[k]
+            c0 = rows[k, 4]
+            c1 = rows[k, 5]
+            for j in range(nb):
+                ga, gb, gc = reverse_value(op, va[j], vb[j], vc[j], vout[j], gk[j], c0, c1)
+                if m & 1:
+                    aa[j] += ga
+                if m & 2:
+                    ab[j] += gb
+                if m & 4:
+                    ac[j] += gc
+'''
+
+
+def _by_code(size):
+    by = {op.code: op for op in OPS}
+    return [by.get(i) for i in range(size)]
+
+
+def _grad_bits(shared, size):
+    bits = [0] * size
+    for op in shared:
+        exprs = rule_exprs(op)
+        bits[op.code] = sum(1 << i for i, n in enumerate(("a", "b", "c")) if n in exprs)
+    return bits
+
+
+def _shared_source(shared):
+    """``forward_value`` and ``reverse_value``: one sample's value and gradients of an op
+    whose batch branch is the shared loop, the one-sample code (``forward``,
+    ``reverse``) as expressions, so batches give the same numbers as single calls."""
+    src = ['''
+
+@njit_cached(error_model="numpy", nogil=True)
+def forward_value(op, a, b, c, c0, c1):
+    """The value of a row of opcode ``op`` (one of ``SHARED``) with operands ``a, b, c``."""
+''']
+    first = True
+    for op in shared:
+        src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
+        src.append(f"        return float({_forward_expr(op)})\n")
+        first = False
+    src.append("    return 0.0\n")
+    src.append('''
+
+@njit_cached(error_model="numpy", nogil=True)
+def reverse_value(op, a, b, c, out, g, c0, c1):
+    """The gradients to ``a, b, c`` of a row of opcode ``op`` (one of ``SHARED``) given its
+    adjoint ``g``; those not in ``GRADS[op]`` are 0.0 and unused."""
+''')
+    first = True
+    for op in shared:
+        exprs = rule_exprs(op)
+        if not exprs:
+            continue
+        gr = ", ".join(f"float({exprs[n]})" if n in exprs else "0.0" for n in ("a", "b", "c"))
+        src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
+        src.append(f"        return {gr}\n")
+        first = False
+    src.append("    return 0.0, 0.0, 0.0\n")
+    return src
 
 
 def generate_replay():

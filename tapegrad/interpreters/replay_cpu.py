@@ -35,43 +35,30 @@ def run(rows, x, out_slots, seeds, in_slots, grad):
     return status, outs, grads
 
 
-@njit_cached(error_model="numpy", nogil=True)
+# run_block, run_batch and run_parallel are Python: a compiled caller links the generated
+# interpreters' code into its own and optimizes it all again (Numba links callees' LLVM
+# modules), so a compiled run_block cost 3.7 s more of the first batch's cold compile, and
+# each level above it as much again; the Python around the two compiled sweeps costs a few
+# microseconds a block (the sweeps release the GIL, so threads still run blocks at once)
+
 def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1):
     """``run`` for samples ``b0:b1`` (columns of ``X``, ``S``), written into ``status``,
     ``outs``, ``G``."""
     n = rows.shape[0]
     nb = b1 - b0
-    Xb = np.empty((X.shape[0], nb))
-    for i in range(X.shape[0]):
-        for j in range(nb):
-            Xb[i, j] = X[i, b0 + j]
+    Xb = np.ascontiguousarray(X[:, b0:b1], dtype=np.float64)
     V = np.empty((n, nb))
     st = np.zeros(nb, dtype=np.int64)
     forward_batch(rows, Xb, V, st)
-    for i in range(out_slots.shape[0]):
-        vo = V[out_slots[i]]
-        for j in range(nb):
-            outs[i, b0 + j] = vo[j]
-    for j in range(nb):
-        status[b0 + j] = st[j]
+    outs[:, b0:b1] = V[out_slots]
+    status[b0:b1] = st
     if grad:
         A = np.zeros((n, nb))
-        for i in range(out_slots.shape[0]):
-            ao = A[out_slots[i]]
-            for j in range(nb):
-                ao[j] += S[i, b0 + j]
+        # in order, repeated output slots too: as ``run`` seeds them
+        np.add.at(A, out_slots, S[:, b0:b1])
         reverse_batch(rows, V, A)
-        for i in range(in_slots.shape[0]):
-            ai = A[in_slots[i]]
-            for j in range(nb):
-                G[i, b0 + j] = ai[j]
+        G[:, b0:b1] = A[in_slots]
 
-
-# run_batch and run_parallel are Python: a compiled caller links the generated interpreters'
-# code into its own and optimizes it all again (Numba links callees' LLVM modules), so each
-# compiled level above run_block would cost as much as the interpreters themselves (about
-# 10 s for run_batch and 15 s more for a prange driver, cold, on 2 cores); the loop over
-# blocks costs microseconds in Python
 
 def _outputs(X, out_slots, in_slots):
     B = X.shape[1]
@@ -117,7 +104,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                       min(B, b0 + block))
 
-    # the first block here: it compiles run_block once, before threads call it
+    # the first block here: it compiles the batch sweeps once, before threads call them
     run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, 0, min(B, block))
     starts = starts[1:]
     n = min(numba.get_num_threads(), len(starts))
