@@ -693,10 +693,10 @@ def _replay_source():
     looped = [op for op in ops if op.name in BATCH_LOOPED]
     shared = [op for op in ops if op.name not in BATCH_LOOPED]
     size = max(op.code for op in OPS) + 1
-    src.append(f"\n#: the ops whose batch branch is the shared loop (``forward_value``,\n"
-               f"#: ``reverse_value``), and the inputs their rules give gradients to (bits a, b, c)\n"
+    src.append("\n#: by opcode: whether its batch branch is the shared loop (``forward_value``,\n"
+               "#: ``reverse_value``), and the inputs its rule gives gradients to (bits a, b, c)\n"
                f"SHARED = np.array({[int(op in shared) for op in _by_code(size)]}, "
-               f"dtype=np.bool_)\n"
+               "dtype=np.bool_)\n"
                f"GRADS = np.array({_grad_bits(shared, size)}, dtype=np.int64)\n")
 
     # forward, one sample
