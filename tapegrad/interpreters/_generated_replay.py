@@ -238,150 +238,6 @@ def forward(rows, x, v):
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def forward_batch(rows, X, V, status):
-    """``forward`` for samples in columns: ``X[i, j]`` input ``i`` of sample ``j``, ``V[k, j]``
-    row ``k``'s value; ``status[j]`` is set to 1 + the row of sample ``j``'s first failed
-    guard. Returns how many samples failed one."""
-    nb = V.shape[1]
-    failed = 0
-    for k in range(rows.shape[0]):
-        op = int(rows[k, 0])
-        vk = V[k]
-        if op == LEAF:
-            xs = X[int(rows[k, 4])]
-            for j in range(nb):
-                vk[j] = xs[j]
-        elif op == CONST:
-            c0 = rows[k, 4]
-            for j in range(nb):
-                vk[j] = c0
-        elif op == GUARD:
-            va = V[int(rows[k, 1])]
-            e = rows[k, 4] != 0.0
-            for j in range(nb):
-                t = va[j]
-                vk[j] = t
-                if (t != 0.0) != e and status[j] == 0:
-                    status[j] = k + 1
-                    failed += 1
-        elif op == 3:  # neg
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (-a)
-        elif op == 4:  # exp
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.exp(a)
-        elif op == 5:  # log
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.log(a)
-        elif op == 8:  # sqrt
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.sqrt(a)
-        elif op == 10:  # sin
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.sin(a)
-        elif op == 11:  # cos
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.cos(a)
-        elif op == 18:  # tanh
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.tanh(a)
-        elif op == 19:  # sigmoid
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
-        elif op == 24:  # square
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a * a)
-        elif op == 26:  # addc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a + c0)
-        elif op == 27:  # mulc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a * c0)
-        elif op == 28:  # rsubc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (c0 - a)
-        elif op == 29:  # divc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a / c0)
-        elif op == 31:  # powc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a ** c0)
-        elif op == 35:  # add
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a + b)
-        elif op == 36:  # sub
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a - b)
-        elif op == 37:  # mul
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a * b)
-        elif op == 38:  # div
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a / b)
-        elif SHARED[op]:
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            ic = int(rows[k, 3])
-            va = V[ia if ia >= 0 else k]
-            vb = V[ib if ib >= 0 else k]
-            vc = V[ic if ic >= 0 else k]
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            for j in range(nb):
-                vk[j] = forward_value(op, va[j], vb[j], vc[j], c0, c1)
-    return failed
-
-
-@njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj):
     """The reverse sweep of one sample: ``adj`` seeded at the outputs."""
     for k in range(rows.shape[0] - 1, -1, -1):
@@ -645,208 +501,6 @@ def reverse(rows, v, adj):
             ia = int(rows[k, 1])
             g = adj[k]
             adj[ia] += np.float64(np.float32(g))
-    return 0
-
-
-@njit_cached(error_model="numpy", nogil=True)
-def reverse_batch(rows, V, A):
-    """``reverse`` for samples in columns (``V``, ``A``: rows x samples)."""
-    nb = A.shape[1]
-    for k in range(rows.shape[0] - 1, -1, -1):
-        op = int(rows[k, 0])
-        if op == 3:  # neg
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (-g)
-        elif op == 4:  # exp
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g * out)
-        elif op == 5:  # log
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g / a)
-        elif op == 8:  # sqrt
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g / (2.0 * out))
-        elif op == 10:  # sin
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g * math.cos(a))
-        elif op == 11:  # cos
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += ((-g) * math.sin(a))
-        elif op == 18:  # tanh
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g * (1.0 - (out * out)))
-        elif op == 19:  # sigmoid
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += ((g * (1.0 - out)) * out)
-        elif op == 24:  # square
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += ((g * 2.0) * a)
-        elif op == 26:  # addc
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-        elif op == 27:  # mulc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (g * c0)
-        elif op == 28:  # rsubc
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (-g)
-        elif op == 29:  # divc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (g / c0)
-        elif op == 31:  # powc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-        elif op == 35:  # add
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += g
-        elif op == 36:  # sub
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += (-g)
-        elif op == 37:  # mul
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g * b)
-                ab[j] += (g * a)
-        elif op == 38:  # div
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g / b)
-                ab[j] += (((-g) * a) / (b * b))
-        elif SHARED[op] and GRADS[op] != 0:
-            m = GRADS[op]
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            ic = int(rows[k, 3])
-            ia = ia if ia >= 0 else k
-            ib = ib if ib >= 0 else k
-            ic = ic if ic >= 0 else k
-            va = V[ia]
-            vb = V[ib]
-            vc = V[ic]
-            vout = V[k]
-            aa = A[ia]
-            ab = A[ib]
-            ac = A[ic]
-            gk = A[k]
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            for j in range(nb):
-                ga, gb, gc = reverse_value(op, va[j], vb[j], vc[j], vout[j], gk[j], c0, c1)
-                if m & 1:
-                    aa[j] += ga
-                if m & 2:
-                    ab[j] += gb
-                if m & 4:
-                    ac[j] += gc
     return 0
 
 
@@ -1262,6 +916,363 @@ def reverse_multi(rows, v, A):
                 g = gk[j]
                 aa[j] += np.float64(np.float32(g))
     return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw):
+    """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (columns of ``X``:
+    ``X[i, j]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
+    into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``.
+    The block's values and adjoints (``V[k, j]``, ``A[k, j]``: rows x samples) live in
+    ``Vw`` and ``Aw``, flat buffers of at least rows x samples reused from block to block."""
+    n = rows.shape[0]
+    nb = b1 - b0
+    V = Vw[:n * nb].reshape((n, nb))
+    st = status[b0:b1]
+    for k in range(n):
+        op = int(rows[k, 0])
+        vk = V[k]
+        if op == LEAF:
+            xs = X[int(rows[k, 4])]
+            for j in range(nb):
+                vk[j] = xs[b0 + j]
+        elif op == CONST:
+            c0 = rows[k, 4]
+            for j in range(nb):
+                vk[j] = c0
+        elif op == GUARD:
+            va = V[int(rows[k, 1])]
+            e = rows[k, 4] != 0.0
+            for j in range(nb):
+                t = va[j]
+                vk[j] = t
+                if (t != 0.0) != e and st[j] == 0:
+                    st[j] = k + 1
+        elif op == 3:  # neg
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (-a)
+        elif op == 4:  # exp
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.exp(a)
+        elif op == 5:  # log
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.log(a)
+        elif op == 8:  # sqrt
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.sqrt(a)
+        elif op == 10:  # sin
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.sin(a)
+        elif op == 11:  # cos
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.cos(a)
+        elif op == 18:  # tanh
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.tanh(a)
+        elif op == 19:  # sigmoid
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
+        elif op == 24:  # square
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a * a)
+        elif op == 26:  # addc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a + c0)
+        elif op == 27:  # mulc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a * c0)
+        elif op == 28:  # rsubc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (c0 - a)
+        elif op == 29:  # divc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a / c0)
+        elif op == 31:  # powc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a ** c0)
+        elif op == 35:  # add
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                vk[j] = (a + b)
+        elif op == 36:  # sub
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                vk[j] = (a - b)
+        elif op == 37:  # mul
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                vk[j] = (a * b)
+        elif op == 38:  # div
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                vk[j] = (a / b)
+        elif SHARED[op]:
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            va = V[ia if ia >= 0 else k]
+            vb = V[ib if ib >= 0 else k]
+            vc = V[ic if ic >= 0 else k]
+            c0 = rows[k, 4]
+            c1 = rows[k, 5]
+            for j in range(nb):
+                vk[j] = forward_value(op, va[j], vb[j], vc[j], c0, c1)
+    for i in range(out_slots.shape[0]):
+        vo = V[out_slots[i]]
+        for j in range(nb):
+            outs[i, b0 + j] = vo[j]
+    if not grad:
+        return
+    A = Aw[:n * nb].reshape((n, nb))
+    A[:] = 0.0
+    for i in range(out_slots.shape[0]):
+        ao = A[out_slots[i]]
+        for j in range(nb):
+            ao[j] += S[i, b0 + j]
+    for k in range(n - 1, -1, -1):
+        op = int(rows[k, 0])
+        if op == 3:  # neg
+            ia = int(rows[k, 1])
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (-g)
+        elif op == 4:  # exp
+            ia = int(rows[k, 1])
+            vout = V[k]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                out = vout[j]
+                g = gk[j]
+                aa[j] += (g * out)
+        elif op == 5:  # log
+            ia = int(rows[k, 1])
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += (g / a)
+        elif op == 8:  # sqrt
+            ia = int(rows[k, 1])
+            vout = V[k]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                out = vout[j]
+                g = gk[j]
+                aa[j] += (g / (2.0 * out))
+        elif op == 10:  # sin
+            ia = int(rows[k, 1])
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += (g * math.cos(a))
+        elif op == 11:  # cos
+            ia = int(rows[k, 1])
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += ((-g) * math.sin(a))
+        elif op == 18:  # tanh
+            ia = int(rows[k, 1])
+            vout = V[k]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                out = vout[j]
+                g = gk[j]
+                aa[j] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            ia = int(rows[k, 1])
+            vout = V[k]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                out = vout[j]
+                g = gk[j]
+                aa[j] += ((g * (1.0 - out)) * out)
+        elif op == 24:  # square
+            ia = int(rows[k, 1])
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += ((g * 2.0) * a)
+        elif op == 26:  # addc
+            ia = int(rows[k, 1])
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += g
+        elif op == 27:  # mulc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (g * c0)
+        elif op == 28:  # rsubc
+            ia = int(rows[k, 1])
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (-g)
+        elif op == 29:  # divc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (g / c0)
+        elif op == 31:  # powc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 35:  # add
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            aa = A[ia]
+            ab = A[ib]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += g
+                ab[j] += g
+        elif op == 36:  # sub
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            aa = A[ia]
+            ab = A[ib]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += g
+                ab[j] += (-g)
+        elif op == 37:  # mul
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            va = V[ia]
+            vb = V[ib]
+            aa = A[ia]
+            ab = A[ib]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                g = gk[j]
+                aa[j] += (g * b)
+                ab[j] += (g * a)
+        elif op == 38:  # div
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            va = V[ia]
+            vb = V[ib]
+            aa = A[ia]
+            ab = A[ib]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                g = gk[j]
+                aa[j] += (g / b)
+                ab[j] += (((-g) * a) / (b * b))
+        elif SHARED[op] and GRADS[op] != 0:
+            m = GRADS[op]
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            va = V[ia]
+            vb = V[ib]
+            vc = V[ic]
+            vout = V[k]
+            aa = A[ia]
+            ab = A[ib]
+            ac = A[ic]
+            gk = A[k]
+            c0 = rows[k, 4]
+            c1 = rows[k, 5]
+            for j in range(nb):
+                ga, gb, gc = reverse_value(op, va[j], vb[j], vc[j], vout[j], gk[j], c0, c1)
+                if m & 1:
+                    aa[j] += ga
+                if m & 2:
+                    ab[j] += gb
+                if m & 4:
+                    ac[j] += gc
+    for i in range(in_slots.shape[0]):
+        ai = A[in_slots[i]]
+        for j in range(nb):
+            G[i, b0 + j] = ai[j]
 
 
 @njit_cached(error_model="numpy", nogil=True)

@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from .._jit import njit_cached
-from ._generated_replay import forward, forward_batch, reverse, reverse_batch, reverse_multi
+from ._generated_replay import forward, reverse, reverse_multi, run_block
 
 BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
 
@@ -35,29 +35,16 @@ def run(rows, x, out_slots, seeds, in_slots, grad):
     return status, outs, grads
 
 
-# run_block, run_batch and run_parallel are Python: a compiled caller links the generated
-# interpreters' code into its own and optimizes it all again (Numba links callees' LLVM
-# modules), so a compiled run_block cost 3.7 s more of the first batch's cold compile, and
-# each level above it as much again; the Python around the two compiled sweeps costs a few
-# microseconds a block (the sweeps release the GIL, so threads still run blocks at once)
+# run_batch and run_parallel are Python around the compiled run_block (both batch sweeps in
+# one generated function): a compiled caller links the generated interpreters' code into its
+# own and optimizes it all again (Numba links callees' LLVM modules), so each compiled level
+# above run_block would cost as much as the interpreters themselves; the loop over blocks
+# costs microseconds in Python, and run_block releases the GIL, so threads run blocks at once
 
-def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1):
-    """``run`` for samples ``b0:b1`` (columns of ``X``, ``S``), written into ``status``,
-    ``outs``, ``G``."""
-    n = rows.shape[0]
-    nb = b1 - b0
-    Xb = np.ascontiguousarray(X[:, b0:b1], dtype=np.float64)
-    V = np.empty((n, nb))
-    st = np.zeros(nb, dtype=np.int64)
-    forward_batch(rows, Xb, V, st)
-    outs[:, b0:b1] = V[out_slots]
-    status[b0:b1] = st
-    if grad:
-        A = np.zeros((n, nb))
-        # in order, repeated output slots too: as ``run`` seeds them
-        np.add.at(A, out_slots, S[:, b0:b1])
-        reverse_batch(rows, V, A)
-        G[:, b0:b1] = A[in_slots]
+def _work(rows, block):
+    """Buffers for the values and adjoints of blocks of up to ``block`` samples, reused from
+    block to block: fresh ones cost page faults (a 9,000-row block's values are 9 MB)."""
+    return np.empty(rows.shape[0] * block), np.empty(rows.shape[0] * block)
 
 
 def _outputs(X, out_slots, in_slots):
@@ -70,9 +57,10 @@ def run_batch(rows, X, out_slots, S, in_slots, grad, block):
     """``run`` for samples in columns, a block at a time."""
     status, outs, G = _outputs(X, out_slots, in_slots)
     B = X.shape[1]
+    work = _work(rows, min(B, block))
     for b0 in range(0, B, block):
         run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                  min(B, b0 + block))
+                  min(B, b0 + block), *work)
     return status, outs, G
 
 
@@ -99,17 +87,21 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     if not starts:
         return status, outs, G
 
-    def blocks(i0, step):
+    def blocks(i0, step, work=None):
+        if work is None:
+            work = _work(rows, block)  # a set for each thread
         for b0 in starts[i0::step]:
             run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                      min(B, b0 + block))
+                      min(B, b0 + block), *work)
 
-    # the first block here: it compiles the batch sweeps once, before threads call them
-    run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, 0, min(B, block))
+    # the first block here: it compiles run_block once, before threads call it
+    work = _work(rows, min(B, block))
+    run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, 0, min(B, block),
+              *work)
     starts = starts[1:]
     n = min(numba.get_num_threads(), len(starts))
     if n <= 1:
-        blocks(0, 1)
+        blocks(0, 1, work)
     else:
         for f in [_executor().submit(blocks, i, n) for i in range(n)]:
             f.result()
