@@ -70,8 +70,8 @@ def _same(batched, single):
 @pytest.mark.parametrize("op", _codegen._replay_ops(), ids=lambda op: op.name)
 def test_every_op_batched_equals_single_calls(op, same):
     """A block of samples through ``run_block`` equals the one-sample interpreter at each
-    sample, for the ops with a loop of their own and those in the shared loop (which
-    adds only the gradients the rule gives: a 0.0 added to -0.0 would flip its sign)."""
+    sample, for the ops with a loop of their own and those in the shared loop (the
+    one-sample expressions called per sample), at signed zeros, infinities and NaNs."""
     rows = _program(op, same)
     X = _samples()
     S = np.stack([np.resize([1.0, -0.0, -2.0], X.shape[1]),
