@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from tapegrad.interpreters import _codegen, _generated_replay, replay_cpu
+from tapegrad.interpreters import _codegen, _codegen_batch, _generated_replay, replay_cpu
 from tapegrad.ops import OPS
 
 # operands: signed zeros, both sides of every branch point in the rules, outside the domain
@@ -86,7 +86,7 @@ def test_every_replay_op_reaches_the_batch_block():
     for op in _codegen._replay_ops():
         exprs = _codegen.rule_exprs(op)
         bits = sum(1 << i for i, n in enumerate("abc") if n in exprs)
-        if op.name in _codegen.BATCH_LOOPED:
+        if op.name in _codegen_batch.BATCH_LOOPED:
             assert not _generated_replay.SHARED[op.code], op.name
             assert f"op == {op.code}:  # {op.name}" in _block_source(), op.name
         else:
@@ -106,7 +106,7 @@ def test_batch_block_stays_small():
     code has the looped ops' loops and one shared loop a sweep, not one per op (the 120
     loops of one per op made the first batched call compile 15 s cold on 2 cores)."""
     loops = _block_source().count("for j in range(nb):")
-    assert loops <= 2 * len(_codegen.BATCH_LOOPED) + 10, loops
+    assert loops <= 2 * len(_codegen_batch.BATCH_LOOPED) + 10, loops
 
 
 COLD = """
