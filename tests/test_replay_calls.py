@@ -260,18 +260,19 @@ def test_batch_blocks_fit_the_cache_and_give_the_same_numbers():
 
 
 def test_run_block_room_reused_or_too_small_gives_the_same_numbers():
-    """``run_block`` sweeps into the caller's room W (reused from block to block, so the
-    adjoints are zeroed each time) or, when W is too small, into its own arrays."""
+    """``run_block`` sweeps into the caller's room (values, adjoints), reused from block to
+    block, so the adjoints are zeroed each time: stale NaNs in it change nothing."""
     prog = tg.trace(lambda x: (x.sin() * x).sum() * x[0], np.zeros(3))
     code = prog._code
     X = np.ascontiguousarray(np.random.default_rng(12).normal(size=(3, 5)))
     S = np.ones((1, 5))
     want = [prog.value_and_grad(X[:, j].copy()) for j in range(5)]
-    for W in (np.full(2 * code.rows.shape[0] * 2, np.nan), np.empty(0)):
+    n = code.rows.shape[0]
+    for W in (np.full(2 * n * 2, np.nan), np.full(2 * n * 3, np.nan)):
         status, outs, G = replay_cpu._outputs(X, code.out_slots, code.in_slots)
         for b0 in (0, 2, 4):  # blocks of 2, the last of 1
             replay_cpu.run_block(code.rows, X, code.out_slots, S, code.in_slots, True,
-                                 status, outs, G, b0, min(5, b0 + 2), W)
+                                 status, outs, G, b0, min(5, b0 + 2), W[:2 * n], W[2 * n:])
         assert (status == 0).all()
         for j, (v, g) in enumerate(want):
             assert outs[0, j] == v
@@ -282,16 +283,18 @@ def test_block_room_is_kept_per_thread(monkeypatch):
     """Each thread keeps its largest block room between calls (up to ROOM_KEPT bytes)."""
     rows = np.zeros((10, 6))
     monkeypatch.setattr(replay_cpu, "_local", threading.local())
-    W = replay_cpu._room(rows, 16)
-    assert W.shape == (320,) and replay_cpu._room(rows, 8) is W
+    V, A = replay_cpu._room(rows, 16)
+    W = V.base
+    assert V.shape == A.shape == (160,) and A.base is W
+    assert replay_cpu._room(rows, 8)[0].base is W
     other = []
     t = threading.Thread(target=lambda: other.append(replay_cpu._room(rows, 16)))
     t.start()
     t.join()
-    assert other[0] is not W
+    assert other[0][0].base is not W
     monkeypatch.setattr(replay_cpu, "ROOM_KEPT", 8 * 320)
     big = replay_cpu._room(rows, 32)
-    assert big.shape == (640,) and replay_cpu._room(rows, 16) is W  # too big to keep
+    assert big[0].shape == (320,) and replay_cpu._room(rows, 16)[0].base is W  # too big to keep
 
 
 def test_one_vector_calls_match_the_general_path(monkeypatch):

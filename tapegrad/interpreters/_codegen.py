@@ -730,6 +730,8 @@ def _replay_source():
     src = [REPLAY_HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
                                 guard=BY_NAME["guard"].code)]
     ops = _replay_ops()
+    from . import _codegen_batch  # imports this module's emitter
+    src.append(_codegen_batch.tables(ops))
 
     # forward, one sample
     src.append('''
@@ -752,46 +754,10 @@ def forward(rows, x, v):
     src += dispatch(ops, REPLAY_ONE, forward=True, first=False)
     src.append("    return 0\n")
 
-    # forward, a batch
-    src.append('''
-
-@njit_cached(error_model="numpy", nogil=True)
-def forward_batch(rows, X, V, status):
-    """``forward`` for samples in columns: ``X[i, j]`` input ``i`` of sample ``j``, ``V[k, j]``
-    row ``k``'s value; ``status[j]`` is set to 1 + the row of sample ``j``'s first failed
-    guard. Returns how many samples failed one."""
-    nb = V.shape[1]
-    failed = 0
-    for k in range(rows.shape[0]):
-        op = int(rows[k, 0])
-        vk = V[k]
-        if op == LEAF:
-            xs = X[int(rows[k, 4])]
-            for j in range(nb):
-                vk[j] = xs[j]
-        elif op == CONST:
-            c0 = rows[k, 4]
-            for j in range(nb):
-                vk[j] = c0
-        elif op == GUARD:
-            va = V[int(rows[k, 1])]
-            e = rows[k, 4] != 0.0
-            for j in range(nb):
-                t = va[j]
-                vk[j] = t
-                if (t != 0.0) != e and status[j] == 0:
-                    status[j] = k + 1
-                    failed += 1
-''')
-    src += dispatch(ops, REPLAY_BATCH, forward=True, first=False)
-    src.append("    return failed\n")
-
-    # reverse sweeps: one sample; a batch; one sample with many seeds
+    # reverse sweeps: one sample; one sample with many seeds
     for name, doc, vals, grads in (
             ("reverse", "The reverse sweep of one sample: ``adj`` seeded at the outputs.",
              "1", "1"),
-            ("reverse_batch", "``reverse`` for samples in columns (``V``, ``A``: rows x "
-             "samples).", "2", "2"),
             ("reverse_multi", "``reverse`` of one sample for many seeds at once: ``A[k, j]`` "
              "is row ``k``'s adjoint for seed ``j``.", "1", "2")):
         vname = "v" if vals == "1" else "V"
@@ -806,9 +772,9 @@ def {name}(rows, {vname}, {aname}):
             src.append(f"    nb = {aname}.shape[1]\n")
         src.append("    for k in range(rows.shape[0] - 1, -1, -1):\n")
         src.append("        op = int(rows[k, 0])\n")
-        src += dispatch(ops, {"reverse": REPLAY_ONE, "reverse_batch": REPLAY_BATCH,
-                              "reverse_multi": REPLAY_MULTI}[name])
+        src += dispatch(ops, {"reverse": REPLAY_ONE, "reverse_multi": REPLAY_MULTI}[name])
         src.append("    return 0\n")
+    src += _codegen_batch.block_source(ops)
     return "".join(src)
 
 

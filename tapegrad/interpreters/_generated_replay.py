@@ -12,6 +12,11 @@ LEAF = 0
 CONST = 1
 GUARD = 87
 
+#: by opcode: whether its batch branch is the shared loop (``forward_value``,
+#: ``reverse_value``), and the inputs its rule gives gradients to (bits a, b, c)
+SHARED = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1], dtype=np.bool_)
+GRADS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1], dtype=np.int64)
+
 
 @njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v):
@@ -230,372 +235,6 @@ def forward(rows, x, v):
             a = v[int(rows[k, 1])]
             v[k] = np.float64(np.float32(a))
     return 0
-
-
-@njit_cached(error_model="numpy", nogil=True)
-def forward_batch(rows, X, V, status):
-    """``forward`` for samples in columns: ``X[i, j]`` input ``i`` of sample ``j``, ``V[k, j]``
-    row ``k``'s value; ``status[j]`` is set to 1 + the row of sample ``j``'s first failed
-    guard. Returns how many samples failed one."""
-    nb = V.shape[1]
-    failed = 0
-    for k in range(rows.shape[0]):
-        op = int(rows[k, 0])
-        vk = V[k]
-        if op == LEAF:
-            xs = X[int(rows[k, 4])]
-            for j in range(nb):
-                vk[j] = xs[j]
-        elif op == CONST:
-            c0 = rows[k, 4]
-            for j in range(nb):
-                vk[j] = c0
-        elif op == GUARD:
-            va = V[int(rows[k, 1])]
-            e = rows[k, 4] != 0.0
-            for j in range(nb):
-                t = va[j]
-                vk[j] = t
-                if (t != 0.0) != e and status[j] == 0:
-                    status[j] = k + 1
-                    failed += 1
-        elif op == 3:  # neg
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (-a)
-        elif op == 4:  # exp
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.exp(a)
-        elif op == 5:  # log
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.log(a)
-        elif op == 6:  # log1p
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.log1p(a)
-        elif op == 7:  # expm1
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.expm1(a)
-        elif op == 8:  # sqrt
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.sqrt(a)
-        elif op == 9:  # rsqrt
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (1.0 / math.sqrt(a))
-        elif op == 10:  # sin
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.sin(a)
-        elif op == 11:  # cos
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.cos(a)
-        elif op == 12:  # tan
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.tan(a)
-        elif op == 13:  # asin
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.asin(a)
-        elif op == 14:  # acos
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.acos(a)
-        elif op == 15:  # atan
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.atan(a)
-        elif op == 16:  # sinh
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.sinh(a)
-        elif op == 17:  # cosh
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.cosh(a)
-        elif op == 18:  # tanh
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.tanh(a)
-        elif op == 19:  # sigmoid
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
-        elif op == 20:  # relu
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (0.0 if a <= 0.0 else a)
-        elif op == 21:  # erf
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.erf(a)
-        elif op == 22:  # abs
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = abs(a)
-        elif op == 23:  # sign
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0))
-        elif op == 24:  # square
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a * a)
-        elif op == 25:  # reciprocal
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (1.0 / a)
-        elif op == 26:  # addc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a + c0)
-        elif op == 27:  # mulc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a * c0)
-        elif op == 28:  # rsubc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (c0 - a)
-        elif op == 29:  # divc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a / c0)
-        elif op == 30:  # rdivc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (c0 / a)
-        elif op == 31:  # powc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a * a if c0 == 2.0 else a ** c0)
-        elif op == 32:  # rpowc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (c0 ** a)
-        elif op == 33:  # clamp
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = min(max(a, c0), c1) if a == a else a
-        elif op == 34:  # softplus
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
-        elif op == 35:  # add
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a + b)
-        elif op == 36:  # sub
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a - b)
-        elif op == 37:  # mul
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a * b)
-        elif op == 38:  # div
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a / b)
-        elif op == 39:  # pow
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a ** b)
-        elif op == 40:  # atan2
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = math.atan2(a, b)
-        elif op == 41:  # maximum
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a if (a > b or a != a) else b)
-        elif op == 42:  # minimum
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a if (a < b or a != a) else b)
-        elif op == 43:  # clamp_min_t
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (b if a < b else a)
-        elif op == 44:  # clamp_max_t
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (b if a > b else a)
-        elif op == 45:  # clone
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = a
-        elif op == 74:  # lt
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if a < b else 0.0)
-        elif op == 75:  # le
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if a <= b else 0.0)
-        elif op == 76:  # gt
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if a > b else 0.0)
-        elif op == 77:  # ge
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if a >= b else 0.0)
-        elif op == 78:  # eq
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if a == b else 0.0)
-        elif op == 79:  # ne
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if a != b else 0.0)
-        elif op == 80:  # logical_and
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
-        elif op == 81:  # logical_or
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
-        elif op == 82:  # logical_xor
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
-        elif op == 83:  # logical_not
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (1.0 if a == 0.0 else 0.0)
-        elif op == 84:  # detach
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = a
-        elif op == 85:  # select
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            vc = V[int(rows[k, 3])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                c = vc[j]
-                vk[j] = (b if a != 0.0 else c)
-        elif op == 86:  # pick
-            for j in range(nb):
-                vk[j] = (-0.0)
-        elif op == 88:  # round_f32
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = np.float64(np.float32(a))
-    return failed
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -862,466 +501,6 @@ def reverse(rows, v, adj):
             ia = int(rows[k, 1])
             g = adj[k]
             adj[ia] += np.float64(np.float32(g))
-    return 0
-
-
-@njit_cached(error_model="numpy", nogil=True)
-def reverse_batch(rows, V, A):
-    """``reverse`` for samples in columns (``V``, ``A``: rows x samples)."""
-    nb = A.shape[1]
-    for k in range(rows.shape[0] - 1, -1, -1):
-        op = int(rows[k, 0])
-        if op == 3:  # neg
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (-g)
-        elif op == 4:  # exp
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g * out)
-        elif op == 5:  # log
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g / a)
-        elif op == 6:  # log1p
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g / (a + 1.0))
-        elif op == 7:  # expm1
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g * (out + 1.0))
-        elif op == 8:  # sqrt
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g / (2.0 * out))
-        elif op == 9:  # rsqrt
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += ((((-0.5 * g) * out) * out) * out)
-        elif op == 10:  # sin
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g * math.cos(a))
-        elif op == 11:  # cos
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += ((-g) * math.sin(a))
-        elif op == 12:  # tan
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g * (1.0 + (out * out)))
-        elif op == 13:  # asin
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g / math.sqrt((1.0 - (a * a))))
-        elif op == 14:  # acos
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += ((-g) / math.sqrt((1.0 - (a * a))))
-        elif op == 15:  # atan
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g / (1.0 + (a * a)))
-        elif op == 16:  # sinh
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g * math.cosh(a))
-        elif op == 17:  # cosh
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g * math.sinh(a))
-        elif op == 18:  # tanh
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g * (1.0 - (out * out)))
-        elif op == 19:  # sigmoid
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += ((g * (1.0 - out)) * out)
-        elif op == 20:  # relu
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (0.0 if (a <= 0.0) else g)
-        elif op == 21:  # erf
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
-        elif op == 22:  # abs
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
-        elif op == 24:  # square
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += ((g * 2.0) * a)
-        elif op == 25:  # reciprocal
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += ((-g) * (out * out))
-        elif op == 26:  # addc
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-        elif op == 27:  # mulc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (g * c0)
-        elif op == 28:  # rsubc
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (-g)
-        elif op == 29:  # divc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (g / c0)
-        elif op == 30:  # rdivc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (((-g) * c0) / (a * a))
-        elif op == 31:  # powc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-        elif op == 32:  # rpowc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            va = V[ia]
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
-        elif op == 33:  # clamp
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g if ((a >= c0) and (a <= c1)) else 0.0)
-        elif op == 34:  # softplus
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
-        elif op == 35:  # add
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += g
-        elif op == 36:  # sub
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += (-g)
-        elif op == 37:  # mul
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g * b)
-                ab[j] += (g * a)
-        elif op == 38:  # div
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g / b)
-                ab[j] += (((-g) * a) / (b * b))
-        elif op == 39:  # pow
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            vout = V[k]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
-                ab[j] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
-        elif op == 40:  # atan2
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-                ab[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
-        elif op == 41:  # maximum
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-                ab[j] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
-        elif op == 42:  # minimum
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
-                ab[j] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
-        elif op == 43:  # clamp_min_t
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g if (a >= b) else 0.0)
-                ab[j] += (g if (a < b) else 0.0)
-        elif op == 44:  # clamp_max_t
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g if (a <= b) else 0.0)
-                ab[j] += (g if (a > b) else 0.0)
-        elif op == 45:  # clone
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-        elif op == 85:  # select
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            ic = int(rows[k, 3])
-            va = V[ia]
-            ab = A[ib]
-            ac = A[ic]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                ab[j] += (g if (a != 0.0) else 0.0)
-                ac[j] += (0.0 if (a != 0.0) else g)
-        elif op == 86:  # pick
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            vb = V[ib]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g * b)
-        elif op == 88:  # round_f32
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += np.float64(np.float32(g))
     return 0
 
 
@@ -1737,3 +916,505 @@ def reverse_multi(rows, v, A):
                 g = gk[j]
                 aa[j] += np.float64(np.float32(g))
     return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw):
+    """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (columns of ``X``:
+    ``X[i, j]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
+    into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``.
+    The block's values and adjoints (``V[k, j]``, ``A[k, j]``: rows x samples) live in
+    ``Vw`` and ``Aw``, flat buffers of at least rows x samples reused from block to block."""
+    n = rows.shape[0]
+    nb = b1 - b0
+    V = Vw[:n * nb].reshape((n, nb))
+    st = status[b0:b1]
+    for k in range(n):
+        op = int(rows[k, 0])
+        vk = V[k]
+        if op == LEAF:
+            xs = X[int(rows[k, 4])]
+            for j in range(nb):
+                vk[j] = xs[b0 + j]
+        elif op == CONST:
+            c0 = rows[k, 4]
+            for j in range(nb):
+                vk[j] = c0
+        elif op == GUARD:
+            va = V[int(rows[k, 1])]
+            e = rows[k, 4] != 0.0
+            for j in range(nb):
+                t = va[j]
+                vk[j] = t
+                if (t != 0.0) != e and st[j] == 0:
+                    st[j] = k + 1
+        elif op == 3:  # neg
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (-a)
+        elif op == 4:  # exp
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.exp(a)
+        elif op == 5:  # log
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.log(a)
+        elif op == 8:  # sqrt
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.sqrt(a)
+        elif op == 10:  # sin
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.sin(a)
+        elif op == 11:  # cos
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.cos(a)
+        elif op == 18:  # tanh
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = math.tanh(a)
+        elif op == 19:  # sigmoid
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
+        elif op == 24:  # square
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a * a)
+        elif op == 26:  # addc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a + c0)
+        elif op == 27:  # mulc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a * c0)
+        elif op == 28:  # rsubc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (c0 - a)
+        elif op == 29:  # divc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a / c0)
+        elif op == 31:  # powc
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                a = va[j]
+                vk[j] = (a * a if c0 == 2.0 else a ** c0)
+        elif op == 35:  # add
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                vk[j] = (a + b)
+        elif op == 36:  # sub
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                vk[j] = (a - b)
+        elif op == 37:  # mul
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                vk[j] = (a * b)
+        elif op == 38:  # div
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                vk[j] = (a / b)
+        elif SHARED[op]:
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            va = V[ia if ia >= 0 else k]
+            vb = V[ib if ib >= 0 else k]
+            vc = V[ic if ic >= 0 else k]
+            c0 = rows[k, 4]
+            c1 = rows[k, 5]
+            for j in range(nb):
+                vk[j] = forward_value(op, va[j], vb[j], vc[j], c0, c1)
+    for i in range(out_slots.shape[0]):
+        vo = V[out_slots[i]]
+        for j in range(nb):
+            outs[i, b0 + j] = vo[j]
+    if not grad:
+        return
+    A = Aw[:n * nb].reshape((n, nb))
+    A[:] = 0.0
+    for i in range(out_slots.shape[0]):
+        ao = A[out_slots[i]]
+        for j in range(nb):
+            ao[j] += S[i, b0 + j]
+    for k in range(n - 1, -1, -1):
+        op = int(rows[k, 0])
+        if op == 3:  # neg
+            ia = int(rows[k, 1])
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (-g)
+        elif op == 4:  # exp
+            ia = int(rows[k, 1])
+            vout = V[k]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                out = vout[j]
+                g = gk[j]
+                aa[j] += (g * out)
+        elif op == 5:  # log
+            ia = int(rows[k, 1])
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += (g / a)
+        elif op == 8:  # sqrt
+            ia = int(rows[k, 1])
+            vout = V[k]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                out = vout[j]
+                g = gk[j]
+                aa[j] += (g / (2.0 * out))
+        elif op == 10:  # sin
+            ia = int(rows[k, 1])
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += (g * math.cos(a))
+        elif op == 11:  # cos
+            ia = int(rows[k, 1])
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += ((-g) * math.sin(a))
+        elif op == 18:  # tanh
+            ia = int(rows[k, 1])
+            vout = V[k]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                out = vout[j]
+                g = gk[j]
+                aa[j] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            ia = int(rows[k, 1])
+            vout = V[k]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                out = vout[j]
+                g = gk[j]
+                aa[j] += ((g * (1.0 - out)) * out)
+        elif op == 24:  # square
+            ia = int(rows[k, 1])
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += ((g * 2.0) * a)
+        elif op == 26:  # addc
+            ia = int(rows[k, 1])
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += g
+        elif op == 27:  # mulc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (g * c0)
+        elif op == 28:  # rsubc
+            ia = int(rows[k, 1])
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (-g)
+        elif op == 29:  # divc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (g / c0)
+        elif op == 31:  # powc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            va = V[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                g = gk[j]
+                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 35:  # add
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            aa = A[ia]
+            ab = A[ib]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += g
+                ab[j] += g
+        elif op == 36:  # sub
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            aa = A[ia]
+            ab = A[ib]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += g
+                ab[j] += (-g)
+        elif op == 37:  # mul
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            va = V[ia]
+            vb = V[ib]
+            aa = A[ia]
+            ab = A[ib]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                g = gk[j]
+                aa[j] += (g * b)
+                ab[j] += (g * a)
+        elif op == 38:  # div
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            va = V[ia]
+            vb = V[ib]
+            aa = A[ia]
+            ab = A[ib]
+            gk = A[k]
+            for j in range(nb):
+                a = va[j]
+                b = vb[j]
+                g = gk[j]
+                aa[j] += (g / b)
+                ab[j] += (((-g) * a) / (b * b))
+        elif SHARED[op] and GRADS[op] != 0:
+            m = GRADS[op]
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            va = V[ia]
+            vb = V[ib]
+            vc = V[ic]
+            vout = V[k]
+            aa = A[ia]
+            ab = A[ib]
+            ac = A[ic]
+            gk = A[k]
+            c0 = rows[k, 4]
+            c1 = rows[k, 5]
+            for j in range(nb):
+                ga, gb, gc = reverse_value(op, va[j], vb[j], vc[j], vout[j], gk[j], c0, c1)
+                if m & 1:
+                    aa[j] += ga
+                if m & 2:
+                    ab[j] += gb
+                if m & 4:
+                    ac[j] += gc
+    for i in range(in_slots.shape[0]):
+        ai = A[in_slots[i]]
+        for j in range(nb):
+            G[i, b0 + j] = ai[j]
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def forward_value(op, a, b, c, c0, c1):
+    """The value of a row of opcode ``op`` (one of ``SHARED``) with operands ``a, b, c``."""
+    if op == 6:  # log1p
+        return float(math.log1p(a))
+    elif op == 7:  # expm1
+        return float(math.expm1(a))
+    elif op == 9:  # rsqrt
+        return float((1.0 / math.sqrt(a)))
+    elif op == 12:  # tan
+        return float(math.tan(a))
+    elif op == 13:  # asin
+        return float(math.asin(a))
+    elif op == 14:  # acos
+        return float(math.acos(a))
+    elif op == 15:  # atan
+        return float(math.atan(a))
+    elif op == 16:  # sinh
+        return float(math.sinh(a))
+    elif op == 17:  # cosh
+        return float(math.cosh(a))
+    elif op == 20:  # relu
+        return float((0.0 if a <= 0.0 else a))
+    elif op == 21:  # erf
+        return float(math.erf(a))
+    elif op == 22:  # abs
+        return float(abs(a))
+    elif op == 23:  # sign
+        return float(((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
+    elif op == 25:  # reciprocal
+        return float((1.0 / a))
+    elif op == 30:  # rdivc
+        return float((c0 / a))
+    elif op == 32:  # rpowc
+        return float((c0 ** a))
+    elif op == 33:  # clamp
+        return float(min(max(a, c0), c1) if a == a else a)
+    elif op == 34:  # softplus
+        return float((a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0))
+    elif op == 39:  # pow
+        return float((a ** b))
+    elif op == 40:  # atan2
+        return float(math.atan2(a, b))
+    elif op == 41:  # maximum
+        return float((a if (a > b or a != a) else b))
+    elif op == 42:  # minimum
+        return float((a if (a < b or a != a) else b))
+    elif op == 43:  # clamp_min_t
+        return float((b if a < b else a))
+    elif op == 44:  # clamp_max_t
+        return float((b if a > b else a))
+    elif op == 45:  # clone
+        return float(a)
+    elif op == 74:  # lt
+        return float((1.0 if a < b else 0.0))
+    elif op == 75:  # le
+        return float((1.0 if a <= b else 0.0))
+    elif op == 76:  # gt
+        return float((1.0 if a > b else 0.0))
+    elif op == 77:  # ge
+        return float((1.0 if a >= b else 0.0))
+    elif op == 78:  # eq
+        return float((1.0 if a == b else 0.0))
+    elif op == 79:  # ne
+        return float((1.0 if a != b else 0.0))
+    elif op == 80:  # logical_and
+        return float((1.0 if (a != 0.0 and b != 0.0) else 0.0))
+    elif op == 81:  # logical_or
+        return float((1.0 if (a != 0.0 or b != 0.0) else 0.0))
+    elif op == 82:  # logical_xor
+        return float((1.0 if ((a != 0.0) != (b != 0.0)) else 0.0))
+    elif op == 83:  # logical_not
+        return float((1.0 if a == 0.0 else 0.0))
+    elif op == 84:  # detach
+        return float(a)
+    elif op == 85:  # select
+        return float((b if a != 0.0 else c))
+    elif op == 86:  # pick
+        return float((-0.0))
+    elif op == 88:  # round_f32
+        return float(np.float64(np.float32(a)))
+    return 0.0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def reverse_value(op, a, b, c, out, g, c0, c1):
+    """The gradients to ``a, b, c`` of a row of opcode ``op`` (one of ``SHARED``) given its
+    adjoint ``g``; those not in ``GRADS[op]`` are 0.0 and unused."""
+    if op == 6:  # log1p
+        return float((g / (a + 1.0))), 0.0, 0.0
+    elif op == 7:  # expm1
+        return float((g * (out + 1.0))), 0.0, 0.0
+    elif op == 9:  # rsqrt
+        return float(((((-0.5 * g) * out) * out) * out)), 0.0, 0.0
+    elif op == 12:  # tan
+        return float((g * (1.0 + (out * out)))), 0.0, 0.0
+    elif op == 13:  # asin
+        return float((g / math.sqrt((1.0 - (a * a))))), 0.0, 0.0
+    elif op == 14:  # acos
+        return float(((-g) / math.sqrt((1.0 - (a * a))))), 0.0, 0.0
+    elif op == 15:  # atan
+        return float((g / (1.0 + (a * a)))), 0.0, 0.0
+    elif op == 16:  # sinh
+        return float((g * math.cosh(a))), 0.0, 0.0
+    elif op == 17:  # cosh
+        return float((g * math.sinh(a))), 0.0, 0.0
+    elif op == 20:  # relu
+        return float((0.0 if (a <= 0.0) else g)), 0.0, 0.0
+    elif op == 21:  # erf
+        return float(((g * 1.1283791670955126) * math.exp((-(a * a))))), 0.0, 0.0
+    elif op == 22:  # abs
+        return float((g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))), 0.0, 0.0
+    elif op == 25:  # reciprocal
+        return float(((-g) * (out * out))), 0.0, 0.0
+    elif op == 30:  # rdivc
+        return float((((-g) * c0) / (a * a))), 0.0, 0.0
+    elif op == 32:  # rpowc
+        return float((0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))), 0.0, 0.0
+    elif op == 33:  # clamp
+        return float((g if ((a >= c0) and (a <= c1)) else 0.0)), 0.0, 0.0
+    elif op == 34:  # softplus
+        return float((g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))), 0.0, 0.0
+    elif op == 39:  # pow
+        return float((0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))), float((0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))), 0.0
+    elif op == 40:  # atan2
+        return float((0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))), float((0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))), 0.0
+    elif op == 41:  # maximum
+        return float(((g / 2.0) if (a == b) else (0.0 if (a < b) else g))), float(((g / 2.0) if (a == b) else (0.0 if (b < a) else g))), 0.0
+    elif op == 42:  # minimum
+        return float(((g / 2.0) if (a == b) else (0.0 if (a > b) else g))), float(((g / 2.0) if (a == b) else (0.0 if (b > a) else g))), 0.0
+    elif op == 43:  # clamp_min_t
+        return float((g if (a >= b) else 0.0)), float((g if (a < b) else 0.0)), 0.0
+    elif op == 44:  # clamp_max_t
+        return float((g if (a <= b) else 0.0)), float((g if (a > b) else 0.0)), 0.0
+    elif op == 45:  # clone
+        return float(g), 0.0, 0.0
+    elif op == 85:  # select
+        return 0.0, float((g if (a != 0.0) else 0.0)), float((0.0 if (a != 0.0) else g))
+    elif op == 86:  # pick
+        return float((g * b)), 0.0, 0.0
+    elif op == 88:  # round_f32
+        return float(np.float64(np.float32(g))), 0.0, 0.0
+    return 0.0, 0.0, 0.0

@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from .._jit import njit_cached
-from ._generated_replay import forward, forward_batch, reverse, reverse_batch, reverse_multi
+from ._generated_replay import forward, reverse, reverse_multi, run_block
 
 BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
 
@@ -53,60 +53,16 @@ def run(rows, x, out_slots, seeds, in_slots, grad):
     return status, res[:m], res[m:]
 
 
-def run_fresh(rows, x, out_slots, seeds, in_slots, grad):
-    """``run`` called from Python: the same, over the compiled ``run_into`` (``run`` itself
-    would compile the interpreters once more, for seconds)."""
-    m = out_slots.shape[0]
-    work = np.empty(m + 2 * rows.shape[0])
-    work[:m] = seeds
-    res = np.zeros(m + in_slots.shape[0])
-    status = run_into(rows, np.concatenate((out_slots, in_slots)), x, work, res, grad)
-    return status, res[:m], res[m:]
+#: ``run`` called from Python: the same body run as Python over the compiled ``run_into``
+#: (calling ``run`` itself would compile the interpreters once more, for seconds)
+run_fresh = run.py_func
 
 
-@njit_cached(error_model="numpy", nogil=True)
-def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, W):
-    """``run`` for samples ``b0:b1`` (columns of ``X``, ``S``), written into ``status``,
-    ``outs``, ``G``. ``W``: the caller's room for the block's values and adjoints (2 x rows
-    x samples), reused from block to block (allocated here when it is smaller)."""
-    n = rows.shape[0]
-    nb = b1 - b0
-    Xb = np.empty((X.shape[0], nb))
-    for i in range(X.shape[0]):
-        for j in range(nb):
-            Xb[i, j] = X[i, b0 + j]
-    if W.shape[0] >= 2 * n * nb:
-        V = W[:n * nb].reshape((n, nb))
-        A = W[n * nb:2 * n * nb].reshape((n, nb))
-    else:
-        V = np.empty((n, nb))
-        A = np.empty((n, nb))
-    st = np.zeros(nb, dtype=np.int64)
-    forward_batch(rows, Xb, V, st)
-    for i in range(out_slots.shape[0]):
-        vo = V[out_slots[i]]
-        for j in range(nb):
-            outs[i, b0 + j] = vo[j]
-    for j in range(nb):
-        status[b0 + j] = st[j]
-    if grad:
-        A[:] = 0.0
-        for i in range(out_slots.shape[0]):
-            ao = A[out_slots[i]]
-            for j in range(nb):
-                ao[j] += S[i, b0 + j]
-        reverse_batch(rows, V, A)
-        for i in range(in_slots.shape[0]):
-            ai = A[in_slots[i]]
-            for j in range(nb):
-                G[i, b0 + j] = ai[j]
-
-
-# run_batch and run_parallel are Python: a compiled caller links the generated interpreters'
-# code into its own and optimizes it all again (Numba links callees' LLVM modules), so each
-# compiled level above run_block would cost as much as the interpreters themselves (about
-# 10 s for run_batch and 15 s more for a prange driver, cold, on 2 cores); the loop over
-# blocks costs microseconds in Python
+# run_batch and run_parallel are Python around the compiled run_block (both batch sweeps in
+# one generated function): a compiled caller links the generated interpreters' code into its
+# own and optimizes it all again (Numba links callees' LLVM modules), so each compiled level
+# above run_block would cost as much as the interpreters themselves; the loop over blocks
+# costs microseconds in Python, and run_block releases the GIL, so threads run blocks at once
 
 def _outputs(X, out_slots, in_slots):
     B = X.shape[1]
@@ -119,17 +75,18 @@ ROOM_KEPT = 1 << 24  # bytes of room a thread keeps between calls: replay.BLOCK_
 
 
 def _room(rows, block):
-    """``run_block``'s W for blocks of ``block`` samples: this thread's, kept between calls
-    up to ``ROOM_KEPT`` bytes (allocated per block, a 9,000-row program's values and adjoints
-    were page faults that the threads took in turn; allocated per call, a worker thread's
-    arena gave its pages back after each: 0.1 ms of page faults a call for 892 rows)."""
-    need = 2 * rows.shape[0] * block
+    """``run_block``'s room (values, adjoints) for blocks of ``block`` samples: this thread's,
+    kept between calls up to ``ROOM_KEPT`` bytes (allocated per block, a 9,000-row
+    program's values and adjoints were page faults that the threads took in turn; allocated
+    per call, a worker thread's arena gave its pages back after each: 0.1 ms of page faults a
+    call for 892 rows)."""
+    half = rows.shape[0] * block
     W = getattr(_local, "room", None)
-    if W is None or W.shape[0] < need:
-        W = np.empty(need)
-        if need * 8 <= ROOM_KEPT:
+    if W is None or W.shape[0] < 2 * half:
+        W = np.empty(2 * half)
+        if 2 * half * 8 <= ROOM_KEPT:
             _local.room = W
-    return W
+    return W[:half], W[half:2 * half]
 
 
 def run_batch(rows, X, out_slots, S, in_slots, grad, block):
@@ -139,7 +96,7 @@ def run_batch(rows, X, out_slots, S, in_slots, grad, block):
     W = _room(rows, min(B, block))
     for b0 in range(0, B, block):
         run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                  min(B, b0 + block), W)
+                  min(B, b0 + block), *W)
     return status, outs, G
 
 
@@ -177,12 +134,12 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         W = _room(rows, min(B, block))
         for b0 in starts:  # the threads take the next block in turn (under the GIL)
             run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                      min(B, b0 + block), W)
+                      min(B, b0 + block), *W)
 
     if not _compiled:  # one block here first: run_block compiles once, before threads call it
         b0 = next(starts)
         run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                  min(B, b0 + block), _room(rows, 0))
+                  min(B, b0 + block), *_room(rows, block))
         _compiled = True
     n = min(n, -(-B // block))
     futures = [_executor().submit(blocks) for _ in range(n - 1)]

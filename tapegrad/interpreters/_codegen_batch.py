@@ -1,0 +1,193 @@
+"""Generates the batched replay's ``run_block`` and the shared loop of the rarer ops into
+``_generated_replay.py``, with ``_codegen``'s emitter."""
+from __future__ import annotations
+
+from ..ops import OPS
+from ._codegen import REPLAY_BATCH, _forward_expr, dispatch, rule_exprs
+
+#: the ops whose batch branches are loops of their own, which LLVM vectorizes over the
+#: block's samples: the common ones in traced programs. The other ops share one loop that
+#: calls their one-sample code per sample: each loop of its own costs about 0.1 s of a cold
+#: compile, and the 60 of them made the first batched call compile 15 s (2 cores)
+BATCH_LOOPED = frozenset((
+    "neg", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "square", "addc", "mulc",
+    "rsubc", "divc", "powc", "add", "sub", "mul", "div"))
+
+# the shared branch of run_block's sweeps: unused operands (-1) read row k
+SHARED_FORWARD = '''        elif SHARED[op]:
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            va = V[ia if ia >= 0 else k]
+            vb = V[ib if ib >= 0 else k]
+            vc = V[ic if ic >= 0 else k]
+            c0 = rows[k, 4]
+            c1 = rows[k, 5]
+            for j in range(nb):
+                vk[j] = forward_value(op, va[j], vb[j], vc[j], c0, c1)
+'''
+SHARED_REVERSE = '''        elif SHARED[op] and GRADS[op] != 0:
+            m = GRADS[op]
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            va = V[ia]
+            vb = V[ib]
+            vc = V[ic]
+            vout = V[k]
+            aa = A[ia]
+            ab = A[ib]
+            ac = A[ic]
+            gk = A[k]
+            c0 = rows[k, 4]
+            c1 = rows[k, 5]
+            for j in range(nb):
+                ga, gb, gc = reverse_value(op, va[j], vb[j], vc[j], vout[j], gk[j], c0, c1)
+                if m & 1:
+                    aa[j] += ga
+                if m & 2:
+                    ab[j] += gb
+                if m & 4:
+                    ac[j] += gc
+'''
+
+
+# a block of samples, both sweeps in one compiled function: a compiled caller of separately
+# compiled sweeps links their code into its own and optimizes it all again (3.7 s more of a
+# cold compile), and Python around them cost 20 us a block (1.4 ms -> 1.6 ms for 256 inputs
+# of an 892-row program in blocks of 32)
+BLOCK_HEADER = '''
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw):
+    """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (columns of ``X``:
+    ``X[i, j]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
+    into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``.
+    The block's values and adjoints (``V[k, j]``, ``A[k, j]``: rows x samples) live in
+    ``Vw`` and ``Aw``, flat buffers of at least rows x samples reused from block to block."""
+    n = rows.shape[0]
+    nb = b1 - b0
+    V = Vw[:n * nb].reshape((n, nb))
+    st = status[b0:b1]
+    for k in range(n):
+        op = int(rows[k, 0])
+        vk = V[k]
+        if op == LEAF:
+            xs = X[int(rows[k, 4])]
+            for j in range(nb):
+                vk[j] = xs[b0 + j]
+        elif op == CONST:
+            c0 = rows[k, 4]
+            for j in range(nb):
+                vk[j] = c0
+        elif op == GUARD:
+            va = V[int(rows[k, 1])]
+            e = rows[k, 4] != 0.0
+            for j in range(nb):
+                t = va[j]
+                vk[j] = t
+                if (t != 0.0) != e and st[j] == 0:
+                    st[j] = k + 1
+'''
+
+BLOCK_MIDDLE = '''    for i in range(out_slots.shape[0]):
+        vo = V[out_slots[i]]
+        for j in range(nb):
+            outs[i, b0 + j] = vo[j]
+    if not grad:
+        return
+    A = Aw[:n * nb].reshape((n, nb))
+    A[:] = 0.0
+    for i in range(out_slots.shape[0]):
+        ao = A[out_slots[i]]
+        for j in range(nb):
+            ao[j] += S[i, b0 + j]
+    for k in range(n - 1, -1, -1):
+        op = int(rows[k, 0])
+'''
+
+BLOCK_END = '''    for i in range(in_slots.shape[0]):
+        ai = A[in_slots[i]]
+        for j in range(nb):
+            G[i, b0 + j] = ai[j]
+'''
+
+
+def _block_source(looped):
+    return ([BLOCK_HEADER] + dispatch(looped, REPLAY_BATCH, forward=True, first=False)
+            + [SHARED_FORWARD, BLOCK_MIDDLE] + dispatch(looped, REPLAY_BATCH)
+            + [SHARED_REVERSE, BLOCK_END])
+
+
+def _by_code(size):
+    by = {op.code: op for op in OPS}
+    return [by.get(i) for i in range(size)]
+
+
+def _grad_bits(shared, size):
+    bits = [0] * size
+    for op in shared:
+        exprs = rule_exprs(op)
+        bits[op.code] = sum(1 << i for i, n in enumerate(("a", "b", "c")) if n in exprs)
+    return bits
+
+
+def _shared_source(shared):
+    """``forward_value`` and ``reverse_value``: one sample's value and gradients of an op
+    whose batch branch is the shared loop, the one-sample code (``forward``,
+    ``reverse``) as expressions, so batches give the same numbers as single calls."""
+    src = ['''
+
+@njit_cached(error_model="numpy", nogil=True)
+def forward_value(op, a, b, c, c0, c1):
+    """The value of a row of opcode ``op`` (one of ``SHARED``) with operands ``a, b, c``."""
+''']
+    first = True
+    for op in shared:
+        src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
+        src.append(f"        return float({_forward_expr(op)})\n")
+        first = False
+    src.append("    return 0.0\n")
+    src.append('''
+
+@njit_cached(error_model="numpy", nogil=True)
+def reverse_value(op, a, b, c, out, g, c0, c1):
+    """The gradients to ``a, b, c`` of a row of opcode ``op`` (one of ``SHARED``) given its
+    adjoint ``g``; those not in ``GRADS[op]`` are 0.0 and unused."""
+''')
+    first = True
+    for op in shared:
+        exprs = rule_exprs(op)
+        if not exprs:
+            continue
+        gr = ", ".join(f"float({exprs[n]})" if n in exprs else "0.0" for n in ("a", "b", "c"))
+        src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
+        src.append(f"        return {gr}\n")
+        first = False
+    src.append("    return 0.0, 0.0, 0.0\n")
+    return src
+
+
+def _split(ops):
+    return ([op for op in ops if op.name in BATCH_LOOPED],
+            [op for op in ops if op.name not in BATCH_LOOPED])
+
+
+def tables(ops):
+    """The generated module's ``SHARED`` and ``GRADS``, indexed by opcode."""
+    shared = _split(ops)[1]
+    size = max(op.code for op in OPS) + 1
+    return ("\n#: by opcode: whether its batch branch is the shared loop (``forward_value``,\n"
+            "#: ``reverse_value``), and the inputs its rule gives gradients to (bits a, b, c)\n"
+            f"SHARED = np.array({[int(op in shared) for op in _by_code(size)]}, "
+            "dtype=np.bool_)\n"
+            f"GRADS = np.array({_grad_bits(shared, size)}, dtype=np.int64)\n")
+
+
+def block_source(ops):
+    """``run_block``, ``forward_value`` and ``reverse_value`` of the replay ops ``ops``."""
+    looped, shared = _split(ops)
+    return _block_source(looped) + _shared_source(shared)

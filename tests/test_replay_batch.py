@@ -1,0 +1,137 @@
+"""The batched replay (``replay_cpu.run_block``, generated): every op, looped or in the shared
+loop, gives each sample exactly what a single call gives; its compiled code stays small."""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+from tapegrad.interpreters import _codegen, _codegen_batch, _generated_replay, replay_cpu
+from tapegrad.ops import OPS
+
+# operands: signed zeros, both sides of every branch point in the rules, outside the domain
+# of log/sqrt/asin, and non-finite values
+VALUES = [-0.0, 0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -3.0, 1e-300, 40.0, np.inf, -np.inf, np.nan]
+CONSTS = {"powc": (2.5, 0.0), "rpowc": (1.5, 0.0), "clamp": (-0.5, 0.5),
+          "softplus": (1.0, 20.0), "addc": (0.25, 0.0), "mulc": (-2.0, 0.0),
+          "rsubc": (1.0, 0.0), "divc": (4.0, 0.0), "rdivc": (3.0, 0.0)}
+
+
+def _program(op, same):
+    """Rows: three leaves, then ``op`` over them (over leaf 0 in every operand if
+    ``same``), then ``op`` again over its own result: an adjoint that reaches a row through
+    two paths."""
+    arity = len(_codegen._inputs(op))
+    c0, c1 = CONSTS.get(op.name, (0.5, 0.0))
+    rows = np.full((5, 6), -1.0)
+    for i in range(3):
+        rows[i] = (0, -1, -1, -1, i, 0)  # leaf i
+    rows[:3, 0] = _generated_replay.LEAF
+    slots = [0] * 3 if same else [0, 1, 2]
+    rows[3, :4] = [op.code] + [slots[i] if i < arity else -1 for i in range(3)]
+    rows[3, 4:] = c0, c1
+    rows[4, :4] = [op.code] + [([3, 1, 2][i] if not same else 3) if i < arity else -1
+                               for i in range(3)]
+    rows[4, 4:] = c0, c1
+    return rows
+
+
+def _samples():
+    """Every pair of operand values, and a third operand cycling through them."""
+    a, b = np.meshgrid(VALUES, VALUES)
+    a, b = a.ravel(), b.ravel()
+    c = np.resize(VALUES[::-1], a.size)
+    return np.stack([a, b, c])  # inputs x samples
+
+
+def _check(rows, X, S, grad=True):
+    out_slots = np.array([3, 4])
+    in_slots = np.array([0, 1, 2])
+    status, outs, G = replay_cpu.run_batch(rows, X, out_slots, S, in_slots, grad, 16)
+    for j in range(X.shape[1]):
+        st, o, g = replay_cpu.run(rows, np.ascontiguousarray(X[:, j]), out_slots,
+                                  np.ascontiguousarray(S[:, j]), in_slots, grad)
+        assert status[j] == st
+        _same(outs[:, j], o)
+        _same(G[:, j], g)
+
+
+def _same(batched, single):
+    """Equal numbers: NaNs in the same places, zeros of the same sign (a NaN's sign bit
+    carries no number, and the vectorized and scalar code may set it differently)."""
+    np.testing.assert_array_equal(batched, single)
+    num = ~np.isnan(single)
+    np.testing.assert_array_equal(np.signbit(batched[num]), np.signbit(single[num]))
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["distinct", "same_operand"])
+@pytest.mark.parametrize("op", _codegen._replay_ops(), ids=lambda op: op.name)
+def test_every_op_batched_equals_single_calls(op, same):
+    """A block of samples through ``run_block`` equals the one-sample interpreter at each
+    sample, for the ops with a loop of their own and those in the shared loop (the
+    one-sample expressions called per sample), at signed zeros, infinities and NaNs."""
+    rows = _program(op, same)
+    X = _samples()
+    S = np.stack([np.resize([1.0, -0.0, -2.0], X.shape[1]),
+                  np.resize([0.5, -1.0, 0.0, -0.0], X.shape[1])])
+    _check(rows, X, S)
+    _check(rows, X, S, grad=False)
+
+
+def test_every_replay_op_reaches_the_batch_block():
+    """Each replay op has a loop of its own or is marked for the shared loop, whose
+    gradient bits are the inputs its rule gives gradients to."""
+    for op in _codegen._replay_ops():
+        exprs = _codegen.rule_exprs(op)
+        bits = sum(1 << i for i, n in enumerate("abc") if n in exprs)
+        if op.name in _codegen_batch.BATCH_LOOPED:
+            assert not _generated_replay.SHARED[op.code], op.name
+            assert f"op == {op.code}:  # {op.name}" in _block_source(), op.name
+        else:
+            assert _generated_replay.SHARED[op.code], op.name
+            assert _generated_replay.GRADS[op.code] == bits, op.name
+    assert not any(_generated_replay.SHARED[op.code] for op in OPS
+                   if op not in _codegen._replay_ops())
+
+
+def _block_source():
+    import inspect
+    return inspect.getsource(_generated_replay.run_block.py_func)
+
+
+def test_batch_block_stays_small():
+    """Each loop over a block's samples costs about 0.1 s of a cold compile: the batch
+    code has the looped ops' loops and one shared loop a sweep, not one per op (the 120
+    loops of one per op made the first batched call compile 15 s cold on 2 cores)."""
+    loops = _block_source().count("for j in range(nb):")
+    assert loops <= 2 * len(_codegen_batch.BATCH_LOOPED) + 10, loops
+
+
+COLD = """
+import resource, numpy as np, tapegrad
+prog = tapegrad.trace(lambda x: (x.sin() * x).sum() + (x[0] - x[1]) ** 2, np.zeros(3))
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+X = np.random.default_rng(0).normal(size=(300, 3))
+v, g = prog.value_and_grad(X)
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+assert np.allclose(g[7], prog.grad(X[7]))
+print(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+"""
+
+
+@pytest.mark.slow
+def test_first_batched_call_compiles_in_seconds_cold():
+    """With an empty Numba cache the first batched call compiles in about 5 s of CPU on
+    2 cores (15 s before run_block was one function with a shared loop for rare ops);
+    8 s leaves room for a loaded machine. A second process loads it from the cache."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, NUMBA_CACHE_DIR=d, TAPEGRAD_QUIET="1", PYTHONPATH=root)
+        cold = float(subprocess.run([sys.executable, "-c", COLD], env=env, check=True,
+                                    capture_output=True, text=True).stdout)
+        warm = float(subprocess.run([sys.executable, "-c", COLD], env=env, check=True,
+                                    capture_output=True, text=True).stdout)
+    assert cold < 8.0, cold
+    assert warm < 0.5, warm
