@@ -1,0 +1,314 @@
+"""A traced program's code (``_Code``: rows, input and output layout), the derivative
+programs built from it, and the rule of a ``program`` entry on the eager tape."""
+from __future__ import annotations
+
+import numpy as np
+
+from .interpreters import program as _prog
+from .interpreters import replay_cpu as _cpu
+from .tensor import Tensor, _plain, tensor
+
+_F64 = np.dtype(np.float64)
+
+
+def cuda_module():
+    """``interpreters.replay_cuda``, once numba-cuda and a GPU (or numba's CUDA simulator)
+    are known to be there; otherwise ImportError or RuntimeError saying what to do."""
+    import importlib.util
+    if importlib.util.find_spec("numba_cuda") is None:
+        raise ImportError("target='cuda' needs numba's CUDA target, the numba-cuda package: "
+                          "install it with pip install 'tapegrad[cuda]'")
+    from numba import config, cuda
+    if not config.ENABLE_CUDASIM and not cuda.is_available():
+        raise RuntimeError(
+            "target='cuda' found no usable NVIDIA GPU (numba.cuda.is_available() is False: "
+            "no GPU, or no driver; numba.cuda.detect() says more). Use target='parallel' to "
+            "spread a batch over the CPU cores, or set NUMBA_ENABLE_CUDASIM=1 before "
+            "importing tapegrad to run the CUDA kernels in numba's simulator (slow: for "
+            "testing)")
+    from .interpreters import replay_cuda
+    return replay_cuda
+
+
+def _is_device(x):
+    """A GPU array (``__cuda_array_interface__``, or the CUDA simulator's device array)."""
+    return hasattr(x, "__cuda_array_interface__") or type(x).__name__ == "FakeCUDAArray"
+
+
+def _host(x):
+    """``x`` as a host array (GPU arrays copied back)."""
+    x = getattr(x, "_d", x)
+    if _is_device(x):
+        return cuda_module().as_device(x).copy_to_host()
+    return np.asarray(x)
+
+
+def _layout(specs):
+    """(shape, offset, size, rank) of each (shape, dtype) in a flat vector of their
+    elements."""
+    out, o = [], 0
+    for shape, _ in specs:
+        m = int(np.prod(shape))
+        out.append((tuple(shape), o, m, len(shape)))
+        o += m
+    return tuple(out)
+
+
+def _flat_one(code, xs, flat):
+    """(flat float64 inputs, whether any was a Tensor) of one sample when every input is a
+    float64 ndarray, Tensor or float of exactly its traced shape (an optimization loop's
+    call); None otherwise: ``Program._inputs`` then checks them and says what is wrong.
+    ``flat``: (buffer, views of it shaped like each input) that the inputs are copied into
+    (the view is None for one input of rank 1 or more, which is passed as it is, or made
+    contiguous)."""
+    shapes = code.in_shapes
+    if len(xs) != len(shapes) or not code.all_f64:
+        return None
+    as_tensor = False
+    buf, views = flat
+    for x, shape, view in zip(xs, shapes, views):
+        cls = x.__class__
+        if cls is not np.ndarray:
+            if cls is float:
+                if shape:
+                    return None
+                view[()] = x
+                continue
+            if not isinstance(x, Tensor):
+                return None
+            as_tensor = True
+            x = x._d
+            if x.__class__ is float:
+                if shape:
+                    return None
+                view[()] = x
+                continue
+        # another float64 dtype object (byte order, metadata) takes the general path too
+        if x.dtype is not _F64 or x.shape != shape:
+            return None  # a batch, or a wrong input: the general path
+        if view is None:  # one input: passed as it is (the interpreters only read it)
+            # C-contiguous: a strided vector would compile the entry again for its layout
+            return (np.ascontiguousarray(x) if len(shape) == 1 else x.reshape(-1)), as_tensor
+        view[...] = x  # into views made once: cheaper than np.concatenate of the inputs
+    return buf, as_tensor
+
+
+def _wrap_one(flat, layout, as_tensor, single):
+    """``Program._wrap`` of one sample's float64 results: views of ``flat`` (a fresh array
+    of each call, never reused), 0-d results as NumPy or Python floats."""
+    out = []
+    for shape, o, m, rank in layout:
+        if rank == 0:
+            v = flat[o]
+            out.append(_plain(float(v)) if as_tensor else v)
+            continue
+        if rank == 1:
+            v = flat if len(layout) == 1 and flat.shape[0] == m else flat[o:o + m]
+        else:
+            v = flat[o:o + m].reshape(shape)
+        out.append(_plain(v) if as_tensor else v)
+    return out[0] if single else tuple(out)
+
+
+def _keys(layout):
+    """The index of each result in the flat results (an int for a 0-d result, a slice for a
+    vector), for ``_pick``; None when a result needs a reshape."""
+    if any(rank > 1 for _, _, _, rank in layout):
+        return None
+    return tuple(slice(o, o + m) if rank else o for _, o, m, rank in layout)
+
+
+def _pick(flat, keys, single):
+    """``_wrap_one`` of NumPy results of rank 0 or 1 (fewer Python steps: indexing by keys
+    made once)."""
+    return flat[keys[0]] if single else tuple(map(flat.__getitem__, keys))
+
+
+class _Code:
+    """One traced variant: rows, input and output layout, guard sites."""
+
+    def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
+        self.rows = np.ascontiguousarray(rows, dtype=np.float64)
+        self.in_slots = np.ascontiguousarray(in_slots, dtype=np.int64)
+        self.out_slots = np.ascontiguousarray(out_slots, dtype=np.int64)
+        self.inputs = inputs      # [(shape, dtype)]
+        self.outputs = outputs    # [(shape, dtype)]
+        self.kind = kind          # "single" or "tuple"
+        self.sites = sites        # [(file, line, text, taken)]
+        self._derived = {}
+        # (shape, offset, size) of each input and output in the flat vectors: worked out
+        # once for the calls' fast paths (``_run_one``)
+        self.in_layout = _layout(inputs)
+        self.out_layout = _layout(outputs)
+        self.n_in = sum(m for _, _, m, _ in self.in_layout)
+        self.single_out = kind == "single"
+        self.single_in = len(inputs) == 1
+        self.all_f64 = all(d == _F64 for _, d in inputs + outputs)
+        # the one-sample calls' entry (``replay_cpu.run_into``): output then input slots,
+        # the gradient's layout in its results, and buffers reused across calls (a list
+        # of free ones: a call pops one and puts it back, so threads never share one)
+        self.slots = np.concatenate((self.out_slots, self.in_slots))
+        self.in_shapes = tuple(tuple(sh) for sh, _ in inputs)
+        m = len(self.out_slots)
+        self.grad_layout = tuple((sh, o + m, k, r) for sh, o, k, r in self.in_layout)
+        self.out_keys = _keys(self.out_layout)
+        self.grad_keys = _keys(self.grad_layout)
+        # one float64 vector in, NumPy results of rank <= 1: ``Program._run_vec``'s case
+        self.vec = len(inputs) == 1 and len(self.in_shapes[0]) == 1 and self.all_f64 and \
+            self.out_keys is not None
+        self._work, self._flat = [], []
+
+    def new_work(self):
+        """A ``work`` buffer of ``replay_cpu.run_into``: the seeds of value_and_grad (ones),
+        then room for the values and adjoints."""
+        work = np.empty(len(self.out_slots) + 2 * self.rows.shape[0])
+        work[:len(self.out_slots)] = 1.0
+        return work
+
+    def run1(self, x, grad):
+        """(status, fresh results: outputs then gradient) of one sample ``x``."""
+        free = self._work
+        work = free.pop() if free else self.new_work()
+        res = np.empty(self.slots.shape[0])
+        status = _cpu.run_into(self.rows, self.slots, x, work, res, grad)
+        free.append(work)
+        return status, res
+
+    def flat_buffer(self):
+        """(flat inputs, views of it shaped like each input) for ``_flat_one``."""
+        buf = np.empty(self.n_in)
+        if len(self.in_layout) == 1 and self.in_layout[0][3]:
+            return buf, (None,)
+        return buf, tuple(buf[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
+
+    def derived(self, key, build):
+        c = self._derived.get(key)
+        if c is None:
+            c = self._derived[key] = build()
+        return c
+
+
+def _grad_code(code, seeds=None):
+    """The program of ``code``'s gradient (of ``sum(seeds * outputs)``): its rows followed by
+    the reverse sweep re-recorded as rows; outputs: the gradient's elements."""
+    seeds = [1.0] * len(code.out_slots) if seeds is None else [float(s) for s in seeds]
+    L, grads = _prog.grad_rows(code.rows, code.out_slots, seeds, code.in_slots)
+    rows = L.rows()
+    out = np.array([int(g) for g in grads], dtype=np.int64)
+    pruned, new = _prog.prune(rows, out)
+    return _Code(pruned, new[code.in_slots], new[out], code.inputs,
+                 [(s, d) for s, d in code.inputs], "tuple" if len(code.inputs) > 1 else
+                 "single", code.sites)
+
+
+def _hvp_code(code):
+    """A program of (x, v) whose value is ``grad(f)(x) . v``: its gradient in x is H v."""
+    nin = len(code.in_slots)
+    L = _prog.Builder()
+    L._blocks.append(code.rows.copy())
+    L.n = code.rows.shape[0]
+    vs = L.inputs(nin, (nin,))
+    rows = L.rows()
+    L2, grads = _prog.grad_rows(rows, code.out_slots, [1.0] * len(code.out_slots),
+                                code.in_slots)
+    prods = L2.op("mul", np.array([int(g) for g in grads], dtype=np.int64), vs)
+    from .ops.lowering import reduce
+    dot = int(np.asarray(reduce(L2, "add", prods, None, False, 0.0)))
+    rows = L2.rows()
+    pruned, new = _prog.prune(rows, np.array([dot], dtype=np.int64))
+    return _Code(pruned, new[np.concatenate([code.in_slots, vs])], new[[dot]],
+                 code.inputs + code.inputs, [((), np.dtype(np.float64))], "single",
+                 code.sites)
+
+
+def _hvp_of(code):
+    """``code``'s Hessian-vector program, built once."""
+    return code.derived("hvp", lambda: _hvp_code(code))
+
+
+def _vjp_code(code):
+    """A program of (x, v) whose outputs are ``v^T J(x)`` (v shaped like the outputs): the
+    rule of a ``program`` entry under create_graph, so derivatives of any order stay
+    compiled."""
+    nout = len(code.out_slots)
+    L = _prog.Builder()
+    L._blocks.append(code.rows.copy())
+    L.n = code.rows.shape[0]
+    vs = L.inputs(len(code.in_slots), (nout,))
+    rows = L.rows()
+    L2, grads = _prog.grad_rows(rows, code.out_slots, [int(v) for v in vs], code.in_slots)
+    out = np.array([int(g) for g in grads], dtype=np.int64)
+    pruned, new = _prog.prune(L2.rows(), out)
+    return _Code(pruned, new[np.concatenate([code.in_slots, vs])], new[out],
+                 code.inputs + code.outputs, list(code.inputs),
+                 "tuple" if len(code.inputs) > 1 else "single", code.sites)
+
+
+# --- traced programs on the eager tape -------------------------------------------------------
+# ``program(*tensors)`` records one ``program`` entry (and a ``function_out`` per output), so
+# a program composes with eager code: its backward is its compiled VJP, batched for
+# is_grads_batched (one forward, many seeds), and a call of its VJP program under
+# create_graph.
+
+
+def _seed_matrix(g, code, batch, B=None):
+    """The output gradients ``g`` ({index: grad}) as the flat seed matrix: (nout,) or
+    (nout, batch) per sample; with a batch of ``B`` seeds, (nout, samples * B) with sample
+    ``b``'s seed ``s`` in column ``b * B + s``."""
+    parts = []
+    for i, (shape, _) in enumerate(code.outputs):
+        lead = (() if B is None else (B,)) + (() if batch is None else (batch,))
+        gi = g.get(i) if g else None
+        gi = np.zeros(lead + shape) if gi is None else np.broadcast_to(
+            np.asarray(getattr(gi, "_d", gi), dtype=np.float64), lead + shape)
+        m = int(np.prod(shape))
+        if B is not None and batch is not None:
+            gi = np.swapaxes(gi, 0, 1)  # (samples, seeds, ...)
+        # the lead's size spelled out: an empty output (m = 0) cannot infer it
+        parts.append(gi.reshape(int(np.prod(gi.shape[:len(lead)])), m).T if lead else
+                     gi.reshape(-1))
+    return np.ascontiguousarray(np.concatenate(parts, axis=0) if parts else np.zeros(0))
+
+
+def _program_vjp_np(g, values, aux):
+    """Gradients of a ``program`` entry's inputs on plain values (batched when ``aux`` ends
+    with the seed batch size)."""
+    prog, code, x, batch = aux[:4]
+    B = aux[4] if len(aux) > 4 else None
+    S = _seed_matrix(g, code, batch, B)
+    if B is None:
+        _, _, G = prog._execute(code, x, batch, S, True)
+        G = _host(G)
+    else:
+        G = prog._vjp_many(code, x if batch is not None else x.reshape(-1, 1), S, B)
+        if batch is not None:  # (nin, samples * B) -> (nin, B * samples), seed-major
+            G = G.reshape(-1, batch, B).transpose(0, 2, 1).reshape(-1, batch * B)
+    lead = None if B is None and batch is None else (
+        B * (batch or 1) if B is not None else batch)
+    parts = prog._wrap(G, code.inputs, lead, False, "tuple")
+    if B is not None and batch is not None:
+        parts = tuple(p.reshape((B, batch) + p.shape[1:]) for p in parts)
+    return tuple(parts)
+
+
+def _program_vjp_tensor(g, inputs, aux):
+    """The rule of a ``program`` entry under create_graph: a recorded call of the program's
+    VJP program, itself differentiable."""
+    from .replay import Program  # (replay imports this module)
+    prog, code, x, batch = aux[:4]
+    vcode = code.derived("vjp", lambda: _vjp_code(code))
+    vprog = Program([vcode], None, False, prog.strict, prog.target, prog.block)
+    lead = () if batch is None else (batch,)
+    cot = []
+    for i, (shape, dtype) in enumerate(code.outputs):
+        gi = g.get(i) if g else None
+        cot.append(gi if gi is not None else tensor(np.zeros(lead + shape, dtype)))
+    res = vprog(*inputs, *cot)
+    return res if isinstance(res, tuple) else (res,)
+
+
+def program_vjp(F, g, values, aux):
+    """The rule of a ``program`` entry (registered in ops/arrays.py): the compiled VJP on
+    plain values; on the tensor backend (create_graph) a recorded call of the VJP program."""
+    from .autograd._tensor_backend import TensorF
+    return (_program_vjp_tensor if F is TensorF else _program_vjp_np)(g, values, aux)
