@@ -54,8 +54,9 @@ def run(rows, x, out_slots, seeds, in_slots, grad):
 
 
 #: ``run`` called from Python: the same body run as Python over the compiled ``run_into``
-#: (calling ``run`` itself would compile the interpreters once more, for seconds)
-run_fresh = run.py_func
+#: (calling ``run`` itself would compile the interpreters once more, for seconds; without
+#: the JIT, NUMBA_DISABLE_JIT=1, ``run`` is that Python function already)
+run_fresh = getattr(run, "py_func", run)
 
 
 # run_batch and run_parallel are Python around the compiled run_block (both batch sweeps in
