@@ -55,7 +55,7 @@ def run(rows, x, out_slots, seeds, in_slots, grad):
 
 #: ``run`` called from Python: the same body run as Python over the compiled ``run_into``
 #: (calling ``run`` itself would compile the interpreters once more, for seconds)
-run_fresh = run.py_func
+run_fresh = getattr(run, "py_func", run)  # a plain function under NUMBA_DISABLE_JIT=1
 
 
 # run_batch and run_parallel are Python around the compiled run_block (both batch sweeps in
