@@ -21,7 +21,7 @@ def _count(monkeypatch, module):
 def test_constant_input_gradient_not_summed(monkeypatch, create_graph):
     # the broadcast of a constant's gradient is never undone: nobody reads it (kmeans'
     # points, (n, k, d) -> (n, 1, d), was most of its backward)
-    calls = _count(monkeypatch, _tensor_backend if create_graph else cpu)
+    calls = _count(monkeypatch, _tensor_backend if create_graph else cpu_arrays)
     rng = np.random.default_rng(0)
     c0, x0 = rng.normal(size=(5, 1, 3)), rng.normal(size=(4, 3))
     out = []
@@ -374,7 +374,7 @@ def test_sub_broadcast_gradient_summed_then_negated(monkeypatch, case, create_gr
         return [g.numpy() for g in M.autograd.grad(y, (c, w))]
     got = run(tg)
     with monkeypatch.context() as m:  # the direct way: sum_to(-g)
-        m.setattr(cpu, "negated_sum_applies", lambda g, v: False)
+        m.setattr(cpu_arrays, "negated_sum_applies", lambda g, v: False)
         m.setattr(rerecord, "negated_sum_applies", lambda g, v: False)
         direct = run(tg)
     want = run(torch)
@@ -408,7 +408,7 @@ def test_sub_scalar_gradient_summed_then_negated(monkeypatch, case):
         return [g.numpy() for g in M.autograd.grad(M.sum(M.exp(x - m) * w), (x, m))]
     got = run(tg)
     with monkeypatch.context() as mp:  # the registry's rule: sum(-g)
-        mp.setattr(cpu, "_SIDES", {})
+        mp.setattr(cpu_arrays, "_SIDES", {})
         direct = run(tg)
     for a, b, t in zip(got, direct, run(torch)):
         assert _same_bits(a, b)
