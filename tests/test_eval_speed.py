@@ -5,7 +5,7 @@ import pytest
 
 import tapegrad as tg
 from tapegrad.autograd import _tensor_backend
-from tapegrad.interpreters import cpu
+from tapegrad.interpreters import cpu, cpu_arrays
 
 torch = pytest.importorskip("torch")
 
@@ -21,7 +21,7 @@ def _count(monkeypatch, module):
 def test_constant_input_gradient_not_summed(monkeypatch, create_graph):
     # the broadcast of a constant's gradient is never undone: nobody reads it (kmeans'
     # points, (n, k, d) -> (n, 1, d), was most of its backward)
-    calls = _count(monkeypatch, _tensor_backend if create_graph else cpu)
+    calls = _count(monkeypatch, _tensor_backend if create_graph else cpu_arrays)
     rng = np.random.default_rng(0)
     c0, x0 = rng.normal(size=(5, 1, 3)), rng.normal(size=(4, 3))
     out = []
@@ -239,8 +239,9 @@ def test_rule_of_g_alone_on_broadcast_gradient(monkeypatch):
     # neg of an expanded (k, d, 1) over n points), broadcast back: torch's numbers
     sizes = []
     real = cpu.elementwise_rule
-    monkeypatch.setattr(cpu, "elementwise_rule", lambda op, F, g, *a: sizes.append(
-        (op.name, np.size(g))) or real(op, F, g, *a))
+    spy = lambda op, F, g, *a: sizes.append((op.name, np.size(g))) or real(op, F, g, *a)
+    for module in (cpu, cpu_arrays):  # array_vjp looks it up in cpu_arrays, the hooks in cpu
+        monkeypatch.setattr(module, "elementwise_rule", spy)
     rng = np.random.default_rng(6)
     x0, w0 = rng.normal(size=(3, 2000)), rng.normal(size=(3, 1))
     got = []
@@ -327,7 +328,7 @@ def test_broadcast_adjoints_added_on_one_copy(monkeypatch):
     # the recorded 2 g x); a later gradient into that adjoint adds into a fresh array
     compact = []
     real = cpu._compact
-    monkeypatch.setattr(cpu, "_compact", lambda g: compact.append(g.shape) or real(g))
+    monkeypatch.setattr(cpu_arrays, "_compact", lambda g: compact.append(g.shape) or real(g))
     rng = np.random.default_rng(5)
     x0, w0 = rng.normal(size=(3, 2000)), rng.normal(size=(3, 2000))
     got = []
@@ -351,8 +352,9 @@ def test_sub_broadcast_gradient_summed_then_negated(monkeypatch, case, create_gr
     from tapegrad.interpreters import rerecord
     taken = []
     real = cpu.neg_sum_to
-    monkeypatch.setattr(cpu, "neg_sum_to", lambda g, shape: taken.append(shape) or
-                        real(g, shape))
+    spy = lambda g, shape: taken.append(shape) or real(g, shape)
+    for module in (cpu, cpu_arrays):  # the rerecording sweep calls cpu's, array_vjp its own
+        monkeypatch.setattr(module, "neg_sum_to", spy)
     rng = np.random.default_rng(7)
     x0, c0 = rng.normal(size=(4, 3, 1000)), rng.normal(size=(4, 3, 1))
     w0 = rng.normal(size=(4, 3, 1000))
@@ -372,7 +374,7 @@ def test_sub_broadcast_gradient_summed_then_negated(monkeypatch, case, create_gr
         return [g.numpy() for g in M.autograd.grad(y, (c, w))]
     got = run(tg)
     with monkeypatch.context() as m:  # the direct way: sum_to(-g)
-        m.setattr(cpu, "negated_sum_applies", lambda g, v: False)
+        m.setattr(cpu_arrays, "negated_sum_applies", lambda g, v: False)
         m.setattr(rerecord, "negated_sum_applies", lambda g, v: False)
         direct = run(tg)
     want = run(torch)
@@ -406,7 +408,7 @@ def test_sub_scalar_gradient_summed_then_negated(monkeypatch, case):
         return [g.numpy() for g in M.autograd.grad(M.sum(M.exp(x - m) * w), (x, m))]
     got = run(tg)
     with monkeypatch.context() as mp:  # the registry's rule: sum(-g)
-        mp.setattr(cpu, "_SIDES", {})
+        mp.setattr(cpu_arrays, "_SIDES", {})
         direct = run(tg)
     for a, b, t in zip(got, direct, run(torch)):
         assert _same_bits(a, b)

@@ -1,9 +1,9 @@
 """Generates the batched replay's ``run_block`` and the shared loop of the rarer ops into
-``_generated_replay.py``, with ``_codegen``'s emitter."""
+``_generated_replay.py``, with ``_codegen_emit``'s emitter."""
 from __future__ import annotations
 
 from ..ops import OPS
-from ._codegen import REPLAY_BATCH, _forward_expr, dispatch, rule_exprs
+from ._codegen_emit import REPLAY_BATCH, _forward_expr, dispatch, rule_exprs
 
 #: the ops whose batch branches are loops of their own, which LLVM vectorizes over the
 #: block's samples: the common ones in traced programs. The other ops share one loop that

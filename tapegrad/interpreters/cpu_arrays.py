@@ -1,0 +1,299 @@
+"""The CPU array sweep: ``sweep`` runs scalar runs compiled and each array entry's rule on
+NumPy values (``array_vjp``), one seed or a batch of them."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF, call_rule
+from ..ops._registry import Part
+from ..ops.arrays import sum_axes, sum_to
+from . import _generated_cpu
+from .cpu_fast import _AT_INDEX
+
+_THUNK = type(lambda: None)  # a rule's lazily built gradient
+
+
+def sweep(graph, need, adj, adjd, arr):
+    """Run the reverse sweep over the needed entries (``arr``: the array ones, last first);
+    scalar runs go to the compiled sweep, array entries to their rules on NumPy values."""
+    rows = graph.rows
+    hi = graph.n
+    vals = graph.vals
+    if not len(arr):  # scalar entries only: one compiled call, no NumPy
+        if hi > 0:
+            _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
+        return
+    owned = set()  # slots whose adjoint array this sweep allocated: added to in place
+    wanted = graph.wanted.tolist()  # read twice per entry: a list's item is the cheaper
+    # a needed scalar entry anywhere? (none: no compiled call between the array entries,
+    # a few microseconds each, most of a create_graph sweep's entries are arrays)
+    scalars = np.count_nonzero(need) > len(arr)
+    with np.errstate(all="ignore"):
+        for k, row in zip(arr.tolist(), rows[arr].tolist()):
+            if scalars and hi - k > 1:
+                _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
+            array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)
+            hi = k
+        if scalars and hi > 0:
+            _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
+
+
+def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
+    """(inputs, gradients) of an elementwise or bookkeeping entry's rule; ``value(slot)``
+    gives the values it reads."""
+    if op.kind is BINARY:
+        return (a, b), call_rule(op, F, g, out, value(a), value(b))
+    return (a,), call_rule(op, F, g, out, value(a), None, c0, c1)
+
+
+#: each side of the binary rules that are arithmetic (add, sub, mul, div: the registry's
+#: rules, generated side by side), so an array entry computes only the gradients someone
+#: reads: ``x * w`` with ``x`` a constant skips ``g * w`` (torch skips it too), and
+#: ``x * x`` computes ``g * x`` once. {opcode: (side a, side b, symmetric)}
+_SIDES = dict(getattr(_generated_cpu, "SIDES", {}))  # {} while regenerating
+
+
+def _one_sided(code, g, a, b, value, wanted):
+    """The gradients of a binary entry in ``_SIDES``, None for an input nobody reads; for
+    ``x * x`` (a symmetric rule) the same array twice (the sweep adds it to itself: the
+    bits of g*x + g*x)."""
+    fa, fb, symmetric = _SIDES[code]
+    va, vb = value(a), value(b)
+    if a == b:
+        ga = fa(g, va, vb)
+        return ga, (ga if symmetric else fb(g, va, vb))
+    if code == _SUB and wanted[b] and g.__class__ is np.ndarray and g.size >= 4096 \
+            and g.flags.c_contiguous:
+        if vb.__class__ is not np.ndarray:  # x - m, m a number (lse's max): -sum(g)
+            r = -np.sum(g)  # (the same bits as np.sum(-g), as neg_sum_to says)
+            return (fa(g, va, vb) if wanted[a] else None), \
+                (float(r) if r and not np.isnan(r) else float(np.sum(-g)))
+        if negated_sum_applies(g, vb):
+            return (fa(g, va, vb) if wanted[a] else None), neg_sum_to(g, vb.shape)
+    return (fa(g, va, vb) if wanted[a] else None), (fb(g, va, vb) if wanted[b] else None)
+
+
+_SUB = next(op.code for op in OPS if op.name == "sub")
+
+
+def negated_sum_applies(g, v):
+    """Whether ``x - v``'s gradient ``-g`` broadcast over a smaller array ``v`` may be
+    summed first and negated after (``neg_sum_to``): a C-contiguous g (so g and -g are
+    summed in the same order) larger than v."""
+    return (g.__class__ is np.ndarray and v.__class__ is np.ndarray and g.shape != v.shape
+            and g.size >= 4096 and g.flags.c_contiguous)
+
+
+def neg_sum_to(g, shape):
+    """``sum_to(-g, shape)`` as ``-sum_to(g, shape)``: the negation on the summed array
+    (kmeans' centroids: 80 numbers, not 80,000). The same bits: in any order of additions
+    each partial sum of -g is minus g's, or both are zeros (x + -x is +0.0 either way), or
+    both NaN; so a result with a zero or a NaN (signs could differ) is summed from -g."""
+    r = -sum_to(g, shape)
+    if r.all() and not np.isnan(r.sum()):  # (a NaN sum: maybe inf - inf, the direct way)
+        return r
+    return sum_to(-g, shape)
+
+
+#: unary rules that read neither the input nor the output: functions of g alone (``-g``)
+_G_ONLY = frozenset(op.code for op in OPS if op.kind in (UNARY, UNARY_C)
+                    and "a" not in op.uses and "out" not in op.uses)
+
+
+def _compact(g):
+    """An index of ``g`` that keeps one copy along each zero-stride axis."""
+    return tuple(slice(0, 1) if st == 0 else slice(None) for st in g.strides)
+
+
+def sweep_checked(graph, need, adj, adjd, on_bad):
+    """The reverse sweep entry by entry in Python (anomaly mode): each rule's outputs are
+    checked, and ``on_bad(k, i)`` builds the error for a NaN/inf in output ``i`` of ``k``."""
+    with np.errstate(all="ignore"):
+        for k in np.nonzero(need)[0][::-1].tolist():
+            array_vjp(graph, k, adj, adjd, on_bad)
+
+
+# entries whose outputs are separate ``function_out`` entries: their rule gets {index: grad}
+MULTI_OUTPUT = frozenset(("function", "program"))
+
+
+def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=None):
+    """Run entry ``k``'s rule on NumPy values and accumulate into its inputs (``row``: its
+    row as a list, when the caller has it). ``owned``: slots whose adjoint array the sweep
+    allocated itself, so adding to it in place changes no other array (an adjoint can be
+    a rule's input gradient or a view of one, never written to). ``wanted``:
+    ``graph.wanted`` as a list, when the caller has it."""
+    if wanted is None:
+        wanted = graph.wanted
+    if row is None:
+        code, a, b, c0, c1 = graph.row(k)
+    else:
+        code, a, b, c0, c1 = row
+        code, a, b = int(code), int(a), int(b)
+    op = OPS[code & ~ARRAY]
+    value, is_array = graph.value, graph.is_array
+    out = value(k)
+    if op.nary and op.name in MULTI_OUTPUT:
+        g = adjd.get(k)  # {output index: gradient}, gathered from its function_out entries
+    elif is_array(k):
+        g = adjd.get(k)
+        if g is None:
+            g = np.zeros_like(out)
+    else:
+        g = adj[k]
+    aux = graph.aux(k) if op.code in _AT_INDEX and owned is not None else None
+    if aux is not None and len(aux) > 2 and aux[2] and is_array(a):
+        # a basic index (a view): the op's scatter form, added into that part of the base's
+        # adjoint in place (no input-sized gradient built)
+        base = adjd.get(a)
+        if base is None or a not in owned:
+            v = value(a)
+            fresh = np.zeros(v.shape, v.dtype)
+            if base is not None:
+                fresh += base
+            base = adjd[a] = fresh
+            owned.add(a)
+        base[aux[0]] += op.scatter[1](g, base.size)
+        return
+    if op.kind is ARRAY_OP:
+        inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
+        grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
+    elif on_bad is None and op.code in _SIDES and (
+            a == b or not (wanted[a] and wanted[b]) or op.code == _SUB):
+        inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, wanted)
+    elif (on_bad is None and op.code in _G_ONLY and g.__class__ is np.ndarray
+          and g.size >= 4096 and 0 in g.strides):
+        # a rule of g alone, elementwise, on a broadcast g (a sum's gradient): run on one
+        # copy of the repeated part and broadcast the result back (the same numbers)
+        inputs, grads = elementwise_rule(op, NpF, g[_compact(g)], out, a, b, c0, c1, value)
+        grads = [np.broadcast_to(gr, g.shape) if gr.__class__ is np.ndarray else gr
+                 for gr in grads]
+    else:
+        inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
+    if on_bad is not None:
+        grads = [gr() if gr.__class__ is _THUNK else gr for gr in grads]
+        for i, gr in enumerate(grads):
+            if gr is not None and gr.__class__ is not Part and \
+                    not np.all(np.isfinite(gr)):
+                raise on_bad(k, i)
+    for s, gr in zip(inputs, grads):
+        if gr is None or not wanted[s]:  # nobody reads that adjoint (a constant input):
+            continue  # no broadcast to undo, no sum (torch skips it too)
+        if gr.__class__ is _THUNK:
+            gr = gr()
+        if gr.__class__ is Part:
+            _gather(adjd, s, gr)
+        elif is_array(s):
+            v = value(s)
+            if gr.__class__ is not np.ndarray:
+                gr = np.broadcast_to(np.asarray(gr, dtype=v.dtype), v.shape)
+            elif gr.shape != v.shape:
+                gr = sum_to(gr, v.shape)
+            if gr.dtype != v.dtype:
+                gr = gr.astype(v.dtype)
+            prev = adjd.get(s)
+            if prev is None:
+                adjd[s] = gr
+            elif owned is not None and s in owned:
+                np.add(prev, gr, out=prev)
+            elif (prev.__class__ is np.ndarray and prev.size >= 4096 and 0 in prev.strides
+                  and gr.strides == prev.strides):
+                # two broadcasts alike (x + x under a sum's gradient): added on one copy of
+                # the repeated part and broadcast back, the same numbers; a read-only view,
+                # so not owned (a later gradient is added into a fresh array)
+                c = _compact(prev)
+                adjd[s] = np.broadcast_to(prev[c] + gr[c], prev.shape)
+            else:
+                adjd[s] = prev + gr
+                if owned is not None:
+                    owned.add(s)
+        elif gr.__class__ is float:
+            adj[s] += gr
+        else:
+            adj[s] += float(np.sum(gr))
+
+
+def _gather(adjd, s, part):
+    """Collect the gradient of one output of a multi-output entry."""
+    parts = adjd.get(s)
+    if parts is None:
+        parts = adjd[s] = {}
+    prev = parts.get(part.index)
+    parts[part.index] = part.grad if prev is None else prev + part.grad
+
+
+# --- batched sweeps (is_grads_batched) ----------------------------------------------------
+
+
+def sweep_batched(graph, need, adjb, adjd, arr):
+    """``sweep`` for a batch of seeds: ``adjb[slot]`` holds a scalar slot's adjoints for the
+    whole batch, ``adjd[slot]`` an array slot's with a leading batch axis."""
+    rows, vals = graph.rows, graph.vals
+    hi = graph.n
+    B = adjb.shape[1]
+    with np.errstate(all="ignore"):
+        for k in arr.tolist():
+            if hi - k > 1:
+                _generated_cpu.sweep_batched(rows, vals, adjb, need, hi, k + 1)
+            array_vjp_batched(graph, k, adjb, adjd, B)
+            hi = k
+        if hi > 0:
+            _generated_cpu.sweep_batched(rows, vals, adjb, need, hi, 0)
+
+
+def array_vjp_batched(graph, k, adjb, adjd, B):
+    """Entry ``k``'s rule once for the whole batch (see ``Op.batch``)."""
+    code, a, b, c0, c1 = graph.row(k)
+    op = OPS[code & ~ARRAY]
+    value = graph.value
+    out = value(k)
+    if op.nary and op.name in MULTI_OUTPUT:
+        g = adjd.get(k) or {}
+    else:
+        g = adjd.get(k) if graph.is_array(k) else adjb[k]
+    if g is None:
+        g = np.zeros((B,) + np.shape(out))
+    post = None
+    if op.kind is not ARRAY_OP:  # elementwise rules broadcast over the batch axis
+        inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
+    else:
+        if op.batch is None:
+            raise NotImplementedError(
+                f"is_grads_batched=True cannot go through op '{op.name}' yet; compute the "
+                "rows with separate grad() calls")
+        inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
+        vs, out_b, g_b, aux_b, post = op.batch([value(s) for s in inputs], out, g,
+                                               graph.aux(k), B)
+        grads = op.vjp(NpF, g_b, vs, out_b, aux_b)
+    for i, (s, gr) in enumerate(zip(inputs, grads)):
+        if gr is None or not graph.wanted[s]:  # an adjoint nobody reads
+            continue
+        if gr.__class__ is _THUNK:
+            gr = gr()
+        if gr.__class__ is Part:
+            _gather(adjd, s, gr)
+            continue
+        if post is not None and post[i] is not None:
+            gr = post[i](gr)
+        v = value(s)
+        target = (B,) + np.shape(v)
+        gr = sum_to_batched(np.asarray(gr), target)
+        if graph.is_array(s):
+            if gr.dtype != v.dtype:
+                gr = gr.astype(v.dtype)
+            prev = adjd.get(s)
+            adjd[s] = gr if prev is None else prev + gr
+        else:
+            adjb[s] += gr
+
+
+def sum_to_batched(g, shape):
+    """``sum_to`` that keeps the leading batch axis (every gradient derived from the seeds
+    has one; a 0-d gradient is a constant that broadcasts over the batch)."""
+    if g.shape == shape:
+        return g
+    if g.ndim == 0:
+        return np.broadcast_to(g, shape)
+    axes = sum_axes(g.shape, shape, 1)
+    r = np.sum(g, axis=axes, keepdims=True) if axes else g
+    return np.reshape(r, (g.shape[0],) + tuple(shape[1:]))
