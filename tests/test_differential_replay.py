@@ -109,17 +109,35 @@ class Refused(NotApplicable):
     """``trace`` refused the program (a clear error or a TraceWarning)."""
 
 
+def _tie_watching_helpers():
+    """The harness helpers in torch, with ``H.softplus`` noting an argument at exactly its
+    threshold (``beta * x == threshold``): there torch's own derivatives disagree (its
+    backward takes the smooth branch, its double backward the linear one: ``<=`` against
+    ``<``), so no single second derivative is torch's."""
+    H = helpers(torch)
+    real = H.softplus
+    H.tie = False
+
+    def softplus(x, beta, threshold):
+        H.tie = H.tie or bool((x * beta == threshold).any())
+        return real(x, beta, threshold)
+    H.softplus = softplus
+    return H
+
+
 def valid_inputs(prog, modes=RF.MODES, salt=0):
-    """New inputs (per mode) at which every node of ``prog`` is well defined in torch."""
+    """New inputs (per mode) at which every node of ``prog`` is well defined in torch, and
+    torch's first and second derivatives agree (no softplus argument at its threshold)."""
     out = []
     for mode in modes:
         vals = RF.new_inputs(prog, mode, salt)
+        H = _tie_watching_helpers()
         with torch.no_grad():
             try:
-                _, nodes, y = at(prog, vals).run(torch)
+                _, nodes, y = at(prog, vals).run(torch, H)
             except Exception:
                 continue
-        if all(well_defined(t) for t in nodes) and well_defined(y):
+        if all(well_defined(t) for t in nodes) and well_defined(y) and not H.tie:
             out.append((mode, vals))
     return out
 
