@@ -135,11 +135,7 @@ class _Running:
         if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
             _notice.announce("replay")
         for c in self._variants:
-            works = c._work
-            work = works.pop() if works else c.new_work()
-            res = np.empty(c.slots.shape[0])
-            status = _cpu.run_into(c.rows, c.slots, x, work, res, grad)
-            works.append(work)
+            status, res = c.run1(x, grad)
             if status == 0:
                 return c, res
         return None
@@ -168,11 +164,7 @@ class _Running:
                 _notice.announce("replay")
             for variant in self._variants:
                 c = variant if select is None else select(variant)
-                works = c._work
-                work = works.pop() if works else c.new_work()
-                res = np.empty(c.slots.shape[0])
-                status = _cpu.run_into(c.rows, c.slots, x, work, res, grad)
-                works.append(work)
+                status, res = c.run1(x, grad)
                 if status == 0:
                     return c, res, None if select is None else x.copy(), as_tensor
             return None
