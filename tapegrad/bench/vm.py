@@ -211,7 +211,7 @@ def _three_reference():
 def _make_call_overhead(name):
     """tapegrad: ``program.value_and_grad(a, b, c)`` on three small arrays (a dozen rows);
     peer: the compiled entry it dispatches to (``replay_cpu.run_into``), called on inputs
-    flattened beforehand, into buffers set once."""
+    flattened beforehand into its buffer, with the results' buffer set once."""
     def make(library):
         tg = load_library("tapegrad")
         from tapegrad.interpreters import replay_cpu
@@ -228,8 +228,10 @@ def _make_call_overhead(name):
                 return checked
             return iteration
         code = prog._code
-        res = np.empty(code.slots.shape[0])
-        args = (code.rows, code.slots, np.concatenate([a, b, c]), code.new_work(), res, True)
+        work, flat, _ = code.buffers()
+        flat[:] = np.concatenate([a, b, c])
+        res = np.empty(code.res_size[True])
+        args = (code.rows, work, res)
         run = replay_cpu.run_into
 
         def iteration():
