@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from functools import partial
 from operator import itemgetter
 
 from . import _notice
@@ -124,12 +125,10 @@ def _pick(flat, keys, single):
 def _getter(keys, layout, single):
     """A function of flat results giving ``_wrap_one(flat, layout, False, single)``: an
     ``itemgetter`` of the keys (0.23 us for three vectors, ``_pick`` 0.53), or
-    ``_wrap_one`` itself for results that need a reshape."""
-    if keys is None:
-        return lambda flat: _wrap_one(flat, layout, False, single)
-    if single or len(keys) > 1:
+    ``_wrap_one`` itself for results that need a reshape (picklable, as programs are)."""
+    if keys is not None and (single or len(keys) > 1):
         return itemgetter(*keys)
-    return lambda flat: tuple(flat[k] for k in keys)  # a tuple of one result, or none
+    return partial(_wrap_one, layout=layout, as_tensor=False, single=single)
 
 
 class _Code:
@@ -197,6 +196,11 @@ class _Code:
         status = _cpu.run_into(self.rows, buf[0], res)
         self._free.append(buf)
         return status, res
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_free"] = []  # the one-sample calls' buffers are made again when needed
+        return state
 
     def derived(self, key, build):
         c = self._derived.get(key)

@@ -10,6 +10,8 @@ from ._trace import GuardError, _trace_code
 from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain
 
+_ND, _empty = np.ndarray, np.empty
+
 
 class _Running:
     """``Program``'s methods that run its code (a base class of ``replay.Program``)."""
@@ -133,12 +135,15 @@ class _Running:
         free = code._free
         buf = free.pop() if free else code.buffers()
         try:
-            for x, shape, view in zip(xs, code.in_shapes, buf[2]):
+            # indexing two tuples: 40 ns an input cheaper than a zip of three
+            shapes, views, i = code.in_shapes, buf[2], 0
+            for x in xs:
                 # another float64 dtype object (byte order, metadata) takes the general path
-                if x.__class__ is not np.ndarray or x.dtype is not _F64 or x.shape != shape:
+                if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[i]:
                     return None
-                view[...] = x  # into the entry's buffer: strided inputs too, no compile
-            res = np.empty(code.res_size[grad])
+                views[i][...] = x  # into the entry's buffer: strided inputs too, no compile
+                i += 1
+            res = _empty(code.res_size[grad])
             if _cpu.run_into(code.rows, buf[0], res):  # a guard failed: the other variants
                 for code in self._variants[1:]:
                     status, res = code.run1(buf[1], grad)
