@@ -171,6 +171,7 @@ class _Code:
         self.get_out = _getter(self.out_keys, self.out_layout, self.single_out)
         self.get_grad = _getter(self.grad_keys, self.grad_layout, self.single_in)
         self._free = []
+        self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
 
     def buffers(self):
         """A free (work, flat inputs, views of them shaped like each input) of the one-sample
@@ -183,6 +184,8 @@ class _Code:
         if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
             _notice.announce("replay")
         work = _cpu.new_work(self.rows, self.out_slots, self.in_slots, self.n_in)
+        if self.run is None:
+            self.run = _cpu.entry(self.rows, work)
         o = _cpu.HEADER + 2 * len(self.out_slots) + len(self.in_slots)
         flat = work[o:o + self.n_in]
         views = tuple(flat[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
@@ -193,13 +196,14 @@ class _Code:
         buf = self.buffers()
         buf[1][...] = x
         res = np.empty(self.res_size[grad])
-        status = _cpu.run_into(self.rows, buf[0], res)
+        status = self.run(self.rows, buf[0], res)
         self._free.append(buf)
         return status, res
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_free"] = []  # the one-sample calls' buffers are made again when needed
+        # the one-sample calls' buffers and entry (compiled code) are made again when needed
+        state["_free"], state["run"] = [], None
         return state
 
     def derived(self, key, build):

@@ -144,7 +144,7 @@ class _Running:
                 views[i][...] = x  # into the entry's buffer: strided inputs too, no compile
                 i += 1
             res = _empty(code.res_size[grad])
-            if _cpu.run_into(code.rows, buf[0], res):  # a guard failed: the other variants
+            if code.run(code.rows, buf[0], res):  # a guard failed: the other variants
                 for code in self._variants[1:]:
                     status, res = code.run1(buf[1], grad)
                     if status == 0:
@@ -173,7 +173,7 @@ class _Running:
                 return None
             x = buf[1]
             res = np.empty(code.res_size[grad])
-            if _cpu.run_into(code.rows, buf[0], res) == 0:
+            if code.run(code.rows, buf[0], res) == 0:
                 return code, res, None if select is None else x.copy(), as_tensor
             for variant in self._variants[1:]:
                 c = variant if select is None else select(variant)

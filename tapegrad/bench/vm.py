@@ -210,11 +210,11 @@ def _three_reference():
 
 def _make_call_overhead(name):
     """tapegrad: ``program.value_and_grad(a, b, c)`` on three small arrays (a dozen rows);
-    peer: the compiled entry it dispatches to (``replay_cpu.run_into``), called on inputs
+    peer: the compiled entry it calls (``replay_cpu.run_into``'s compiled wrapper for the
+    program's arrays, ``code.run``, called past Numba's dispatch as the call does), on inputs
     flattened beforehand into its buffer, with the results' buffer set once."""
     def make(library):
         tg = load_library("tapegrad")
-        from tapegrad.interpreters import replay_cpu
         a, b, c = _three_x()
         prog = tg.trace(_three_inputs, a, b, c)
         _BUILT[name] = {"prog": prog}
@@ -232,7 +232,7 @@ def _make_call_overhead(name):
         flat[:] = np.concatenate([a, b, c])
         res = np.empty(code.res_size[True])
         args = (code.rows, work, res)
-        run = replay_cpu.run_into
+        run = code.run
 
         def iteration():
             run(*args)
@@ -416,8 +416,8 @@ def finish(name: str, row) -> None:
         if row.torch:
             over = row.tapegrad - row.torch
             parts.append(f"Python side {_us(over)} per call (value_and_grad {_us(row.tapegrad)}"
-                         f" minus the compiled entry {_us(row.torch)}, Numba's dispatch "
-                         f"and the sweeps into buffers set once)")
+                         f" minus the compiled entry {_us(row.torch)}: the sweeps into "
+                         f"buffers set once)")
             row.passed = over <= OVERHEAD_TARGET_S and row.error is None
     if parts:
         row.extra["note"] = "; ".join(parts)
