@@ -346,23 +346,40 @@ CASES: dict[str, SpeedCase] = {c.name: c for c in _cases()}
 # --- what the row format has no column for ----------------------------------------------------
 
 
-def _interleaved_s(fns, turns=5, turn_s=0.02):
+def _interleaved_s(fns, turns=5, turn_s=0.02, clock=time.perf_counter):
     """Median over ``turns`` of each function's mean call time, the functions taking turns
-    (so that a busy moment of a shared machine slows them alike)."""
+    (so that a busy moment of a shared machine slows them alike); ``clock=time.thread_time``
+    counts this thread's CPU time only (time other jobs hold the core is left out)."""
     times = [[] for _ in fns]
     for fn in fns:
         fn()
     for _ in range(turns):
         for i, fn in enumerate(fns):
-            calls, t0 = 0, time.perf_counter()
+            calls, t0 = 0, clock()
             while True:
                 fn()
                 calls += 1
-                elapsed = time.perf_counter() - t0
+                elapsed = clock() - t0
                 if elapsed >= turn_s:
                     break
             times[i].append(elapsed / calls)
     return [float(np.median(t)) for t in times]
+
+
+def _cpu_overhead(prog):
+    """The call-overhead row's Python side again by CPU time, the call and its compiled entry
+    in turns (on a shared machine the wall-clock difference grows with the load)."""
+    a, b, c = _three_x()
+    code = prog._code
+    buf = code.buffers()
+    buf[1][:] = np.concatenate([a, b, c])
+    res = np.empty(code.res_size[True])
+    call, entry = _interleaved_s([lambda: prog.value_and_grad(a, b, c),
+                                  lambda: code.run(code.rows, buf[0], res)],
+                                 turns=9, clock=time.thread_time)
+    code._free.append(buf)
+    return (f"by CPU time: Python side {_us(call - entry)} (value_and_grad {_us(call)}, entry "
+            f"{_us(entry)})")
 
 
 def _ns(seconds):
@@ -419,5 +436,6 @@ def finish(name: str, row) -> None:
                          f" minus the compiled entry {_us(row.torch)}: the sweeps into "
                          f"buffers set once)")
             row.passed = over <= OVERHEAD_TARGET_S and row.error is None
+        parts.append(_cpu_overhead(prog))
     if parts:
         row.extra["note"] = "; ".join(parts)
