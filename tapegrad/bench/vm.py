@@ -96,7 +96,8 @@ def _make_vs_casadi(name, n, fn_of, x0):
             f = fn_of(ca)(x)
             return [f, ca.gradient(f, x)]
         F, buf, call, keep, res = _casadi_buffer(outputs, n, x0)
-        _BUILT[name + ":casadi"] = {"instructions": F.n_instructions(), "buf": buf, "keep": keep}
+        _BUILT[name + ":casadi"] = {"instructions": F.n_instructions(), "buf": buf, "keep": keep,
+                                    "call": call}
         last.a = res[1]  # the buffer is the result
 
         def iteration():
@@ -366,6 +367,28 @@ def _interleaved_s(fns, turns=5, turn_s=0.02, clock=time.perf_counter):
     return [float(np.median(t)) for t in times]
 
 
+def _cpu_rows(prog, x, ca):
+    """ns per row of the compiled entry alone, forward and reverse, and of CasADi's VM per
+    instruction, by CPU time in turns (what docs/fast-loops.md's table reports)."""
+    code = prog._code
+    prog.value_and_grad(x)  # the entry compiled for the program's arrays
+    buf = code.buffers()
+    buf[1][:] = x
+    fwd, both = np.empty(code.res_size[False]), np.empty(code.res_size[True])
+    fns = [lambda: code.run(code.rows, buf[0], fwd), lambda: code.run(code.rows, buf[0], both)]
+    if ca:
+        fns.append(ca["call"])
+    t = _interleaved_s(fns, turns=9, clock=time.thread_time)
+    code._free.append(buf)
+    rows = len(prog)
+    line = (f"by CPU time, the compiled entry alone: forward {_ns(t[0] / rows)}/row, reverse "
+            f"{_ns(max(t[1] - t[0], 0.0) / rows)}/row ({_us(t[1])} a value_and_grad)")
+    if ca:
+        line += (f", CasADi {_ns(t[2] / ca['instructions'])}/instruction ({_us(t[2])} a "
+                 f"call)")
+    return line
+
+
 def _cpu_overhead(prog):
     """The call-overhead row's Python side again by CPU time, the call and its compiled entry
     in turns (on a shared machine the wall-clock difference grows with the load)."""
@@ -410,6 +433,7 @@ def finish(name: str, row) -> None:
             parts.append(f"CasADi {ca['instructions']} instructions, "
                          f"{_ns(row.torch / ca['instructions'])}/instruction (forward and "
                          f"reverse together); peer = CasADi Function.buffer(), buffers set once")
+        parts.append(_cpu_rows(prog, x, ca))
     elif name.endswith("_jtimes"):
         grad_rows = len(prog.grad_program())
         from tapegrad.replay import _hvp_code
