@@ -2,10 +2,10 @@
 programs built from it, and the rule of a ``program`` entry on the eager tape."""
 from __future__ import annotations
 
-import numpy as np
-
 from functools import partial
 from operator import itemgetter
+
+import numpy as np
 
 from . import _notice
 from .interpreters import program as _prog
@@ -186,8 +186,8 @@ class _Code:
         work = _cpu.new_work(self.rows, self.out_slots, self.in_slots, self.n_in)
         if self.run is None:
             self.run = _cpu.entry(self.rows, work)
-        o = _cpu.HEADER + 2 * len(self.out_slots) + len(self.in_slots)
-        flat = work[o:o + self.n_in]
+        start = _cpu.HEADER + 2 * len(self.out_slots) + len(self.in_slots)
+        flat = work[start:start + self.n_in]
         views = tuple(flat[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
         return work, flat, views
 

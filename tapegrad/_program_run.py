@@ -145,9 +145,10 @@ class _Running:
                 i += 1
             res = _empty(code.res_size[grad])
             if code.run(code.rows, buf[0], res):  # a guard failed: the other variants
-                for code in self._variants[1:]:
-                    status, res = code.run1(buf[1], grad)
+                for c in self._variants[1:]:
+                    status, res = c.run1(buf[1], grad)
                     if status == 0:
+                        code = c  # the results' layout is every variant's
                         break
                 else:
                     return None
