@@ -190,3 +190,24 @@ def test_programs_with_any_result_shape_pickle_and_replay():
     one.value_and_grad(np.ones(3))
     g = pickle.loads(pickle.dumps(one)).grad(np.array([1.0, 2.0, 3.0]))
     np.testing.assert_array_equal(g, [2.0, 4.0, 6.0])
+
+
+def test_the_entry_called_past_numbas_dispatch_is_run_into_for_the_programs_arrays(prog):
+    numba = pytest.importorskip("numba")
+    xs = three(8)
+    value, grads = prog.value_and_grad(*xs)
+    code = prog._code
+    work, flat, _ = code._free[0]
+    res = np.empty(code.res_size[True])
+    if hasattr(replay_cpu.run_into, "overloads"):  # compiled (not NUMBA_DISABLE_JIT)
+        sig = tuple(numba.typeof(a) for a in (code.rows, work, res))
+        assert code.run is replay_cpu.run_into.overloads[sig].entry_point
+    flat[:] = np.concatenate([x.reshape(-1) for x in xs])
+    assert replay_cpu.run_into(code.rows, work, res) == 0
+    np.testing.assert_array_equal(res, np.concatenate(
+        [[value]] + [g.reshape(-1) for g in grads]))
+    # the compiled callers' entry (optim_loop) lays out its own buffer the same way
+    st, outs, g = replay_cpu.run_fresh(code.rows, flat.copy(), code.out_slots, np.ones(1),
+                                       code.in_slots, True)
+    assert st == 0 and outs[0] == value
+    np.testing.assert_array_equal(g, res[1:])
