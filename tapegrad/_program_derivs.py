@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _notice
-from ._program_code import _grad_code, _host, _hvp_of, _is_device, _pick, _wrap_one
+from ._program_code import _grad_code, _host, _hvp_of, _is_device, _wrap_one
 from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain
 
@@ -34,18 +34,15 @@ class _Derivatives:
     def value_and_grad(self, *xs):
         """(value, gradient) at ``xs``: the gradient has the inputs' shapes (a tuple when
         there are several inputs)."""
-        if len(self._variants[0].out_slots) == 1:  # optimization loops: one sample, on the CPU
-            r = self._run_vec(xs, True)
-            if r is not None:
-                code, res = r
-                return _pick(res, code.out_keys, code.single_out), res[code.grad_keys[0]]
+        r = self._one(xs, True)  # optimization loops: one sample, on the CPU
+        if r is not None:
+            return r
+        if len(self._variants[0].out_slots) == 1:
             r = self._run_one(xs, True)
             if r is not None:
                 code, res, _, as_tensor = r
-                if not as_tensor and code.out_keys is not None and \
-                        code.grad_keys is not None:
-                    return (_pick(res, code.out_keys, code.single_out),
-                            _pick(res, code.grad_keys, code.single_in))
+                if not as_tensor:
+                    return code.get_out(res), code.get_grad(res)
                 return (_wrap_one(res, code.out_layout, as_tensor, code.single_out),
                         _wrap_one(res, code.grad_layout, as_tensor, code.single_in))
         self._scalar_check("value_and_grad")

@@ -136,9 +136,9 @@ class Program(_Running, _Derivatives):
             for x in xs:
                 if isinstance(x, Tensor) and x._rg:
                     return self._call_recorded(xs)
-        r = self._run_vec(xs, False)
+        r = self._one(xs, False)
         if r is not None:
-            return _pick(r[1], r[0].out_keys, r[0].single_out)
+            return r
         r = self._run_one(xs, False)
         if r is not None:
             code, res, _, as_tensor = r

@@ -97,13 +97,13 @@ def test_one_sample_calls_reuse_their_buffers(prog):
     a, b, c = inputs(11)
     code = prog._code
     v, g = prog.value_and_grad(a, b, c)
-    work, flat = code._work[0], code._flat[0]
+    (buf,) = code._free
     for _ in range(3):
         assert prog(a, b, c) == v
         v2, g2 = prog.value_and_grad(a, b, c)
         assert v2 == v and all((x == y).all() for x, y in zip(g, g2))
         assert not any(np.shares_memory(x, y) for x, y in zip(g, g2))
-    assert code._work == [work] and code._flat == [flat]
+    assert len(code._free) == 1 and code._free[0] is buf
     # another float64 dtype object (big-endian): the general path says what to do
     with pytest.raises(TypeError, match="input 1 has dtype >f8"):
         prog.value_and_grad(a, b.astype(">f8"), c)
@@ -298,7 +298,7 @@ def test_block_room_is_kept_per_thread(monkeypatch):
 
 
 def test_one_vector_calls_match_the_general_path(monkeypatch):
-    """One float64 vector in (``Program._run_vec``): the same numbers and types as the
+    """One float64 vector in (``Program._one``): the same numbers and types as the
     other paths, a strided vector without a compile for its layout, guards and variants."""
     def f(x):
         return (x.sin() * x).sum() if x[0] > 0 else (x * x).sum()
@@ -311,7 +311,7 @@ def test_one_vector_calls_match_the_general_path(monkeypatch):
     got = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
     assert len(prog._variants) == 2
     assert len(replay_cpu.run_into.signatures) == signatures
-    monkeypatch.setattr(replay.Program, "_run_vec", lambda *args, **kw: None)
+    monkeypatch.setattr(replay.Program, "_one", lambda *args, **kw: None)
     ref = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
     monkeypatch.setattr(replay.Program, "_run_one", lambda *args, **kw: None)
     slow = prog.value_and_grad(x), prog(x), prog.value_and_grad(-x), prog(-x)
@@ -324,6 +324,6 @@ def test_one_vector_calls_match_the_general_path(monkeypatch):
     xt = torch.tensor(-x, requires_grad=True)
     (want,) = torch.autograd.grad((xt * xt).sum(), (xt,))
     np.testing.assert_array_equal(got[2][1], want.numpy())
-    # a (1, 1) output is not a vector result: the general path shapes it
+    # a (1, 1) output is not a vector result: it is reshaped
     sq = tg.trace(lambda x: (x * x).sum().reshape(1, 1), np.ones(3))
-    assert not sq._code.vec and sq(np.ones(3)).shape == (1, 1)
+    assert sq(np.ones(3)).shape == (1, 1) and sq.value_and_grad(np.ones(3))[0].shape == (1, 1)

@@ -96,7 +96,8 @@ def _make_vs_casadi(name, n, fn_of, x0):
             f = fn_of(ca)(x)
             return [f, ca.gradient(f, x)]
         F, buf, call, keep, res = _casadi_buffer(outputs, n, x0)
-        _BUILT[name + ":casadi"] = {"instructions": F.n_instructions(), "buf": buf, "keep": keep}
+        _BUILT[name + ":casadi"] = {"instructions": F.n_instructions(), "buf": buf, "keep": keep,
+                                    "call": call}
         last.a = res[1]  # the buffer is the result
 
         def iteration():
@@ -210,11 +211,11 @@ def _three_reference():
 
 def _make_call_overhead(name):
     """tapegrad: ``program.value_and_grad(a, b, c)`` on three small arrays (a dozen rows);
-    peer: the compiled entry it dispatches to (``replay_cpu.run_into``), called on inputs
-    flattened beforehand, into buffers set once."""
+    peer: the compiled entry it calls (``replay_cpu.run_into``'s compiled wrapper for the
+    program's arrays, ``code.run``, called past Numba's dispatch as the call does), on inputs
+    flattened beforehand into its buffer, with the results' buffer set once."""
     def make(library):
         tg = load_library("tapegrad")
-        from tapegrad.interpreters import replay_cpu
         a, b, c = _three_x()
         prog = tg.trace(_three_inputs, a, b, c)
         _BUILT[name] = {"prog": prog}
@@ -228,9 +229,11 @@ def _make_call_overhead(name):
                 return checked
             return iteration
         code = prog._code
-        res = np.empty(code.slots.shape[0])
-        args = (code.rows, code.slots, np.concatenate([a, b, c]), code.new_work(), res, True)
-        run = replay_cpu.run_into
+        work, flat, _ = code.buffers()
+        flat[:] = np.concatenate([a, b, c])
+        res = np.empty(code.res_size[True])
+        args = (code.rows, work, res)
+        run = code.run
 
         def iteration():
             run(*args)
@@ -344,23 +347,66 @@ CASES: dict[str, SpeedCase] = {c.name: c for c in _cases()}
 # --- what the row format has no column for ----------------------------------------------------
 
 
-def _interleaved_s(fns, turns=5, turn_s=0.02):
+def _interleaved_s(fns, turns=5, turn_s=0.02, clock=time.perf_counter):
     """Median over ``turns`` of each function's mean call time, the functions taking turns
-    (so that a busy moment of a shared machine slows them alike)."""
+    (so that a busy moment of a shared machine slows them alike); ``clock=time.thread_time``
+    counts this thread's CPU time only (time other jobs hold the core is left out)."""
     times = [[] for _ in fns]
     for fn in fns:
         fn()
     for _ in range(turns):
         for i, fn in enumerate(fns):
-            calls, t0 = 0, time.perf_counter()
+            # the clock read between batches of calls that double: ``time.thread_time`` is
+            # a system call (0.8 us here), which read after every call doubled a small one
+            calls, batch, t0 = 0, 1, clock()
             while True:
-                fn()
-                calls += 1
-                elapsed = time.perf_counter() - t0
+                for _ in range(batch):
+                    fn()
+                calls += batch
+                elapsed = clock() - t0
                 if elapsed >= turn_s:
                     break
+                batch *= 2
             times[i].append(elapsed / calls)
     return [float(np.median(t)) for t in times]
+
+
+def _cpu_rows(prog, x, ca):
+    """ns per row of the compiled entry alone, forward and reverse, and of CasADi's VM per
+    instruction, by CPU time in turns (what docs/fast-loops.md's table reports)."""
+    code = prog._code
+    prog.value_and_grad(x)  # the entry compiled for the program's arrays
+    buf = code.buffers()
+    buf[1][:] = x
+    fwd, both = np.empty(code.res_size[False]), np.empty(code.res_size[True])
+    fns = [lambda: code.run(code.rows, buf[0], fwd), lambda: code.run(code.rows, buf[0], both)]
+    if ca:
+        fns.append(ca["call"])
+    t = _interleaved_s(fns, turns=9, clock=time.thread_time)
+    code._free.append(buf)
+    rows = len(prog)
+    line = (f"by CPU time, the compiled entry alone: forward {_ns(t[0] / rows)}/row, reverse "
+            f"{_ns(max(t[1] - t[0], 0.0) / rows)}/row ({_us(t[1])} a value_and_grad)")
+    if ca:
+        line += (f", CasADi {_ns(t[2] / ca['instructions'])}/instruction ({_us(t[2])} a "
+                 f"call)")
+    return line
+
+
+def _cpu_overhead(prog):
+    """The call-overhead row's Python side again by CPU time, the call and its compiled entry
+    in turns (on a shared machine the wall-clock difference grows with the load)."""
+    a, b, c = _three_x()
+    code = prog._code
+    buf = code.buffers()
+    buf[1][:] = np.concatenate([a, b, c])
+    res = np.empty(code.res_size[True])
+    call, entry = _interleaved_s([lambda: prog.value_and_grad(a, b, c),
+                                  lambda: code.run(code.rows, buf[0], res)],
+                                 turns=9, clock=time.thread_time)
+    code._free.append(buf)
+    return (f"by CPU time: Python side {_us(call - entry)} (value_and_grad {_us(call)}, entry "
+            f"{_us(entry)})")
 
 
 def _ns(seconds):
@@ -391,6 +437,7 @@ def finish(name: str, row) -> None:
             parts.append(f"CasADi {ca['instructions']} instructions, "
                          f"{_ns(row.torch / ca['instructions'])}/instruction (forward and "
                          f"reverse together); peer = CasADi Function.buffer(), buffers set once")
+        parts.append(_cpu_rows(prog, x, ca))
     elif name.endswith("_jtimes"):
         grad_rows = len(prog.grad_program())
         from tapegrad.replay import _hvp_code
@@ -414,8 +461,9 @@ def finish(name: str, row) -> None:
         if row.torch:
             over = row.tapegrad - row.torch
             parts.append(f"Python side {_us(over)} per call (value_and_grad {_us(row.tapegrad)}"
-                         f" minus the compiled entry {_us(row.torch)}, Numba's dispatch "
-                         f"and the sweeps into buffers set once)")
+                         f" minus the compiled entry {_us(row.torch)}: the sweeps into "
+                         f"buffers set once)")
             row.passed = over <= OVERHEAD_TARGET_S and row.error is None
+        parts.append(_cpu_overhead(prog))
     if parts:
         row.extra["note"] = "; ".join(parts)
