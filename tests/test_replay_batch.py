@@ -49,13 +49,15 @@ def _samples():
 def _check(rows, X, S, grad=True):
     out_slots = np.array([3, 4])
     in_slots = np.array([0, 1, 2])
-    status, outs, G = replay_cpu.run_batch(rows, X, out_slots, S, in_slots, grad, 16)
+    # the batch runs on samples in rows (X here is inputs x samples)
+    status, outs, G = replay_cpu.run_batch(rows, np.ascontiguousarray(X.T), out_slots,
+                                           np.ascontiguousarray(S.T), in_slots, grad, 16)
     for j in range(X.shape[1]):
         st, o, g = replay_cpu.run(rows, np.ascontiguousarray(X[:, j]), out_slots,
                                   np.ascontiguousarray(S[:, j]), in_slots, grad)
         assert status[j] == st
-        _same(outs[:, j], o)
-        _same(G[:, j], g)
+        _same(outs[j], o)
+        _same(G[j], g)
 
 
 def _same(batched, single):

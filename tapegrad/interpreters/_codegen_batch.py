@@ -63,11 +63,12 @@ BLOCK_HEADER = '''
 
 @njit_cached(error_model="numpy", nogil=True)
 def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw):
-    """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (columns of ``X``:
-    ``X[i, j]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
-    into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``.
-    The block's values and adjoints (``V[k, j]``, ``A[k, j]``: rows x samples) live in
-    ``Vw`` and ``Aw``, flat buffers of at least rows x samples reused from block to block."""
+    """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (rows of ``X``:
+    ``X[j, i]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
+    into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``
+    (a row a sample too). The block's values and adjoints (``V[k, j]``, ``A[k, j]``: rows x
+    samples) live in ``Vw`` and ``Aw``, flat buffers of at least rows x samples reused from
+    block to block."""
     n = rows.shape[0]
     nb = b1 - b0
     V = Vw[:n * nb].reshape((n, nb))
@@ -76,9 +77,9 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
         op = int(rows[k, 0])
         vk = V[k]
         if op == LEAF:
-            xs = X[int(rows[k, 4])]
+            i = int(rows[k, 4])
             for j in range(nb):
-                vk[j] = xs[b0 + j]
+                vk[j] = X[b0 + j, i]
         elif op == CONST:
             c0 = rows[k, 4]
             for j in range(nb):
@@ -96,7 +97,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
 BLOCK_MIDDLE = '''    for i in range(out_slots.shape[0]):
         vo = V[out_slots[i]]
         for j in range(nb):
-            outs[i, b0 + j] = vo[j]
+            outs[b0 + j, i] = vo[j]
     if not grad:
         return
     A = Aw[:n * nb].reshape((n, nb))
@@ -104,7 +105,7 @@ BLOCK_MIDDLE = '''    for i in range(out_slots.shape[0]):
     for i in range(out_slots.shape[0]):
         ao = A[out_slots[i]]
         for j in range(nb):
-            ao[j] += S[i, b0 + j]
+            ao[j] += S[b0 + j, i]
     for k in range(n - 1, -1, -1):
         op = int(rows[k, 0])
 '''
@@ -112,7 +113,7 @@ BLOCK_MIDDLE = '''    for i in range(out_slots.shape[0]):
 BLOCK_END = '''    for i in range(in_slots.shape[0]):
         ai = A[in_slots[i]]
         for j in range(nb):
-            G[i, b0 + j] = ai[j]
+            G[b0 + j, i] = ai[j]
 '''
 
 
