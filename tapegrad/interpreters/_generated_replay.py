@@ -41,66 +41,24 @@ def forward(rows, x, v):
         elif op == 5:  # log
             a = v[int(rows[k, 1])]
             v[k] = math.log(a)
-        elif op == 6:  # log1p
-            a = v[int(rows[k, 1])]
-            v[k] = math.log1p(a)
-        elif op == 7:  # expm1
-            a = v[int(rows[k, 1])]
-            v[k] = math.expm1(a)
         elif op == 8:  # sqrt
             a = v[int(rows[k, 1])]
             v[k] = math.sqrt(a)
-        elif op == 9:  # rsqrt
-            a = v[int(rows[k, 1])]
-            v[k] = (1.0 / math.sqrt(a))
         elif op == 10:  # sin
             a = v[int(rows[k, 1])]
             v[k] = math.sin(a)
         elif op == 11:  # cos
             a = v[int(rows[k, 1])]
             v[k] = math.cos(a)
-        elif op == 12:  # tan
-            a = v[int(rows[k, 1])]
-            v[k] = math.tan(a)
-        elif op == 13:  # asin
-            a = v[int(rows[k, 1])]
-            v[k] = math.asin(a)
-        elif op == 14:  # acos
-            a = v[int(rows[k, 1])]
-            v[k] = math.acos(a)
-        elif op == 15:  # atan
-            a = v[int(rows[k, 1])]
-            v[k] = math.atan(a)
-        elif op == 16:  # sinh
-            a = v[int(rows[k, 1])]
-            v[k] = math.sinh(a)
-        elif op == 17:  # cosh
-            a = v[int(rows[k, 1])]
-            v[k] = math.cosh(a)
         elif op == 18:  # tanh
             a = v[int(rows[k, 1])]
             v[k] = math.tanh(a)
         elif op == 19:  # sigmoid
             a = v[int(rows[k, 1])]
             v[k] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
-        elif op == 20:  # relu
-            a = v[int(rows[k, 1])]
-            v[k] = (0.0 if a <= 0.0 else a)
-        elif op == 21:  # erf
-            a = v[int(rows[k, 1])]
-            v[k] = math.erf(a)
-        elif op == 22:  # abs
-            a = v[int(rows[k, 1])]
-            v[k] = abs(a)
-        elif op == 23:  # sign
-            a = v[int(rows[k, 1])]
-            v[k] = ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0))
         elif op == 24:  # square
             a = v[int(rows[k, 1])]
             v[k] = (a * a)
-        elif op == 25:  # reciprocal
-            a = v[int(rows[k, 1])]
-            v[k] = (1.0 / a)
         elif op == 26:  # addc
             c0 = rows[k, 4]
             a = v[int(rows[k, 1])]
@@ -117,28 +75,10 @@ def forward(rows, x, v):
             c0 = rows[k, 4]
             a = v[int(rows[k, 1])]
             v[k] = (a / c0)
-        elif op == 30:  # rdivc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
-            v[k] = (c0 / a)
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[int(rows[k, 1])]
             v[k] = (a * a if c0 == 2.0 else a ** c0)
-        elif op == 32:  # rpowc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
-            v[k] = (c0 ** a)
-        elif op == 33:  # clamp
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[int(rows[k, 1])]
-            v[k] = min(max(a, c0), c1) if a == a else a
-        elif op == 34:  # softplus
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[int(rows[k, 1])]
-            v[k] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
         elif op == 35:  # add
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
@@ -155,85 +95,12 @@ def forward(rows, x, v):
             a = v[int(rows[k, 1])]
             b = v[int(rows[k, 2])]
             v[k] = (a / b)
-        elif op == 39:  # pow
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (a ** b)
-        elif op == 40:  # atan2
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = math.atan2(a, b)
-        elif op == 41:  # maximum
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (a if (a > b or a != a) else b)
-        elif op == 42:  # minimum
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (a if (a < b or a != a) else b)
-        elif op == 43:  # clamp_min_t
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (b if a < b else a)
-        elif op == 44:  # clamp_max_t
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (b if a > b else a)
-        elif op == 45:  # clone
-            a = v[int(rows[k, 1])]
-            v[k] = a
-        elif op == 74:  # lt
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if a < b else 0.0)
-        elif op == 75:  # le
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if a <= b else 0.0)
-        elif op == 76:  # gt
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if a > b else 0.0)
-        elif op == 77:  # ge
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if a >= b else 0.0)
-        elif op == 78:  # eq
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if a == b else 0.0)
-        elif op == 79:  # ne
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if a != b else 0.0)
-        elif op == 80:  # logical_and
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
-        elif op == 81:  # logical_or
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
-        elif op == 82:  # logical_xor
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            v[k] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
-        elif op == 83:  # logical_not
-            a = v[int(rows[k, 1])]
-            v[k] = (1.0 if a == 0.0 else 0.0)
-        elif op == 84:  # detach
-            a = v[int(rows[k, 1])]
-            v[k] = a
-        elif op == 85:  # select
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            c = v[int(rows[k, 3])]
-            v[k] = (b if a != 0.0 else c)
-        elif op == 86:  # pick
-            v[k] = (-0.0)
-        elif op == 88:  # round_f32
-            a = v[int(rows[k, 1])]
-            v[k] = np.float64(np.float32(a))
+        elif SHARED[op]:
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            v[k] = forward_value(op, v[ia if ia >= 0 else k], v[ib if ib >= 0 else k],
+                                 v[ic if ic >= 0 else k], rows[k, 4], rows[k, 5])
     return 0
 
 
@@ -256,26 +123,11 @@ def reverse(rows, v, adj):
             a = v[ia]
             g = adj[k]
             adj[ia] += (g / a)
-        elif op == 6:  # log1p
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g / (a + 1.0))
-        elif op == 7:  # expm1
-            ia = int(rows[k, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (g * (out + 1.0))
         elif op == 8:  # sqrt
             ia = int(rows[k, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += (g / (2.0 * out))
-        elif op == 9:  # rsqrt
-            ia = int(rows[k, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += ((((-0.5 * g) * out) * out) * out)
         elif op == 10:  # sin
             ia = int(rows[k, 1])
             a = v[ia]
@@ -286,36 +138,6 @@ def reverse(rows, v, adj):
             a = v[ia]
             g = adj[k]
             adj[ia] += ((-g) * math.sin(a))
-        elif op == 12:  # tan
-            ia = int(rows[k, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (g * (1.0 + (out * out)))
-        elif op == 13:  # asin
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g / math.sqrt((1.0 - (a * a))))
-        elif op == 14:  # acos
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += ((-g) / math.sqrt((1.0 - (a * a))))
-        elif op == 15:  # atan
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g / (1.0 + (a * a)))
-        elif op == 16:  # sinh
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g * math.cosh(a))
-        elif op == 17:  # cosh
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g * math.sinh(a))
         elif op == 18:  # tanh
             ia = int(rows[k, 1])
             out = v[k]
@@ -326,31 +148,11 @@ def reverse(rows, v, adj):
             out = v[k]
             g = adj[k]
             adj[ia] += ((g * (1.0 - out)) * out)
-        elif op == 20:  # relu
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (0.0 if (a <= 0.0) else g)
-        elif op == 21:  # erf
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
-        elif op == 22:  # abs
-            ia = int(rows[k, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
         elif op == 24:  # square
             ia = int(rows[k, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += ((g * 2.0) * a)
-        elif op == 25:  # reciprocal
-            ia = int(rows[k, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += ((-g) * (out * out))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[k]
@@ -369,39 +171,12 @@ def reverse(rows, v, adj):
             c0 = rows[k, 4]
             g = adj[k]
             adj[ia] += (g / c0)
-        elif op == 30:  # rdivc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (((-g) * c0) / (a * a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
             a = v[ia]
             g = adj[k]
             adj[ia] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-        elif op == 32:  # rpowc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            a = v[ia]
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
-        elif op == 33:  # clamp
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g if ((a >= c0) and (a <= c1)) else 0.0)
-        elif op == 34:  # softplus
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -430,77 +205,22 @@ def reverse(rows, v, adj):
             g = adj[k]
             adj[ia] += (g / b)
             adj[ib] += (((-g) * a) / (b * b))
-        elif op == 39:  # pow
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[ia]
-            b = v[ib]
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
-            adj[ib] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
-        elif op == 40:  # atan2
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-            adj[ib] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
-        elif op == 41:  # maximum
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-            adj[ib] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
-        elif op == 42:  # minimum
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
-            adj[ib] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
-        elif op == 43:  # clamp_min_t
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (g if (a >= b) else 0.0)
-            adj[ib] += (g if (a < b) else 0.0)
-        elif op == 44:  # clamp_max_t
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (g if (a <= b) else 0.0)
-            adj[ib] += (g if (a > b) else 0.0)
-        elif op == 45:  # clone
-            ia = int(rows[k, 1])
-            g = adj[k]
-            adj[ia] += g
-        elif op == 85:  # select
+        elif SHARED[op] and GRADS[op] != 0:
+            m = GRADS[op]
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            a = v[ia]
-            g = adj[k]
-            adj[ib] += (g if (a != 0.0) else 0.0)
-            adj[ic] += (0.0 if (a != 0.0) else g)
-        elif op == 86:  # pick
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (g * b)
-        elif op == 88:  # round_f32
-            ia = int(rows[k, 1])
-            g = adj[k]
-            adj[ia] += np.float64(np.float32(g))
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            ga, gb, gc = reverse_value(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[k, 4],
+                                       rows[k, 5])
+            if m & 1:
+                adj[ia] += ga
+            if m & 2:
+                adj[ib] += gb
+            if m & 4:
+                adj[ic] += gc
     return 0
 
 
