@@ -52,3 +52,16 @@ def test_rare_ops_through_the_shared_switch_match_torch():
         np.testing.assert_allclose(g, gt.numpy(), rtol=1e-13)
         vb, gb = prog.value_and_grad(np.stack([x, x]))
         assert vb[1] == v and (gb[1] == g).all()
+
+
+def test_signed_loops_check_the_rules_they_stand_for(monkeypatch):
+    """add/sub, addc/rsubc and neg share batch loops with a sign (5 loops fewer, 0.5 s of a
+    cold batch compile); the generator refuses to write them if a rule or forward is no
+    longer the one the shared loop computes, instead of batches giving other numbers."""
+    ops = _codegen._replay_ops()
+    assert set(_codegen_batch._signed(ops)) == set(_codegen_batch.SIGNED)
+    monkeypatch.setitem(_codegen_batch.SIGNED, "sub", ("(a - b)", "g", "g"))
+    with pytest.raises(AssertionError, match="sub's forward or rule changed"):
+        _codegen_batch._signed(ops)
+    src = _source(G.run_block)
+    assert src.count("for j in range(nb):") <= 2 * len(_codegen_batch.BATCH_LOOPED) + 5

@@ -714,24 +714,12 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a * a)
-        elif op == 26:  # addc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a + c0)
         elif op == 27:  # mulc
             c0 = rows[k, 4]
             va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a * c0)
-        elif op == 28:  # rsubc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (c0 - a)
         elif op == 29:  # divc
             c0 = rows[k, 4]
             va = V[int(rows[k, 1])]
@@ -744,20 +732,6 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a * a if c0 == 2.0 else a ** c0)
-        elif op == 35:  # add
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a + b)
-        elif op == 36:  # sub
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a - b)
         elif op == 37:  # mul
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
@@ -772,6 +746,18 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 a = va[j]
                 b = vb[j]
                 vk[j] = (a / b)
+        elif op == 35 or op == 36:  # add, sub: a + s * b with s = +-1.0
+            s = 1.0 if op == 35 else -1.0
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                vk[j] = va[j] + s * vb[j]
+        elif op == 26 or op == 28:  # addc, rsubc: s * a + c0 with s = +-1.0
+            s = 1.0 if op == 26 else -1.0
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                vk[j] = s * va[j] + c0
         elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -797,14 +783,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             ao[j] += S[b0 + j, i]
     for k in range(n - 1, -1, -1):
         op = int(rows[k, 0])
-        if op == 3:  # neg
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (-g)
-        elif op == 4:  # exp
+        if op == 4:  # exp
             ia = int(rows[k, 1])
             vout = V[k]
             aa = A[ia]
@@ -876,13 +855,6 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 a = va[j]
                 g = gk[j]
                 aa[j] += ((g * 2.0) * a)
-        elif op == 26:  # addc
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
         elif op == 27:  # mulc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -891,13 +863,6 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             for j in range(nb):
                 g = gk[j]
                 aa[j] += (g * c0)
-        elif op == 28:  # rsubc
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (-g)
         elif op == 29:  # divc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -916,26 +881,6 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 a = va[j]
                 g = gk[j]
                 aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-        elif op == 35:  # add
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += g
-        elif op == 36:  # sub
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += (-g)
         elif op == 37:  # mul
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -964,6 +909,21 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 g = gk[j]
                 aa[j] += (g / b)
                 ab[j] += (((-g) * a) / (b * b))
+        elif op == 35 or op == 36:  # add, sub: g to a, s * g to b
+            s = 1.0 if op == 35 else -1.0
+            aa = A[int(rows[k, 1])]
+            ab = A[int(rows[k, 2])]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += g
+                ab[j] += s * g
+        elif op == 3 or op == 26 or op == 28:  # neg, addc, rsubc: s * g to a
+            s = 1.0 if op == 26 else -1.0
+            aa = A[int(rows[k, 1])]
+            gk = A[k]
+            for j in range(nb):
+                aa[j] += s * gk[j]
         elif SHARED[op] and GRADS[op] != 0:
             m = GRADS[op]
             ia = int(rows[k, 1])
