@@ -178,3 +178,31 @@ def test_concurrent_parallel_batches_run_serially_while_the_workers_are_busy(pro
     for t in threads:
         t.join()
     assert errors == []
+
+
+def _child_batch(conn):
+    prog = tg.trace(_rosen, np.zeros(5), target="parallel")
+    prog.block = 16
+    X = np.random.default_rng(4).normal(size=(100, 5))
+    conn.send(prog.value_and_grad(X)[1])
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_workers(progs):
+    """The workers' threads are not in a forked child: it starts its own (no hang on a
+    lock held by a thread that does not exist there)."""
+    import multiprocessing
+    prog, par = progs
+    X = np.random.default_rng(4).normal(size=(100, 5))
+    want = par.value_and_grad(X)[1]  # the parent's workers are up
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child_batch, args=(child,))
+    proc.start()
+    try:
+        assert parent.poll(120), "the forked child's parallel batch did not finish"
+        np.testing.assert_array_equal(parent.recv(), want)
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
