@@ -92,7 +92,7 @@ def test_every_replay_op_reaches_the_batch_block():
         if op.name in _codegen_batch.BATCH_LOOPED:
             assert not _generated_replay.SHARED[op.code], op.name
             if op.name in _codegen_batch.SIGNED:  # a loop with a sign, shared
-                assert re.search(rf"op == {op.code}\b", _block_source()), op.name
+                assert re.search(rf"op in \([^)]*\b{op.code}\b", _block_source()), op.name
             else:
                 assert f"op == {op.code}:  # {op.name}" in _block_source(), op.name
         else:

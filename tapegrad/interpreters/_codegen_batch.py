@@ -23,20 +23,20 @@ SIGNED = {
     "addc": ("(a + c0)", "g", None), "rsubc": ("(c0 - a)", "(-g)", None),
     "neg": ("(-a)", "(-g)", None)}
 
-SIGNED_FORWARD = '''        elif op == {add} or op == {sub}:  # add, sub: a + s * b with s = +-1.0
+SIGNED_FORWARD = '''        elif op in ({add}, {sub}):  # add, sub: a + s * b with s = +-1.0
             s = 1.0 if op == {add} else -1.0
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 vk[j] = va[j] + s * vb[j]
-        elif op == {addc} or op == {rsubc}:  # addc, rsubc: s * a + c0 with s = +-1.0
+        elif op in ({addc}, {rsubc}):  # addc, rsubc: s * a + c0 with s = +-1.0
             s = 1.0 if op == {addc} else -1.0
             c0 = rows[k, 4]
             va = V[int(rows[k, 1])]
             for j in range(nb):
                 vk[j] = s * va[j] + c0
 '''
-SIGNED_REVERSE = '''        elif op == {add} or op == {sub}:  # add, sub: g to a, s * g to b
+SIGNED_REVERSE = '''        elif op in ({add}, {sub}):  # add, sub: g to a, s * g to b
             s = 1.0 if op == {add} else -1.0
             aa = A[int(rows[k, 1])]
             ab = A[int(rows[k, 2])]
@@ -45,7 +45,7 @@ SIGNED_REVERSE = '''        elif op == {add} or op == {sub}:  # add, sub: g to a
                 g = gk[j]
                 aa[j] += g
                 ab[j] += s * g
-        elif op == {neg} or op == {addc} or op == {rsubc}:  # neg, addc, rsubc: s * g to a
+        elif op in ({neg}, {addc}, {rsubc}):  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == {addc} else -1.0
             aa = A[int(rows[k, 1])]
             gk = A[k]

@@ -746,13 +746,13 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 a = va[j]
                 b = vb[j]
                 vk[j] = (a / b)
-        elif op == 35 or op == 36:  # add, sub: a + s * b with s = +-1.0
+        elif op in (35, 36):  # add, sub: a + s * b with s = +-1.0
             s = 1.0 if op == 35 else -1.0
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
             for j in range(nb):
                 vk[j] = va[j] + s * vb[j]
-        elif op == 26 or op == 28:  # addc, rsubc: s * a + c0 with s = +-1.0
+        elif op in (26, 28):  # addc, rsubc: s * a + c0 with s = +-1.0
             s = 1.0 if op == 26 else -1.0
             c0 = rows[k, 4]
             va = V[int(rows[k, 1])]
@@ -909,7 +909,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 g = gk[j]
                 aa[j] += (g / b)
                 ab[j] += (((-g) * a) / (b * b))
-        elif op == 35 or op == 36:  # add, sub: g to a, s * g to b
+        elif op in (35, 36):  # add, sub: g to a, s * g to b
             s = 1.0 if op == 35 else -1.0
             aa = A[int(rows[k, 1])]
             ab = A[int(rows[k, 2])]
@@ -918,7 +918,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 g = gk[j]
                 aa[j] += g
                 ab[j] += s * g
-        elif op == 3 or op == 26 or op == 28:  # neg, addc, rsubc: s * g to a
+        elif op in (3, 26, 28):  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == 26 else -1.0
             aa = A[int(rows[k, 1])]
             gk = A[k]
