@@ -195,7 +195,7 @@ def test_small_batches_on_the_parallel_target_run_serially(monkeypatch):
     serial = replay_cpu.run_batch
 
     def spy(*args):
-        calls.append(args[1].shape[1])
+        calls.append(args[1].shape[0])  # samples in rows
         return serial(*args)
     monkeypatch.setattr(replay_cpu, "run_parallel", spy)
     prog = tg.trace(lambda x: (x.sin() * x).sum(), np.zeros(3), target="parallel")
@@ -264,19 +264,19 @@ def test_run_block_room_reused_or_too_small_gives_the_same_numbers():
     block, so the adjoints are zeroed each time: stale NaNs in it change nothing."""
     prog = tg.trace(lambda x: (x.sin() * x).sum() * x[0], np.zeros(3))
     code = prog._code
-    X = np.ascontiguousarray(np.random.default_rng(12).normal(size=(3, 5)))
-    S = np.ones((1, 5))
-    want = [prog.value_and_grad(X[:, j].copy()) for j in range(5)]
+    X = np.ascontiguousarray(np.random.default_rng(12).normal(size=(5, 3)))  # samples x inputs
+    S = np.ones((5, 1))
+    want = [prog.value_and_grad(X[j].copy()) for j in range(5)]
     n = code.rows.shape[0]
     for W in (np.full(2 * n * 2, np.nan), np.full(2 * n * 3, np.nan)):
-        status, outs, G = replay_cpu._outputs(X, code.out_slots, code.in_slots)
+        status, outs, G = replay_cpu._outputs(X, code.out_slots, code.in_slots, True)
         for b0 in (0, 2, 4):  # blocks of 2, the last of 1
             replay_cpu.run_block(code.rows, X, code.out_slots, S, code.in_slots, True,
                                  status, outs, G, b0, min(5, b0 + 2), W[:2 * n], W[2 * n:])
         assert (status == 0).all()
         for j, (v, g) in enumerate(want):
-            assert outs[0, j] == v
-            np.testing.assert_array_equal(G[:, j], g)
+            assert outs[j, 0] == v
+            np.testing.assert_array_equal(G[j], g)
 
 
 def test_block_room_is_kept_per_thread(monkeypatch):

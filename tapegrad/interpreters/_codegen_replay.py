@@ -29,6 +29,33 @@ GUARD = {guard}
 '''  # noqa: E501 (the generated files' first line)
 
 
+# one sample's branch of the ops in the batch's shared loop (``_codegen_batch.SHARED_*``):
+# unused operands (-1) read row k
+SHARED_ONE_FORWARD = '''        elif SHARED[op]:
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            v[k] = forward_value(op, v[ia if ia >= 0 else k], v[ib if ib >= 0 else k],
+                                 v[ic if ic >= 0 else k], rows[k, 4], rows[k, 5])
+'''
+SHARED_ONE_REVERSE = '''        elif SHARED[op] and GRADS[op] != 0:
+            m = GRADS[op]
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            ga, gb, gc = reverse_value(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[k, 4],
+                                       rows[k, 5])
+            if m & 1:
+                adj[ia] += ga
+            if m & 2:
+                adj[ib] += gb
+            if m & 4:
+                adj[ic] += gc
+'''
+
 
 def _replay_source():
     from ..ops import BY_NAME
@@ -56,7 +83,11 @@ def forward(rows, x, v):
             if (t != 0.0) != (rows[k, 4] != 0.0):
                 return k + 1
 ''')
-    src += dispatch(ops, REPLAY_ONE, forward=True, first=False)
+    # the rare ops' branches call the batch's scalar forward_value/reverse_value (one
+    # compiled switch serves both): a branch per op was 60% of these sweeps' cold compile
+    looped = _codegen_batch._split(ops)[0]
+    src += dispatch(looped, REPLAY_ONE, forward=True, first=False)
+    src.append(SHARED_ONE_FORWARD)
     src.append("    return 0\n")
 
     # reverse sweeps: one sample; one sample with many seeds
@@ -77,7 +108,11 @@ def {name}(rows, {vname}, {aname}):
             src.append(f"    nb = {aname}.shape[1]\n")
         src.append("    for k in range(rows.shape[0] - 1, -1, -1):\n")
         src.append("        op = int(rows[k, 0])\n")
-        src += dispatch(ops, {"reverse": REPLAY_ONE, "reverse_multi": REPLAY_MULTI}[name])
+        if name == "reverse":
+            src += dispatch(looped, REPLAY_ONE)
+            src.append(SHARED_ONE_REVERSE)
+        else:
+            src += dispatch(ops, REPLAY_MULTI)
         src.append("    return 0\n")
     src += _codegen_batch.block_source(ops)
     return "".join(src)

@@ -41,66 +41,24 @@ def forward(rows, x, v):
         elif op == 5:  # log
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = math.log(a)
-        elif op == 6:  # log1p
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.log1p(a)
-        elif op == 7:  # expm1
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.expm1(a)
         elif op == 8:  # sqrt
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = math.sqrt(a)
-        elif op == 9:  # rsqrt
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (1.0 / math.sqrt(a))
         elif op == 10:  # sin
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = math.sin(a)
         elif op == 11:  # cos
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = math.cos(a)
-        elif op == 12:  # tan
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.tan(a)
-        elif op == 13:  # asin
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.asin(a)
-        elif op == 14:  # acos
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.acos(a)
-        elif op == 15:  # atan
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.atan(a)
-        elif op == 16:  # sinh
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.sinh(a)
-        elif op == 17:  # cosh
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.cosh(a)
         elif op == 18:  # tanh
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = math.tanh(a)
         elif op == 19:  # sigmoid
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
-        elif op == 20:  # relu
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (0.0 if a <= 0.0 else a)
-        elif op == 21:  # erf
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = math.erf(a)
-        elif op == 22:  # abs
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = abs(a)
-        elif op == 23:  # sign
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0))
         elif op == 24:  # square
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = (a * a)
-        elif op == 25:  # reciprocal
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (1.0 / a)
         elif op == 26:  # addc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
@@ -117,28 +75,10 @@ def forward(rows, x, v):
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = (a / c0)
-        elif op == 30:  # rdivc
-            c0 = rows[k, 4]
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (c0 / a)
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = (a * a if c0 == 2.0 else a ** c0)
-        elif op == 32:  # rpowc
-            c0 = rows[k, 4]
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (c0 ** a)
-        elif op == 33:  # clamp
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = min(max(a, c0), c1) if a == a else a
-        elif op == 34:  # softplus
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -155,85 +95,12 @@ def forward(rows, x, v):
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
             v[k] = (a / b)
-        elif op == 39:  # pow
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (a ** b)
-        elif op == 40:  # atan2
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = math.atan2(a, b)
-        elif op == 41:  # maximum
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (a if (a > b or a != a) else b)
-        elif op == 42:  # minimum
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (a if (a < b or a != a) else b)
-        elif op == 43:  # clamp_min_t
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (b if a < b else a)
-        elif op == 44:  # clamp_max_t
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (b if a > b else a)
-        elif op == 45:  # clone
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = a
-        elif op == 74:  # lt
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if a < b else 0.0)
-        elif op == 75:  # le
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if a <= b else 0.0)
-        elif op == 76:  # gt
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if a > b else 0.0)
-        elif op == 77:  # ge
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if a >= b else 0.0)
-        elif op == 78:  # eq
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if a == b else 0.0)
-        elif op == 79:  # ne
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if a != b else 0.0)
-        elif op == 80:  # logical_and
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
-        elif op == 81:  # logical_or
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
-        elif op == 82:  # logical_xor
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            v[k] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
-        elif op == 83:  # logical_not
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (1.0 if a == 0.0 else 0.0)
-        elif op == 84:  # detach
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = a
-        elif op == 85:  # select
-            a = v[np.uint64(int(rows[k, 1]))]
-            b = v[np.uint64(int(rows[k, 2]))]
-            c = v[np.uint64(int(rows[k, 3]))]
-            v[k] = (b if a != 0.0 else c)
-        elif op == 86:  # pick
-            v[k] = (-0.0)
-        elif op == 88:  # round_f32
-            a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = np.float64(np.float32(a))
+        elif SHARED[op]:
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            v[k] = forward_value(op, v[ia if ia >= 0 else k], v[ib if ib >= 0 else k],
+                                 v[ic if ic >= 0 else k], rows[k, 4], rows[k, 5])
     return 0
 
 
@@ -256,26 +123,11 @@ def reverse(rows, v, adj):
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / a)
-        elif op == 6:  # log1p
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g / (a + 1.0))
-        elif op == 7:  # expm1
-            ia = int(rows[k, 1])
-            out = v[np.uint64(k)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g * (out + 1.0))
         elif op == 8:  # sqrt
             ia = int(rows[k, 1])
             out = v[np.uint64(k)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / (2.0 * out))
-        elif op == 9:  # rsqrt
-            ia = int(rows[k, 1])
-            out = v[np.uint64(k)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((((-0.5 * g) * out) * out) * out)
         elif op == 10:  # sin
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
@@ -286,36 +138,6 @@ def reverse(rows, v, adj):
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += ((-g) * math.sin(a))
-        elif op == 12:  # tan
-            ia = int(rows[k, 1])
-            out = v[np.uint64(k)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g * (1.0 + (out * out)))
-        elif op == 13:  # asin
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g / math.sqrt((1.0 - (a * a))))
-        elif op == 14:  # acos
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((-g) / math.sqrt((1.0 - (a * a))))
-        elif op == 15:  # atan
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g / (1.0 + (a * a)))
-        elif op == 16:  # sinh
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g * math.cosh(a))
-        elif op == 17:  # cosh
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g * math.sinh(a))
         elif op == 18:  # tanh
             ia = int(rows[k, 1])
             out = v[np.uint64(k)]
@@ -326,31 +148,11 @@ def reverse(rows, v, adj):
             out = v[np.uint64(k)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += ((g * (1.0 - out)) * out)
-        elif op == 20:  # relu
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (a <= 0.0) else g)
-        elif op == 21:  # erf
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
-        elif op == 22:  # abs
-            ia = int(rows[k, 1])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
         elif op == 24:  # square
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += ((g * 2.0) * a)
-        elif op == 25:  # reciprocal
-            ia = int(rows[k, 1])
-            out = v[np.uint64(k)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((-g) * (out * out))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -369,39 +171,12 @@ def reverse(rows, v, adj):
             c0 = rows[k, 4]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / c0)
-        elif op == 30:  # rdivc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (((-g) * c0) / (a * a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-        elif op == 32:  # rpowc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            a = v[np.uint64(ia)]
-            out = v[np.uint64(k)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
-        elif op == 33:  # clamp
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g if ((a >= c0) and (a <= c1)) else 0.0)
-        elif op == 34:  # softplus
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -430,77 +205,22 @@ def reverse(rows, v, adj):
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / b)
             adj[np.uint64(ib)] += (((-g) * a) / (b * b))
-        elif op == 39:  # pow
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[np.uint64(ia)]
-            b = v[np.uint64(ib)]
-            out = v[np.uint64(k)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
-            adj[np.uint64(ib)] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
-        elif op == 40:  # atan2
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[np.uint64(ia)]
-            b = v[np.uint64(ib)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-            adj[np.uint64(ib)] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
-        elif op == 41:  # maximum
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[np.uint64(ia)]
-            b = v[np.uint64(ib)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-            adj[np.uint64(ib)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
-        elif op == 42:  # minimum
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[np.uint64(ia)]
-            b = v[np.uint64(ib)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
-            adj[np.uint64(ib)] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
-        elif op == 43:  # clamp_min_t
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[np.uint64(ia)]
-            b = v[np.uint64(ib)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g if (a >= b) else 0.0)
-            adj[np.uint64(ib)] += (g if (a < b) else 0.0)
-        elif op == 44:  # clamp_max_t
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            a = v[np.uint64(ia)]
-            b = v[np.uint64(ib)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g if (a <= b) else 0.0)
-            adj[np.uint64(ib)] += (g if (a > b) else 0.0)
-        elif op == 45:  # clone
-            ia = int(rows[k, 1])
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += g
-        elif op == 85:  # select
+        elif SHARED[op] and GRADS[op] != 0:
+            m = GRADS[op]
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            a = v[np.uint64(ia)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ib)] += (g if (a != 0.0) else 0.0)
-            adj[np.uint64(ic)] += (0.0 if (a != 0.0) else g)
-        elif op == 86:  # pick
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            b = v[np.uint64(ib)]
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (g * b)
-        elif op == 88:  # round_f32
-            ia = int(rows[k, 1])
-            g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += np.float64(np.float32(g))
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            ga, gb, gc = reverse_value(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[k, 4],
+                                       rows[k, 5])
+            if m & 1:
+                adj[ia] += ga
+            if m & 2:
+                adj[ib] += gb
+            if m & 4:
+                adj[ic] += gc
     return 0
 
 
@@ -920,11 +640,12 @@ def reverse_multi(rows, v, A):
 
 @njit_cached(error_model="numpy", nogil=True)
 def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw):
-    """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (columns of ``X``:
-    ``X[i, j]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
-    into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``.
-    The block's values and adjoints (``V[k, j]``, ``A[k, j]``: rows x samples) live in
-    ``Vw`` and ``Aw``, flat buffers of at least rows x samples reused from block to block."""
+    """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (rows of ``X``:
+    ``X[j, i]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
+    into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``
+    (a row a sample too). The block's values and adjoints (``V[k, j]``, ``A[k, j]``: rows x
+    samples) live in ``Vw`` and ``Aw``, flat buffers of at least rows x samples reused from
+    block to block."""
     n = rows.shape[0]
     nb = b1 - b0
     V = Vw[:n * nb].reshape((n, nb))
@@ -933,9 +654,9 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
         op = int(rows[k, 0])
         vk = V[k]
         if op == LEAF:
-            xs = X[int(rows[k, 4])]
+            i = int(rows[k, 4])
             for j in range(nb):
-                vk[j] = xs[b0 + j]
+                vk[j] = X[b0 + j, i]
         elif op == CONST:
             c0 = rows[k, 4]
             for j in range(nb):
@@ -993,24 +714,12 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a * a)
-        elif op == 26:  # addc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a + c0)
         elif op == 27:  # mulc
             c0 = rows[k, 4]
             va = V[int(rows[k, 1])]
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a * c0)
-        elif op == 28:  # rsubc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (c0 - a)
         elif op == 29:  # divc
             c0 = rows[k, 4]
             va = V[int(rows[k, 1])]
@@ -1023,20 +732,6 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             for j in range(nb):
                 a = va[j]
                 vk[j] = (a * a if c0 == 2.0 else a ** c0)
-        elif op == 35:  # add
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a + b)
-        elif op == 36:  # sub
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a - b)
         elif op == 37:  # mul
             va = V[int(rows[k, 1])]
             vb = V[int(rows[k, 2])]
@@ -1051,6 +746,18 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 a = va[j]
                 b = vb[j]
                 vk[j] = (a / b)
+        elif op in (35, 36):  # add, sub: a + s * b with s = +-1.0
+            s = 1.0 if op == 35 else -1.0
+            va = V[int(rows[k, 1])]
+            vb = V[int(rows[k, 2])]
+            for j in range(nb):
+                vk[j] = va[j] + s * vb[j]
+        elif op in (26, 28):  # addc, rsubc: s * a + c0 with s = +-1.0
+            s = 1.0 if op == 26 else -1.0
+            c0 = rows[k, 4]
+            va = V[int(rows[k, 1])]
+            for j in range(nb):
+                vk[j] = s * va[j] + c0
         elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1065,7 +772,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
     for i in range(out_slots.shape[0]):
         vo = V[out_slots[i]]
         for j in range(nb):
-            outs[i, b0 + j] = vo[j]
+            outs[b0 + j, i] = vo[j]
     if not grad:
         return
     A = Aw[:n * nb].reshape((n, nb))
@@ -1073,17 +780,10 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
     for i in range(out_slots.shape[0]):
         ao = A[out_slots[i]]
         for j in range(nb):
-            ao[j] += S[i, b0 + j]
+            ao[j] += S[b0 + j, i]
     for k in range(n - 1, -1, -1):
         op = int(rows[k, 0])
-        if op == 3:  # neg
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (-g)
-        elif op == 4:  # exp
+        if op == 4:  # exp
             ia = int(rows[k, 1])
             vout = V[k]
             aa = A[ia]
@@ -1155,13 +855,6 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 a = va[j]
                 g = gk[j]
                 aa[j] += ((g * 2.0) * a)
-        elif op == 26:  # addc
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
         elif op == 27:  # mulc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -1170,13 +863,6 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             for j in range(nb):
                 g = gk[j]
                 aa[j] += (g * c0)
-        elif op == 28:  # rsubc
-            ia = int(rows[k, 1])
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (-g)
         elif op == 29:  # divc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -1195,26 +881,6 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 a = va[j]
                 g = gk[j]
                 aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-        elif op == 35:  # add
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += g
-        elif op == 36:  # sub
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += (-g)
         elif op == 37:  # mul
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1243,6 +909,21 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 g = gk[j]
                 aa[j] += (g / b)
                 ab[j] += (((-g) * a) / (b * b))
+        elif op in (35, 36):  # add, sub: g to a, s * g to b
+            s = 1.0 if op == 35 else -1.0
+            aa = A[int(rows[k, 1])]
+            ab = A[int(rows[k, 2])]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += g
+                ab[j] += s * g
+        elif op in (3, 26, 28):  # neg, addc, rsubc: s * g to a
+            s = 1.0 if op == 26 else -1.0
+            aa = A[int(rows[k, 1])]
+            gk = A[k]
+            for j in range(nb):
+                aa[j] += s * gk[j]
         elif SHARED[op] and GRADS[op] != 0:
             m = GRADS[op]
             ia = int(rows[k, 1])
@@ -1272,7 +953,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
     for i in range(in_slots.shape[0]):
         ai = A[in_slots[i]]
         for j in range(nb):
-            G[i, b0 + j] = ai[j]
+            G[b0 + j, i] = ai[j]
 
 
 @njit_cached(error_model="numpy", nogil=True)

@@ -2,8 +2,8 @@
 or spread over cores by threads), and one sample with many seeds (Jacobians)."""
 from __future__ import annotations
 
+import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -106,10 +106,12 @@ run_fresh = getattr(run, "py_func", run)
 # above run_block would cost as much as the interpreters themselves; the loop over blocks
 # costs microseconds in Python, and run_block releases the GIL, so threads run blocks at once
 
-def _outputs(X, out_slots, in_slots):
-    B = X.shape[1]
-    return (np.zeros(B, dtype=np.int64), np.empty((out_slots.shape[0], B)),
-            np.zeros((in_slots.shape[0], B)))
+def _outputs(X, out_slots, in_slots, grad):
+    """(status, outs, G) for ``X``'s samples; with ``grad`` every block writes all of
+    ``G``, so it is not zeroed first (a 2 MB zeroed result was 20 us of page clearing)."""
+    B = X.shape[0]
+    return (np.zeros(B, dtype=np.int64), np.empty((B, out_slots.shape[0])),
+            (np.empty if grad else np.zeros)((B, in_slots.shape[0])))
 
 
 _local = threading.local()
@@ -132,9 +134,10 @@ def _room(rows, block):
 
 
 def run_batch(rows, X, out_slots, S, in_slots, grad, block):
-    """``run`` for samples in columns, a block at a time."""
-    status, outs, G = _outputs(X, out_slots, in_slots)
-    B = X.shape[1]
+    """``run`` for samples in rows (``X[j]`` the inputs of sample ``j``, ``S[j]`` its seeds;
+    so are the results ``outs`` and ``G``), a block at a time."""
+    status, outs, G = _outputs(X, out_slots, in_slots, grad)
+    B = X.shape[0]
     W = _room(rows, min(B, block))
     for b0 in range(0, B, block):
         run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
@@ -142,58 +145,128 @@ def run_batch(rows, X, out_slots, S, in_slots, grad, block):
     return status, outs, G
 
 
-_pool = None
-_pool_lock = threading.Lock()
 _compiled = False  # run_block has run once in this process (compiled or loaded)
 
 
-def _executor():
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS,
-                                       thread_name_prefix="tapegrad-replay")
-        return _pool
+class _Worker:
+    """A thread that runs one job at a time for ``run_parallel``, handed over with locks: a
+    ThreadPoolExecutor's queue and futures took 28 us to start a task (2 cores, median),
+    a released lock 9 us, and a 256-sample batch of 892 rows is 2 x 135 us of work. A job
+    the worker has not taken yet can be withdrawn (``finish``), so a late start on a busy
+    machine never makes the caller wait for it."""
+
+    def __init__(self, start=True):
+        self.go = threading.Lock()  # released: a job (or a withdrawn one) is waiting
+        self.go.acquire()
+        self.done = threading.Lock()  # released: the job taken has finished
+        self.done.acquire()
+        self.mutex = threading.Lock()
+        self.job, self.pending, self.error = None, False, None
+        if start:
+            self.start()
+
+    def start(self):
+        threading.Thread(target=self._loop, name="tapegrad-replay", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            self.go.acquire()
+            with self.mutex:
+                self.pending = False
+                job, self.job = self.job, None
+            if job is None:  # withdrawn before this thread woke up
+                continue
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001  raised in the caller by finish
+                self.error = e
+            self.done.release()
+
+    def post(self, job):
+        with self.mutex:
+            self.job = job
+            wake, self.pending = not self.pending, True
+        if wake:  # else the thread has a wake-up coming and takes this job with it
+            self.go.release()
+
+    def finish(self, job):
+        """Withdraw ``job`` if the thread has not taken it, else wait for it to end."""
+        with self.mutex:
+            if self.job is job:
+                self.job = None
+                return
+        self.done.acquire()
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+
+_workers: list = []
+_busy = threading.Lock()  # held by the one run_parallel that uses the workers
+
+
+def _reset_after_fork():
+    global _busy
+    _workers.clear()  # the threads are not in the child
+    _busy = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _spans(B, threads, block):
+    """The blocks of a parallel batch: as many as ``threads`` (or a multiple, to stay within
+    ``block`` samples), all the same size but the last: 300 samples on 2 threads in blocks of
+    at most 128 are 4 of 75, not 128 + 128 + 44, so the threads finish together."""
+    count = max(threads, -(-B // block))
+    count = -(-count // threads) * threads
+    size = -(-B // count)
+    return [(b0, min(B, b0 + size)) for b0 in range(0, B, size)]
 
 
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     """``run_batch`` with the blocks spread over CPU cores: ``run_block`` releases the GIL,
     so threads run blocks at once (``numba.get_num_threads()`` of them, this one among them;
-    each block writes its own columns)."""
+    each block writes its own rows of the results)."""
     global _compiled
-    status, outs, G = _outputs(X, out_slots, in_slots)
-    B = X.shape[1]
-    if B == 0:
-        return status, outs, G
-    n = numba.get_num_threads()
-    # a block a thread at least (not below 16 samples a block); not smaller: blocks half
-    # as big cost 12% more per sample (n=100 Rosenbrock, 64 vs 128 samples)
-    while block > 16 and B < n * block:
-        block //= 2
-    starts = iter(range(0, B, block))
-
-    def blocks():
-        W = _room(rows, min(B, block))
-        for b0 in starts:  # the threads take the next block in turn (under the GIL)
-            run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                      min(B, b0 + block), *W)
-
-    if not _compiled:  # one block here first: run_block compiles once, before threads call it
-        b0 = next(starts)
-        run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                  min(B, b0 + block), *_room(rows, block))
-        _compiled = True
-    n = min(n, -(-B // block))
-    futures = [_executor().submit(blocks) for _ in range(n - 1)]
+    B = X.shape[0]
+    n = min(numba.get_num_threads(), B)
+    if n < 2 or not _busy.acquire(blocking=False):
+        # one thread, or another thread's batch has the workers (and the cores): serially
+        return run_batch(rows, X, out_slots, S, in_slots, grad, block)
     try:
-        blocks()
+        status, outs, G = _outputs(X, out_slots, in_slots, grad)
+        spans = _spans(B, n, block)
+        size = spans[0][1] - spans[0][0]
+        todo = iter(spans)
+
+        def blocks():
+            W = _room(rows, size)
+            for b0, b1 in todo:  # the threads take the next block in turn (under the GIL)
+                run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
+                          *W)
+
+        if not _compiled:  # one block here first: it compiles once, before threads call it
+            b0, b1 = next(todo)
+            run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
+                      *_room(rows, size))
+            _compiled = True
+        while len(_workers) < n - 1:
+            _workers.append(_Worker())
+        helpers = _workers[:min(n, len(spans)) - 1]
+        for w in helpers:
+            w.post(blocks)
+        try:
+            blocks()
+        finally:
+            # a worker that has not started by now would find no block left: its job is
+            # withdrawn, not waited for (on a busy machine a start can take milliseconds)
+            for w in helpers:
+                w.finish(blocks)
+        return status, outs, G
     finally:
-        # a thread that has not started by now would find no block left: it is not waited
-        # for (on a busy machine its start can take longer than the whole batch)
-        for f in futures:
-            if not f.cancel():
-                f.result()
-    return status, outs, G
+        _busy.release()
 
 
 @njit_cached(error_model="numpy", nogil=True)

@@ -1,0 +1,98 @@
+"""Where target="parallel" spends a batch (issue 17): run from a repo root on an idle machine,
+``python bench/replay_parallel_probe.py [n] [B]`` (n=100, B=256 by default).
+
+Prints: the serial and parallel batch's wall-clock medians; how far behind the calling
+thread a worker starts its first block, and each side's block time; and what the hardware
+gives, two threads each running the whole batch's blocks at once against one (memory
+bandwidth and shared caches: 1.0 is perfect scaling)."""
+import sys
+import threading
+import time
+
+import numpy as np
+
+import tapegrad as tg
+from tapegrad.interpreters import replay_cpu as R
+
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+B = int(sys.argv[2]) if len(sys.argv) > 2 else 256
+
+
+def rosen(x):
+    s = 0.0
+    for i in range(n - 1):
+        s = s + 100.0 * (x[i + 1] - x[i] ** 2) ** 2 + (1.0 - x[i]) ** 2
+    return s
+
+
+prog = tg.trace(lambda x: rosen([x[i] for i in range(n)]), np.zeros(n))
+par = prog.to("parallel")
+X = np.random.default_rng(0).uniform(-1.5, 1.5, (B, n))
+
+
+def median_us(f, k=300):
+    for _ in range(20):
+        f()
+    ts = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return np.median(ts) * 1e6
+
+
+s, p = median_us(lambda: prog.value_and_grad(X)), median_us(lambda: par.value_and_grad(X))
+print(f"{len(prog)} rows, {B} samples, block {prog.block}: serial {s:.0f} us, "
+      f"parallel {p:.0f} us, {s / p:.2f}x")
+
+real, log = R.run_block, []
+
+
+def spy(*a):
+    t0 = time.perf_counter()
+    real(*a)
+    log.append((threading.get_ident(), t0, time.perf_counter()))
+
+
+R.run_block = spy
+lags, mine, other = [], [], []
+for _ in range(200):
+    log.clear()
+    par.value_and_grad(X)
+    me = threading.get_ident()
+    m = [e for e in log if e[0] == me]
+    o = [e for e in log if e[0] != me]
+    mine.append(sum(e[2] - e[1] for e in m))
+    other.append(sum(e[2] - e[1] for e in o))
+    if o:
+        lags.append(min(e[1] for e in o) - min(e[1] for e in m))
+R.run_block = real
+print(f"a worker ran blocks in {len(lags)}/200 calls, starting {np.median(lags) * 1e6:.1f} us "
+      f"after the caller (median); block time a call: caller {np.median(mine) * 1e6:.0f} us, "
+      f"workers {np.median(other) * 1e6:.0f} us")
+
+code, S = prog._code, np.ones((B, 1))
+
+
+def whole(out, i):
+    W = (np.empty(len(prog) * prog.block), np.empty(len(prog) * prog.block))
+    st, o, G = R._outputs(X, code.out_slots, code.in_slots, True)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        for b0 in range(0, B, prog.block):
+            real(code.rows, X, code.out_slots, S, code.in_slots, True, st, o, G, b0,
+                 min(B, b0 + prog.block), *W)
+    out[i] = time.perf_counter() - t0
+
+
+walls = {}
+for threads in (1, 2, 1, 2):
+    out = {}
+    ts = [threading.Thread(target=whole, args=(out, i)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    walls[threads] = min(walls.get(threads, 1e9), max(out.values()))
+print(f"hardware: 2 threads each running the batch take {walls[2] / walls[1]:.2f}x the time "
+      f"of one")

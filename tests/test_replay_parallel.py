@@ -1,0 +1,208 @@
+"""target="parallel": a batch's blocks on threads (``replay_cpu.run_parallel``) give the
+numbers of the serial batch, of single calls and of torch for every split of the samples
+(uneven blocks, fewer samples than threads, guards failing in some samples); the worker
+threads hand jobs over with locks, withdraw jobs they have not started and pass errors on."""
+import threading
+import time
+
+import numba
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad.interpreters import replay_cpu
+
+torch = pytest.importorskip("torch")
+
+
+def _rosen(x):
+    f = 0.0
+    for i in range(x.shape[0] - 1):
+        f = f + 100.0 * (x[i + 1] - x[i] ** 2) ** 2 + (1.0 - x[i]) ** 2
+    return f
+
+
+def _torch_grad(fn, x):
+    xt = torch.tensor(x, requires_grad=True)
+    (g,) = torch.autograd.grad(fn(xt), (xt,))
+    return g.numpy()
+
+
+@pytest.fixture(scope="module")
+def progs():
+    prog = tg.trace(_rosen, np.zeros(5))
+    par = prog.to("parallel")
+    prog.block = par.block = 16
+    return prog, par
+
+
+def test_spans_split_evenly_within_the_block():
+    assert replay_cpu._spans(256, 2, 128) == [(0, 128), (128, 256)]
+    assert replay_cpu._spans(300, 2, 128) == [(0, 75), (75, 150), (150, 225), (225, 300)]
+    assert replay_cpu._spans(17, 2, 16) == [(0, 9), (9, 17)]
+    assert replay_cpu._spans(33, 2, 16) == [(0, 9), (9, 18), (18, 27), (27, 33)]
+    assert replay_cpu._spans(3, 3, 16) == [(0, 1), (1, 2), (2, 3)]
+    for B in (1, 2, 7, 33, 129, 1000):
+        for threads in (2, 3, 4):
+            spans = replay_cpu._spans(B, threads, 16)
+            assert spans[0][0] == 0 and spans[-1][1] == B
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+            assert all(0 < b1 - b0 <= 16 for b0, b1 in spans)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("B", [1, 2, 17, 33, 100])
+def test_every_split_gives_the_serial_numbers(progs, monkeypatch, B, threads):
+    """Blocks of 16 at most over 2 or 3 threads (more threads than cores is allowed):
+    B = 1 and B below the thread count, B not a multiple of the block; bit for bit the
+    serial batch, and single calls and torch to rounding."""
+    prog, par = progs
+    monkeypatch.setattr(numba, "get_num_threads", lambda: threads)
+    X = np.random.default_rng(B).normal(size=(B, 5))
+    seen = []
+    real = replay_cpu.run_parallel
+
+    def spy(*args):
+        seen.append(args[1].shape[0])
+        return real(*args)
+    monkeypatch.setattr(replay_cpu, "run_parallel", spy)
+    v, g = prog.value_and_grad(X)
+    vp, gp = par.value_and_grad(X)
+    assert seen == ([B] if B > par.block else [])  # one block runs serially
+    np.testing.assert_array_equal(vp, v)
+    np.testing.assert_array_equal(gp, g)
+    for j in {0, B // 2, B - 1}:
+        np.testing.assert_allclose(gp[j], prog.grad(X[j]), rtol=1e-14)
+        np.testing.assert_allclose(gp[j], _torch_grad(_rosen, X[j]), rtol=1e-13)
+    # the threaded driver itself, below the serial cut: B = 1 and B < threads too
+    code = par._code
+    S = np.ones((B, 1))
+    st, o, G = replay_cpu.run_parallel(code.rows, X, code.out_slots, S, code.in_slots, True, 16)
+    assert not st.any()
+    np.testing.assert_array_equal(o[:, 0], v)
+    np.testing.assert_array_equal(G, g)
+
+
+def _branchy(x):
+    return (x * x).sum() if x[0] > 0 else (x.sin() * x[1]).sum()
+
+
+def test_guards_failing_in_some_samples_of_a_parallel_batch(monkeypatch):
+    """Samples that fail the first variant's guards, spread over the blocks of every thread,
+    take the other variant (retrace=True), as in single calls and torch."""
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 3)
+    par = tg.trace(_branchy, np.ones(4), retrace=True, target="parallel")
+    par.block = 16
+    X = np.random.default_rng(5).normal(size=(71, 4))
+    X[::7, 0] = -np.abs(X[::7, 0])
+    v, g = par.value_and_grad(X)
+    assert len(par._variants) == 2
+    for j in range(71):
+        np.testing.assert_allclose(g[j], _torch_grad(_branchy, X[j]), rtol=1e-13)
+        assert v[j] == par(X[j])
+    strict = tg.trace(_branchy, np.ones(4), target="parallel")
+    strict.block = 16
+    with pytest.raises(tg.GuardError, match="for sample 0 of the batch"):
+        strict.value_and_grad(X)
+
+
+def test_a_workers_error_reaches_the_caller_and_the_workers_live_on(progs, monkeypatch):
+    prog, par = progs
+    real = replay_cpu.run_block
+    main = threading.get_ident()
+
+    def failing(*args):
+        if threading.get_ident() != main:
+            raise FloatingPointError("in a worker")
+        return real(*args)
+    X = np.random.default_rng(1).normal(size=(64, 5))
+    par.value_and_grad(X)  # compiled and the workers started before the patch
+    monkeypatch.setattr(replay_cpu, "run_block", failing)
+    errors = 0
+    for _ in range(20):  # a worker takes a block in most calls (it may start too late)
+        try:
+            par.value_and_grad(X)
+        except FloatingPointError:
+            errors += 1
+    assert errors > 0
+    monkeypatch.setattr(replay_cpu, "run_block", real)
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], prog.value_and_grad(X)[1])
+
+
+def test_a_job_not_taken_is_withdrawn_and_the_next_one_runs():
+    """``finish`` on a job the thread has not taken returns at once and the job never runs;
+    the thread's pending wake-up then takes the next job."""
+    w = replay_cpu._Worker(start=False)
+    ran = []
+    w.post(lambda: ran.append(1))
+    job1 = w.job
+    w.finish(job1)  # not started: withdrawn
+    job2 = lambda: ran.append(2)  # noqa: E731
+    w.post(job2)  # the wake-up from job1's post is still pending: no second release
+    w.start()
+    _taken(w)
+    w.finish(job2)  # taken: waits for it to end
+    assert ran == [2]
+    job3 = lambda: ran.append(3)  # noqa: E731
+    w.post(job3)
+    _taken(w)
+    w.finish(job3)
+    assert ran == [2, 3]
+
+
+def _taken(w):
+    for _ in range(5000):
+        if w.job is None:
+            return
+        time.sleep(0.001)
+    raise AssertionError("the worker thread never took its job")
+
+
+def test_concurrent_parallel_batches_run_serially_while_the_workers_are_busy(progs):
+    """One batch at a time uses the workers; another thread's batch meanwhile runs
+    serially on its own thread, with the same numbers."""
+    prog, par = progs
+    X = np.random.default_rng(2).normal(size=(200, 5))
+    want = prog.value_and_grad(X)[1]
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def _child_batch(conn):
+    prog = tg.trace(_rosen, np.zeros(5), target="parallel")
+    prog.block = 16
+    X = np.random.default_rng(4).normal(size=(100, 5))
+    conn.send(prog.value_and_grad(X)[1])
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_workers(progs):
+    """The workers' threads are not in a forked child: it starts its own (no hang on a
+    lock held by a thread that does not exist there)."""
+    import multiprocessing
+    prog, par = progs
+    X = np.random.default_rng(4).normal(size=(100, 5))
+    want = par.value_and_grad(X)[1]  # the parent's workers are up
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child_batch, args=(child,))
+    proc.start()
+    try:
+        assert parent.poll(120), "the forked child's parallel batch did not finish"
+        np.testing.assert_array_equal(parent.recv(), want)
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
