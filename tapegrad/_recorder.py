@@ -8,6 +8,7 @@ import numpy as np
 from ._dtypes import _F64, _cat, _pybool, _pyfloat, _pyint, promote_types
 from ._tensor_class import Tensor, _hint, _norm_value, _plain
 from .ops import ARRAY, BY_NAME, UNARY_C, const_ops
+from .ops._kernels import ADD, MUL, SUB, rows_op
 from .tape import STATE, current_tape
 
 
@@ -281,6 +282,8 @@ def binary(op, x, y):
 
 
 _ND = np.ndarray
+# ops with a compiled pass for an operand broadcast along the innermost axis (rows_op)
+_ROWS = {BY_NAME["add"]: ADD, BY_NAME["sub"]: SUB, BY_NAME["mul"]: MUL}
 
 
 def _binary_general(op, x, y):
@@ -293,10 +296,15 @@ def _binary_general(op, x, y):
             or (yc in _NUM_FAST and (xv.dtype is _F64 or y.__class__ is not Tensor))) \
             or yc is _ND and yv.dtype.kind == "f" and xc in _NUM_FAST and (
                 yv.dtype is _F64 or x.__class__ is not Tensor):
-        try:
-            v = quiet(op.np, xv, yv)  # torch gives inf and nan quietly
-        except ValueError:
-            return _binary_slow(op, x, y)
+        v = None
+        if xc is _ND and yc is _ND and xv.ndim and yv.ndim and \
+                xv.shape[-1] != yv.shape[-1] and op in _ROWS:
+            v = rows_op(_ROWS[op], xv, yv)  # (kmeans' P[None] - C[:, :, None]: NumPy's bits)
+        if v is None:
+            try:
+                v = quiet(op.np, xv, yv)  # torch gives inf and nan quietly
+            except ValueError:
+                return _binary_slow(op, x, y)
         if v.ndim == 0:
             return _binary_slow(op, x, y)
         if x.__class__ is Tensor and y.__class__ is Tensor and (x._rg or y._rg) \

@@ -413,3 +413,117 @@ def test_sub_scalar_gradient_summed_then_negated(monkeypatch, case):
     for a, b, t in zip(got, direct, run(torch)):
         assert _same_bits(a, b)
         np.testing.assert_allclose(a, t, rtol=1e-12, atol=1e-300)
+
+
+def _specials(rng, shape):
+    a = rng.normal(size=shape) * rng.lognormal(size=shape) * 10
+    m = rng.random(shape) < 0.05
+    a[m] = rng.choice(SPECIALS, size=int(m.sum()))
+    return a
+
+
+ROWS_CASES = [((1, 8, 1000), (10, 8, 1)), ((8, 1000), (10, 8, 1)), ((10, 8, 1), (8, 1000)),
+              ((25, 10, 1000), (25, 10, 1)), ((300, 64), (300, 1)), ((300, 1), (300, 64)),
+              ((10, 1, 2000), (1, 8, 1)), ((1, 1, 20000), (2, 1, 1))]
+
+
+@pytest.mark.parametrize("xs, ys", ROWS_CASES)
+def test_rows_op_is_numpys_bits(xs, ys):
+    # + - * with one operand broadcast along the innermost axis, compiled: NumPy's bits,
+    # signed zeros, infinities and NaNs included, either operand first
+    from tapegrad.ops._kernels import ADD, MUL, SUB, rows_op
+    rng = np.random.default_rng(len(xs) * 100 + xs[-1])
+    x, y = _specials(rng, xs), _specials(rng, ys)
+    with np.errstate(all="ignore"):
+        for op, f in ((ADD, np.add), (SUB, np.subtract), (MUL, np.multiply)):
+            r = rows_op(op, x, y)
+            assert r is not None and _same_bits(r, f(x, y)), (xs, ys, op)
+
+
+def test_rows_op_declines():
+    from tapegrad.ops._kernels import SUB, rows_op
+    big = np.ones((10, 8, 1000))
+    for x, y in [(big, big), (np.ones((4, 3, 100)), np.ones((4, 3, 1))),  # too small
+                 (big.astype(np.float32), np.ones((10, 8, 1), np.float32)),
+                 (big[:, :, ::2], np.ones((10, 8, 1))),  # rows not contiguous
+                 (big, np.ones((3, 8, 1))),  # not broadcastable: NumPy's error
+                 (np.ones((2, 10, 8, 1000)), np.ones((2, 10, 8, 1)))]:  # 4 dims
+        assert rows_op(SUB, x, y) is None
+
+
+def test_rows_op_taken_forward_and_gradients(monkeypatch):
+    # kmeans' P[None] - C[:, :, None] goes through the compiled pass, with torch's values
+    # and first and second derivatives
+    import tapegrad._recorder as rec
+    taken = []
+    real = rec.rows_op
+    monkeypatch.setattr(rec, "rows_op", lambda op, x, y: taken.append(op) or real(op, x, y))
+    rng = np.random.default_rng(7)
+    p0, c0 = rng.normal(size=(8, 1000)), rng.normal(size=(10, 8))
+    out = []
+    for M in (tg, torch):
+        P, C = M.tensor(p0), M.tensor(c0, requires_grad=True)
+        d = P[None, :, :] - C[:, :, None]
+        e = C[:, :, None] * P[None, :, :] + C[:, :, None]
+        y = M.sum(d * d * e)
+        g, = M.autograd.grad(y, C, create_graph=True)
+        h, = M.autograd.grad(M.sum(g * g), C)
+        out.append((d.detach().numpy(), e.detach().numpy(), g.detach().numpy(), h.numpy()))
+    assert _same_bits(out[0][0], out[1][0]) and _same_bits(out[0][1], out[1][1])
+    for a, b in zip(out[0][2:], out[1][2:]):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert len(taken) >= 3, taken
+
+
+@pytest.mark.parametrize("shape", [(10, 8, 1000), (3, 1, 64), (1, 300, 64), (2, 1000, 70),
+                                   (2, 5000, 64), (300, 64), (5, 3, 1111)])
+def test_sum_middle_is_numpys_bits(shape):
+    # the sum over the middle of (k, d, n) in one pass: 0.0 plus the rows in order, NumPy's
+    # add.reduce bit for bit (a sum of -0.0s is +0.0)
+    from tapegrad.ops._kernels import sum_middle
+    a = _specials(np.random.default_rng(shape[-1]), shape)
+    a[0, ...] = -0.0
+    with np.errstate(all="ignore"):
+        for ax in ((1, -2, (1,)) if len(shape) == 3 else (0, -2, (0,))):
+            for kd in (False, True):
+                r = sum_middle(a, ax, kd)
+                if a.size >= 16384:
+                    assert r is not None and _same_bits(r, np.sum(a, axis=ax, keepdims=kd))
+                else:
+                    assert r is None
+
+
+def test_sum_middle_taken(monkeypatch):
+    import tapegrad._fn_reductions as fmod
+    taken = []
+    real = fmod.sum_middle
+    monkeypatch.setattr(fmod, "sum_middle",
+                        lambda a, ax, kd: taken.append(ax) or real(a, ax, kd))
+    a0 = _specials(np.random.default_rng(1), (10, 8, 1000))
+    for ax in (1, -2, 0, 2):
+        r = tg.sum(tg.tensor(a0), ax).numpy()
+        with np.errstate(all="ignore"):  # (NumPy's bits, as before the compiled pass)
+            assert _same_bits(r, np.sum(a0, axis=ax))
+    assert taken == [(1,), (1,), (0,), (2,)], taken
+
+
+@pytest.mark.parametrize("name", ["reshape", "expand", "getitem", "transpose", "permute"])
+def test_shape_rules_recorded_directly(name):
+    # create_graph: a shape op's rule call (a reduction's gradient broadcast back, the
+    # gradient of an index or a view) is recorded directly, with torch's first and second
+    # derivatives
+    assert _tensor_backend.TensorF.expand.__qualname__.startswith("_shape_op")
+    rng = np.random.default_rng(5)
+    x0 = rng.normal(size=(4, 3, 5))
+    ops = {"reshape": lambda M, x: x.reshape(12, 5), "expand": lambda M, x: M.sum(x, 1),
+           "getitem": lambda M, x: x[1:3, :, None], "transpose": lambda M, x: x.transpose(0, 2),
+           "permute": lambda M, x: x.permute(2, 0, 1)}
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        v = ops[name](M, x * x)
+        g, = M.autograd.grad(M.sum(v * v * v), x, create_graph=True)
+        h, = M.autograd.grad(M.sum(g * g), x)
+        out.append((g.detach().numpy(), h.numpy()))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-13)

@@ -6,12 +6,16 @@ import numpy as np
 
 from .. import _generated_eager as _eager
 from ..functions import where as _where
-from ..ops import ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
+from ..ops import ARRAY, ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
 from ..ops.arrays import sum_to
 from ..tape import STATE
-from ..tensor import Tensor, _plain, _pyfloat, array_op, binary, quiet, unary
+from ..tensor import Tensor, _norm_value, _plain, _pyfloat, _record, array_op, binary, quiet, unary
 
 _WHERE = BY_NAME["where"]
+_SUM_TO = BY_NAME["sum_to"]
+# ops whose forward only moves values (a view or a copy): no arithmetic, no floating-point
+# warning to silence, so their rule calls skip quiet() and the generic list building
+_SHAPE_OPS = frozenset(("reshape", "expand", "getitem", "transpose", "permute"))
 _F64 = np.dtype(np.float64)
 
 
@@ -63,6 +67,25 @@ def _array(op):
     return f
 
 
+def _shape_op(op):
+    """A shape op's rule call (``F.expand(g, aux)``), the hot ones of a create_graph sweep
+    (a reduction's gradient broadcast back, a reshape): on a tensor outside a trace it is
+    recorded directly, the same entry ``_array`` records without its generic steps."""
+    generic, npf, code = _array(op), op.np, op.code | ARRAY
+
+    def f(x, aux):
+        if x.__class__ is not Tensor or STATE.trace is not None:
+            return generic(x, aux)
+        v = npf(x._d, aux)
+        if v.__class__ is not np.ndarray or v.ndim == 0:
+            v = _norm_value(v)  # a 0-d float64 result is a Python float, as array_op makes it
+        if x._rg and STATE.grad_enabled:
+            return _record(code, x, None, 0.0, 0.0, v, aux)
+        return _plain(v)
+    f.__name__ = op.name
+    return f
+
+
 def _where_rule(c, x, y):
     if c is True or c is False or isinstance(c, np.bool_):
         return x if c else y
@@ -94,9 +117,8 @@ def _fit(gr, like):
         if like.__class__ is _pyfloat:
             return gr if gr.shape == () else gr.sum()
         if gr.shape != like.shape:
-            from ..ops import BY_NAME
             v = sum_to(np.asarray(gr._d), like.shape)
-            gr = array_op(BY_NAME["sum_to"], [gr], v, (like.shape, gr.shape))
+            gr = array_op(_SUM_TO, [gr], v, (like.shape, gr.shape))
         if gr.dtype.np != like.dtype:
             gr = gr.to(like.dtype)
         return gr
@@ -136,7 +158,7 @@ def build():
         elif op.kind == BINARY:
             setattr(F, op.name, _binary(op))
         elif op.kind == ARRAY_OP:
-            setattr(F, op.name, _array(op))
+            setattr(F, op.name, _shape_op(op) if op.name in _SHAPE_OPS else _array(op))
     F.where = _where_rule
     F.cond = lambda c, x, y: x() if c else y()
     F.zeros_like = lambda x: 0.0
