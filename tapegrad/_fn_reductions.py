@@ -45,12 +45,16 @@ def _reduce(op, npfn):
     plain_sum = op.name == "sum"
 
     def fn(input, dim=None, keepdim=False, *, dtype=None):
-        if plain_sum and dim is None and dtype is None and input.__class__ is Tensor:
+        if plain_sum and dtype is None and input.__class__ is Tensor:
             a = input._d
-            if a.__class__ is np.ndarray and a.dtype is _F64:  # the common case, short
-                v = quiet(_add_reduce, a, None)
-                return array_op(op, [input], _pyfloat(v) if not keepdim else
-                                np.full((1,) * a.ndim, v), (None, keepdim))
+            if a.__class__ is np.ndarray and a.dtype is _F64:  # the common cases, short
+                if dim is None:
+                    v = quiet(_add_reduce, a, None)
+                    return array_op(op, [input], _pyfloat(v) if not keepdim else
+                                    np.full((1,) * a.ndim, v), (None, keepdim))
+                if dim.__class__ is int and a.ndim:  # one dim (kmeans' sum over d)
+                    dims = (_dim(dim, a.ndim),)
+                    return array_op(op, [input], quiet(npfn, a, dims, keepdim), (dims, keepdim))
         x = _t(input)
         _dims(dim, x.ndim)  # checked before anything is recorded
         if dtype is not None:
@@ -80,8 +84,14 @@ def _reduce(op, npfn):
 def _sum(a, axis, keepdims):
     # a sum over the middle of (k, d, n) in one compiled pass (gmm's and kmeans' sums over
     # the coordinates), else fast_sum: NumPy's bits either way
-    v = sum_middle(a, axis, keepdims) if axis is not None else None
-    return fast_sum(a, axis, keepdims) if v is None else v
+    if axis is not None:
+        v = sum_middle(a, axis, keepdims)
+        if v is not None:
+            return v
+        if a.__class__ is np.ndarray and axis.__class__ is tuple and len(axis) == 1 \
+                and a.ndim > 1 and axis[0] % a.ndim != a.ndim - 1:
+            return _add_reduce(a, axis, None, None, keepdims)  # np.sum's call, direct
+    return fast_sum(a, axis, keepdims)
 
 
 sum = _reduce(_O["sum"], _sum)

@@ -527,3 +527,54 @@ def test_shape_rules_recorded_directly(name):
         out.append((g.detach().numpy(), h.numpy()))
     for a, b in zip(*out):
         np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+@pytest.mark.parametrize("idx", [(slice(None), None), (None, slice(1, 3)),
+                                 (slice(None), slice(None), None)])
+def test_slice_index_short_path(monkeypatch, idx):
+    # x[:, :, None] (slices and new axes only) takes the short path: a view recorded as
+    # the general path records it, torch's values and gradients, a plain result shares
+    # its base's version counter, and too many indices raise the general path's IndexError
+    import tapegrad._fn_shapes as smod
+    general = []
+    real = smod._index
+    monkeypatch.setattr(smod, "_index", lambda i: general.append(i) or real(i))
+    x0 = np.random.default_rng(6).normal(size=(4, 5))
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        v = x[idx]
+        g, = M.autograd.grad(M.sum(v * v * v), x, create_graph=True)
+        h, = M.autograd.grad(M.sum(g * g), x)
+        out.append((v.detach().numpy(), g.detach().numpy(), h.numpy()))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-14)
+    p = tg.tensor(x0)
+    assert p[idx]._ver is p._ver
+    assert not general
+    with pytest.raises(IndexError, match="too many indices"):
+        tg.tensor(x0)[(slice(None),) * 3]
+
+
+def test_sum_over_one_dim_short_path(monkeypatch):
+    # sum over one int dim of a float64 tensor: the values, dtype and gradient of the
+    # general path, and its errors
+    import tapegrad._fn_reductions as fmod
+    general = []
+    real = fmod._dims
+    monkeypatch.setattr(fmod, "_dims", lambda d, n: general.append(d) or real(d, n))
+    a0 = np.random.default_rng(8).normal(size=(3, 4, 70))
+    for dim in (0, 1, 2, -1, -3):
+        for keepdim in (False, True):
+            r = tg.sum(tg.tensor(a0), dim, keepdim=keepdim)
+            e = torch.sum(torch.tensor(a0), dim, keepdim=keepdim)
+            assert r.shape == tuple(e.shape) and r.dtype == tg.float64
+            np.testing.assert_allclose(r.numpy(), e.numpy(), rtol=1e-14)
+    x = tg.tensor(a0[0, 0], requires_grad=True)
+    s = tg.sum(x * x, 0)
+    assert isinstance(s.item(), float)
+    g, = tg.autograd.grad(s, x)
+    np.testing.assert_allclose(g.numpy(), 2 * a0[0, 0], rtol=1e-15)
+    assert not general
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        tg.sum(tg.tensor(a0), 3)
