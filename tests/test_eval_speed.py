@@ -578,3 +578,32 @@ def test_sum_over_one_dim_short_path(monkeypatch):
     assert not general
     with pytest.raises(IndexError, match="Dimension out of range"):
         tg.sum(tg.tensor(a0), 3)
+
+
+def test_expand_view_is_expands_forward():
+    # create_graph's expand builds the zero-stride view directly: the values, strides and
+    # read-only flag of expand's own forward, its error where shapes do not broadcast
+    from tapegrad.ops import BY_NAME
+    real = BY_NAME["expand"].np
+    rng = np.random.default_rng(9)
+    cases = [(rng.normal(size=(10, 1, 16)), (10, 8, 16)), (rng.normal(size=(1, 5)), (3, 4, 5)),
+             (rng.normal(size=(5,)), (2, 5)), (rng.normal(size=(3, 1))[::2], (2, 4)),
+             (np.zeros((0, 1)), (0, 3)), (2.5, (4, 3)), (rng.normal(size=(2, 3)), (2, 3)),
+             (rng.normal(size=(2, 3)).astype(np.float32), (4, 2, 3))]
+    for d, shape in cases:
+        r, e = _tensor_backend._expand_np(d, (shape, np.shape(d))), real(d, (shape, np.shape(d)))
+        assert r.shape == e.shape and r.strides == e.strides and r.dtype == e.dtype
+        assert r.flags.writeable == e.flags.writeable and np.array_equal(r, e)
+    for f in (_tensor_backend._expand_np, real):
+        with pytest.raises(ValueError):
+            f(np.ones((3, 2)), ((3, 4), (3, 2)))
+
+
+def test_where_of_a_constant_gradient_records_nothing():
+    # max/min(dim)'s rule on a constant gradient (a seed's, in create_graph's first sweep):
+    # a plain result, no entry on the tape
+    c = np.array([True, False, True])
+    g = tg.tensor(np.array([1.0, 2.0, 3.0]))
+    r = _tensor_backend.TensorF.where(c, g, 0.0)
+    assert not r.requires_grad and r._tape is None
+    assert np.array_equal(r.numpy(), [1.0, 0.0, 3.0])

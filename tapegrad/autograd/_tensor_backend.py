@@ -13,6 +13,7 @@ from ..tensor import Tensor, _norm_value, _plain, _pyfloat, _record, array_op, b
 
 _WHERE = BY_NAME["where"]
 _SUM_TO = BY_NAME["sum_to"]
+_EXPAND = BY_NAME["expand"]
 # ops whose forward only moves values (a view or a copy): no arithmetic, no floating-point
 # warning to silence, so their rule calls skip quiet() and the generic list building
 _SHAPE_OPS = frozenset(("reshape", "expand", "getitem", "transpose", "permute"))
@@ -72,6 +73,8 @@ def _shape_op(op):
     (a reduction's gradient broadcast back, a reshape): on a tensor outside a trace it is
     recorded directly, the same entry ``_array`` records without its generic steps."""
     generic, npf, code = _array(op), op.np, op.code | ARRAY
+    if op.name == "expand":
+        npf = _expand_np
 
     def f(x, aux):
         if x.__class__ is not Tensor or STATE.trace is not None:
@@ -84,6 +87,31 @@ def _shape_op(op):
         return _plain(v)
     f.__name__ = op.name
     return f
+
+
+def _expand_np(d, aux):
+    """expand's forward (``np.broadcast_to``, read-only) for a C-contiguous array: the
+    zero-stride view built directly, at half broadcast_to's cost (a reduction's gradient
+    broadcast back in every create_graph sweep)."""
+    shape = aux[0]
+    if d.__class__ is _pyfloat:  # a full reduction's gradient, as expand's own forward
+        return np.ndarray(shape, _F64, np.array((d,)), 0, (0,) * len(shape))
+    if d.__class__ is np.ndarray and d.flags.c_contiguous and d.size:
+        pad = len(shape) - d.ndim
+        if pad >= 0:
+            strides = [0] * pad
+            for n, st, want in zip(d.shape, d.strides, shape[pad:]):
+                if n == want:
+                    strides.append(st)
+                elif n == 1:
+                    strides.append(0)
+                else:
+                    break  # not broadcastable: NumPy's error below
+            else:
+                v = np.ndarray(shape, d.dtype, d, 0, strides)
+                v.flags.writeable = False
+                return v
+    return _EXPAND.np(d, aux)
 
 
 def _where_rule(c, x, y):
@@ -99,6 +127,8 @@ def _where_rule(c, x, y):
         # where(mask, g, 0.0), max/min(dim)'s rule: where()'s entry without its checks and
         # conversions (most of its time here)
         v = np.where(c, x._d, y)
+        if not (x._rg and STATE.grad_enabled):  # a constant gradient (a seed's): no entry
+            return _plain(v)
         return array_op(_WHERE, [x, _plain(_pyfloat(y))], v,
                         (c if c.shape == v.shape else np.broadcast_to(c, v.shape),))
     return _where(c, _operand(x), _operand(y))
