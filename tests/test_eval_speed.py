@@ -607,3 +607,26 @@ def test_where_of_a_constant_gradient_records_nothing():
     r = _tensor_backend.TensorF.where(c, g, 0.0)
     assert not r.requires_grad and r._tape is None
     assert np.array_equal(r.numpy(), [1.0, 0.0, 3.0])
+
+
+def test_unary_float64_array_short_path(monkeypatch):
+    # an elementwise function of a float64 array (lstm's gates) is recorded without the
+    # dtype conversions; other dtypes and traces keep the general path, with torch's dtypes
+    import tapegrad._recorder as rec
+    general = []
+    real = rec._norm_value
+    monkeypatch.setattr(rec, "_norm_value", lambda v: general.append(v) or real(v))
+    x0 = np.random.default_rng(10).normal(size=14)
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        y = M.sum(M.sigmoid(x) * M.tanh(x) + M.exp(-x))
+        g, = M.autograd.grad(y, x)
+        out.append((y.item(), g.numpy()))
+    assert not general
+    np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-14)
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-15)
+    for d in (np.float32, np.int64, np.bool_):
+        r = tg.exp(tg.tensor(np.ones(3, dtype=d)))
+        assert r.numpy().dtype == torch.exp(torch.tensor(np.ones(3, dtype=d))).numpy().dtype
+    assert general
