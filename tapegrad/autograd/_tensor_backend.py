@@ -7,7 +7,7 @@ import numpy as np
 from .. import _generated_eager as _eager
 from ..functions import where as _where
 from ..ops import ARRAY, ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
-from ..ops.arrays import sum_to
+from ..ops.arrays import sum_axes, sum_to
 from ..tape import STATE
 from ..tensor import Tensor, _norm_value, _plain, _pyfloat, _record, array_op, binary, quiet, unary
 
@@ -18,6 +18,7 @@ _EXPAND = BY_NAME["expand"]
 # warning to silence, so their rule calls skip quiet() and the generic list building
 _SHAPE_OPS = frozenset(("reshape", "expand", "getitem", "transpose", "permute"))
 _F64 = np.dtype(np.float64)
+_add_reduce = np.add.reduce
 
 
 class _TensorF:
@@ -147,7 +148,10 @@ def _fit(gr, like):
         if like.__class__ is _pyfloat:
             return gr if gr.shape == () else gr.sum()
         if gr.shape != like.shape:
-            v = sum_to(np.asarray(gr._d), like.shape)
+            d = gr._d
+            v = _sum_to_np(d, like.shape) if d.__class__ is np.ndarray else None
+            if v is None:
+                v = sum_to(np.asarray(d), like.shape)
             gr = array_op(_SUM_TO, [gr], v, (like.shape, gr.shape))
         if gr.dtype.np != like.dtype:
             gr = gr.to(like.dtype)
@@ -157,6 +161,21 @@ def _fit(gr, like):
     return _plain(np.array(np.broadcast_to(sum_to(np.asarray(gr, dtype=like.dtype), like.shape)
                                            if np.shape(gr) else gr, like.shape),
                            dtype=like.dtype))
+
+
+def _sum_to_np(d, shape):
+    """``sum_to(d, shape)`` by the same ``add.reduce`` call ``np.sum`` makes (same bits),
+    without np.sum's wrapper and reshape steps; None where fast_sum's short-last-axis sum
+    (its own order) may apply, or where ``shape`` has more dims than ``d``."""
+    gs = d.shape
+    if len(shape) > len(gs) or d.dtype is not _F64:
+        return None
+    axes = sum_axes(gs, shape)
+    if not axes or gs[-1] <= 8 and len(gs) - 1 in axes:
+        return None
+    r = _add_reduce(d, axes, None, None, True)
+    lead = len(gs) - len(shape)
+    return r.reshape(shape) if lead else r
 
 
 def _fit_batched(gr, like, B):
