@@ -424,7 +424,9 @@ def _specials(rng, shape):
 
 ROWS_CASES = [((1, 8, 1000), (10, 8, 1)), ((8, 1000), (10, 8, 1)), ((10, 8, 1), (8, 1000)),
               ((25, 10, 1000), (25, 10, 1)), ((300, 64), (300, 1)), ((300, 1), (300, 64)),
-              ((10, 1, 2000), (1, 8, 1)), ((1, 1, 20000), (2, 1, 1))]
+              ((10, 1, 2000), (1, 8, 1)), ((1, 1, 20000), (2, 1, 1)),
+              ((10, 1, 1000), (10, 8, 1000)), ((10, 8, 1000), (1, 8, 1000)),
+              ((300, 64), (64,)), ((1, 64), (300, 1)), ((10, 8, 1), (10, 1, 1000))]
 
 
 @pytest.mark.parametrize("xs, ys", ROWS_CASES)
@@ -438,6 +440,11 @@ def test_rows_op_is_numpys_bits(xs, ys):
         for op, f in ((ADD, np.add), (SUB, np.subtract), (MUL, np.multiply)):
             r = rows_op(op, x, y)
             assert r is not None and _same_bits(r, f(x, y)), (xs, ys, op)
+            # an expanded operand (a zero-stride view: the gradient of a sum over d)
+            shape = np.broadcast_shapes(xs, ys)
+            xb = np.broadcast_to(x, shape)
+            r = rows_op(op, xb, y)
+            assert r is not None and _same_bits(r, f(xb, y)), (xs, ys, op)
 
 
 def test_rows_op_declines():
