@@ -454,7 +454,10 @@ def test_rows_op_declines():
                  (big.astype(np.float32), np.ones((10, 8, 1), np.float32)),
                  (big[:, :, ::2], np.ones((10, 8, 1))),  # rows not contiguous
                  (big, np.ones((3, 8, 1))),  # not broadcastable: NumPy's error
-                 (np.ones((2, 10, 8, 1000)), np.ones((2, 10, 8, 1)))]:  # 4 dims
+                 (np.ones((2, 10, 8, 1000)), np.ones((2, 10, 8, 1))),  # 4 dims
+                 # both repeat along the rows (zero strides): no operand holds a row
+                 (np.broadcast_to(np.ones((10, 8, 1)), (10, 8, 1000)),
+                  np.broadcast_to(np.ones((1, 8, 1)), (10, 8, 1000)))]:
         assert rows_op(SUB, x, y) is None
 
 

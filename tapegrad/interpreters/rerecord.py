@@ -30,7 +30,8 @@ def _no_zero_or_nan(r):
         v = r.ravel().tolist()
         t = sum(v)
         return all(v) and t == t
-    return bool(r.all()) and not np.isnan(r.sum())
+    with np.errstate(invalid="ignore"):  # (inf - inf: a NaN, quietly)
+        return bool(r.all()) and not np.isnan(r.sum())
 
 
 def sweep(graph, need, seeds, F, as_tensor, add, batch=None):

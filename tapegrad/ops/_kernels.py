@@ -105,8 +105,8 @@ def rows_op(op, x, y):
                                                              else 1) < _MIN_SIZE:
         return None
     x3, y3 = _as3(_compact(x)), _as3(_compact(y))
-    if x3.shape == y3.shape:
-        return None  # nothing broadcast: NumPy's one loop
+    if x3.shape == y3.shape or x3.shape[-1] != n and y3.shape[-1] != n:
+        return None  # nothing broadcast (NumPy's one loop), or no operand holds the rows
     for v in (x3, y3):
         if not v.flags.c_contiguous and (v.shape[-1] > 1 or v.size > n * 64):
             return None  # a strided row (a copy would cost what the pass saves)
