@@ -682,3 +682,40 @@ def test_negated_sum_test_in_python():
             with np.errstate(all="ignore"):
                 want = bool(r.all()) and not np.isnan(r.sum())
             assert _no_zero_or_nan(r) == want, (n, special)
+
+
+def test_operators_on_same_shape_arrays_inline(monkeypatch):
+    # x op y on two float64 arrays of one shape (lstm's gates) runs in the generated
+    # operator itself: torch's values and gradients; other cases still take the fallback
+    from tapegrad import _generated_eager as gen
+    fallback = []
+    real = gen.binary_fallback
+    monkeypatch.setattr(gen, "binary_fallback",
+                        lambda op, x, y: fallback.append(op.name) or real(op, x, y))
+    rng = np.random.default_rng(12)
+    a0, b0 = rng.normal(size=14), rng.normal(size=14) + 3.0
+    out = []
+    for M in (tg, torch):
+        a, b = M.tensor(a0, requires_grad=True), M.tensor(b0, requires_grad=True)
+        c = M.tensor(b0)  # a constant
+        y = M.sum((a + b) * (a - b) / b ** c * c)
+        ga, gb = M.autograd.grad(y, (a, b))
+        out.append((y.item(), ga.numpy(), gb.numpy()))
+    assert not fallback
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-14)
+    for x, z in zip(out[0][1:], out[1][1:]):
+        np.testing.assert_allclose(x, z, rtol=1e-12, atol=1e-15)
+    from tapegrad._recorder import _binary_general
+    from tapegrad.ops import BY_NAME
+    a, b = tg.tensor(a0, requires_grad=True), tg.tensor(b0)
+    for name, r in (("add", a + b), ("sub", a - b), ("mul", a * b), ("div", a / b),
+                    ("pow", b ** a)):
+        x, z = (b, a) if name == "pow" else (a, b)
+        assert _same_bits(r.detach().numpy(),
+                          _binary_general(BY_NAME[name], x, z).detach().numpy())
+    with tg.no_grad():
+        r = tg.tensor(a0, requires_grad=True) * tg.tensor(b0)
+    assert not r.requires_grad and r._tape is None
+    tg.tensor(a0) * tg.tensor(b0[:1])  # broadcast: the fallback
+    tg.tensor(a0) * tg.tensor(b0.astype(np.float32))  # promotion: the fallback
+    assert fallback == ["mul", "mul"]
