@@ -12,6 +12,7 @@ from .ops import BY_NAME
 from .ops import BY_NAME as _O
 from .ops.arrays import fast_sum
 from .ops._extreme import first_extreme
+from .ops._kernels import sum_middle
 from .tape import STATE
 from .tensor import (TORCH_NAMES, Tensor, _dim, _errstate, _np_dtype, _plain, _pyfloat, _to_dtype,
                      array_op, binary, quiet, unary)
@@ -44,12 +45,16 @@ def _reduce(op, npfn):
     plain_sum = op.name == "sum"
 
     def fn(input, dim=None, keepdim=False, *, dtype=None):
-        if plain_sum and dim is None and dtype is None and input.__class__ is Tensor:
+        if plain_sum and dtype is None and input.__class__ is Tensor:
             a = input._d
-            if a.__class__ is np.ndarray and a.dtype is _F64:  # the common case, short
-                v = quiet(_add_reduce, a, None)
-                return array_op(op, [input], _pyfloat(v) if not keepdim else
-                                np.full((1,) * a.ndim, v), (None, keepdim))
+            if a.__class__ is np.ndarray and a.dtype is _F64:  # the common cases, short
+                if dim is None:
+                    v = quiet(_add_reduce, a, None)
+                    return array_op(op, [input], _pyfloat(v) if not keepdim else
+                                    np.full((1,) * a.ndim, v), (None, keepdim))
+                if dim.__class__ is int and a.ndim:  # one dim (kmeans' sum over d)
+                    dims = (_dim(dim, a.ndim),)
+                    return array_op(op, [input], quiet(npfn, a, dims, keepdim), (dims, keepdim))
         x = _t(input)
         _dims(dim, x.ndim)  # checked before anything is recorded
         if dtype is not None:
@@ -61,11 +66,11 @@ def _reduce(op, npfn):
                                    f"{TORCH_NAMES[x.dtype.name]}")
         dims = _dims(dim, x.ndim)
         a = np.asarray(x._d)
-        with _errstate():
-            if a.size == 0 and op.name == "mean":  # nan, quietly, as torch (np.mean warns)
+        if a.size == 0 and op.name == "mean":  # nan, quietly, as torch (np.mean warns)
+            with _errstate():
                 v = np.sum(a, axis=dims, keepdims=keepdim) / 0.0
-            else:
-                v = npfn(a, axis=dims, keepdims=keepdim)
+        else:  # (quiet: NumPy's warnings off at a tenth of an errstate's cost)
+            v = quiet(npfn, a, dims, keepdim)
         if op.name == "sum" and a.dtype.kind in "bui":
             v = np.asarray(v).astype(np.int64)
         else:  # (a fresh array already of that dtype is kept, not copied)
@@ -76,7 +81,20 @@ def _reduce(op, npfn):
     return fn
 
 
-sum = _reduce(_O["sum"], fast_sum)
+def _sum(a, axis, keepdims):
+    # a sum over the middle of (k, d, n) in one compiled pass (gmm's and kmeans' sums over
+    # the coordinates), else fast_sum: NumPy's bits either way
+    if axis is not None:
+        v = sum_middle(a, axis, keepdims)
+        if v is not None:
+            return v
+        if a.__class__ is np.ndarray and axis.__class__ is tuple and len(axis) == 1 \
+                and a.ndim > 1 and axis[0] % a.ndim != a.ndim - 1:
+            return _add_reduce(a, axis, None, None, keepdims)  # np.sum's call, direct
+    return fast_sum(a, axis, keepdims)
+
+
+sum = _reduce(_O["sum"], _sum)
 mean = _reduce(_O["mean"], lambda a, axis, keepdims: _O["mean"].np(a, (axis, keepdims)))
 
 

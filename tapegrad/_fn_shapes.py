@@ -203,6 +203,19 @@ def getitem(x, idx):
                 return STATE.trace.plain_op(lambda a: getitem(a, idx), (x,), t)
             return t
         return _record_view(x, v, idx, d.shape)
+    if idx.__class__ is tuple and d.__class__ is np.ndarray and d.ndim and \
+            STATE.trace is None and all([i.__class__ is slice or i is None for i in idx]):
+        # slices and new axes (kmeans' C[:, :, None]): a view, the checks below not needed
+        try:
+            v = d[idx]
+        except IndexError:
+            v = None  # (the general path raises torch's message)
+        if v is not None:
+            if x._rg and STATE.grad_enabled:
+                return _record_view(x, v, idx, d.shape)
+            t = _plain(v)
+            t._ver = x._ver
+            return t
     if d.__class__ is _pyfloat:
         d = np.asarray(d)
     if d.ndim == 0 and idx not in ((), Ellipsis, None):

@@ -2,11 +2,14 @@
 
 Eager fast paths: the 0-d float64 case of each operator and elementwise function, inline.
 """
+import numpy as np
+
 from .ops import BY_NAME
 from .tape import STATE, current_tape
-from .tensor import Tensor, _addc_name, binary_fallback, unary_fallback
+from .tensor import Tensor, _addc_name, _plain, _record, binary_fallback, quiet, unary_fallback
 
 _float, _int = float, int
+_ndarray, _f64 = np.ndarray, np.dtype(np.float64)
 
 
 class _IntFloats(dict):
@@ -165,6 +168,14 @@ def __add__(self, other):
             t._sid = -1
             t._slot = -1
             return t
+    if d.__class__ is _ndarray and other.__class__ is Tensor:
+        e = other._d
+        if e.__class__ is _ndarray and d.dtype is _f64 and e.dtype is _f64 and d.shape == e.shape \
+                and d.ndim and STATE.trace is None:
+            v = quiet(_ADD.np, d, e)
+            if (self._rg or other._rg) and STATE.grad_enabled:
+                return _record(291, self, other, 0.0, 0.0, v)
+            return _plain(v)
     return binary_fallback(_ADD, self, other)
 
 
@@ -287,6 +298,14 @@ def __sub__(self, other):
             t._sid = -1
             t._slot = -1
             return t
+    if d.__class__ is _ndarray and other.__class__ is Tensor:
+        e = other._d
+        if e.__class__ is _ndarray and d.dtype is _f64 and e.dtype is _f64 and d.shape == e.shape \
+                and d.ndim and STATE.trace is None:
+            v = quiet(_SUB.np, d, e)
+            if (self._rg or other._rg) and STATE.grad_enabled:
+                return _record(292, self, other, 0.0, 0.0, v)
+            return _plain(v)
     return binary_fallback(_SUB, self, other)
 
 
@@ -405,6 +424,14 @@ def __mul__(self, other):
             t._sid = -1
             t._slot = -1
             return t
+    if d.__class__ is _ndarray and other.__class__ is Tensor:
+        e = other._d
+        if e.__class__ is _ndarray and d.dtype is _f64 and e.dtype is _f64 and d.shape == e.shape \
+                and d.ndim and STATE.trace is None:
+            v = quiet(_MUL.np, d, e)
+            if (self._rg or other._rg) and STATE.grad_enabled:
+                return _record(293, self, other, 0.0, 0.0, v)
+            return _plain(v)
     return binary_fallback(_MUL, self, other)
 
 
@@ -523,6 +550,14 @@ def __div__(self, other):
             t._sid = -1
             t._slot = -1
             return t
+    if d.__class__ is _ndarray and other.__class__ is Tensor:
+        e = other._d
+        if e.__class__ is _ndarray and d.dtype is _f64 and e.dtype is _f64 and d.shape == e.shape \
+                and d.ndim and STATE.trace is None:
+            v = quiet(_DIV.np, d, e)
+            if (self._rg or other._rg) and STATE.grad_enabled:
+                return _record(294, self, other, 0.0, 0.0, v)
+            return _plain(v)
     return binary_fallback(_DIV, self, other)
 
 
@@ -641,6 +676,14 @@ def __pow__(self, other):
             t._sid = -1
             t._slot = -1
             return t
+    if d.__class__ is _ndarray and other.__class__ is Tensor:
+        e = other._d
+        if e.__class__ is _ndarray and d.dtype is _f64 and e.dtype is _f64 and d.shape == e.shape \
+                and d.ndim and STATE.trace is None:
+            v = quiet(_POW.np, d, e)
+            if (self._rg or other._rg) and STATE.grad_enabled:
+                return _record(295, self, other, 0.0, 0.0, v)
+            return _plain(v)
     return binary_fallback(_POW, self, other)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from ._dtypes import _F64, _cat, _pybool, _pyfloat, _pyint, promote_types
 from ._tensor_class import Tensor, _hint, _norm_value, _plain
 from .ops import ARRAY, BY_NAME, UNARY_C, const_ops
+from .ops._kernels import ADD, MUL, SUB, rows_op
 from .tape import STATE, current_tape
 
 
@@ -110,14 +111,22 @@ def unary(op, x, c0=0.0, c1=0.0):
         if STATE.trace is not None:  # a traced comparison's result, say: recorded
             return STATE.trace.plain_op(lambda a: unary(op, a, c0, c1), (x,), _plain(v))
         return _plain(v)
-    if d.dtype.kind == "b" and op.name in _BOOL_RULES:
-        return _plain(_BOOL_RULES[op.name](d))
-    if d.dtype.kind != "f" and not (
-            op.name in _INT_PRESERVING and d.dtype.kind in "iu"
-            or op.name == "clone" and d.dtype.kind == "b"):
-        d = d.astype(np.float64)  # e.g. exp of an integer tensor is floating, as in torch
-    # quiet: NumPy's warnings off through its context variable, a tenth of an errstate
-    v = quiet(op.np, d, c0, c1) if op.kind == UNARY_C else quiet(op.np, d)
+    if d.__class__ is np.ndarray and d.dtype is _F64 and op.kind != UNARY_C:
+        # a float64 array (lstm's gates on vectors of 14): none of the conversions below
+        v = quiet(op.np, d)
+        if v.__class__ is np.ndarray and v.dtype is _F64 and v.ndim and STATE.trace is None:
+            if x._rg and STATE.grad_enabled:
+                return _record(op.code | ARRAY, x, None, c0, c1, v)
+            return _plain(v)
+    else:
+        if d.dtype.kind == "b" and op.name in _BOOL_RULES:
+            return _plain(_BOOL_RULES[op.name](d))
+        if d.dtype.kind != "f" and not (
+                op.name in _INT_PRESERVING and d.dtype.kind in "iu"
+                or op.name == "clone" and d.dtype.kind == "b"):
+            d = d.astype(np.float64)  # e.g. exp of an integer tensor is floating, as in torch
+        # quiet: NumPy's warnings off through its context variable, a tenth of an errstate
+        v = quiet(op.np, d, c0, c1) if op.kind == UNARY_C else quiet(op.np, d)
     v = _norm_value(v)
     if v.__class__ is not _pyfloat and v.dtype != d.dtype and d.dtype.kind == "f":
         v = v.astype(d.dtype)
@@ -281,6 +290,8 @@ def binary(op, x, y):
 
 
 _ND = np.ndarray
+# ops with a compiled pass for an operand broadcast along the innermost axis (rows_op)
+_ROWS = {BY_NAME["add"]: ADD, BY_NAME["sub"]: SUB, BY_NAME["mul"]: MUL}
 
 
 def _binary_general(op, x, y):
@@ -293,10 +304,14 @@ def _binary_general(op, x, y):
             or (yc in _NUM_FAST and (xv.dtype is _F64 or y.__class__ is not Tensor))) \
             or yc is _ND and yv.dtype.kind == "f" and xc in _NUM_FAST and (
                 yv.dtype is _F64 or x.__class__ is not Tensor):
-        try:
-            v = quiet(op.np, xv, yv)  # torch gives inf and nan quietly
-        except ValueError:
-            return _binary_slow(op, x, y)
+        v = None
+        if xc is _ND and yc is _ND and (xv.size >= 4096 or yv.size >= 4096) and op in _ROWS:
+            v = rows_op(_ROWS[op], xv, yv)  # (kmeans' P[None] - C[:, :, None]: NumPy's bits)
+        if v is None:
+            try:
+                v = quiet(op.np, xv, yv)  # torch gives inf and nan quietly
+            except ValueError:
+                return _binary_slow(op, x, y)
         if v.ndim == 0:
             return _binary_slow(op, x, y)
         if x.__class__ is Tensor and y.__class__ is Tensor and (x._rg or y._rg) \

@@ -413,3 +413,309 @@ def test_sub_scalar_gradient_summed_then_negated(monkeypatch, case):
     for a, b, t in zip(got, direct, run(torch)):
         assert _same_bits(a, b)
         np.testing.assert_allclose(a, t, rtol=1e-12, atol=1e-300)
+
+
+def _specials(rng, shape):
+    a = rng.normal(size=shape) * rng.lognormal(size=shape) * 10
+    m = rng.random(shape) < 0.05
+    a[m] = rng.choice(SPECIALS, size=int(m.sum()))
+    return a
+
+
+ROWS_CASES = [((1, 8, 1000), (10, 8, 1)), ((8, 1000), (10, 8, 1)), ((10, 8, 1), (8, 1000)),
+              ((25, 10, 1000), (25, 10, 1)), ((300, 64), (300, 1)), ((300, 1), (300, 64)),
+              ((10, 1, 2000), (1, 8, 1)), ((1, 1, 20000), (2, 1, 1)),
+              ((10, 1, 1000), (10, 8, 1000)), ((10, 8, 1000), (1, 8, 1000)),
+              ((300, 64), (64,)), ((1, 64), (300, 1)), ((10, 8, 1), (10, 1, 1000))]
+
+
+@pytest.mark.parametrize("xs, ys", ROWS_CASES)
+def test_rows_op_is_numpys_bits(xs, ys):
+    # + - * with one operand broadcast along the innermost axis, compiled: NumPy's bits,
+    # signed zeros, infinities and NaNs included, either operand first
+    from tapegrad.ops._kernels import ADD, MUL, SUB, rows_op
+    rng = np.random.default_rng(len(xs) * 100 + xs[-1])
+    x, y = _specials(rng, xs), _specials(rng, ys)
+    with np.errstate(all="ignore"):
+        for op, f in ((ADD, np.add), (SUB, np.subtract), (MUL, np.multiply)):
+            r = rows_op(op, x, y)
+            assert r is not None and _same_bits(r, f(x, y)), (xs, ys, op)
+            # an expanded operand (a zero-stride view: the gradient of a sum over d)
+            shape = np.broadcast_shapes(xs, ys)
+            xb = np.broadcast_to(x, shape)
+            r = rows_op(op, xb, y)
+            assert r is not None and _same_bits(r, f(xb, y)), (xs, ys, op)
+
+
+def test_rows_op_declines():
+    from tapegrad.ops._kernels import SUB, rows_op
+    big = np.ones((10, 8, 1000))
+    for x, y in [(big, big), (np.ones((4, 3, 100)), np.ones((4, 3, 1))),  # too small
+                 (big.astype(np.float32), np.ones((10, 8, 1), np.float32)),
+                 (big[:, :, ::2], np.ones((10, 8, 1))),  # rows not contiguous
+                 (big, np.ones((3, 8, 1))),  # not broadcastable: NumPy's error
+                 (np.ones((2, 10, 8, 1000)), np.ones((2, 10, 8, 1))),  # 4 dims
+                 # both repeat along the rows (zero strides): no operand holds a row
+                 (np.broadcast_to(np.ones((10, 8, 1)), (10, 8, 1000)),
+                  np.broadcast_to(np.ones((1, 8, 1)), (10, 8, 1000)))]:
+        assert rows_op(SUB, x, y) is None
+
+
+def test_rows_op_taken_forward_and_gradients(monkeypatch):
+    # kmeans' P[None] - C[:, :, None] goes through the compiled pass, with torch's values
+    # and first and second derivatives
+    import tapegrad._recorder as rec
+    taken = []
+    real = rec.rows_op
+    monkeypatch.setattr(rec, "rows_op", lambda op, x, y: taken.append(op) or real(op, x, y))
+    rng = np.random.default_rng(7)
+    p0, c0 = rng.normal(size=(8, 1000)), rng.normal(size=(10, 8))
+    out = []
+    for M in (tg, torch):
+        P, C = M.tensor(p0), M.tensor(c0, requires_grad=True)
+        d = P[None, :, :] - C[:, :, None]
+        e = C[:, :, None] * P[None, :, :] + C[:, :, None]
+        y = M.sum(d * d * e)
+        g, = M.autograd.grad(y, C, create_graph=True)
+        h, = M.autograd.grad(M.sum(g * g), C)
+        out.append((d.detach().numpy(), e.detach().numpy(), g.detach().numpy(), h.numpy()))
+    assert _same_bits(out[0][0], out[1][0]) and _same_bits(out[0][1], out[1][1])
+    for a, b in zip(out[0][2:], out[1][2:]):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert len(taken) >= 3, taken
+
+
+@pytest.mark.parametrize("shape", [(10, 8, 1000), (3, 1, 64), (1, 300, 64), (2, 1000, 70),
+                                   (2, 5000, 64), (300, 64), (5, 3, 1111)])
+def test_sum_middle_is_numpys_bits(shape):
+    # the sum over the middle of (k, d, n) in one pass: 0.0 plus the rows in order, NumPy's
+    # add.reduce bit for bit (a sum of -0.0s is +0.0)
+    from tapegrad.ops._kernels import sum_middle
+    a = _specials(np.random.default_rng(shape[-1]), shape)
+    a[0, ...] = -0.0
+    with np.errstate(all="ignore"):
+        for ax in ((1, -2, (1,)) if len(shape) == 3 else (0, -2, (0,))):
+            for kd in (False, True):
+                r = sum_middle(a, ax, kd)
+                if a.size >= 16384:
+                    assert r is not None and _same_bits(r, np.sum(a, axis=ax, keepdims=kd))
+                else:
+                    assert r is None
+
+
+def test_sum_middle_taken(monkeypatch):
+    import tapegrad._fn_reductions as fmod
+    taken = []
+    real = fmod.sum_middle
+    monkeypatch.setattr(fmod, "sum_middle",
+                        lambda a, ax, kd: taken.append(ax) or real(a, ax, kd))
+    a0 = _specials(np.random.default_rng(1), (10, 8, 1000))
+    for ax in (1, -2, 0, 2):
+        r = tg.sum(tg.tensor(a0), ax).numpy()
+        with np.errstate(all="ignore"):  # (NumPy's bits, as before the compiled pass)
+            assert _same_bits(r, np.sum(a0, axis=ax))
+    assert taken == [(1,), (1,), (0,), (2,)], taken
+
+
+@pytest.mark.parametrize("name", ["reshape", "expand", "getitem", "transpose", "permute"])
+def test_shape_rules_recorded_directly(name):
+    # create_graph: a shape op's rule call (a reduction's gradient broadcast back, the
+    # gradient of an index or a view) is recorded directly, with torch's first and second
+    # derivatives
+    assert _tensor_backend.TensorF.expand.__qualname__.startswith("_shape_op")
+    rng = np.random.default_rng(5)
+    x0 = rng.normal(size=(4, 3, 5))
+    ops = {"reshape": lambda M, x: x.reshape(12, 5), "expand": lambda M, x: M.sum(x, 1),
+           "getitem": lambda M, x: x[1:3, :, None], "transpose": lambda M, x: x.transpose(0, 2),
+           "permute": lambda M, x: x.permute(2, 0, 1)}
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        v = ops[name](M, x * x)
+        g, = M.autograd.grad(M.sum(v * v * v), x, create_graph=True)
+        h, = M.autograd.grad(M.sum(g * g), x)
+        out.append((g.detach().numpy(), h.numpy()))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+@pytest.mark.parametrize("idx", [(slice(None), None), (None, slice(1, 3)),
+                                 (slice(None), slice(None), None)])
+def test_slice_index_short_path(monkeypatch, idx):
+    # x[:, :, None] (slices and new axes only) takes the short path: a view recorded as
+    # the general path records it, torch's values and gradients, a plain result shares
+    # its base's version counter, and too many indices raise the general path's IndexError
+    import tapegrad._fn_shapes as smod
+    general = []
+    real = smod._index
+    monkeypatch.setattr(smod, "_index", lambda i: general.append(i) or real(i))
+    x0 = np.random.default_rng(6).normal(size=(4, 5))
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        v = x[idx]
+        g, = M.autograd.grad(M.sum(v * v * v), x, create_graph=True)
+        h, = M.autograd.grad(M.sum(g * g), x)
+        out.append((v.detach().numpy(), g.detach().numpy(), h.numpy()))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-14)
+    p = tg.tensor(x0)
+    assert p[idx]._ver is p._ver
+    assert not general
+    with pytest.raises(IndexError, match="too many indices"):
+        tg.tensor(x0)[(slice(None),) * 3]
+
+
+def test_sum_over_one_dim_short_path(monkeypatch):
+    # sum over one int dim of a float64 tensor: the values, dtype and gradient of the
+    # general path, and its errors
+    import tapegrad._fn_reductions as fmod
+    general = []
+    real = fmod._dims
+    monkeypatch.setattr(fmod, "_dims", lambda d, n: general.append(d) or real(d, n))
+    a0 = np.random.default_rng(8).normal(size=(3, 4, 70))
+    for dim in (0, 1, 2, -1, -3):
+        for keepdim in (False, True):
+            r = tg.sum(tg.tensor(a0), dim, keepdim=keepdim)
+            e = torch.sum(torch.tensor(a0), dim, keepdim=keepdim)
+            assert r.shape == tuple(e.shape) and r.dtype == tg.float64
+            np.testing.assert_allclose(r.numpy(), e.numpy(), rtol=1e-14)
+    x = tg.tensor(a0[0, 0], requires_grad=True)
+    s = tg.sum(x * x, 0)
+    assert isinstance(s.item(), float)
+    g, = tg.autograd.grad(s, x)
+    np.testing.assert_allclose(g.numpy(), 2 * a0[0, 0], rtol=1e-15)
+    assert not general
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        tg.sum(tg.tensor(a0), 3)
+
+
+def test_expand_view_is_expands_forward():
+    # create_graph's expand builds the zero-stride view directly: the values, strides and
+    # read-only flag of expand's own forward, its error where shapes do not broadcast
+    from tapegrad.ops import BY_NAME
+    real = BY_NAME["expand"].np
+    rng = np.random.default_rng(9)
+    cases = [(rng.normal(size=(10, 1, 16)), (10, 8, 16)), (rng.normal(size=(1, 5)), (3, 4, 5)),
+             (rng.normal(size=(5,)), (2, 5)), (rng.normal(size=(3, 1))[::2], (2, 4)),
+             (np.zeros((0, 1)), (0, 3)), (2.5, (4, 3)), (rng.normal(size=(2, 3)), (2, 3)),
+             (rng.normal(size=(2, 3)).astype(np.float32), (4, 2, 3))]
+    for d, shape in cases:
+        r, e = _tensor_backend._expand_np(d, (shape, np.shape(d))), real(d, (shape, np.shape(d)))
+        assert r.shape == e.shape and r.strides == e.strides and r.dtype == e.dtype
+        assert r.flags.writeable == e.flags.writeable and np.array_equal(r, e)
+    for f in (_tensor_backend._expand_np, real):
+        with pytest.raises(ValueError):
+            f(np.ones((3, 2)), ((3, 4), (3, 2)))
+
+
+def test_where_of_a_constant_gradient_records_nothing():
+    # max/min(dim)'s rule on a constant gradient (a seed's, in create_graph's first sweep):
+    # a plain result, no entry on the tape
+    c = np.array([True, False, True])
+    g = tg.tensor(np.array([1.0, 2.0, 3.0]))
+    r = _tensor_backend.TensorF.where(c, g, 0.0)
+    assert not r.requires_grad and r._tape is None
+    assert np.array_equal(r.numpy(), [1.0, 0.0, 3.0])
+
+
+def test_unary_float64_array_short_path(monkeypatch):
+    # an elementwise function of a float64 array (lstm's gates) is recorded without the
+    # dtype conversions; other dtypes and traces keep the general path, with torch's dtypes
+    import tapegrad._recorder as rec
+    general = []
+    real = rec._norm_value
+
+    def gates(M, x):
+        monkeypatch.setattr(rec, "_norm_value", lambda v: general.append(v) or real(v))
+        r = M.sigmoid(x), M.tanh(x), M.exp(-x)
+        monkeypatch.setattr(rec, "_norm_value", real)
+        return r
+    x0 = np.random.default_rng(10).normal(size=14)
+    out = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        s, t, e = gates(M, x)
+        y = M.sum(s * t + e)
+        g, = M.autograd.grad(y, x)
+        out.append((y.item(), g.numpy()))
+    assert not general
+    monkeypatch.setattr(rec, "_norm_value", lambda v: general.append(v) or real(v))
+    np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-14)
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-15)
+    for d, want in ((np.float32, np.float32), (np.int64, np.float64), (np.bool_, np.float64)):
+        r = tg.exp(tg.tensor(np.ones(3, dtype=d)))  # (an integer's: the default float dtype)
+        assert r.numpy().dtype == want
+    assert general
+
+
+@pytest.mark.parametrize("have, want", [((10, 8, 1000), (10, 8, 1)), ((10, 8, 1000), (8, 1000)),
+                                        ((10, 8, 1000), (1, 8, 1)), ((30, 4), (4,)),
+                                        ((30, 4), (30, 1)), ((6, 5, 7), (5, 1)),
+                                        ((300, 3, 8), (300, 3, 1)), ((2, 3), (2, 3))])
+def test_create_graph_sum_to_is_sum_tos_bits(have, want):
+    # create_graph's fit sums a broadcast gradient by np.sum's own add.reduce call: the
+    # bits of sum_to (fast_sum's short last axis left to it)
+    from tapegrad.ops.arrays import sum_to
+    g = _specials(np.random.default_rng(have[-1]), have)
+    with np.errstate(all="ignore"):
+        r = _tensor_backend._sum_to_np(g, want)
+        e = sum_to(g, want)
+        assert r is None and (want == have or have[-1] <= 8 and want[-1] == 1) \
+            or _same_bits(np.asarray(r), e)
+        f = _tensor_backend._fit(tg.tensor(g), np.zeros(want))
+        assert _same_bits(f.numpy(), e)
+
+
+def test_negated_sum_test_in_python():
+    # kmeans' sub rule takes -sum(g) when the summed gradient has no zero and no NaN:
+    # tested in Python on a few numbers, as NumPy's all() and sum() said
+    from tapegrad.interpreters.rerecord import _no_zero_or_nan
+    rng = np.random.default_rng(11)
+    for n in (1, 80, 256, 300):
+        for special in (None, 0.0, -0.0, np.nan, np.inf, -np.inf, "both"):
+            r = rng.normal(size=(n, 1))
+            if special == "both":
+                r[0], r[-1] = np.inf, -np.inf
+            elif special is not None:
+                r[n // 2] = special
+            with np.errstate(all="ignore"):
+                want = bool(r.all()) and not np.isnan(r.sum())
+            assert _no_zero_or_nan(r) == want, (n, special)
+
+
+def test_operators_on_same_shape_arrays_inline(monkeypatch):
+    # x op y on two float64 arrays of one shape (lstm's gates) runs in the generated
+    # operator itself: torch's values and gradients; other cases still take the fallback
+    from tapegrad import _generated_eager as gen
+    fallback = []
+    real = gen.binary_fallback
+    monkeypatch.setattr(gen, "binary_fallback",
+                        lambda op, x, y: fallback.append(op.name) or real(op, x, y))
+    rng = np.random.default_rng(12)
+    a0, b0 = rng.normal(size=14), rng.normal(size=14) + 3.0
+    out = []
+    for M in (tg, torch):
+        a, b = M.tensor(a0, requires_grad=True), M.tensor(b0, requires_grad=True)
+        c = M.tensor(b0)  # a constant
+        y = M.sum((a + b) * (a - b) / b ** c * c)
+        ga, gb = M.autograd.grad(y, (a, b))
+        out.append((y.item(), ga.numpy(), gb.numpy()))
+    assert not fallback
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-14)
+    for x, z in zip(out[0][1:], out[1][1:]):
+        np.testing.assert_allclose(x, z, rtol=1e-12, atol=1e-15)
+    from tapegrad._recorder import _binary_general
+    from tapegrad.ops import BY_NAME
+    a, b = tg.tensor(a0, requires_grad=True), tg.tensor(b0)
+    for name, r in (("add", a + b), ("sub", a - b), ("mul", a * b), ("div", a / b),
+                    ("pow", b ** a)):
+        x, z = (b, a) if name == "pow" else (a, b)
+        assert _same_bits(r.detach().numpy(),
+                          _binary_general(BY_NAME[name], x, z).detach().numpy())
+    with tg.no_grad():
+        r = tg.tensor(a0, requires_grad=True) * tg.tensor(b0)
+    assert not r.requires_grad and r._tape is None
+    tg.tensor(a0) * tg.tensor(b0[:1])  # broadcast: the fallback
+    tg.tensor(a0) * tg.tensor(b0.astype(np.float32))  # promotion: the fallback
+    assert fallback == ["mul", "mul"]

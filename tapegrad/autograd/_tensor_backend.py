@@ -6,13 +6,19 @@ import numpy as np
 
 from .. import _generated_eager as _eager
 from ..functions import where as _where
-from ..ops import ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
-from ..ops.arrays import sum_to
+from ..ops import ARRAY, ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
+from ..ops.arrays import sum_axes, sum_to
 from ..tape import STATE
-from ..tensor import Tensor, _plain, _pyfloat, array_op, binary, quiet, unary
+from ..tensor import Tensor, _norm_value, _plain, _pyfloat, _record, array_op, binary, quiet, unary
 
 _WHERE = BY_NAME["where"]
+_SUM_TO = BY_NAME["sum_to"]
+_EXPAND = BY_NAME["expand"]
+# ops whose forward only moves values (a view or a copy): no arithmetic, no floating-point
+# warning to silence, so their rule calls skip quiet() and the generic list building
+_SHAPE_OPS = frozenset(("reshape", "expand", "getitem", "transpose", "permute"))
 _F64 = np.dtype(np.float64)
+_add_reduce = np.add.reduce
 
 
 class _TensorF:
@@ -63,6 +69,52 @@ def _array(op):
     return f
 
 
+def _shape_op(op):
+    """A shape op's rule call (``F.expand(g, aux)``), the hot ones of a create_graph sweep
+    (a reduction's gradient broadcast back, a reshape): on a tensor outside a trace it is
+    recorded directly, the same entry ``_array`` records without its generic steps."""
+    generic, npf, code = _array(op), op.np, op.code | ARRAY
+    if op.name == "expand":
+        npf = _expand_np
+
+    def f(x, aux):
+        if x.__class__ is not Tensor or STATE.trace is not None:
+            return generic(x, aux)
+        v = npf(x._d, aux)
+        if v.__class__ is not np.ndarray or v.ndim == 0:
+            v = _norm_value(v)  # a 0-d float64 result is a Python float, as array_op makes it
+        if x._rg and STATE.grad_enabled:
+            return _record(code, x, None, 0.0, 0.0, v, aux)
+        return _plain(v)
+    f.__name__ = op.name
+    return f
+
+
+def _expand_np(d, aux):
+    """expand's forward (``np.broadcast_to``, read-only) for a C-contiguous array: the
+    zero-stride view built directly, at half broadcast_to's cost (a reduction's gradient
+    broadcast back in every create_graph sweep)."""
+    shape = aux[0]
+    if d.__class__ is _pyfloat:  # a full reduction's gradient, as expand's own forward
+        return np.ndarray(shape, _F64, np.array((d,)), 0, (0,) * len(shape))
+    if d.__class__ is np.ndarray and d.flags.c_contiguous and d.size:
+        pad = len(shape) - d.ndim
+        if pad >= 0:
+            strides = [0] * pad
+            for n, st, want in zip(d.shape, d.strides, shape[pad:]):
+                if n == want:
+                    strides.append(st)
+                elif n == 1:
+                    strides.append(0)
+                else:
+                    break  # not broadcastable: NumPy's error below
+            else:
+                v = np.ndarray(shape, d.dtype, d, 0, strides)
+                v.flags.writeable = False
+                return v
+    return _EXPAND.np(d, aux)
+
+
 def _where_rule(c, x, y):
     if c is True or c is False or isinstance(c, np.bool_):
         return x if c else y
@@ -76,6 +128,8 @@ def _where_rule(c, x, y):
         # where(mask, g, 0.0), max/min(dim)'s rule: where()'s entry without its checks and
         # conversions (most of its time here)
         v = np.where(c, x._d, y)
+        if not (x._rg and STATE.grad_enabled):  # a constant gradient (a seed's): no entry
+            return _plain(v)
         return array_op(_WHERE, [x, _plain(_pyfloat(y))], v,
                         (c if c.shape == v.shape else np.broadcast_to(c, v.shape),))
     return _where(c, _operand(x), _operand(y))
@@ -94,9 +148,11 @@ def _fit(gr, like):
         if like.__class__ is _pyfloat:
             return gr if gr.shape == () else gr.sum()
         if gr.shape != like.shape:
-            from ..ops import BY_NAME
-            v = sum_to(np.asarray(gr._d), like.shape)
-            gr = array_op(BY_NAME["sum_to"], [gr], v, (like.shape, gr.shape))
+            d = gr._d
+            v = _sum_to_np(d, like.shape) if d.__class__ is np.ndarray else None
+            if v is None:
+                v = sum_to(np.asarray(d), like.shape)
+            gr = array_op(_SUM_TO, [gr], v, (like.shape, gr.shape))
         if gr.dtype.np != like.dtype:
             gr = gr.to(like.dtype)
         return gr
@@ -105,6 +161,21 @@ def _fit(gr, like):
     return _plain(np.array(np.broadcast_to(sum_to(np.asarray(gr, dtype=like.dtype), like.shape)
                                            if np.shape(gr) else gr, like.shape),
                            dtype=like.dtype))
+
+
+def _sum_to_np(d, shape):
+    """``sum_to(d, shape)`` by the same ``add.reduce`` call ``np.sum`` makes (same bits),
+    without np.sum's wrapper and reshape steps; None where fast_sum's short-last-axis sum
+    (its own order) may apply, or where ``shape`` has more dims than ``d``."""
+    gs = d.shape
+    if len(shape) > len(gs) or d.dtype is not _F64:
+        return None
+    axes = sum_axes(gs, shape)
+    if not axes or gs[-1] <= 8 and len(gs) - 1 in axes:
+        return None
+    r = _add_reduce(d, axes, None, None, True)
+    lead = len(gs) - len(shape)
+    return r.reshape(shape) if lead else r
 
 
 def _fit_batched(gr, like, B):
@@ -136,7 +207,7 @@ def build():
         elif op.kind == BINARY:
             setattr(F, op.name, _binary(op))
         elif op.kind == ARRAY_OP:
-            setattr(F, op.name, _array(op))
+            setattr(F, op.name, _shape_op(op) if op.name in _SHAPE_OPS else _array(op))
     F.where = _where_rule
     F.cond = lambda c, x, y: x() if c else y()
     F.zeros_like = lambda x: 0.0

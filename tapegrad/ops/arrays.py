@@ -31,8 +31,9 @@ def _gk(F, g, a, aux):
     dims, keepdim = aux[0], aux[1]
     if keepdim or dims is None and np.ndim(g) == 0:
         return g
-    ks = _kshape(np.shape(g), dims, keepdim, np.ndim(a))
-    return g if ks == np.shape(g) else F.reshape(g, (ks, np.shape(g)))
+    gs = np.shape(g)  # (once: on a tensor, a microsecond each)
+    ks = _kshape(gs, dims, keepdim, np.ndim(a))
+    return g if ks == gs else F.reshape(g, (ks, gs))
 
 
 # --- batched sweeps (is_grads_batched) ----------------------------------------------------
