@@ -22,6 +22,8 @@ _WHAT = {
                  [("tapegrad.interpreters.replay_cpu", "vjp_multi")]),
     "jacobian_batch": ("the batched Jacobian interpreter", 10,
                        [("tapegrad.interpreters.replay_cpu", "jacobian_batch")]),
+    "kernels": ("the passes for large broadcast arrays", 2,
+                [("tapegrad.ops._kernels", "_rows_op"), ("tapegrad.ops._kernels", "_sum_middle")]),
 }
 
 #: the notices this process may still give; callers test membership before calling

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _notice
 from .._jit import njit_cached
 
 _F64 = np.dtype(np.float64)
@@ -111,6 +112,8 @@ def rows_op(op, x, y):
         if not v.flags.c_contiguous and (v.shape[-1] > 1 or v.size > n * 64):
             return None  # a strided row (a copy would cost what the pass saves)
     out = np.empty((1,) * (3 - len(shape)) + shape, dtype=_F64)
+    if "kernels" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+        _notice.announce("kernels")
     _rows_op(_readonly(x3), _readonly(y3), op, out)
     return out.reshape(shape)
 
@@ -148,6 +151,8 @@ def sum_middle(a, axis, keepdims):
         return None
     a3 = _as3(a)
     out = np.empty((a3.shape[0], n), dtype=_F64)
+    if "kernels" in _notice.PENDING:
+        _notice.announce("kernels")
     _sum_middle(a3, out)
     shape = a.shape[:-2] + ((1,) if keepdims else ()) + (n,)
     return out.reshape(shape)
