@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .interpreters import program as _prog
+from .interpreters import program_arrays as _arr
 from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain, tensor
 
@@ -128,7 +129,12 @@ class _Code:
     """One traced variant: rows, input and output layout, guard sites."""
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
-        self.rows = np.ascontiguousarray(rows, dtype=np.float64)
+        # ``arows``: the rows as traced, with array instructions (interpreters/
+        # program_arrays.py) when ``arrays``; ``rows``: their scalar rows, slot for slot,
+        # for the interpreters that run scalar rows only (batches, Jacobians, CUDA)
+        self.arows = np.ascontiguousarray(rows, dtype=np.float64)
+        self.arrays = _arr.has_arrays(self.arows)
+        self._rows = None if self.arrays else self.arows
         self.in_slots = np.ascontiguousarray(in_slots, dtype=np.int64)
         self.out_slots = np.ascontiguousarray(out_slots, dtype=np.int64)
         self.inputs = inputs      # [(shape, dtype)]
@@ -158,10 +164,24 @@ class _Code:
             self.out_keys is not None
         self._work, self._flat = [], []
 
+    @property
+    def rows(self):
+        """The scalar rows (array instructions expanded on first use)."""
+        r = self._rows
+        if r is None:
+            r = self._rows = _arr.expand(self.arows)
+        return r
+
+    def run_fresh(self, x, seeds, grad):
+        """``replay_cpu.run_fresh`` of this code: (status, outputs, gradients)."""
+        if self.arrays:
+            return _arr.run_fresh(self.arows, x, self.out_slots, seeds, self.in_slots, grad)
+        return _cpu.run_fresh(self.rows, x, self.out_slots, seeds, self.in_slots, grad)
+
     def new_work(self):
         """A ``work`` buffer of ``replay_cpu.run_into``: the seeds of value_and_grad (ones),
         then room for the values and adjoints."""
-        work = np.empty(len(self.out_slots) + 2 * self.rows.shape[0])
+        work = np.empty(len(self.out_slots) + 2 * self.arows.shape[0])
         work[:len(self.out_slots)] = 1.0
         return work
 
@@ -170,7 +190,8 @@ class _Code:
         free = self._work
         work = free.pop() if free else self.new_work()
         res = np.empty(self.slots.shape[0])
-        status = _cpu.run_into(self.rows, self.slots, x, work, res, grad)
+        status = (_arr.run_into if self.arrays else _cpu.run_into)(
+            self.arows, self.slots, x, work, res, grad)
         free.append(work)
         return status, res
 
@@ -192,7 +213,7 @@ def _grad_code(code, seeds=None):
     """The program of ``code``'s gradient (of ``sum(seeds * outputs)``): its rows followed by
     the reverse sweep re-recorded as rows; outputs: the gradient's elements."""
     seeds = [1.0] * len(code.out_slots) if seeds is None else [float(s) for s in seeds]
-    L, grads = _prog.grad_rows(code.rows, code.out_slots, seeds, code.in_slots)
+    L, grads = _prog.grad_rows(code.arows, code.out_slots, seeds, code.in_slots)
     rows = L.rows()
     out = np.array([int(g) for g in grads], dtype=np.int64)
     pruned, new = _prog.prune(rows, out)
@@ -205,8 +226,8 @@ def _hvp_code(code):
     """A program of (x, v) whose value is ``grad(f)(x) . v``: its gradient in x is H v."""
     nin = len(code.in_slots)
     L = _prog.Builder()
-    L._blocks.append(code.rows.copy())
-    L.n = code.rows.shape[0]
+    L._blocks.append(code.arows.copy())
+    L.n = code.arows.shape[0]
     vs = L.inputs(nin, (nin,))
     rows = L.rows()
     L2, grads = _prog.grad_rows(rows, code.out_slots, [1.0] * len(code.out_slots),
@@ -232,8 +253,8 @@ def _vjp_code(code):
     compiled."""
     nout = len(code.out_slots)
     L = _prog.Builder()
-    L._blocks.append(code.rows.copy())
-    L.n = code.rows.shape[0]
+    L._blocks.append(code.arows.copy())
+    L.n = code.arows.shape[0]
     vs = L.inputs(len(code.in_slots), (nout,))
     rows = L.rows()
     L2, grads = _prog.grad_rows(rows, code.out_slots, [int(v) for v in vs], code.in_slots)

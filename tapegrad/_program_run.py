@@ -94,7 +94,7 @@ class _Running:
         if batch is None:
             if "replay" in _notice.PENDING:
                 _notice.announce("replay")
-            return _cpu.run_fresh(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
+            return code.run_fresh(x, seeds, grad)
         # one block has nothing to spread over the cores, and starting the threads costs
         # more than the block (tens of ms on a busy machine): it runs serially
         parallel = self.target == "parallel" and batch > self.block
@@ -200,7 +200,7 @@ class _Running:
             xb, sb = np.ascontiguousarray(x[:, b]), np.ascontiguousarray(seeds[:, b])
             for variant in self._variants[1:]:
                 c = select(variant)
-                st, o, g = _cpu.run_fresh(c.rows, xb, c.out_slots, sb, c.in_slots, grad)
+                st, o, g = c.run_fresh(xb, sb, grad)
                 if st == 0:
                     outs[:, b], grads[:, b] = o, g
                     break
