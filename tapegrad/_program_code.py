@@ -135,6 +135,8 @@ class _Code:
         self.arows = np.ascontiguousarray(rows, dtype=np.float64)
         self.arrays = _arr.has_arrays(self.arows)
         self._rows = None if self.arrays else self.arows
+        if self.arrays:
+            _arr.mark_inactive(self.arows, _arr.GRAD_BITS, _arr.LEAF)
         self.in_slots = np.ascontiguousarray(in_slots, dtype=np.int64)
         self.out_slots = np.ascontiguousarray(out_slots, dtype=np.int64)
         self.inputs = inputs      # [(shape, dtype)]

@@ -122,6 +122,9 @@ def reverse(rows, v, adj):
         op = int(rows[k, 0])
         if op == TAIL:
             k = int(rows[k, 1])
+            if rows[k + 3, 5] != 0.0:  # no input's gradient goes through it
+                k -= 1
+                continue
             m = int(rows[k + 1, 4])
             op = int(rows[k + 1, 5])
 ''')

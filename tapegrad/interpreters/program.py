@@ -69,6 +69,11 @@ class Builder:
         arrs = np.broadcast_arrays(*[np.asarray(i, dtype=np.int64) for i in ins])
         shape = arrs[0].shape
         m = int(np.prod(shape))
+        if m > 1 and name in _arr.ARRAYABLE and all(not any(x.strides) for x in arrs):
+            # every element is the same op of the same slots (a broadcast scalar): one row
+            ins = tuple(int(x.reshape(-1)[0]) for x in arrs) + (-1,) * (3 - len(arrs))
+            return np.full(shape, self.row(code, ins[0], ins[1], ins[2], c0, c1),
+                           dtype=np.int64)
         if shape == ():
             ins = tuple(int(i) for i in arrs) + (-1,) * (3 - len(arrs))
             return np.asarray(self.row(code, ins[0], ins[1], ins[2], c0, c1))

@@ -21,6 +21,7 @@ from ..ops import BY_NAME
 NCOL = 6
 ARR = BY_NAME["array_ew"].code
 TAIL = BY_NAME["array_tail"].code
+LEAF = BY_NAME["leaf"].code
 #: the shortest run of elements made one instruction (shorter runs stay scalar rows; at
 #: least 4: an instruction's rows after the first hold its length and strides). Set it to
 #: a huge number to trace scalar rows only (``tapegrad.trace(..., array_instructions=False)``)
@@ -100,6 +101,57 @@ def expand(rows):
         blk[:, 4:6] = rows[k, 4:6]
         blk[:, 0] = code
     return out
+
+
+def _grad_bits():
+    """By opcode: the inputs (bits a, b, c) whose gradient its rule gives."""
+    from ..ops import OPS
+    from ._codegen_emit import _replay_ops, rule_exprs
+    bits = np.zeros(len(OPS), dtype=np.int64)
+    for op in _replay_ops():
+        exprs = rule_exprs(op)
+        bits[op.code] = sum(1 << j for j, n in enumerate("abc") if n in exprs)
+    return bits
+
+
+GRAD_BITS = _grad_bits()
+
+
+@njit_cached(nogil=True)
+def mark_inactive(rows, bits, leaf):
+    """Flag (1.0 in the constant column of an instruction's fourth row) the array
+    instructions whose values depend on no input through a gradient: their reverse adds
+    only to adjoints that reach no input, so the reverse sweep skips them (the max of
+    detached values, the counts of tied elements...)."""
+    n = rows.shape[0]
+    act = np.zeros(n, dtype=np.bool_)
+    k = 0
+    while k < n:
+        op = int(rows[k, 0])
+        if op == leaf:
+            act[k] = True
+            k += 1
+        elif op == ARR:
+            m = int(rows[k + 1, 4])
+            b = bits[int(rows[k + 1, 5])]
+            st = (int(rows[k + 2, 4]), int(rows[k + 2, 5]), int(rows[k + 3, 4]))
+            any_ = False
+            for c in range(3):
+                s = int(rows[k, 1 + c])
+                if s >= 0 and (b >> c) & 1:
+                    for i in range(m):
+                        if act[s + i * st[c]]:
+                            act[k + i] = True
+                            any_ = True
+            rows[k + 3, 5] = 0.0 if any_ else 1.0
+            k += m
+        else:
+            b = bits[op] if op < bits.shape[0] else 0
+            for c in range(3):
+                s = int(rows[k, 1 + c])
+                if s >= 0 and (b >> c) & 1 and act[s]:
+                    act[k] = True
+            k += 1
 
 
 def has_arrays(rows):
