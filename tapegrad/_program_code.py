@@ -135,8 +135,10 @@ class _Code:
         self.arows = np.ascontiguousarray(rows, dtype=np.float64)
         self.arrays = _arr.has_arrays(self.arows)
         self._rows = None if self.arrays else self.arows
+        # the values' count: the rows' count without array instructions
+        self.nslots = _arr.row_slots(self.arows)[1] if self.arrays else self.arows.shape[0]
         if self.arrays:
-            _arr.mark_inactive(self.arows, _arr.GRAD_BITS, _arr.LEAF)
+            _arr.mark_inactive(self.arows, self.nslots, _arr.GRAD_BITS, _arr.LEAF)
         self.in_slots = np.ascontiguousarray(in_slots, dtype=np.int64)
         self.out_slots = np.ascontiguousarray(out_slots, dtype=np.int64)
         self.inputs = inputs      # [(shape, dtype)]
@@ -177,13 +179,14 @@ class _Code:
     def run_fresh(self, x, seeds, grad):
         """``replay_cpu.run_fresh`` of this code: (status, outputs, gradients)."""
         if self.arrays:
-            return _arr.run_fresh(self.arows, x, self.out_slots, seeds, self.in_slots, grad)
+            return _arr.run_fresh(self.arows, self.nslots, x, self.out_slots, seeds,
+                                  self.in_slots, grad)
         return _cpu.run_fresh(self.rows, x, self.out_slots, seeds, self.in_slots, grad)
 
     def new_work(self):
         """A ``work`` buffer of ``replay_cpu.run_into``: the seeds of value_and_grad (ones),
         then room for the values and adjoints."""
-        work = np.empty(len(self.out_slots) + 2 * self.arows.shape[0])
+        work = np.empty(len(self.out_slots) + 2 * self.nslots)
         work[:len(self.out_slots)] = 1.0
         return work
 
@@ -192,8 +195,10 @@ class _Code:
         free = self._work
         work = free.pop() if free else self.new_work()
         res = np.empty(self.slots.shape[0])
-        status = (_arr.run_into if self.arrays else _cpu.run_into)(
-            self.arows, self.slots, x, work, res, grad)
+        if self.arrays:
+            status = _arr.run_into(self.arows, self.nslots, self.slots, x, work, res, grad)
+        else:
+            status = _cpu.run_into(self.arows, self.slots, x, work, res, grad)
         free.append(work)
         return status, res
 
@@ -229,7 +234,7 @@ def _hvp_code(code):
     nin = len(code.in_slots)
     L = _prog.Builder()
     L._blocks.append(code.arows.copy())
-    L.n = code.arows.shape[0]
+    L.n = code.nslots
     vs = L.inputs(nin, (nin,))
     rows = L.rows()
     L2, grads = _prog.grad_rows(rows, code.out_slots, [1.0] * len(code.out_slots),
@@ -256,7 +261,7 @@ def _vjp_code(code):
     nout = len(code.out_slots)
     L = _prog.Builder()
     L._blocks.append(code.arows.copy())
-    L.n = code.arows.shape[0]
+    L.n = code.nslots
     vs = L.inputs(len(code.in_slots), (nout,))
     rows = L.rows()
     L2, grads = _prog.grad_rows(rows, code.out_slots, [int(v) for v in vs], code.in_slots)

@@ -48,7 +48,7 @@ def _block_for(variants):
     split the samples: every block size gives the same numbers)."""
     if not variants:
         return _cpu.BLOCK
-    rows = max(1, variants[0].arows.shape[0])
+    rows = max(1, variants[0].nslots)
     block = _cpu.BLOCK
     while block > 16 and rows * block * 16 > BLOCK_BYTES:
         block //= 2

@@ -30,15 +30,20 @@ TAIL = {tail}
 '''  # noqa: E501 (the generated files' first line)
 
 #: an instruction's operands (first slot and stride of each input), read before its loop
-_OPERANDS = {"a": ("int(rows[k, 1])", "int(rows[k + 2, 4])"),
-             "b": ("int(rows[k, 2])", "int(rows[k + 2, 5])"),
-             "c": ("int(rows[k, 3])", "int(rows[k + 3, 4])")}
+_OPERANDS = {"a": ("int(rows[r, 1])", "int(rows[r + 2, 4])"),
+             "b": ("int(rows[r, 2])", "int(rows[r + 2, 5])"),
+             "c": ("int(rows[r, 3])", "int(rows[r + 3, 4])")}
+
+
+def _at_row(src):
+    """The scalar branches read row ``r`` (``k`` is the slot they compute)."""
+    return [line.replace("rows[k, ", "rows[r, ") for line in src]
 
 
 def _array_forward(op):
     e = _forward_expr(op)
     ins = [n for n in _inputs(op) if _uses(e, n)]
-    body = [f"{n} = rows[k, {4 if n == 'c0' else 5}]" for n in _consts_of(op) if _uses(e, n)]
+    body = [f"{n} = rows[r, {4 if n == 'c0' else 5}]" for n in _consts_of(op) if _uses(e, n)]
     for n in ins:
         body += [f"i{n} = {_OPERANDS[n][0]}", f"s{n} = {_OPERANDS[n][1]}"]
     body.append("for i in range(m):")
@@ -53,7 +58,7 @@ def _array_reverse(op):
         return None
     ins = _inputs(op)
     reads = [n for n in ins + ("out",) if any(_uses(e, n) for e in exprs.values())]
-    body = [f"{n} = rows[k, {4 if n == 'c0' else 5}]" for n in _consts(op, exprs.values())]
+    body = [f"{n} = rows[r, {4 if n == 'c0' else 5}]" for n in _consts(op, exprs.values())]
     for n in ins:
         if n in exprs or n in reads:
             body += [f"i{n} = {_OPERANDS[n][0]}", f"s{n} = {_OPERANDS[n][1]}"]
@@ -88,50 +93,58 @@ def generate_arrays():
 
 @njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v):
-    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard."""
+    """Run the program at inputs ``x`` into ``v`` (one value per slot: row ``r`` computes
+    slot ``k``, an array instruction slots ``k .. k + m - 1``); 0, or 1 + the slot of a
+    failed guard (its row in the expanded program)."""
     nr = rows.shape[0]
+    r = 0
     k = 0
-    while k < nr:
-        op = int(rows[k, 0])
+    while r < nr:
+        op = int(rows[r, 0])
         if op == ARR:
-            m = int(rows[k + 1, 4])
-            op = int(rows[k + 1, 5])
+            m = int(rows[r + 1, 4])
+            op = int(rows[r + 1, 5])
 ''')
     src += _array_dispatch(ops, _array_forward, 12)
     src.append('''            k += m
+            r += 4
             continue
         if op == LEAF:
-            v[k] = x[int(rows[k, 4])]
+            v[k] = x[int(rows[r, 4])]
         elif op == CONST:
-            v[k] = rows[k, 4]
+            v[k] = rows[r, 4]
         elif op == GUARD:
-            t = v[int(rows[k, 1])]
+            t = v[int(rows[r, 1])]
             v[k] = t
-            if (t != 0.0) != (rows[k, 4] != 0.0):
+            if (t != 0.0) != (rows[r, 4] != 0.0):
                 return k + 1
 ''')
-    src += dispatch(ops, REPLAY_ONE, forward=True, first=False)
-    src.append("        k += 1\n    return 0\n")
+    src += _at_row(dispatch(ops, REPLAY_ONE, forward=True, first=False))
+    src.append("        k += 1\n        r += 1\n    return 0\n")
     src.append('''
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj):
     """The reverse sweep of one sample: ``adj`` seeded at the outputs."""
-    k = rows.shape[0] - 1
-    while k >= 0:
-        op = int(rows[k, 0])
-        if op == TAIL:
-            k = int(rows[k, 1])
-            if rows[k + 3, 5] != 0.0:  # no input's gradient goes through it
+    r = rows.shape[0] - 1
+    k = v.shape[0] - 1
+    while r >= 0:
+        op = int(rows[r, 0])
+        if op == TAIL:  # an instruction's last row
+            r -= 3
+            m = int(rows[r + 1, 4])
+            k -= m - 1
+            if rows[r + 3, 5] != 0.0:  # no input's gradient goes through it
                 k -= 1
+                r -= 1
                 continue
-            m = int(rows[k + 1, 4])
-            op = int(rows[k + 1, 5])
+            op = int(rows[r + 1, 5])
 ''')
     src += _array_dispatch(ops, _array_reverse, 12)
     src.append('''            k -= 1
+            r -= 1
             continue
 ''')
-    src += dispatch(ops, REPLAY_ONE, first=False)
-    src.append("        k -= 1\n    return 0\n")
+    src += _at_row(dispatch(ops, REPLAY_ONE, first=False))
+    src.append("        k -= 1\n        r -= 1\n    return 0\n")
     return "".join(src)

@@ -18,413 +18,416 @@ TAIL = 90
 
 @njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v):
-    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard."""
+    """Run the program at inputs ``x`` into ``v`` (one value per slot: row ``r`` computes
+    slot ``k``, an array instruction slots ``k .. k + m - 1``); 0, or 1 + the slot of a
+    failed guard (its row in the expanded program)."""
     nr = rows.shape[0]
+    r = 0
     k = 0
-    while k < nr:
-        op = int(rows[k, 0])
+    while r < nr:
+        op = int(rows[r, 0])
         if op == ARR:
-            m = int(rows[k + 1, 4])
-            op = int(rows[k + 1, 5])
+            m = int(rows[r + 1, 4])
+            op = int(rows[r + 1, 5])
             if op == 3:  # neg
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (-a)
             elif op == 4:  # exp
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.exp(a)
             elif op == 5:  # log
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.log(a)
             elif op == 6:  # log1p
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.log1p(a)
             elif op == 7:  # expm1
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.expm1(a)
             elif op == 8:  # sqrt
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.sqrt(a)
             elif op == 9:  # rsqrt
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (1.0 / math.sqrt(a))
             elif op == 10:  # sin
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.sin(a)
             elif op == 11:  # cos
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.cos(a)
             elif op == 12:  # tan
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.tan(a)
             elif op == 13:  # asin
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.asin(a)
             elif op == 14:  # acos
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.acos(a)
             elif op == 15:  # atan
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.atan(a)
             elif op == 16:  # sinh
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.sinh(a)
             elif op == 17:  # cosh
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.cosh(a)
             elif op == 18:  # tanh
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.tanh(a)
             elif op == 19:  # sigmoid
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
             elif op == 20:  # relu
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (0.0 if a <= 0.0 else a)
             elif op == 21:  # erf
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.erf(a)
             elif op == 22:  # abs
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = abs(a)
             elif op == 23:  # sign
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0))
             elif op == 24:  # square
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a * a)
             elif op == 25:  # reciprocal
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (1.0 / a)
             elif op == 26:  # addc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a + c0)
             elif op == 27:  # mulc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a * c0)
             elif op == 28:  # rsubc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (c0 - a)
             elif op == 29:  # divc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a / c0)
             elif op == 30:  # rdivc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (c0 / a)
             elif op == 31:  # powc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a * a if c0 == 2.0 else a ** c0)
             elif op == 32:  # rpowc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (c0 ** a)
             elif op == 33:  # clamp
-                c0 = rows[k, 4]
-                c1 = rows[k, 5]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                c1 = rows[r, 5]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = min(max(a, c0), c1) if a == a else a
             elif op == 34:  # softplus
-                c0 = rows[k, 4]
-                c1 = rows[k, 5]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                c1 = rows[r, 5]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
             elif op == 35:  # add
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a + b)
             elif op == 36:  # sub
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a - b)
             elif op == 37:  # mul
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a * b)
             elif op == 38:  # div
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a / b)
             elif op == 39:  # pow
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a ** b)
             elif op == 40:  # atan2
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = math.atan2(a, b)
             elif op == 41:  # maximum
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a if (a > b or a != a) else b)
             elif op == 42:  # minimum
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a if (a < b or a != a) else b)
             elif op == 43:  # clamp_min_t
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (b if a < b else a)
             elif op == 44:  # clamp_max_t
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (b if a > b else a)
             elif op == 45:  # clone
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = a
             elif op == 74:  # lt
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if a < b else 0.0)
             elif op == 75:  # le
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if a <= b else 0.0)
             elif op == 76:  # gt
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if a > b else 0.0)
             elif op == 77:  # ge
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if a >= b else 0.0)
             elif op == 78:  # eq
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if a == b else 0.0)
             elif op == 79:  # ne
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if a != b else 0.0)
             elif op == 80:  # logical_and
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
             elif op == 81:  # logical_or
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
             elif op == 82:  # logical_xor
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
             elif op == 83:  # logical_not
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (1.0 if a == 0.0 else 0.0)
             elif op == 84:  # detach
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = a
             elif op == 85:  # select
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
-                ic = int(rows[k, 3])
-                sc = int(rows[k + 3, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
+                ic = int(rows[r, 3])
+                sc = int(rows[r + 3, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
@@ -434,486 +437,491 @@ def forward(rows, x, v):
                 for i in range(m):
                     v[k + i] = (-0.0)
             elif op == 88:  # round_f32
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = np.float64(np.float32(a))
             k += m
+            r += 4
             continue
         if op == LEAF:
-            v[k] = x[int(rows[k, 4])]
+            v[k] = x[int(rows[r, 4])]
         elif op == CONST:
-            v[k] = rows[k, 4]
+            v[k] = rows[r, 4]
         elif op == GUARD:
-            t = v[int(rows[k, 1])]
+            t = v[int(rows[r, 1])]
             v[k] = t
-            if (t != 0.0) != (rows[k, 4] != 0.0):
+            if (t != 0.0) != (rows[r, 4] != 0.0):
                 return k + 1
         elif op == 3:  # neg
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = (-a)
         elif op == 4:  # exp
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.exp(a)
         elif op == 5:  # log
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.log(a)
         elif op == 6:  # log1p
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.log1p(a)
         elif op == 7:  # expm1
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.expm1(a)
         elif op == 8:  # sqrt
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.sqrt(a)
         elif op == 9:  # rsqrt
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = (1.0 / math.sqrt(a))
         elif op == 10:  # sin
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.sin(a)
         elif op == 11:  # cos
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.cos(a)
         elif op == 12:  # tan
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.tan(a)
         elif op == 13:  # asin
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.asin(a)
         elif op == 14:  # acos
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.acos(a)
         elif op == 15:  # atan
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.atan(a)
         elif op == 16:  # sinh
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.sinh(a)
         elif op == 17:  # cosh
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.cosh(a)
         elif op == 18:  # tanh
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.tanh(a)
         elif op == 19:  # sigmoid
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
         elif op == 20:  # relu
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = (0.0 if a <= 0.0 else a)
         elif op == 21:  # erf
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = math.erf(a)
         elif op == 22:  # abs
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = abs(a)
         elif op == 23:  # sign
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0))
         elif op == 24:  # square
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = (a * a)
         elif op == 25:  # reciprocal
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = (1.0 / a)
         elif op == 26:  # addc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            a = v[int(rows[r, 1])]
             v[k] = (a + c0)
         elif op == 27:  # mulc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            a = v[int(rows[r, 1])]
             v[k] = (a * c0)
         elif op == 28:  # rsubc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            a = v[int(rows[r, 1])]
             v[k] = (c0 - a)
         elif op == 29:  # divc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            a = v[int(rows[r, 1])]
             v[k] = (a / c0)
         elif op == 30:  # rdivc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            a = v[int(rows[r, 1])]
             v[k] = (c0 / a)
         elif op == 31:  # powc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            a = v[int(rows[r, 1])]
             v[k] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 32:  # rpowc
-            c0 = rows[k, 4]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            a = v[int(rows[r, 1])]
             v[k] = (c0 ** a)
         elif op == 33:  # clamp
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            c1 = rows[r, 5]
+            a = v[int(rows[r, 1])]
             v[k] = min(max(a, c0), c1) if a == a else a
         elif op == 34:  # softplus
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
-            a = v[int(rows[k, 1])]
+            c0 = rows[r, 4]
+            c1 = rows[r, 5]
+            a = v[int(rows[r, 1])]
             v[k] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
         elif op == 35:  # add
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (a + b)
         elif op == 36:  # sub
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (a - b)
         elif op == 37:  # mul
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (a * b)
         elif op == 38:  # div
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (a / b)
         elif op == 39:  # pow
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (a ** b)
         elif op == 40:  # atan2
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = math.atan2(a, b)
         elif op == 41:  # maximum
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (a if (a > b or a != a) else b)
         elif op == 42:  # minimum
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (a if (a < b or a != a) else b)
         elif op == 43:  # clamp_min_t
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (b if a < b else a)
         elif op == 44:  # clamp_max_t
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (b if a > b else a)
         elif op == 45:  # clone
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = a
         elif op == 74:  # lt
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if a < b else 0.0)
         elif op == 75:  # le
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if a <= b else 0.0)
         elif op == 76:  # gt
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if a > b else 0.0)
         elif op == 77:  # ge
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if a >= b else 0.0)
         elif op == 78:  # eq
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if a == b else 0.0)
         elif op == 79:  # ne
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if a != b else 0.0)
         elif op == 80:  # logical_and
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
         elif op == 81:  # logical_or
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
         elif op == 82:  # logical_xor
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
             v[k] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
         elif op == 83:  # logical_not
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = (1.0 if a == 0.0 else 0.0)
         elif op == 84:  # detach
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = a
         elif op == 85:  # select
-            a = v[int(rows[k, 1])]
-            b = v[int(rows[k, 2])]
-            c = v[int(rows[k, 3])]
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
+            c = v[int(rows[r, 3])]
             v[k] = (b if a != 0.0 else c)
         elif op == 86:  # pick
             v[k] = (-0.0)
         elif op == 88:  # round_f32
-            a = v[int(rows[k, 1])]
+            a = v[int(rows[r, 1])]
             v[k] = np.float64(np.float32(a))
         k += 1
+        r += 1
     return 0
 
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj):
     """The reverse sweep of one sample: ``adj`` seeded at the outputs."""
-    k = rows.shape[0] - 1
-    while k >= 0:
-        op = int(rows[k, 0])
-        if op == TAIL:
-            k = int(rows[k, 1])
-            if rows[k + 3, 5] != 0.0:  # no input's gradient goes through it
+    r = rows.shape[0] - 1
+    k = v.shape[0] - 1
+    while r >= 0:
+        op = int(rows[r, 0])
+        if op == TAIL:  # an instruction's last row
+            r -= 3
+            m = int(rows[r + 1, 4])
+            k -= m - 1
+            if rows[r + 3, 5] != 0.0:  # no input's gradient goes through it
                 k -= 1
+                r -= 1
                 continue
-            m = int(rows[k + 1, 4])
-            op = int(rows[k + 1, 5])
+            op = int(rows[r + 1, 5])
             if op == 3:  # neg
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += (-g)
             elif op == 4:  # exp
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += (g * out)
             elif op == 5:  # log
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g / a)
             elif op == 6:  # log1p
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g / (a + 1.0))
             elif op == 7:  # expm1
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += (g * (out + 1.0))
             elif op == 8:  # sqrt
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += (g / (2.0 * out))
             elif op == 9:  # rsqrt
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += ((((-0.5 * g) * out) * out) * out)
             elif op == 10:  # sin
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g * math.cos(a))
             elif op == 11:  # cos
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += ((-g) * math.sin(a))
             elif op == 12:  # tan
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += (g * (1.0 + (out * out)))
             elif op == 13:  # asin
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g / math.sqrt((1.0 - (a * a))))
             elif op == 14:  # acos
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += ((-g) / math.sqrt((1.0 - (a * a))))
             elif op == 15:  # atan
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g / (1.0 + (a * a)))
             elif op == 16:  # sinh
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g * math.cosh(a))
             elif op == 17:  # cosh
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g * math.sinh(a))
             elif op == 18:  # tanh
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += (g * (1.0 - (out * out)))
             elif op == 19:  # sigmoid
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += ((g * (1.0 - out)) * out)
             elif op == 20:  # relu
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (0.0 if (a <= 0.0) else g)
             elif op == 21:  # erf
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
             elif op == 22:  # abs
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
             elif op == 24:  # square
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += ((g * 2.0) * a)
             elif op == 25:  # reciprocal
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += ((-g) * (out * out))
             elif op == 26:  # addc
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += g
             elif op == 27:  # mulc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += (g * c0)
             elif op == 28:  # rsubc
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += (-g)
             elif op == 29:  # divc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += (g / c0)
             elif op == 30:  # rdivc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (((-g) * c0) / (a * a))
             elif op == 31:  # powc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
             elif op == 32:  # rpowc
-                c0 = rows[k, 4]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     out = v[k + i]
                     adj[ia + i * sa] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
             elif op == 33:  # clamp
-                c0 = rows[k, 4]
-                c1 = rows[k, 5]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                c1 = rows[r, 5]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g if ((a >= c0) and (a <= c1)) else 0.0)
             elif op == 34:  # softplus
-                c0 = rows[k, 4]
-                c1 = rows[k, 5]
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                c0 = rows[r, 4]
+                c1 = rows[r, 5]
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
             elif op == 35:  # add
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += g
                     adj[ib + i * sb] += g
             elif op == 36:  # sub
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += g
                     adj[ib + i * sb] += (-g)
             elif op == 37:  # mul
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
@@ -921,10 +929,10 @@ def reverse(rows, v, adj):
                     adj[ia + i * sa] += (g * b)
                     adj[ib + i * sb] += (g * a)
             elif op == 38:  # div
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
@@ -932,10 +940,10 @@ def reverse(rows, v, adj):
                     adj[ia + i * sa] += (g / b)
                     adj[ib + i * sb] += (((-g) * a) / (b * b))
             elif op == 39:  # pow
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
@@ -944,10 +952,10 @@ def reverse(rows, v, adj):
                     adj[ia + i * sa] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
                     adj[ib + i * sb] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
             elif op == 40:  # atan2
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
@@ -955,10 +963,10 @@ def reverse(rows, v, adj):
                     adj[ia + i * sa] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
                     adj[ib + i * sb] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
             elif op == 41:  # maximum
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
@@ -966,10 +974,10 @@ def reverse(rows, v, adj):
                     adj[ia + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
                     adj[ib + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
             elif op == 42:  # minimum
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
@@ -977,10 +985,10 @@ def reverse(rows, v, adj):
                     adj[ia + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
                     adj[ib + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
             elif op == 43:  # clamp_min_t
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
@@ -988,10 +996,10 @@ def reverse(rows, v, adj):
                     adj[ia + i * sa] += (g if (a >= b) else 0.0)
                     adj[ib + i * sb] += (g if (a < b) else 0.0)
             elif op == 44:  # clamp_max_t
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
@@ -999,231 +1007,232 @@ def reverse(rows, v, adj):
                     adj[ia + i * sa] += (g if (a <= b) else 0.0)
                     adj[ib + i * sb] += (g if (a > b) else 0.0)
             elif op == 45:  # clone
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += g
             elif op == 85:  # select
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
-                ic = int(rows[k, 3])
-                sc = int(rows[k + 3, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
+                ic = int(rows[r, 3])
+                sc = int(rows[r + 3, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ib + i * sb] += (g if (a != 0.0) else 0.0)
                     adj[ic + i * sc] += (0.0 if (a != 0.0) else g)
             elif op == 86:  # pick
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
-                ib = int(rows[k, 2])
-                sb = int(rows[k + 2, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     b = v[ib + i * sb]
                     adj[ia + i * sa] += (g * b)
             elif op == 88:  # round_f32
-                ia = int(rows[k, 1])
-                sa = int(rows[k + 2, 4])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += np.float64(np.float32(g))
             k -= 1
+            r -= 1
             continue
         elif op == 3:  # neg
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             g = adj[k]
             adj[ia] += (-g)
         elif op == 4:  # exp
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += (g * out)
         elif op == 5:  # log
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (g / a)
         elif op == 6:  # log1p
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (g / (a + 1.0))
         elif op == 7:  # expm1
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += (g * (out + 1.0))
         elif op == 8:  # sqrt
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += (g / (2.0 * out))
         elif op == 9:  # rsqrt
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += ((((-0.5 * g) * out) * out) * out)
         elif op == 10:  # sin
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (g * math.cos(a))
         elif op == 11:  # cos
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += ((-g) * math.sin(a))
         elif op == 12:  # tan
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += (g * (1.0 + (out * out)))
         elif op == 13:  # asin
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (g / math.sqrt((1.0 - (a * a))))
         elif op == 14:  # acos
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += ((-g) / math.sqrt((1.0 - (a * a))))
         elif op == 15:  # atan
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (g / (1.0 + (a * a)))
         elif op == 16:  # sinh
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (g * math.cosh(a))
         elif op == 17:  # cosh
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (g * math.sinh(a))
         elif op == 18:  # tanh
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += (g * (1.0 - (out * out)))
         elif op == 19:  # sigmoid
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += ((g * (1.0 - out)) * out)
         elif op == 20:  # relu
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (0.0 if (a <= 0.0) else g)
         elif op == 21:  # erf
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
         elif op == 22:  # abs
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
         elif op == 24:  # square
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             a = v[ia]
             g = adj[k]
             adj[ia] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             out = v[k]
             g = adj[k]
             adj[ia] += ((-g) * (out * out))
         elif op == 26:  # addc
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             g = adj[k]
             adj[ia] += g
         elif op == 27:  # mulc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
+            ia = int(rows[r, 1])
+            c0 = rows[r, 4]
             g = adj[k]
             adj[ia] += (g * c0)
         elif op == 28:  # rsubc
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             g = adj[k]
             adj[ia] += (-g)
         elif op == 29:  # divc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
+            ia = int(rows[r, 1])
+            c0 = rows[r, 4]
             g = adj[k]
             adj[ia] += (g / c0)
         elif op == 30:  # rdivc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
+            ia = int(rows[r, 1])
+            c0 = rows[r, 4]
             a = v[ia]
             g = adj[k]
             adj[ia] += (((-g) * c0) / (a * a))
         elif op == 31:  # powc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
+            ia = int(rows[r, 1])
+            c0 = rows[r, 4]
             a = v[ia]
             g = adj[k]
             adj[ia] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 32:  # rpowc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
+            ia = int(rows[r, 1])
+            c0 = rows[r, 4]
             a = v[ia]
             out = v[k]
             g = adj[k]
             adj[ia] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
         elif op == 33:  # clamp
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
+            ia = int(rows[r, 1])
+            c0 = rows[r, 4]
+            c1 = rows[r, 5]
             a = v[ia]
             g = adj[k]
             adj[ia] += (g if ((a >= c0) and (a <= c1)) else 0.0)
         elif op == 34:  # softplus
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            c1 = rows[k, 5]
+            ia = int(rows[r, 1])
+            c0 = rows[r, 4]
+            c1 = rows[r, 5]
             a = v[ia]
             g = adj[k]
             adj[ia] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
         elif op == 35:  # add
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             g = adj[k]
             adj[ia] += g
             adj[ib] += g
         elif op == 36:  # sub
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             g = adj[k]
             adj[ia] += g
             adj[ib] += (-g)
         elif op == 37:  # mul
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             a = v[ia]
             b = v[ib]
             g = adj[k]
             adj[ia] += (g * b)
             adj[ib] += (g * a)
         elif op == 38:  # div
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             a = v[ia]
             b = v[ib]
             g = adj[k]
             adj[ia] += (g / b)
             adj[ib] += (((-g) * a) / (b * b))
         elif op == 39:  # pow
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             a = v[ia]
             b = v[ib]
             out = v[k]
@@ -1231,66 +1240,67 @@ def reverse(rows, v, adj):
             adj[ia] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
             adj[ib] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
         elif op == 40:  # atan2
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             a = v[ia]
             b = v[ib]
             g = adj[k]
             adj[ia] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
             adj[ib] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
         elif op == 41:  # maximum
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             a = v[ia]
             b = v[ib]
             g = adj[k]
             adj[ia] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
             adj[ib] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
         elif op == 42:  # minimum
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             a = v[ia]
             b = v[ib]
             g = adj[k]
             adj[ia] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
             adj[ib] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
         elif op == 43:  # clamp_min_t
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             a = v[ia]
             b = v[ib]
             g = adj[k]
             adj[ia] += (g if (a >= b) else 0.0)
             adj[ib] += (g if (a < b) else 0.0)
         elif op == 44:  # clamp_max_t
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             a = v[ia]
             b = v[ib]
             g = adj[k]
             adj[ia] += (g if (a <= b) else 0.0)
             adj[ib] += (g if (a > b) else 0.0)
         elif op == 45:  # clone
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             g = adj[k]
             adj[ia] += g
         elif op == 85:  # select
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            ic = int(rows[k, 3])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
+            ic = int(rows[r, 3])
             a = v[ia]
             g = adj[k]
             adj[ib] += (g if (a != 0.0) else 0.0)
             adj[ic] += (0.0 if (a != 0.0) else g)
         elif op == 86:  # pick
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
             b = v[ib]
             g = adj[k]
             adj[ia] += (g * b)
         elif op == 88:  # round_f32
-            ia = int(rows[k, 1])
+            ia = int(rows[r, 1])
             g = adj[k]
             adj[ia] += np.float64(np.float32(g))
         k -= 1
+        r -= 1
     return 0

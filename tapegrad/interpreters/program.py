@@ -30,7 +30,9 @@ _PASS = ("clone", "import_")  # identity ops: the output is the input's slot
 
 class Builder:
     """Emits program rows. Slots are Python ints (scalars) or int64 arrays shaped like the
-    values; ``op`` broadcasts its inputs like NumPy and emits one row per element."""
+    values; ``op`` broadcasts its inputs like NumPy and emits one row per element, or an
+    array instruction per run of evenly spaced slots (``program_arrays``). ``n`` counts
+    slots, not rows."""
 
     def __init__(self, min_run=None):
         self.n = 0
@@ -78,17 +80,12 @@ class Builder:
             ins = tuple(int(i) for i in arrs) + (-1,) * (3 - len(arrs))
             return np.asarray(self.row(code, ins[0], ins[1], ins[2], c0, c1))
         self._flush()
-        block = np.empty((m, NCOL), dtype=np.float64)
-        block[:, 0] = code
-        block[:, 1:4] = -1.0
-        for j, x in enumerate(arrs):
-            block[:, 1 + j] = x.reshape(-1)
-        block[:, 4] = c0
-        block[:, 5] = c1
+        flat = np.stack([x.reshape(-1) for x in arrs])
         if m >= self.min_run and name in _arr.ARRAYABLE:
-            flat = np.stack([x.reshape(-1) for x in arrs])
-            if _arr.emit(block, flat, code, self.n, self.min_run):
-                self.arrays = True
+            block, arrays = _arr.block(code, flat, c0, c1, self.min_run)
+            self.arrays = self.arrays or arrays
+        else:
+            block = _arr.scalar_block(code, flat, c0, c1)
         self._blocks.append(block)
         out = np.arange(self.n, self.n + m, dtype=np.int64).reshape(shape)
         self.n += m
@@ -429,27 +426,29 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
     of an array program is array instructions too)."""
     L = Builder(min_run)
     L._blocks.append(np.array(rows, dtype=np.float64))
-    L.n = rows.shape[0]
+    at, L.n = _arr.row_slots(rows)
     L.arrays = _arr.has_arrays(rows)
-    for k in np.nonzero(rows[:, 0] == CONST)[0].tolist():
-        L._consts.setdefault(struct.pack("d", float(rows[k, 4])), k)
+    for r in np.nonzero(rows[:, 0] == CONST)[0].tolist():
+        L._consts.setdefault(struct.pack("d", float(rows[r, 4])), int(at[r]))
     F = RowF(L)
-    adj = np.full(rows.shape[0], -1, dtype=np.int64)  # each slot's adjoint's slot
+    adj = np.full(L.n, -1, dtype=np.int64)  # each slot's adjoint's slot
     for s, seed in zip(out_slots, seeds):
         _accumulate(L, adj, int(s), seed if not isinstance(seed, int) else _R(L, seed))
-    k = rows.shape[0] - 1
-    while k >= 0:
-        if rows[k, 0] == _arr.TAIL:
-            k = int(rows[k, 1])
-            _array_rule(L, F, adj, rows, k)
-            k -= 1
+    r = rows.shape[0] - 1
+    while r >= 0:
+        if rows[r, 0] == _arr.TAIL:  # an array instruction's last row
+            r -= _arr.META
+            _array_rule(L, F, adj, rows, r, int(at[r]))
+            r -= 1
             continue
+        k = int(at[r])
         g = adj[k]
-        op = OPS[int(rows[k, 0])]
-        k -= 1
+        op = OPS[int(rows[r, 0])]
+        row = rows[r]
+        r -= 1
         if g < 0 or op.vjp is None or op.kind == COMPARE or op.name in ("leaf", "const"):
             continue
-        for s, gr in rule_rows(L, F, op, _R(L, int(g)), rows[k + 1], k + 1):
+        for s, gr in rule_rows(L, F, op, _R(L, int(g)), row, k):
             _accumulate(L, adj, s, gr)
     grads = []
     for s in in_slots:
@@ -458,9 +457,10 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
     return L, grads
 
 
-def _array_rule(L, F, adj, rows, k):
-    """Re-record the rule of the array instruction at row ``k`` over its ranges of slots."""
-    n, code, strides = _arr.info(rows, k)
+def _array_rule(L, F, adj, rows, r, k):
+    """Re-record the rule of the array instruction at row ``r`` (slots ``k ..``) over its
+    ranges of slots."""
+    n, code, strides = _arr.info(rows, r)
     op = OPS[code]
     gs = adj[k:k + n]
     if (gs < 0).all() or op.vjp is None or op.kind == COMPARE:
@@ -468,11 +468,11 @@ def _array_rule(L, F, adj, rows, k):
     if (gs < 0).any():
         gs = np.where(gs < 0, L.const(0.0), gs)
     i = np.arange(n, dtype=np.int64)
-    ins = [int(rows[k, 1 + j]) + i * strides[j] if rows[k, 1 + j] >= 0 else None
+    ins = [int(rows[r, 1 + j]) + i * strides[j] if rows[r, 1 + j] >= 0 else None
            for j in range(3)]
     R = lambda s: None if s is None else _R(L, s)  # noqa: E731
     grads = call_rule(op, F, _R(L, gs.copy()), _R(L, np.arange(k, k + n, dtype=np.int64)),
-                      R(ins[0]), R(ins[1]), float(rows[k, 4]), float(rows[k, 5]), R(ins[2]))
+                      R(ins[0]), R(ins[1]), float(rows[r, 4]), float(rows[r, 5]), R(ins[2]))
     slots = {"a": ins[0], "b": ins[1], "c": ins[2]}
     for name, gr in zip(rule_inputs(op), grads):
         if gr is not None:

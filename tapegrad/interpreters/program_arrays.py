@@ -1,15 +1,15 @@
 """Array instructions of traced programs: an elementwise op over ranges of slots kept as one
 instruction, so that tracing and replay cost per op, not per element.
 
-An array instruction of op ``f`` and length ``n`` computes slots ``k .. k + n - 1``:
-``v[k + i] = f(v[a + i * sa], v[b + i * sb], v[c + i * sc]; c0, c1)``, exactly the ``n``
-scalar rows it stands for (``expand`` writes them out). It keeps the row format: slot ``k``
-is still row ``k``, so the program's values, adjoints, input and output slots are those of
-its scalar rows. Its first row is ``(array_ew, a, b, c, c0, c1)``, its other rows are
-``(array_tail, k, -1, -1, ., .)`` with, in their constant columns, ``(n, opcode of f)``
-(row ``k + 1``), ``(sa, sb)`` (row ``k + 2``) and ``(sc, 0)`` (row ``k + 3``). The array
-interpreters (``_generated_arrays.py``) run it as a loop and skip its other rows; every
-other interpreter (batches, Jacobians, CUDA) runs the expansion.
+An array instruction of op ``f`` and length ``n`` computes the ``n`` slots ``k .. k + n -
+1``: ``v[k + i] = f(v[a + i * sa], v[b + i * sb], v[c + i * sc]; c0, c1)``, exactly the
+scalar rows it stands for (``expand`` writes them out, slot for slot). It takes four rows:
+``(array_ew, a, b, c, c0, c1)``, then three ``(array_tail, -1, -1, -1, ., .)`` rows holding
+``(n, opcode of f)``, ``(sa, sb)`` and ``(sc, inactive)`` in their constant columns. A
+scalar row computes one slot, so a row's slot is the number of slots before it
+(``row_slots``): in a program without array instructions, its index. The array
+interpreters (``_generated_arrays.py``) run an instruction as a loop; every other
+interpreter (batches, Jacobians, CUDA) runs the expansion.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ ARR = BY_NAME["array_ew"].code
 TAIL = BY_NAME["array_tail"].code
 LEAF = BY_NAME["leaf"].code
 #: the shortest run of elements made one instruction (shorter runs stay scalar rows; at
-#: least 4: an instruction's rows after the first hold its length and strides). Set it to
-#: a huge number to trace scalar rows only (``tapegrad.trace(..., array_instructions=False)``)
+#: least 4, an instruction's own rows). Set it to a huge number to trace scalar rows only
 MIN_RUN = 16
+META = 3  # rows after an instruction's first
 
 
 def _arrayable():
@@ -59,42 +59,68 @@ def runs(flat, min_run):
     return out
 
 
-def emit(block, flat, code, first, min_run):
-    """Turn the runs of ``block`` (scalar rows of opcode ``code`` over ``flat``, the slot
-    arrays; its first row is slot ``first``) that are ``min_run`` long or more into array
-    instructions, in place; returns whether any is."""
-    rs = runs(flat, min_run)
-    if rs is None:
-        return False
-    made = False
+def scalar_block(code, flat, c0, c1):
+    """Scalar rows of opcode ``code`` over the slot arrays ``flat`` (nin, m)."""
+    block = np.empty((flat.shape[1], NCOL), dtype=np.float64)
+    block[:, 0] = code
+    block[:, 1:4] = -1.0
+    block[:, 1:1 + flat.shape[0]] = flat.T
+    block[:, 4] = c0
+    block[:, 5] = c1
+    return block
+
+
+def block(code, flat, c0, c1, min_run):
+    """The rows of opcode ``code`` over the slot arrays ``flat`` (nin, m): an array
+    instruction for each run of ``min_run`` elements or more, scalar rows for the rest;
+    and whether any is an instruction."""
+    rs = runs(flat, min_run) if flat.shape[1] >= min_run else None
+    if rs is None or not any(e - s >= min_run for s, e, _ in rs):
+        return scalar_block(code, flat, c0, c1), False
+    parts = []
     for s, e, st in rs:
         n = e - s
         if n < min_run:
+            parts.append(scalar_block(code, flat[:, s:e], c0, c1))
             continue
-        made = True
-        block[s, 0] = ARR
-        t = block[s + 1:e]
-        t[:, 0] = TAIL
-        t[:, 1] = first + s
-        t[:, 2:4] = -1.0
-        t[:, 4:6] = 0.0
         st = st + [0] * (3 - len(st))
-        t[0, 4], t[0, 5] = n, code
-        t[1, 4], t[1, 5] = st[0], st[1]
-        t[2, 4] = st[2]
-    return made
+        ins = [int(x) for x in flat[:, s]] + [-1] * (3 - flat.shape[0])
+        parts.append(np.array([[ARR, ins[0], ins[1], ins[2], c0, c1],
+                               [TAIL, -1, -1, -1, n, code],
+                               [TAIL, -1, -1, -1, st[0], st[1]],
+                               [TAIL, -1, -1, -1, st[2], 0.0]], dtype=np.float64))
+    return np.concatenate(parts), True
+
+
+def row_slots(rows):
+    """(the slot of each row, the number of slots): an instruction's first row has its
+    first slot, its other rows the next instruction's."""
+    n = np.ones(rows.shape[0], dtype=np.int64)
+    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    n[heads] = rows[heads + 1, 4].astype(np.int64)
+    for j in range(1, META + 1):
+        n[heads + j] = 0
+    ends = np.cumsum(n)
+    return ends - n, int(ends[-1]) if len(ends) else 0
 
 
 def expand(rows):
-    """The scalar rows of a program with array instructions: each instruction's ``n`` rows
-    become the rows it stands for (slot for slot: nothing else changes)."""
-    out = np.array(rows, dtype=np.float64, copy=True)
-    heads = np.nonzero(out[:, 0] == ARR)[0]
+    """The scalar rows of a program with array instructions, one per slot (the slots, and
+    so the input and output slots, are unchanged)."""
+    at, nslots = row_slots(rows)
+    out = np.empty((nslots, NCOL), dtype=np.float64)
+    scalar = np.ones(rows.shape[0], dtype=np.bool_)
+    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    for j in range(META + 1):
+        scalar[heads + j] = False
+    out[at[scalar]] = rows[scalar]
+    i_all = np.arange(max([int(rows[k + 1, 4]) for k in heads.tolist()] or [0]),
+                      dtype=np.float64)
     for k in heads.tolist():
-        n, code = int(out[k + 1, 4]), out[k + 1, 5]
-        st = (out[k + 2, 4], out[k + 2, 5], out[k + 3, 4])
-        blk = out[k:k + n]
-        i = np.arange(n, dtype=np.float64)
+        n, code = int(rows[k + 1, 4]), rows[k + 1, 5]
+        st = (rows[k + 2, 4], rows[k + 2, 5], rows[k + 3, 4])
+        blk = out[at[k]:at[k] + n]
+        i = i_all[:n]
         for j in range(3):
             s = rows[k, 1 + j]
             blk[:, 1 + j] = s + i * st[j] if s >= 0 else -1.0
@@ -118,118 +144,139 @@ GRAD_BITS = _grad_bits()
 
 
 @njit_cached(nogil=True)
-def mark_inactive(rows, bits, leaf):
-    """Flag (1.0 in the constant column of an instruction's fourth row) the array
+def mark_inactive(rows, nslots, bits, leaf):
+    """Flag (1.0 in the constant column of an instruction's last row) the array
     instructions whose values depend on no input through a gradient: their reverse adds
     only to adjoints that reach no input, so the reverse sweep skips them (the max of
     detached values, the counts of tied elements...)."""
-    n = rows.shape[0]
-    act = np.zeros(n, dtype=np.bool_)
+    act = np.zeros(nslots, dtype=np.bool_)
+    r = 0
     k = 0
-    while k < n:
-        op = int(rows[k, 0])
+    while r < rows.shape[0]:
+        op = int(rows[r, 0])
         if op == leaf:
             act[k] = True
-            k += 1
         elif op == ARR:
-            m = int(rows[k + 1, 4])
-            b = bits[int(rows[k + 1, 5])]
-            st = (int(rows[k + 2, 4]), int(rows[k + 2, 5]), int(rows[k + 3, 4]))
+            m = int(rows[r + 1, 4])
+            b = bits[int(rows[r + 1, 5])]
+            st = (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4]))
             any_ = False
             for c in range(3):
-                s = int(rows[k, 1 + c])
+                s = int(rows[r, 1 + c])
                 if s >= 0 and (b >> c) & 1:
                     for i in range(m):
                         if act[s + i * st[c]]:
                             act[k + i] = True
                             any_ = True
-            rows[k + 3, 5] = 0.0 if any_ else 1.0
+            rows[r + 3, 5] = 0.0 if any_ else 1.0
+            r += META + 1
             k += m
+            continue
         else:
             b = bits[op] if op < bits.shape[0] else 0
             for c in range(3):
-                s = int(rows[k, 1 + c])
+                s = int(rows[r, 1 + c])
                 if s >= 0 and (b >> c) & 1 and act[s]:
                     act[k] = True
-            k += 1
+        r += 1
+        k += 1
 
 
 def has_arrays(rows):
     return bool(rows.shape[0]) and bool(np.any(rows[:, 0] == ARR))
 
 
-def head_of(rows, k):
-    """The first row of the instruction that row ``k`` belongs to (``k`` for a scalar row)."""
-    return int(rows[k, 1]) if rows[k, 0] == TAIL else k
-
-
-def info(rows, k):
-    """(n, opcode, strides) of the instruction whose first row is ``k``; (1, opcode, 0s) for a
+def info(rows, r):
+    """(n, opcode, strides) of the instruction whose first row is ``r``; (1, opcode, 0s) for a
     scalar row."""
-    if rows[k, 0] != ARR:
-        return 1, int(rows[k, 0]), (0, 0, 0)
-    return (int(rows[k + 1, 4]), int(rows[k + 1, 5]),
-            (int(rows[k + 2, 4]), int(rows[k + 2, 5]), int(rows[k + 3, 4])))
+    if rows[r, 0] != ARR:
+        return 1, int(rows[r, 0]), (0, 0, 0)
+    return (int(rows[r + 1, 4]), int(rows[r + 1, 5]),
+            (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4])))
 
 
 @njit_cached(nogil=True)
 def prune_arrays(rows, roots, guard, leaf):
-    """``program.prune`` of a program with array instructions: an instruction is kept whole
-    when any of its slots is needed, and with every slot its strided inputs span (so the
-    kept slots of a span stay evenly spaced after renumbering)."""
-    n = rows.shape[0]
-    need = np.zeros(n, dtype=np.bool_)
-    for r in roots:
-        need[r] = True
-    for k in range(n):
-        op = int(rows[k, 0])
+    """``program.prune`` of a program with array instructions (``roots`` and the result's
+    renumbering are slots): an instruction is kept whole when any of its slots is needed,
+    and with every slot its strided inputs span (so that the kept slots of a span stay
+    evenly spaced after renumbering)."""
+    nr = rows.shape[0]
+    at = np.empty(nr, dtype=np.int64)
+    k = 0
+    r = 0
+    while r < nr:
+        at[r] = k
+        if int(rows[r, 0]) == ARR:
+            for j in range(1, META + 1):
+                at[r + j] = -1
+            k += int(rows[r + 1, 4])
+            r += META + 1
+        else:
+            k += 1
+            r += 1
+    nslots = k
+    need = np.zeros(nslots, dtype=np.bool_)
+    for s in roots:
+        need[s] = True
+    for r in range(nr):
+        op = int(rows[r, 0])
         if op == guard or op == leaf:
-            need[k] = True
-    for k in range(n - 1, -1, -1):
-        op = int(rows[k, 0])
-        if op == TAIL:
-            if need[k]:
-                need[int(rows[k, 1])] = True
+            need[at[r]] = True
+    for r in range(nr - 1, -1, -1):
+        op = int(rows[r, 0])
+        if at[r] < 0:
             continue
-        if not need[k]:
-            continue
+        k = at[r]
         if op == ARR:
-            m = int(rows[k + 1, 4])
+            m = int(rows[r + 1, 4])
+            any_ = False
+            for i in range(m):
+                if need[k + i]:
+                    any_ = True
+                    break
+            if not any_:
+                continue
             for i in range(m):
                 need[k + i] = True
             for c in range(3):
-                s = int(rows[k, 1 + c])
+                s = int(rows[r, 1 + c])
                 if s < 0:
                     continue
-                st = int(rows[k + 2, 4]) if c == 0 else int(rows[k + 2, 5]) if c == 1 \
-                    else int(rows[k + 3, 4])
-                lo, hi = s, s + (m - 1) * st
-                if st == 0:
-                    need[s] = True
-                else:
-                    for t in range(min(lo, hi), max(lo, hi) + 1):
-                        need[t] = True
-        else:
+                st = int(rows[r + 2, 4]) if c == 0 else int(rows[r + 2, 5]) if c == 1 \
+                    else int(rows[r + 3, 4])
+                hi = s + (m - 1) * st
+                for t in range(min(s, hi), max(s, hi) + 1):
+                    need[t] = True
+        elif need[k]:
             for c in range(1, 4):
-                s = int(rows[k, c])
+                s = int(rows[r, c])
                 if s >= 0:
                     need[s] = True
-    new = np.full(n, -1, dtype=np.int64)
+    new = np.full(nslots, -1, dtype=np.int64)
     m = 0
-    for k in range(n):
+    for k in range(nslots):
         if need[k]:
             new[k] = m
             m += 1
-    out = np.empty((m, rows.shape[1]), dtype=np.float64)
-    for k in range(n):
-        j = new[k]
-        if j >= 0:
+    keep = 0
+    for r in range(nr):
+        if at[r] >= 0 and need[at[r]]:
+            keep += META + 1 if int(rows[r, 0]) == ARR else 1
+    out = np.empty((keep, rows.shape[1]), dtype=np.float64)
+    j = 0
+    for r in range(nr):
+        if at[r] < 0 or not need[at[r]]:
+            continue
+        w = META + 1 if int(rows[r, 0]) == ARR else 1
+        for q in range(w):
             for c in range(rows.shape[1]):
-                out[j, c] = rows[k, c]
-            for c in range(1, 4):
-                s = int(rows[k, c])
-                if s >= 0:
-                    out[j, c] = new[s]
+                out[j + q, c] = rows[r + q, c]
+        for c in range(1, 4):
+            s = int(rows[r, c])
+            if s >= 0:
+                out[j, c] = new[s]
+        j += w
     return out, new
 
 
@@ -239,9 +286,8 @@ from ._generated_arrays import forward, reverse  # noqa: E402 (generated from th
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def run_into(rows, slots, x, work, res, grad):
-    """``replay_cpu.run_into`` of a program with array instructions."""
-    n = rows.shape[0]
+def run_into(rows, n, slots, x, work, res, grad):
+    """``replay_cpu.run_into`` of a program with array instructions and ``n`` slots."""
     m = work.shape[0] - 2 * n
     v = work[m:m + n]
     status = forward(rows, x, v)
@@ -258,12 +304,12 @@ def run_into(rows, slots, x, work, res, grad):
     return status
 
 
-def run_fresh(rows, x, out_slots, seeds, in_slots, grad):
-    """``replay_cpu.run_fresh`` of a program with array instructions: (status, outputs,
-    gradients at ``in_slots``; zeros without ``grad``)."""
+def run_fresh(rows, n, x, out_slots, seeds, in_slots, grad):
+    """``replay_cpu.run_fresh`` of a program with array instructions and ``n`` slots:
+    (status, outputs, gradients at ``in_slots``; zeros without ``grad``)."""
     m = out_slots.shape[0]
-    work = np.empty(m + 2 * rows.shape[0])
+    work = np.empty(m + 2 * n)
     work[:m] = seeds
     res = np.zeros(m + in_slots.shape[0])
-    status = run_into(rows, np.concatenate((out_slots, in_slots)), x, work, res, grad)
+    status = run_into(rows, n, np.concatenate((out_slots, in_slots)), x, work, res, grad)
     return status, res[:m], res[m:]
