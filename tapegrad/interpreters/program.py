@@ -6,7 +6,10 @@ value ``k`` from the values at slots ``a``, ``b``, ``c`` (-1 when absent) and it
 constants. ``leaf`` rows read input element ``c0``, ``const`` rows hold ``c0``, ``guard``
 rows check that the truth value at ``a`` is still ``c0`` (``c1`` names the guard's site).
 Only registered ops appear, so the generated interpreters (``_generated_replay.py``) run it
-forward and backward, one sample or a batch.
+forward and backward, one sample or a batch. An array op over evenly spaced slots is an
+array instruction instead, four rows for its whole run of values (``program_arrays``);
+the slots are then counted apart from the rows, and the scalar interpreters run the
+program's expansion (``_Code.rows``).
 """
 from __future__ import annotations
 
