@@ -115,6 +115,15 @@ def test_instructions_per_op_not_per_element():
     assert max(counts[4000]) < 300, counts
 
 
+def test_lse_program_makes_few_passes_over_the_elements():
+    # a max shares its gradient among tied elements: a select of the two tie tests and a
+    # division of the picks' sum (not of each element) keep it to 8 passes, 12 in all
+    P = tg.trace(lambda x: lse(tg, x), np.random.default_rng(0).normal(size=1000))
+    ops = instructions(P._code)[0]
+    assert "div" not in ops and "logical_or" not in ops, ops
+    assert P._code.nslots <= 12 * 1000 + 50, (P._code.nslots, ops)
+
+
 def test_elementwise_rule_runs_over_ranges_with_strides():
     # a column of a matrix (stride 8) and a broadcast scalar (stride 0) as operands
     x0 = np.random.default_rng(1).normal(size=(8, 8))

@@ -68,12 +68,15 @@ def _lower_extreme(L, ins, aux, value, pick_name):
     D = L.op("detach", A)
     m = reduce(L, pick_name, D, dims, keepdim, np.nan)
     mk = np.broadcast_to(_kept(m, A, dims, keepdim), np.shape(A))
-    # a NaN result goes to the NaNs, as eager mode (and torch)
-    tie = L.op("logical_or", L.op("eq", D, mk),
-               L.op("logical_and", L.op("ne", D, D), L.op("ne", mk, mk)))
+    # a NaN result goes to the NaNs, as eager mode (and torch); a select on the result's
+    # NaN test, one pass over the elements fewer than or-ing both tests
+    tie = L.op("select", L.op("ne", mk, mk), L.op("ne", D, D), L.op("eq", D, mk))
     if mode is None or isinstance(mode, str):  # ties share evenly
+        # the picks' sum (-0.0) divided by the count: each tied element's gradient is
+        # g / count, with no pass dividing every element
         count = reduce(L, "add", tie, dims, True, 0.0)
-        w = L.op("div", tie, count)
+        share = L.op("div", reduce(L, "add", L.op("pick", A, tie), dims, True, -0.0), count)
+        return L.op("add", _kept(m, A, dims, keepdim), share).reshape(np.shape(m))
     else:  # the first tied index along the one reduced dim
         d = dims[0] % np.ndim(A)
         T = np.moveaxis(tie, d, -1)
