@@ -95,7 +95,7 @@ class Program(_Running, _Derivatives):
         return [s for s, _ in self._code.outputs]
 
     def __len__(self):
-        return self._code.rows.shape[0]
+        return self._code.nslots  # the scalar rows' count, without expanding them
 
     def __repr__(self):
         ins = ", ".join(str(list(s)) for s in self.input_shapes)

@@ -81,6 +81,7 @@ def test_array_program_against_scalar_rows_eager_and_torch(case):
     with min_run(SCALAR):
         S = tg.trace(lambda x: f(tg, x), x0)
     assert P._code.arrays and not S._code.arrays
+    assert len(P) == len(S) and P._code._rows is None  # counted without expanding
     assert P._code.rows.shape == S._code.rows.shape  # the same slots, expanded
     got, scalar = results(P, x1, v), results(S, x1, v)
     for a, b in zip(got, scalar):

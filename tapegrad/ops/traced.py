@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._registry import COMPARE, REPLAY, SPECIAL, register
+from ._registry import COMPARE, REPLAY, register
 
 
 def _cmp(name, sym, npop):
@@ -66,9 +66,9 @@ register("round_f32", REPLAY, arity=1, saves=False, py=lambda a: float(np.float3
 
 # array instructions of traced programs (interpreters/program_arrays.py): the first row of
 # an elementwise op over a range of slots, and the rows that hold the rest of its values
-register("array_ew", SPECIAL, saves=False,
+register("array_ew", REPLAY, arity=3, saves=False,
          doc="an elementwise op over a range of slots (the first of its rows)",
          via="array ops in traced programs")
-register("array_tail", SPECIAL, saves=False,
+register("array_tail", REPLAY, arity=0, saves=False,
          doc="the values of an array instruction after its first",
          via="array ops in traced programs")
