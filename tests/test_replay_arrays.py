@@ -241,3 +241,24 @@ def test_runs_of_affine_slots():
     assert PA.runs(flat, 4) == [(0, 4, [1, 0]), (4, 8, [1, 0]), (8, 9, [0, 0])]
     assert PA.runs(np.arange(3)[None], 4) is None  # shorter than one run
     assert PA.runs(np.array([[0, 5, 1, 7, 2, 9, 3, 4]]), 4) is None  # no run: scalar rows
+
+
+def test_reversed_and_stepped_slots_are_instructions_with_their_stride():
+    x0 = np.random.default_rng(7).normal(size=40)
+    idx = np.arange(39, -1, -1)
+
+    def f(M, x):
+        r = x[M.tensor(idx)] if M is torch else x[idx]
+        return (M.sin(r) * x).sum() + (x[::2] * 2.0).sum()
+    P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    got = {(OPS[PA.info(rows, k)[1]].name, PA.info(rows, k)[2][0])
+           for k in np.nonzero(rows[:, 0] == PA.ARR)[0].tolist()}
+    assert {("sin", -1), ("mulc", 2)} <= got, got
+    xt = torch.tensor(x0, requires_grad=True)
+    y = f(torch, xt)
+    g, = torch.autograd.grad(y, xt)
+    v, gr = P.value_and_grad(x0)
+    np.testing.assert_allclose(v, y.item(), rtol=1e-13)
+    np.testing.assert_allclose(gr, g.numpy(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(P.grad_program()(x0), g.numpy(), rtol=1e-13, atol=1e-15)
