@@ -262,3 +262,16 @@ def test_reversed_and_stepped_slots_are_instructions_with_their_stride():
     np.testing.assert_allclose(v, y.item(), rtol=1e-13)
     np.testing.assert_allclose(gr, g.numpy(), rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(P.grad_program()(x0), g.numpy(), rtol=1e-13, atol=1e-15)
+
+
+def test_array_interpreters_loop_per_common_op_only():
+    # a loop of its own for every op made the array interpreters compile for a minute on
+    # 2 cores (cold cache); the rare ops share one loop over ``value``/``grads``
+    import pathlib
+
+    from tapegrad.interpreters import _codegen_arrays
+    src = pathlib.Path(PA.__file__).with_name("_generated_arrays.py").read_text()
+    loops = src.count("for i in range(")
+    assert loops <= 2 * len(_codegen_arrays.LOOPED) + 2, loops
+    assert src == _codegen_arrays.generate_arrays(), (
+        "_generated_arrays.py is stale: run python -m tapegrad.interpreters._codegen")

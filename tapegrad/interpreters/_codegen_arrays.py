@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pathlib
 
-from ._codegen_emit import (REPLAY_ONE, _consts, _consts_of, _forward_expr, _inputs,
-                            _replay_ops, _uses, dispatch, rule_exprs)
+from ._codegen_emit import (_consts, _consts_of, _forward_expr, _inputs, _replay_ops, _uses,
+                            rule_exprs)
 
 ARRAYS_TARGET = pathlib.Path(__file__).with_name("_generated_arrays.py")
 
@@ -33,11 +33,6 @@ TAIL = {tail}
 _OPERANDS = {"a": ("int(rows[r, 1])", "int(rows[r + 2, 4])"),
              "b": ("int(rows[r, 2])", "int(rows[r + 2, 5])"),
              "c": ("int(rows[r, 3])", "int(rows[r + 3, 4])")}
-
-
-def _at_row(src):
-    """The scalar branches read row ``r`` (``k`` is the slot they compute)."""
-    return [line.replace("rows[k, ", "rows[r, ") for line in src]
 
 
 def _array_forward(op):
@@ -83,12 +78,104 @@ def _array_dispatch(ops, render, indent):
     return src
 
 
+#: the ops an array instruction runs as a loop of its own (the common ones); the others
+#: loop over ``value`` and ``grads``, one dispatch per element, so that the interpreters
+#: compile in seconds (a loop of its own for every op took a minute on 2 cores)
+LOOPED = frozenset(("neg", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "square",
+                    "addc", "mulc", "rsubc", "divc", "powc", "add", "sub", "mul", "div",
+                    "maximum", "minimum", "select", "pick", "detach", "eq", "ne"))
+
+
+def _value_source(ops):
+    src = ['''
+
+@njit_cached(error_model="numpy", nogil=True)
+def value(op, a, b, c, c0, c1):
+    """The value of one element of opcode ``op`` (unused operands are ignored)."""
+''']
+    first = True
+    for op in ops:
+        src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
+        src.append(f"        return float({_forward_expr(op)})\n")
+        first = False
+    src.append("    return 0.0\n")
+    src.append('''
+
+@njit_cached(error_model="numpy", nogil=True)
+def grads(op, a, b, c, out, g, c0, c1):
+    """The gradients to ``a, b, c`` of one element of opcode ``op`` at adjoint ``g``;
+    those not in ``GRAD_BITS[op]`` are 0.0 and unused."""
+''')
+    first = True
+    for op in ops:
+        exprs = rule_exprs(op)
+        if not exprs:
+            continue
+        gr = ", ".join(f"float({exprs[n]})" if n in exprs else "0.0" for n in ("a", "b", "c"))
+        src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
+        src.append(f"        return {gr}\n")
+        first = False
+    src.append("    return 0.0, 0.0, 0.0\n")
+    return src
+
+
+def _grad_bits(ops):
+    from ..ops import OPS
+    bits = [0] * len(OPS)
+    for op in ops:
+        exprs = rule_exprs(op)
+        bits[op.code] = sum(1 << j for j, n in enumerate("abc") if n in exprs)
+    return bits
+
+
+_GENERIC_FORWARD = '''            else:
+                c0 = rows[r, 4]
+                c1 = rows[r, 5]
+                ia = int(rows[r, 1])
+                ib = int(rows[r, 2])
+                ic = int(rows[r, 3])
+                sa = int(rows[r + 2, 4])
+                sb = int(rows[r + 2, 5])
+                sc = int(rows[r + 3, 4])
+                # an absent operand (-1, stride 0) reads the last slot, which is ignored
+                for i in range(m):
+                    v[k + i] = value(op, v[ia + i * sa], v[ib + i * sb], v[ic + i * sc],
+                                     c0, c1)
+'''
+
+_GENERIC_REVERSE = '''            else:
+                bits = GRAD_BITS[op]
+                if bits != 0:
+                    c0 = rows[r, 4]
+                    c1 = rows[r, 5]
+                    ia = int(rows[r, 1])
+                    ib = int(rows[r, 2])
+                    ic = int(rows[r, 3])
+                    sa = int(rows[r + 2, 4])
+                    sb = int(rows[r + 2, 5])
+                    sc = int(rows[r + 3, 4])
+                    for i in range(m - 1, -1, -1):
+                        ga, gb, gc = grads(op, v[ia + i * sa], v[ib + i * sb],
+                                           v[ic + i * sc], v[k + i], adj[k + i], c0, c1)
+                        if bits & 1:
+                            adj[ia + i * sa] += ga
+                        if bits & 2:
+                            adj[ib + i * sb] += gb
+                        if bits & 4:
+                            adj[ic + i * sc] += gc
+'''
+
+
 def generate_arrays():
     from ..ops import BY_NAME
     ops = _replay_ops()
+    looped = [op for op in ops if op.name in LOOPED]
     src = [HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
                          guard=BY_NAME["guard"].code, arr=BY_NAME["array_ew"].code,
                          tail=BY_NAME["array_tail"].code)]
+    src.append("\n#: by opcode: the inputs its rule gives gradients to (bits a, b, c)\n"
+               f"GRAD_BITS = np.array({_grad_bits(ops)}, dtype=np.int64)\n")
+    src += _value_source(ops)
     src.append('''
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -105,7 +192,8 @@ def forward(rows, x, v):
             m = int(rows[r + 1, 4])
             op = int(rows[r + 1, 5])
 ''')
-    src += _array_dispatch(ops, _array_forward, 12)
+    src += _array_dispatch(looped, _array_forward, 12)
+    src.append(_GENERIC_FORWARD)
     src.append('''            k += m
             r += 4
             continue
@@ -118,10 +206,13 @@ def forward(rows, x, v):
             v[k] = t
             if (t != 0.0) != (rows[r, 4] != 0.0):
                 return k + 1
-''')
-    src += _at_row(dispatch(ops, REPLAY_ONE, forward=True, first=False))
-    src.append("        k += 1\n        r += 1\n    return 0\n")
-    src.append('''
+        else:
+            v[k] = value(op, v[int(rows[r, 1])], v[int(rows[r, 2])], v[int(rows[r, 3])],
+                         rows[r, 4], rows[r, 5])
+        k += 1
+        r += 1
+    return 0
+
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj):
@@ -140,11 +231,25 @@ def reverse(rows, v, adj):
                 continue
             op = int(rows[r + 1, 5])
 ''')
-    src += _array_dispatch(ops, _array_reverse, 12)
+    src += _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)
+    src.append(_GENERIC_REVERSE)
     src.append('''            k -= 1
             r -= 1
             continue
+        bits = GRAD_BITS[op] if op < GRAD_BITS.shape[0] else 0
+        if bits != 0:
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
+            ic = int(rows[r, 3])
+            ga, gb, gc = grads(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[r, 4], rows[r, 5])
+            if bits & 1:
+                adj[ia] += ga
+            if bits & 2:
+                adj[ib] += gb
+            if bits & 4:
+                adj[ic] += gc
+        k -= 1
+        r -= 1
+    return 0
 ''')
-    src += _at_row(dispatch(ops, REPLAY_ONE, first=False))
-    src.append("        k -= 1\n        r -= 1\n    return 0\n")
     return "".join(src)

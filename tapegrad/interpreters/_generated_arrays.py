@@ -15,6 +15,226 @@ GUARD = 87
 ARR = 89
 TAIL = 90
 
+#: by opcode: the inputs its rule gives gradients to (bits a, b, c)
+GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0], dtype=np.int64)
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def value(op, a, b, c, c0, c1):
+    """The value of one element of opcode ``op`` (unused operands are ignored)."""
+    if op == 3:  # neg
+        return float((-a))
+    elif op == 4:  # exp
+        return float(math.exp(a))
+    elif op == 5:  # log
+        return float(math.log(a))
+    elif op == 6:  # log1p
+        return float(math.log1p(a))
+    elif op == 7:  # expm1
+        return float(math.expm1(a))
+    elif op == 8:  # sqrt
+        return float(math.sqrt(a))
+    elif op == 9:  # rsqrt
+        return float((1.0 / math.sqrt(a)))
+    elif op == 10:  # sin
+        return float(math.sin(a))
+    elif op == 11:  # cos
+        return float(math.cos(a))
+    elif op == 12:  # tan
+        return float(math.tan(a))
+    elif op == 13:  # asin
+        return float(math.asin(a))
+    elif op == 14:  # acos
+        return float(math.acos(a))
+    elif op == 15:  # atan
+        return float(math.atan(a))
+    elif op == 16:  # sinh
+        return float(math.sinh(a))
+    elif op == 17:  # cosh
+        return float(math.cosh(a))
+    elif op == 18:  # tanh
+        return float(math.tanh(a))
+    elif op == 19:  # sigmoid
+        return float((1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a))))
+    elif op == 20:  # relu
+        return float((0.0 if a <= 0.0 else a))
+    elif op == 21:  # erf
+        return float(math.erf(a))
+    elif op == 22:  # abs
+        return float(abs(a))
+    elif op == 23:  # sign
+        return float(((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
+    elif op == 24:  # square
+        return float((a * a))
+    elif op == 25:  # reciprocal
+        return float((1.0 / a))
+    elif op == 26:  # addc
+        return float((a + c0))
+    elif op == 27:  # mulc
+        return float((a * c0))
+    elif op == 28:  # rsubc
+        return float((c0 - a))
+    elif op == 29:  # divc
+        return float((a / c0))
+    elif op == 30:  # rdivc
+        return float((c0 / a))
+    elif op == 31:  # powc
+        return float((a * a if c0 == 2.0 else a ** c0))
+    elif op == 32:  # rpowc
+        return float((c0 ** a))
+    elif op == 33:  # clamp
+        return float(min(max(a, c0), c1) if a == a else a)
+    elif op == 34:  # softplus
+        return float((a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0))
+    elif op == 35:  # add
+        return float((a + b))
+    elif op == 36:  # sub
+        return float((a - b))
+    elif op == 37:  # mul
+        return float((a * b))
+    elif op == 38:  # div
+        return float((a / b))
+    elif op == 39:  # pow
+        return float((a ** b))
+    elif op == 40:  # atan2
+        return float(math.atan2(a, b))
+    elif op == 41:  # maximum
+        return float((a if (a > b or a != a) else b))
+    elif op == 42:  # minimum
+        return float((a if (a < b or a != a) else b))
+    elif op == 43:  # clamp_min_t
+        return float((b if a < b else a))
+    elif op == 44:  # clamp_max_t
+        return float((b if a > b else a))
+    elif op == 45:  # clone
+        return float(a)
+    elif op == 74:  # lt
+        return float((1.0 if a < b else 0.0))
+    elif op == 75:  # le
+        return float((1.0 if a <= b else 0.0))
+    elif op == 76:  # gt
+        return float((1.0 if a > b else 0.0))
+    elif op == 77:  # ge
+        return float((1.0 if a >= b else 0.0))
+    elif op == 78:  # eq
+        return float((1.0 if a == b else 0.0))
+    elif op == 79:  # ne
+        return float((1.0 if a != b else 0.0))
+    elif op == 80:  # logical_and
+        return float((1.0 if (a != 0.0 and b != 0.0) else 0.0))
+    elif op == 81:  # logical_or
+        return float((1.0 if (a != 0.0 or b != 0.0) else 0.0))
+    elif op == 82:  # logical_xor
+        return float((1.0 if ((a != 0.0) != (b != 0.0)) else 0.0))
+    elif op == 83:  # logical_not
+        return float((1.0 if a == 0.0 else 0.0))
+    elif op == 84:  # detach
+        return float(a)
+    elif op == 85:  # select
+        return float((b if a != 0.0 else c))
+    elif op == 86:  # pick
+        return float((-0.0))
+    elif op == 88:  # round_f32
+        return float(np.float64(np.float32(a)))
+    return 0.0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def grads(op, a, b, c, out, g, c0, c1):
+    """The gradients to ``a, b, c`` of one element of opcode ``op`` at adjoint ``g``;
+    those not in ``GRAD_BITS[op]`` are 0.0 and unused."""
+    if op == 3:  # neg
+        return float((-g)), 0.0, 0.0
+    elif op == 4:  # exp
+        return float((g * out)), 0.0, 0.0
+    elif op == 5:  # log
+        return float((g / a)), 0.0, 0.0
+    elif op == 6:  # log1p
+        return float((g / (a + 1.0))), 0.0, 0.0
+    elif op == 7:  # expm1
+        return float((g * (out + 1.0))), 0.0, 0.0
+    elif op == 8:  # sqrt
+        return float((g / (2.0 * out))), 0.0, 0.0
+    elif op == 9:  # rsqrt
+        return float(((((-0.5 * g) * out) * out) * out)), 0.0, 0.0
+    elif op == 10:  # sin
+        return float((g * math.cos(a))), 0.0, 0.0
+    elif op == 11:  # cos
+        return float(((-g) * math.sin(a))), 0.0, 0.0
+    elif op == 12:  # tan
+        return float((g * (1.0 + (out * out)))), 0.0, 0.0
+    elif op == 13:  # asin
+        return float((g / math.sqrt((1.0 - (a * a))))), 0.0, 0.0
+    elif op == 14:  # acos
+        return float(((-g) / math.sqrt((1.0 - (a * a))))), 0.0, 0.0
+    elif op == 15:  # atan
+        return float((g / (1.0 + (a * a)))), 0.0, 0.0
+    elif op == 16:  # sinh
+        return float((g * math.cosh(a))), 0.0, 0.0
+    elif op == 17:  # cosh
+        return float((g * math.sinh(a))), 0.0, 0.0
+    elif op == 18:  # tanh
+        return float((g * (1.0 - (out * out)))), 0.0, 0.0
+    elif op == 19:  # sigmoid
+        return float(((g * (1.0 - out)) * out)), 0.0, 0.0
+    elif op == 20:  # relu
+        return float((0.0 if (a <= 0.0) else g)), 0.0, 0.0
+    elif op == 21:  # erf
+        return float(((g * 1.1283791670955126) * math.exp((-(a * a))))), 0.0, 0.0
+    elif op == 22:  # abs
+        return float((g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))), 0.0, 0.0
+    elif op == 24:  # square
+        return float(((g * 2.0) * a)), 0.0, 0.0
+    elif op == 25:  # reciprocal
+        return float(((-g) * (out * out))), 0.0, 0.0
+    elif op == 26:  # addc
+        return float(g), 0.0, 0.0
+    elif op == 27:  # mulc
+        return float((g * c0)), 0.0, 0.0
+    elif op == 28:  # rsubc
+        return float((-g)), 0.0, 0.0
+    elif op == 29:  # divc
+        return float((g / c0)), 0.0, 0.0
+    elif op == 30:  # rdivc
+        return float((((-g) * c0) / (a * a))), 0.0, 0.0
+    elif op == 31:  # powc
+        return float((0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))), 0.0, 0.0
+    elif op == 32:  # rpowc
+        return float((0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))), 0.0, 0.0
+    elif op == 33:  # clamp
+        return float((g if ((a >= c0) and (a <= c1)) else 0.0)), 0.0, 0.0
+    elif op == 34:  # softplus
+        return float((g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))), 0.0, 0.0
+    elif op == 35:  # add
+        return float(g), float(g), 0.0
+    elif op == 36:  # sub
+        return float(g), float((-g)), 0.0
+    elif op == 37:  # mul
+        return float((g * b)), float((g * a)), 0.0
+    elif op == 38:  # div
+        return float((g / b)), float((((-g) * a) / (b * b))), 0.0
+    elif op == 39:  # pow
+        return float((0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))), float((0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))), 0.0
+    elif op == 40:  # atan2
+        return float((0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))), float((0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))), 0.0
+    elif op == 41:  # maximum
+        return float(((g / 2.0) if (a == b) else (0.0 if (a < b) else g))), float(((g / 2.0) if (a == b) else (0.0 if (b < a) else g))), 0.0
+    elif op == 42:  # minimum
+        return float(((g / 2.0) if (a == b) else (0.0 if (a > b) else g))), float(((g / 2.0) if (a == b) else (0.0 if (b > a) else g))), 0.0
+    elif op == 43:  # clamp_min_t
+        return float((g if (a >= b) else 0.0)), float((g if (a < b) else 0.0)), 0.0
+    elif op == 44:  # clamp_max_t
+        return float((g if (a <= b) else 0.0)), float((g if (a > b) else 0.0)), 0.0
+    elif op == 45:  # clone
+        return float(g), 0.0, 0.0
+    elif op == 85:  # select
+        return 0.0, float((g if (a != 0.0) else 0.0)), float((0.0 if (a != 0.0) else g))
+    elif op == 86:  # pick
+        return float((g * b)), 0.0, 0.0
+    elif op == 88:  # round_f32
+        return float(np.float64(np.float32(g))), 0.0, 0.0
+    return 0.0, 0.0, 0.0
+
 
 @njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v):
@@ -47,30 +267,12 @@ def forward(rows, x, v):
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.log(a)
-            elif op == 6:  # log1p
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.log1p(a)
-            elif op == 7:  # expm1
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.expm1(a)
             elif op == 8:  # sqrt
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.sqrt(a)
-            elif op == 9:  # rsqrt
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (1.0 / math.sqrt(a))
             elif op == 10:  # sin
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -83,42 +285,6 @@ def forward(rows, x, v):
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = math.cos(a)
-            elif op == 12:  # tan
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.tan(a)
-            elif op == 13:  # asin
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.asin(a)
-            elif op == 14:  # acos
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.acos(a)
-            elif op == 15:  # atan
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.atan(a)
-            elif op == 16:  # sinh
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.sinh(a)
-            elif op == 17:  # cosh
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.cosh(a)
             elif op == 18:  # tanh
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -131,42 +297,12 @@ def forward(rows, x, v):
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
-            elif op == 20:  # relu
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (0.0 if a <= 0.0 else a)
-            elif op == 21:  # erf
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.erf(a)
-            elif op == 22:  # abs
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = abs(a)
-            elif op == 23:  # sign
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0))
             elif op == 24:  # square
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a * a)
-            elif op == 25:  # reciprocal
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (1.0 / a)
             elif op == 26:  # addc
                 c0 = rows[r, 4]
                 ia = int(rows[r, 1])
@@ -195,13 +331,6 @@ def forward(rows, x, v):
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a / c0)
-            elif op == 30:  # rdivc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (c0 / a)
             elif op == 31:  # powc
                 c0 = rows[r, 4]
                 ia = int(rows[r, 1])
@@ -209,29 +338,6 @@ def forward(rows, x, v):
                 for i in range(m):
                     a = v[ia + i * sa]
                     v[k + i] = (a * a if c0 == 2.0 else a ** c0)
-            elif op == 32:  # rpowc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (c0 ** a)
-            elif op == 33:  # clamp
-                c0 = rows[r, 4]
-                c1 = rows[r, 5]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = min(max(a, c0), c1) if a == a else a
-            elif op == 34:  # softplus
-                c0 = rows[r, 4]
-                c1 = rows[r, 5]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
             elif op == 35:  # add
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -268,24 +374,6 @@ def forward(rows, x, v):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a / b)
-            elif op == 39:  # pow
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (a ** b)
-            elif op == 40:  # atan2
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = math.atan2(a, b)
             elif op == 41:  # maximum
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -304,66 +392,6 @@ def forward(rows, x, v):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (a if (a < b or a != a) else b)
-            elif op == 43:  # clamp_min_t
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (b if a < b else a)
-            elif op == 44:  # clamp_max_t
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (b if a > b else a)
-            elif op == 45:  # clone
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = a
-            elif op == 74:  # lt
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if a < b else 0.0)
-            elif op == 75:  # le
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if a <= b else 0.0)
-            elif op == 76:  # gt
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if a > b else 0.0)
-            elif op == 77:  # ge
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if a >= b else 0.0)
             elif op == 78:  # eq
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -382,39 +410,6 @@ def forward(rows, x, v):
                     a = v[ia + i * sa]
                     b = v[ib + i * sb]
                     v[k + i] = (1.0 if a != b else 0.0)
-            elif op == 80:  # logical_and
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
-            elif op == 81:  # logical_or
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
-            elif op == 82:  # logical_xor
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
-            elif op == 83:  # logical_not
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (1.0 if a == 0.0 else 0.0)
             elif op == 84:  # detach
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -436,12 +431,19 @@ def forward(rows, x, v):
             elif op == 86:  # pick
                 for i in range(m):
                     v[k + i] = (-0.0)
-            elif op == 88:  # round_f32
+            else:
+                c0 = rows[r, 4]
+                c1 = rows[r, 5]
                 ia = int(rows[r, 1])
+                ib = int(rows[r, 2])
+                ic = int(rows[r, 3])
                 sa = int(rows[r + 2, 4])
+                sb = int(rows[r + 2, 5])
+                sc = int(rows[r + 3, 4])
+                # an absent operand (-1, stride 0) reads the last slot, which is ignored
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = np.float64(np.float32(a))
+                    v[k + i] = value(op, v[ia + i * sa], v[ib + i * sb], v[ic + i * sc],
+                                     c0, c1)
             k += m
             r += 4
             continue
@@ -454,208 +456,9 @@ def forward(rows, x, v):
             v[k] = t
             if (t != 0.0) != (rows[r, 4] != 0.0):
                 return k + 1
-        elif op == 3:  # neg
-            a = v[int(rows[r, 1])]
-            v[k] = (-a)
-        elif op == 4:  # exp
-            a = v[int(rows[r, 1])]
-            v[k] = math.exp(a)
-        elif op == 5:  # log
-            a = v[int(rows[r, 1])]
-            v[k] = math.log(a)
-        elif op == 6:  # log1p
-            a = v[int(rows[r, 1])]
-            v[k] = math.log1p(a)
-        elif op == 7:  # expm1
-            a = v[int(rows[r, 1])]
-            v[k] = math.expm1(a)
-        elif op == 8:  # sqrt
-            a = v[int(rows[r, 1])]
-            v[k] = math.sqrt(a)
-        elif op == 9:  # rsqrt
-            a = v[int(rows[r, 1])]
-            v[k] = (1.0 / math.sqrt(a))
-        elif op == 10:  # sin
-            a = v[int(rows[r, 1])]
-            v[k] = math.sin(a)
-        elif op == 11:  # cos
-            a = v[int(rows[r, 1])]
-            v[k] = math.cos(a)
-        elif op == 12:  # tan
-            a = v[int(rows[r, 1])]
-            v[k] = math.tan(a)
-        elif op == 13:  # asin
-            a = v[int(rows[r, 1])]
-            v[k] = math.asin(a)
-        elif op == 14:  # acos
-            a = v[int(rows[r, 1])]
-            v[k] = math.acos(a)
-        elif op == 15:  # atan
-            a = v[int(rows[r, 1])]
-            v[k] = math.atan(a)
-        elif op == 16:  # sinh
-            a = v[int(rows[r, 1])]
-            v[k] = math.sinh(a)
-        elif op == 17:  # cosh
-            a = v[int(rows[r, 1])]
-            v[k] = math.cosh(a)
-        elif op == 18:  # tanh
-            a = v[int(rows[r, 1])]
-            v[k] = math.tanh(a)
-        elif op == 19:  # sigmoid
-            a = v[int(rows[r, 1])]
-            v[k] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
-        elif op == 20:  # relu
-            a = v[int(rows[r, 1])]
-            v[k] = (0.0 if a <= 0.0 else a)
-        elif op == 21:  # erf
-            a = v[int(rows[r, 1])]
-            v[k] = math.erf(a)
-        elif op == 22:  # abs
-            a = v[int(rows[r, 1])]
-            v[k] = abs(a)
-        elif op == 23:  # sign
-            a = v[int(rows[r, 1])]
-            v[k] = ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0))
-        elif op == 24:  # square
-            a = v[int(rows[r, 1])]
-            v[k] = (a * a)
-        elif op == 25:  # reciprocal
-            a = v[int(rows[r, 1])]
-            v[k] = (1.0 / a)
-        elif op == 26:  # addc
-            c0 = rows[r, 4]
-            a = v[int(rows[r, 1])]
-            v[k] = (a + c0)
-        elif op == 27:  # mulc
-            c0 = rows[r, 4]
-            a = v[int(rows[r, 1])]
-            v[k] = (a * c0)
-        elif op == 28:  # rsubc
-            c0 = rows[r, 4]
-            a = v[int(rows[r, 1])]
-            v[k] = (c0 - a)
-        elif op == 29:  # divc
-            c0 = rows[r, 4]
-            a = v[int(rows[r, 1])]
-            v[k] = (a / c0)
-        elif op == 30:  # rdivc
-            c0 = rows[r, 4]
-            a = v[int(rows[r, 1])]
-            v[k] = (c0 / a)
-        elif op == 31:  # powc
-            c0 = rows[r, 4]
-            a = v[int(rows[r, 1])]
-            v[k] = (a * a if c0 == 2.0 else a ** c0)
-        elif op == 32:  # rpowc
-            c0 = rows[r, 4]
-            a = v[int(rows[r, 1])]
-            v[k] = (c0 ** a)
-        elif op == 33:  # clamp
-            c0 = rows[r, 4]
-            c1 = rows[r, 5]
-            a = v[int(rows[r, 1])]
-            v[k] = min(max(a, c0), c1) if a == a else a
-        elif op == 34:  # softplus
-            c0 = rows[r, 4]
-            c1 = rows[r, 5]
-            a = v[int(rows[r, 1])]
-            v[k] = (a if a * c0 > c1 else math.log1p(math.exp(a * c0)) / c0)
-        elif op == 35:  # add
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (a + b)
-        elif op == 36:  # sub
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (a - b)
-        elif op == 37:  # mul
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (a * b)
-        elif op == 38:  # div
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (a / b)
-        elif op == 39:  # pow
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (a ** b)
-        elif op == 40:  # atan2
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = math.atan2(a, b)
-        elif op == 41:  # maximum
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (a if (a > b or a != a) else b)
-        elif op == 42:  # minimum
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (a if (a < b or a != a) else b)
-        elif op == 43:  # clamp_min_t
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (b if a < b else a)
-        elif op == 44:  # clamp_max_t
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (b if a > b else a)
-        elif op == 45:  # clone
-            a = v[int(rows[r, 1])]
-            v[k] = a
-        elif op == 74:  # lt
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if a < b else 0.0)
-        elif op == 75:  # le
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if a <= b else 0.0)
-        elif op == 76:  # gt
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if a > b else 0.0)
-        elif op == 77:  # ge
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if a >= b else 0.0)
-        elif op == 78:  # eq
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if a == b else 0.0)
-        elif op == 79:  # ne
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if a != b else 0.0)
-        elif op == 80:  # logical_and
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if (a != 0.0 and b != 0.0) else 0.0)
-        elif op == 81:  # logical_or
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
-        elif op == 82:  # logical_xor
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            v[k] = (1.0 if ((a != 0.0) != (b != 0.0)) else 0.0)
-        elif op == 83:  # logical_not
-            a = v[int(rows[r, 1])]
-            v[k] = (1.0 if a == 0.0 else 0.0)
-        elif op == 84:  # detach
-            a = v[int(rows[r, 1])]
-            v[k] = a
-        elif op == 85:  # select
-            a = v[int(rows[r, 1])]
-            b = v[int(rows[r, 2])]
-            c = v[int(rows[r, 3])]
-            v[k] = (b if a != 0.0 else c)
-        elif op == 86:  # pick
-            v[k] = (-0.0)
-        elif op == 88:  # round_f32
-            a = v[int(rows[r, 1])]
-            v[k] = np.float64(np.float32(a))
+        else:
+            v[k] = value(op, v[int(rows[r, 1])], v[int(rows[r, 2])], v[int(rows[r, 3])],
+                         rows[r, 4], rows[r, 5])
         k += 1
         r += 1
     return 0
@@ -697,20 +500,6 @@ def reverse(rows, v, adj):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (g / a)
-            elif op == 6:  # log1p
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g / (a + 1.0))
-            elif op == 7:  # expm1
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    out = v[k + i]
-                    adj[ia + i * sa] += (g * (out + 1.0))
             elif op == 8:  # sqrt
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -718,13 +507,6 @@ def reverse(rows, v, adj):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += (g / (2.0 * out))
-            elif op == 9:  # rsqrt
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    out = v[k + i]
-                    adj[ia + i * sa] += ((((-0.5 * g) * out) * out) * out)
             elif op == 10:  # sin
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -739,48 +521,6 @@ def reverse(rows, v, adj):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += ((-g) * math.sin(a))
-            elif op == 12:  # tan
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    out = v[k + i]
-                    adj[ia + i * sa] += (g * (1.0 + (out * out)))
-            elif op == 13:  # asin
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g / math.sqrt((1.0 - (a * a))))
-            elif op == 14:  # acos
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += ((-g) / math.sqrt((1.0 - (a * a))))
-            elif op == 15:  # atan
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g / (1.0 + (a * a)))
-            elif op == 16:  # sinh
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g * math.cosh(a))
-            elif op == 17:  # cosh
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g * math.sinh(a))
             elif op == 18:  # tanh
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -795,27 +535,6 @@ def reverse(rows, v, adj):
                     g = adj[k + i]
                     out = v[k + i]
                     adj[ia + i * sa] += ((g * (1.0 - out)) * out)
-            elif op == 20:  # relu
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (0.0 if (a <= 0.0) else g)
-            elif op == 21:  # erf
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
-            elif op == 22:  # abs
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
             elif op == 24:  # square
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -823,13 +542,6 @@ def reverse(rows, v, adj):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += ((g * 2.0) * a)
-            elif op == 25:  # reciprocal
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    out = v[k + i]
-                    adj[ia + i * sa] += ((-g) * (out * out))
             elif op == 26:  # addc
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -856,14 +568,6 @@ def reverse(rows, v, adj):
                 for i in range(m - 1, -1, -1):
                     g = adj[k + i]
                     adj[ia + i * sa] += (g / c0)
-            elif op == 30:  # rdivc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (((-g) * c0) / (a * a))
             elif op == 31:  # powc
                 c0 = rows[r, 4]
                 ia = int(rows[r, 1])
@@ -872,33 +576,6 @@ def reverse(rows, v, adj):
                     g = adj[k + i]
                     a = v[ia + i * sa]
                     adj[ia + i * sa] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-            elif op == 32:  # rpowc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    out = v[k + i]
-                    adj[ia + i * sa] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
-            elif op == 33:  # clamp
-                c0 = rows[r, 4]
-                c1 = rows[r, 5]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g if ((a >= c0) and (a <= c1)) else 0.0)
-            elif op == 34:  # softplus
-                c0 = rows[r, 4]
-                c1 = rows[r, 5]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
             elif op == 35:  # add
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -939,29 +616,6 @@ def reverse(rows, v, adj):
                     b = v[ib + i * sb]
                     adj[ia + i * sa] += (g / b)
                     adj[ib + i * sb] += (((-g) * a) / (b * b))
-            elif op == 39:  # pow
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    out = v[k + i]
-                    adj[ia + i * sa] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
-                    adj[ib + i * sb] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
-            elif op == 40:  # atan2
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    adj[ia + i * sa] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-                    adj[ib + i * sb] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
             elif op == 41:  # maximum
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -984,34 +638,6 @@ def reverse(rows, v, adj):
                     b = v[ib + i * sb]
                     adj[ia + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
                     adj[ib + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
-            elif op == 43:  # clamp_min_t
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    adj[ia + i * sa] += (g if (a >= b) else 0.0)
-                    adj[ib + i * sb] += (g if (a < b) else 0.0)
-            elif op == 44:  # clamp_max_t
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    adj[ia + i * sa] += (g if (a <= b) else 0.0)
-                    adj[ib + i * sb] += (g if (a > b) else 0.0)
-            elif op == 45:  # clone
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += g
             elif op == 85:  # select
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -1033,274 +659,41 @@ def reverse(rows, v, adj):
                     g = adj[k + i]
                     b = v[ib + i * sb]
                     adj[ia + i * sa] += (g * b)
-            elif op == 88:  # round_f32
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += np.float64(np.float32(g))
+            else:
+                bits = GRAD_BITS[op]
+                if bits != 0:
+                    c0 = rows[r, 4]
+                    c1 = rows[r, 5]
+                    ia = int(rows[r, 1])
+                    ib = int(rows[r, 2])
+                    ic = int(rows[r, 3])
+                    sa = int(rows[r + 2, 4])
+                    sb = int(rows[r + 2, 5])
+                    sc = int(rows[r + 3, 4])
+                    for i in range(m - 1, -1, -1):
+                        ga, gb, gc = grads(op, v[ia + i * sa], v[ib + i * sb],
+                                           v[ic + i * sc], v[k + i], adj[k + i], c0, c1)
+                        if bits & 1:
+                            adj[ia + i * sa] += ga
+                        if bits & 2:
+                            adj[ib + i * sb] += gb
+                        if bits & 4:
+                            adj[ic + i * sc] += gc
             k -= 1
             r -= 1
             continue
-        elif op == 3:  # neg
-            ia = int(rows[r, 1])
-            g = adj[k]
-            adj[ia] += (-g)
-        elif op == 4:  # exp
-            ia = int(rows[r, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (g * out)
-        elif op == 5:  # log
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g / a)
-        elif op == 6:  # log1p
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g / (a + 1.0))
-        elif op == 7:  # expm1
-            ia = int(rows[r, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (g * (out + 1.0))
-        elif op == 8:  # sqrt
-            ia = int(rows[r, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (g / (2.0 * out))
-        elif op == 9:  # rsqrt
-            ia = int(rows[r, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += ((((-0.5 * g) * out) * out) * out)
-        elif op == 10:  # sin
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g * math.cos(a))
-        elif op == 11:  # cos
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += ((-g) * math.sin(a))
-        elif op == 12:  # tan
-            ia = int(rows[r, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (g * (1.0 + (out * out)))
-        elif op == 13:  # asin
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g / math.sqrt((1.0 - (a * a))))
-        elif op == 14:  # acos
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += ((-g) / math.sqrt((1.0 - (a * a))))
-        elif op == 15:  # atan
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g / (1.0 + (a * a)))
-        elif op == 16:  # sinh
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g * math.cosh(a))
-        elif op == 17:  # cosh
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g * math.sinh(a))
-        elif op == 18:  # tanh
-            ia = int(rows[r, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (g * (1.0 - (out * out)))
-        elif op == 19:  # sigmoid
-            ia = int(rows[r, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += ((g * (1.0 - out)) * out)
-        elif op == 20:  # relu
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (0.0 if (a <= 0.0) else g)
-        elif op == 21:  # erf
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += ((g * 1.1283791670955126) * math.exp((-(a * a))))
-        elif op == 22:  # abs
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))
-        elif op == 24:  # square
-            ia = int(rows[r, 1])
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += ((g * 2.0) * a)
-        elif op == 25:  # reciprocal
-            ia = int(rows[r, 1])
-            out = v[k]
-            g = adj[k]
-            adj[ia] += ((-g) * (out * out))
-        elif op == 26:  # addc
-            ia = int(rows[r, 1])
-            g = adj[k]
-            adj[ia] += g
-        elif op == 27:  # mulc
-            ia = int(rows[r, 1])
-            c0 = rows[r, 4]
-            g = adj[k]
-            adj[ia] += (g * c0)
-        elif op == 28:  # rsubc
-            ia = int(rows[r, 1])
-            g = adj[k]
-            adj[ia] += (-g)
-        elif op == 29:  # divc
-            ia = int(rows[r, 1])
-            c0 = rows[r, 4]
-            g = adj[k]
-            adj[ia] += (g / c0)
-        elif op == 30:  # rdivc
-            ia = int(rows[r, 1])
-            c0 = rows[r, 4]
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (((-g) * c0) / (a * a))
-        elif op == 31:  # powc
-            ia = int(rows[r, 1])
-            c0 = rows[r, 4]
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-        elif op == 32:  # rpowc
-            ia = int(rows[r, 1])
-            c0 = rows[r, 4]
-            a = v[ia]
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))
-        elif op == 33:  # clamp
-            ia = int(rows[r, 1])
-            c0 = rows[r, 4]
-            c1 = rows[r, 5]
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g if ((a >= c0) and (a <= c1)) else 0.0)
-        elif op == 34:  # softplus
-            ia = int(rows[r, 1])
-            c0 = rows[r, 4]
-            c1 = rows[r, 5]
-            a = v[ia]
-            g = adj[k]
-            adj[ia] += (g if ((a * c0) > c1) else (g * (1.0 / (1.0 + math.exp(-(a * c0))) if (a * c0) >= 0.0 else math.exp((a * c0)) / (1.0 + math.exp((a * c0))))))
-        elif op == 35:  # add
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            g = adj[k]
-            adj[ia] += g
-            adj[ib] += g
-        elif op == 36:  # sub
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            g = adj[k]
-            adj[ia] += g
-            adj[ib] += (-g)
-        elif op == 37:  # mul
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (g * b)
-            adj[ib] += (g * a)
-        elif op == 38:  # div
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (g / b)
-            adj[ib] += (((-g) * a) / (b * b))
-        elif op == 39:  # pow
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            a = v[ia]
-            b = v[ib]
-            out = v[k]
-            g = adj[k]
-            adj[ia] += (0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))
-            adj[ib] += (0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))
-        elif op == 40:  # atan2
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-            adj[ib] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
-        elif op == 41:  # maximum
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-            adj[ib] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
-        elif op == 42:  # minimum
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
-            adj[ib] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
-        elif op == 43:  # clamp_min_t
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (g if (a >= b) else 0.0)
-            adj[ib] += (g if (a < b) else 0.0)
-        elif op == 44:  # clamp_max_t
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            a = v[ia]
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (g if (a <= b) else 0.0)
-            adj[ib] += (g if (a > b) else 0.0)
-        elif op == 45:  # clone
-            ia = int(rows[r, 1])
-            g = adj[k]
-            adj[ia] += g
-        elif op == 85:  # select
+        bits = GRAD_BITS[op] if op < GRAD_BITS.shape[0] else 0
+        if bits != 0:
             ia = int(rows[r, 1])
             ib = int(rows[r, 2])
             ic = int(rows[r, 3])
-            a = v[ia]
-            g = adj[k]
-            adj[ib] += (g if (a != 0.0) else 0.0)
-            adj[ic] += (0.0 if (a != 0.0) else g)
-        elif op == 86:  # pick
-            ia = int(rows[r, 1])
-            ib = int(rows[r, 2])
-            b = v[ib]
-            g = adj[k]
-            adj[ia] += (g * b)
-        elif op == 88:  # round_f32
-            ia = int(rows[r, 1])
-            g = adj[k]
-            adj[ia] += np.float64(np.float32(g))
+            ga, gb, gc = grads(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[r, 4], rows[r, 5])
+            if bits & 1:
+                adj[ia] += ga
+            if bits & 2:
+                adj[ib] += gb
+            if bits & 4:
+                adj[ic] += gc
         k -= 1
         r -= 1
     return 0

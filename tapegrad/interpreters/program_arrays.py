@@ -129,20 +129,6 @@ def expand(rows):
     return out
 
 
-def _grad_bits():
-    """By opcode: the inputs (bits a, b, c) whose gradient its rule gives."""
-    from ..ops import OPS
-    from ._codegen_emit import _replay_ops, rule_exprs
-    bits = np.zeros(len(OPS), dtype=np.int64)
-    for op in _replay_ops():
-        exprs = rule_exprs(op)
-        bits[op.code] = sum(1 << j for j, n in enumerate("abc") if n in exprs)
-    return bits
-
-
-GRAD_BITS = _grad_bits()
-
-
 @njit_cached(nogil=True)
 def mark_inactive(rows, nslots, bits, leaf):
     """Flag (1.0 in the constant column of an instruction's last row) the array
@@ -282,7 +268,8 @@ def prune_arrays(rows, roots, guard, leaf):
 
 # --- running: one sample ------------------------------------------------------------------
 
-from ._generated_arrays import forward, reverse  # noqa: E402 (generated from this format)
+# generated from this format; GRAD_BITS: by opcode, the inputs its rule gives gradients to
+from ._generated_arrays import GRAD_BITS, forward, reverse  # noqa: E402, F401
 
 
 @njit_cached(error_model="numpy", nogil=True)
