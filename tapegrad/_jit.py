@@ -29,7 +29,8 @@ _PKG = os.path.dirname(os.path.abspath(__file__))
 #: are frozen into compiled code) and the code generated from it
 _ALWAYS = ("ops/_registry.py", "ops/__init__.py", "ops/elementwise.py", "ops/arrays.py",
            "ops/traced.py", "interpreters/_generated_cpu.py",
-           "interpreters/_generated_replay.py", "interpreters/_generated_cuda.py")
+           "interpreters/_generated_replay.py", "interpreters/_generated_cuda.py",
+           "interpreters/_generated_arrays.py")
 
 _file_hashes: dict[str, bytes] = {}
 _lock = threading.Lock()

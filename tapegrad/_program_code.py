@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _notice
 from .interpreters import program as _prog
+from .interpreters import program_arrays as _arr
 from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain, tensor
 
@@ -135,7 +136,16 @@ class _Code:
     """One traced variant: rows, input and output layout, guard sites."""
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
-        self.rows = np.ascontiguousarray(rows, dtype=np.float64)
+        # ``arows``: the rows as traced, with array instructions (interpreters/
+        # program_arrays.py) when ``arrays``; ``rows``: their scalar rows, slot for slot,
+        # for the interpreters that run scalar rows only (batches, Jacobians, CUDA)
+        self.arows = np.ascontiguousarray(rows, dtype=np.float64)
+        self.arrays = _arr.has_arrays(self.arows)
+        self._rows = None if self.arrays else self.arows
+        # the values' count: the rows' count without array instructions
+        self.nslots = _arr.row_slots(self.arows)[1] if self.arrays else self.arows.shape[0]
+        if self.arrays:
+            _arr.mark_inactive(self.arows, self.nslots, _arr.GRAD_BITS, _arr.LEAF)
         self.in_slots = np.ascontiguousarray(in_slots, dtype=np.int64)
         self.out_slots = np.ascontiguousarray(out_slots, dtype=np.int64)
         self.inputs = inputs      # [(shape, dtype)]
@@ -173,6 +183,21 @@ class _Code:
         self._free = []
         self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
 
+    @property
+    def rows(self):
+        """The scalar rows (array instructions expanded on first use)."""
+        r = self._rows
+        if r is None:
+            r = self._rows = _arr.expand(self.arows)
+        return r
+
+    def run_fresh(self, x, seeds, grad):
+        """``replay_cpu.run_fresh`` of this code: (status, outputs, gradients)."""
+        if self.arrays:
+            return _arr.run_fresh(self.arows, self.nslots, x, self.out_slots, seeds,
+                                  self.in_slots, grad)
+        return _cpu.run_fresh(self.rows, x, self.out_slots, seeds, self.in_slots, grad)
+
     def buffers(self):
         """A free (work, flat inputs, views of them shaped like each input) of the one-sample
         calls: ``work`` is ``replay_cpu.run_into``'s, and the flat inputs are its inputs'
@@ -183,9 +208,9 @@ class _Code:
             return free.pop()
         if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
             _notice.announce("replay")
-        work = _cpu.new_work(self.rows, self.out_slots, self.in_slots, self.n_in)
-        if self.run is None:
-            self.run = _cpu.entry(self.rows, work)
+        work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
+        if self.run is None:  # (array instructions: their interpreter, on ``arows``)
+            self.run = (_arr.entry if self.arrays else _cpu.entry)(self.arows, work)
         start = _cpu.HEADER + 2 * len(self.out_slots) + len(self.in_slots)
         flat = work[start:start + self.n_in]
         views = tuple(flat[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
@@ -196,7 +221,7 @@ class _Code:
         buf = self.buffers()
         buf[1][...] = x
         res = np.empty(self.res_size[grad])
-        status = self.run(self.rows, buf[0], res)
+        status = self.run(self.arows, buf[0], res)
         self._free.append(buf)
         return status, res
 
@@ -217,7 +242,7 @@ def _grad_code(code, seeds=None):
     """The program of ``code``'s gradient (of ``sum(seeds * outputs)``): its rows followed by
     the reverse sweep re-recorded as rows; outputs: the gradient's elements."""
     seeds = [1.0] * len(code.out_slots) if seeds is None else [float(s) for s in seeds]
-    L, grads = _prog.grad_rows(code.rows, code.out_slots, seeds, code.in_slots)
+    L, grads = _prog.grad_rows(code.arows, code.out_slots, seeds, code.in_slots)
     rows = L.rows()
     out = np.array([int(g) for g in grads], dtype=np.int64)
     pruned, new = _prog.prune(rows, out)
@@ -230,8 +255,8 @@ def _hvp_code(code):
     """A program of (x, v) whose value is ``grad(f)(x) . v``: its gradient in x is H v."""
     nin = len(code.in_slots)
     L = _prog.Builder()
-    L._blocks.append(code.rows.copy())
-    L.n = code.rows.shape[0]
+    L._blocks.append(code.arows.copy())
+    L.n = code.nslots
     vs = L.inputs(nin, (nin,))
     rows = L.rows()
     L2, grads = _prog.grad_rows(rows, code.out_slots, [1.0] * len(code.out_slots),
@@ -257,8 +282,8 @@ def _vjp_code(code):
     compiled."""
     nout = len(code.out_slots)
     L = _prog.Builder()
-    L._blocks.append(code.rows.copy())
-    L.n = code.rows.shape[0]
+    L._blocks.append(code.arows.copy())
+    L.n = code.nslots
     vs = L.inputs(len(code.in_slots), (nout,))
     rows = L.rows()
     L2, grads = _prog.grad_rows(rows, code.out_slots, [int(v) for v in vs], code.in_slots)

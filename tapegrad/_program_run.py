@@ -103,7 +103,7 @@ class _Running:
         if batch is None:
             if "replay" in _notice.PENDING:
                 _notice.announce("replay")
-            return _cpu.run_fresh(code.rows, x, code.out_slots, seeds, code.in_slots, grad)
+            return code.run_fresh(x, seeds, grad)
         # one block has nothing to spread over the cores, and starting the threads costs
         # more than the block (tens of ms on a busy machine): it runs serially
         parallel = self.target == "parallel" and batch > self.block
@@ -157,7 +157,7 @@ class _Running:
                 views[i][...] = x  # into the entry's buffer: strided inputs too, no compile
                 i += 1
             res = _empty(code.res_size[grad])
-            if code.run(code.rows, buf[0], res):  # a guard failed: the other variants
+            if code.run(code.arows, buf[0], res):  # a guard failed: the other variants
                 for c in self._variants[1:]:
                     status, res = c.run1(buf[1], grad)
                     if status == 0:
@@ -187,7 +187,7 @@ class _Running:
                 return None
             x = buf[1]
             res = np.empty(code.res_size[grad])
-            if code.run(code.rows, buf[0], res) == 0:
+            if code.run(code.arows, buf[0], res) == 0:
                 return code, res, None if select is None else x.copy(), as_tensor
             for variant in self._variants[1:]:
                 c = variant if select is None else select(variant)
@@ -227,7 +227,7 @@ class _Running:
             xb, sb = np.ascontiguousarray(x[:, b]), np.ascontiguousarray(seeds[:, b])
             for variant in self._variants[1:]:
                 c = select(variant)
-                st, o, g = _cpu.run_fresh(c.rows, xb, c.out_slots, sb, c.in_slots, grad)
+                st, o, g = c.run_fresh(xb, sb, grad)
                 if st == 0:
                     outs[:, b], grads[:, b] = o, g
                     break

@@ -48,7 +48,7 @@ def _block_for(variants):
     split the samples: every block size gives the same numbers)."""
     if not variants:
         return _cpu.BLOCK
-    rows = max(1, variants[0].rows.shape[0])
+    rows = max(1, variants[0].nslots)
     block = _cpu.BLOCK
     while block > 16 and rows * block * 16 > BLOCK_BYTES:
         block //= 2
@@ -95,7 +95,7 @@ class Program(_Running, _Derivatives):
         return [s for s, _ in self._code.outputs]
 
     def __len__(self):
-        return self._code.rows.shape[0]
+        return self._code.nslots  # the scalar rows' count, without expanding them
 
     def __repr__(self):
         ins = ", ".join(str(list(s)) for s in self.input_shapes)

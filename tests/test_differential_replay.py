@@ -593,8 +593,70 @@ def leg_cuda(prog, stats):
     return None
 
 
+def _arrays_of(P):
+    return any(c.arrays for c in P._variants)
+
+
+def leg_arrays(prog, stats):
+    """Array instructions (tapegrad/interpreters/program_arrays.py): the program traced
+    with every run of 4 elements or more as one instruction (1) equals the same program
+    traced as scalar rows (values, gradient, hvp, Jacobian, grad_program and its vjp, a
+    batch), and (2) passes the replay, batched and higher legs against torch."""
+    if not rg_of(prog):
+        return None
+    with RF.array_instructions(4):
+        P = do_trace(traced_fn(prog, tg), prog)
+    if not _arrays_of(P):
+        stats.skipped[("arrays", "no run of 4 elements")] += 1
+        return None
+    with RF.array_instructions(1 << 62):
+        S = do_trace(traced_fn(prog, tg), prog)
+    assert not _arrays_of(S)
+    cases = valid_inputs(prog, ("noise", "ties"), salt=6)
+    if not cases:
+        stats.skipped[("arrays", "not well defined at new inputs")] += 1
+        return None
+    dirs = directions(prog, 6)
+    n = len(dirs)
+
+    def results(Q, a):
+        value, g = Q.value_and_grad(*a)
+        _, hv = Q.hvp(a, dirs)
+        G = Q.grad_program()
+        _, hw = G.vjp(a, tuple(dirs) if n > 1 else dirs[0])
+        return [value] + _flat(g, n) + _flat(hv, n) + _flat(Q.jacobian(*a), n) + \
+            _flat(G(*a), n) + _flat(hw, n)
+    for mode, vals in cases:
+        a = args_of(prog, vals)
+        try:
+            got, want = results(P, a), results(S, a)
+        except tg.GuardError:
+            stats.guards["arrays"] += 1
+            continue
+        why = _cmp(prog, got, want, HIGH_RTOL, f"array instructions at {mode} inputs vs "
+                   f"scalar rows")
+        if why:
+            return why
+    X = _stack(prog, [vals for _, vals in cases])
+    try:
+        got = [P.value_and_grad(*X)[0]] + _flat(P.grad(*X), n)
+        want = [S.value_and_grad(*X)[0]] + _flat(S.grad(*X), n)
+    except tg.GuardError:
+        got = want = []
+    why = _cmp(prog, got, want, SAME_RTOL, "batch of array instructions vs scalar rows")
+    if why:
+        return why
+    with RF.array_instructions(4):
+        for leg in (leg_replay, leg_batched, leg_higher):
+            why = leg(prog, Stats())
+            if why:
+                return why
+    stats.ran["arrays"] += 1
+    return None
+
+
 LEGS = {"replay": leg_replay, "batched": leg_batched, "higher": leg_higher,
-        "entry": leg_entry, "cuda": leg_cuda}
+        "entry": leg_entry, "cuda": leg_cuda, "arrays": leg_arrays}
 
 
 # --- running, shrinking, reporting ---------------------------------------------------------
@@ -743,6 +805,17 @@ def test_replay_leg(leg):
     assert_ran(stats, {leg: int(n * 0.6), **extra})
     if leg == "replay":  # the programs flip branches: some guards must have fired
         assert stats.guards["replay"] >= 1, dict(stats.guards)
+
+
+def test_replay_leg_arrays():
+    stats = run_legs(range(43_000, 43_060), ["arrays"])
+    assert_ran(stats, {"arrays": 20})
+
+
+@pytest.mark.slow
+def test_replay_leg_arrays_slow():
+    stats = run_legs(range(44_000, 44_500), ["arrays"])
+    assert_ran(stats, {"arrays": 150})
 
 
 def _cuda_tier(seeds, minimum):

@@ -255,6 +255,9 @@ def test_every_traced_only_op_appears_in_a_replayed_program():
             close(g, ge)
     prog = tg.trace(lambda x: x * 2.0 if x > 0 else -x, 1.0)
     seen |= {OPS[int(c)].name for c in prog._code.rows[:, 0]}
+    # an array instruction's rows (tapegrad/interpreters/program_arrays.py)
+    prog = tg.trace(lambda x: (x.exp() * x).sum(), np.linspace(0.0, 1.0, 32))
+    seen |= {OPS[int(c)].name for c in prog._code.arows[:, 0]}
     traced_only = {op.name for op in OPS if op.kind in (COMPARE, REPLAY)}
     assert traced_only <= seen, traced_only - seen
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pathlib
 
+from ._codegen_arrays import ARRAYS_TARGET, generate_arrays
 from ._codegen_cpu import (  # noqa: F401 (re-exported: the generator's one entry point)
     FLAT, SCALAR, TARGET, _flat_source, _sides_source, generate, recordable_ops, render_scatter)
 from ._codegen_eager import EAGER_TARGET, generate_eager  # noqa: F401
@@ -29,6 +30,7 @@ def write_all():
     EAGER_TARGET.write_text(generate_eager())
     REPLAY_TARGET.write_text(generate_replay())
     CUDA_TARGET.write_text(generate_cuda())
+    ARRAYS_TARGET.write_text(generate_arrays())
     _drop_numba_caches()
 
 
@@ -42,4 +44,5 @@ def _drop_numba_caches():
 
 if __name__ == "__main__":
     write_all()
-    print(f"wrote {TARGET}, {EAGER_TARGET}, {REPLAY_TARGET} and {CUDA_TARGET}")
+    print(f"wrote {TARGET}, {EAGER_TARGET}, {REPLAY_TARGET}, {CUDA_TARGET} and "
+          f"{ARRAYS_TARGET}")

@@ -6,7 +6,10 @@ value ``k`` from the values at slots ``a``, ``b``, ``c`` (-1 when absent) and it
 constants. ``leaf`` rows read input element ``c0``, ``const`` rows hold ``c0``, ``guard``
 rows check that the truth value at ``a`` is still ``c0`` (``c1`` names the guard's site).
 Only registered ops appear, so the generated interpreters (``_generated_replay.py``) run it
-forward and backward, one sample or a batch.
+forward and backward, one sample or a batch. An array op over evenly spaced slots is an
+array instruction instead, four rows for its whole run of values (``program_arrays``);
+the slots are then counted apart from the rows, and the scalar interpreters run the
+program's expansion (``_Code.rows``).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import numpy as np
 from .._jit import njit_cached
 from ..ops import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, UNARY, UNARY_C,
                    call_rule, lowering, rule_inputs)
+from . import program_arrays as _arr
 
 NCOL = 6
 LEAF = BY_NAME["leaf"].code
@@ -29,10 +33,15 @@ _PASS = ("clone", "import_")  # identity ops: the output is the input's slot
 
 class Builder:
     """Emits program rows. Slots are Python ints (scalars) or int64 arrays shaped like the
-    values; ``op`` broadcasts its inputs like NumPy and emits one row per element."""
+    values; ``op`` broadcasts its inputs like NumPy and emits one row per element, or an
+    array instruction per run of evenly spaced slots (``program_arrays``). ``n`` counts
+    slots, not rows."""
 
-    def __init__(self):
+    def __init__(self, min_run=None):
         self.n = 0
+        # runs of at least this many elements become array instructions (program_arrays)
+        self.min_run = max(4, _arr.MIN_RUN if min_run is None else min_run)
+        self.arrays = False  # whether any row is an array instruction
         self._pending = []  # scalar rows as tuples, in order
         self._blocks = []   # (m, NCOL) arrays, in order with the pending rows flushed
         self._consts = {}
@@ -65,17 +74,21 @@ class Builder:
         arrs = np.broadcast_arrays(*[np.asarray(i, dtype=np.int64) for i in ins])
         shape = arrs[0].shape
         m = int(np.prod(shape))
+        if m > 1 and name in _arr.ARRAYABLE and all(not any(x.strides) for x in arrs):
+            # every element is the same op of the same slots (a broadcast scalar): one row
+            ins = tuple(int(x.reshape(-1)[0]) for x in arrs) + (-1,) * (3 - len(arrs))
+            return np.full(shape, self.row(code, ins[0], ins[1], ins[2], c0, c1),
+                           dtype=np.int64)
         if shape == ():
             ins = tuple(int(i) for i in arrs) + (-1,) * (3 - len(arrs))
             return np.asarray(self.row(code, ins[0], ins[1], ins[2], c0, c1))
         self._flush()
-        block = np.empty((m, NCOL), dtype=np.float64)
-        block[:, 0] = code
-        block[:, 1:4] = -1.0
-        for j, x in enumerate(arrs):
-            block[:, 1 + j] = x.reshape(-1)
-        block[:, 4] = c0
-        block[:, 5] = c1
+        flat = np.stack([x.reshape(-1) for x in arrs])
+        if m >= self.min_run and name in _arr.ARRAYABLE:
+            block, arrays = _arr.block(code, flat, c0, c1, self.min_run)
+            self.arrays = self.arrays or arrays
+        else:
+            block = _arr.scalar_block(code, flat, c0, c1)
         self._blocks.append(block)
         out = np.arange(self.n, self.n + m, dtype=np.int64).reshape(shape)
         self.n += m
@@ -100,8 +113,14 @@ class Builder:
     def inputs(self, start, shape):
         """Leaf rows reading input elements ``start ..`` as an array shaped ``shape``."""
         m = int(np.prod(shape))
-        slots = np.array([self.row(LEAF, c0=float(start + i)) for i in range(m)],
-                         dtype=np.int64)
+        self._flush()
+        block = np.zeros((m, NCOL), dtype=np.float64)
+        block[:, 0] = LEAF
+        block[:, 1:4] = -1.0
+        block[:, 4] = np.arange(start, start + m, dtype=np.float64)
+        self._blocks.append(block)
+        slots = np.arange(self.n, self.n + m, dtype=np.int64)
+        self.n += m
         return slots.reshape(shape)
 
 
@@ -237,10 +256,17 @@ def _lower_guard(L, slots, aux, sites_base):
     return g
 
 
-@njit_cached(nogil=True)
 def prune(rows, roots):
     """Keep the rows that ``roots`` (and guard and leaf rows) depend on, renumbered;
-    returns (rows, new slot of each old slot, -1 when dropped)."""
+    returns (rows, new slot of each old slot, -1 when dropped). Array instructions are kept
+    whole (``program_arrays.prune_arrays``)."""
+    if _arr.has_arrays(rows):
+        return _arr.prune_arrays(rows, roots, GUARD, LEAF)
+    return _prune(rows, roots)
+
+
+@njit_cached(nogil=True)
+def _prune(rows, roots):
     n = rows.shape[0]
     need = np.zeros(n, dtype=np.bool_)
     for r in roots:
@@ -395,34 +421,87 @@ def rule_rows(L, F, op, g, row, k):
     return [(slots[n], gr) for n, gr in zip(rule_inputs(op), grads) if gr is not None]
 
 
-def grad_rows(rows, out_slots, seeds, in_slots):
+def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
     """Rows computing, after ``rows``, the gradient of ``sum(seeds * outputs)`` with respect
     to the values at ``in_slots``; ``seeds`` are slots (or floats). Returns (builder, grad
-    slots). The builder starts with ``rows`` unchanged, so old slots keep their meaning."""
-    L = Builder()
+    slots). The builder starts with ``rows`` unchanged, so old slots keep their meaning. An
+    array instruction's rule is re-recorded once over its ranges of slots (so the gradient
+    of an array program is array instructions too)."""
+    L = Builder(min_run)
     L._blocks.append(np.array(rows, dtype=np.float64))
-    L.n = rows.shape[0]
-    for k in range(rows.shape[0]):
-        if rows[k, 0] == CONST:
-            L._consts.setdefault(struct.pack("d", float(rows[k, 4])), k)
+    at, L.n = _arr.row_slots(rows)
+    L.arrays = _arr.has_arrays(rows)
+    for r in np.nonzero(rows[:, 0] == CONST)[0].tolist():
+        L._consts.setdefault(struct.pack("d", float(rows[r, 4])), int(at[r]))
     F = RowF(L)
-    adj = {}
+    adj = np.full(L.n, -1, dtype=np.int64)  # each slot's adjoint's slot
     for s, seed in zip(out_slots, seeds):
         _accumulate(L, adj, int(s), seed if not isinstance(seed, int) else _R(L, seed))
-    for k in range(rows.shape[0] - 1, -1, -1):
-        g = adj.get(k)
-        if g is None:
+    r = rows.shape[0] - 1
+    while r >= 0:
+        if rows[r, 0] == _arr.TAIL:  # an array instruction's last row
+            r -= _arr.META
+            _array_rule(L, F, adj, rows, r, int(at[r]))
+            r -= 1
             continue
-        op = OPS[int(rows[k, 0])]
-        if op.vjp is None or op.kind == COMPARE or op.name in ("leaf", "const"):
+        k = int(at[r])
+        g = adj[k]
+        op = OPS[int(rows[r, 0])]
+        row = rows[r]
+        r -= 1
+        if g < 0 or op.vjp is None or op.kind == COMPARE or op.name in ("leaf", "const"):
             continue
-        for s, gr in rule_rows(L, F, op, g, rows[k], k):
+        for s, gr in rule_rows(L, F, op, _R(L, int(g)), row, k):
             _accumulate(L, adj, s, gr)
     grads = []
     for s in in_slots:
-        g = adj.get(int(s))
-        grads.append(g.s if isinstance(g, _R) else L.const(0.0 if g is None else g))
+        g = adj[int(s)]
+        grads.append(int(g) if g >= 0 else L.const(0.0))
     return L, grads
+
+
+def _array_rule(L, F, adj, rows, r, k):
+    """Re-record the rule of the array instruction at row ``r`` (slots ``k ..``) over its
+    ranges of slots."""
+    n, code, strides = _arr.info(rows, r)
+    op = OPS[code]
+    gs = adj[k:k + n]
+    if (gs < 0).all() or op.vjp is None or op.kind == COMPARE:
+        return
+    if (gs < 0).any():
+        gs = np.where(gs < 0, L.const(0.0), gs)
+    i = np.arange(n, dtype=np.int64)
+    ins = [int(rows[r, 1 + j]) + i * strides[j] if rows[r, 1 + j] >= 0 else None
+           for j in range(3)]
+    R = lambda s: None if s is None else _R(L, s)  # noqa: E731
+    grads = call_rule(op, F, _R(L, gs.copy()), _R(L, np.arange(k, k + n, dtype=np.int64)),
+                      R(ins[0]), R(ins[1]), float(rows[r, 4]), float(rows[r, 5]), R(ins[2]))
+    slots = {"a": ins[0], "b": ins[1], "c": ins[2]}
+    for name, gr in zip(rule_inputs(op), grads):
+        if gr is not None:
+            _accumulate_range(L, adj, slots[name], gr)
+
+
+def _accumulate_range(L, adj, slots, g):
+    """Add gradients ``g`` (an _R over the elements, or a float) to the adjoints of
+    ``slots`` (distinct, or one slot repeated: a broadcast scalar, which gets their sum)."""
+    if not isinstance(g, _R):
+        if g == 0.0 and not math.isnan(g):
+            return
+        g = _R(L, L.const(float(g)))
+    gv = np.broadcast_to(np.asarray(g.s, dtype=np.int64), slots.shape)
+    if slots[0] == slots[-1]:  # stride 0: every element's gradient goes to one slot
+        from ..ops.lowering import reduce
+        _accumulate(L, adj, int(slots[0]),
+                    _R(L, int(np.asarray(reduce(L, "add", gv, None, False, 0.0)))))
+        return
+    prev = adj[slots]
+    if (prev < 0).all():
+        adj[slots] = gv
+        return
+    if (prev < 0).any():
+        prev = np.where(prev < 0, L.const(0.0), prev)
+    adj[slots] = L.op("add", prev, gv)
 
 
 def _accumulate(L, adj, s, g):
@@ -430,5 +509,5 @@ def _accumulate(L, adj, s, g):
         if g == 0.0 and not math.isnan(g):
             return
         g = _R(L, L.const(float(g)))
-    prev = adj.get(s)
-    adj[s] = g if prev is None else _R(L, L.op("add", prev.s, g.s))
+    prev = adj[s]
+    adj[s] = g.s if prev < 0 else L.op("add", int(prev), g.s)

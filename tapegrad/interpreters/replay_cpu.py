@@ -51,25 +51,27 @@ def run_into(rows, work, res):
     return status
 
 
-def entry(rows, work):
+def entry(rows, work, fn=None):
     """``run_into`` for this program's arrays without Numba's dispatch: the compiled wrapper
     of their signature (compiled, or loaded from the cache, now), called with the arrays
     only. The dispatcher types each argument to pick it on every call (0.11 us of 0.41);
     the one-sample calls pass only arrays they made (``rows``, ``work`` and a fresh float64
     result vector), of the signature picked here, so that check has nothing to catch. The
     dispatcher itself without the JIT (``NUMBA_DISABLE_JIT=1``)."""
-    if not hasattr(run_into, "compile"):
-        return run_into
-    return run_into.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work)))
+    fn = run_into if fn is None else fn  # (program_arrays' run_into: the same arguments)
+    if not hasattr(fn, "compile"):
+        return fn
+    return fn.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work)))
 
 
-def new_work(rows, out_slots, in_slots, nx):
-    """A ``work`` buffer of ``run_into`` for this program, with inputs of size ``nx``: its
+def new_work(n, out_slots, in_slots, nx):
+    """A ``work`` buffer of ``run_into`` for a program of ``n`` values (its rows; with array
+    instructions, their slots), with inputs of size ``nx``: its
     header, seeds (ones) and slots set, the inputs and values left to fill. (``run`` lays
     out its own: a compiled caller cannot call this.)"""
     m, p = out_slots.shape[0], in_slots.shape[0]
     o = HEADER + 2 * m + p
-    work = np.empty(o + nx + 2 * rows.shape[0])
+    work = np.empty(o + nx + 2 * n)
     work[:HEADER] = m, p, nx
     work[HEADER:HEADER + m] = 1.0
     work[HEADER + m:HEADER + 2 * m] = out_slots

@@ -31,18 +31,20 @@ def reduce(L, name, A, dims, keepdim, empty):
     axes = _axes(dims, A.ndim)
     keep = [d for d in range(A.ndim) if d not in axes]
     out_shape = tuple(A.shape[d] for d in keep)
-    # the reduced size spelled out: with an empty kept dim, -1 cannot be inferred
-    M = np.transpose(A, keep + list(axes)).reshape(
-        out_shape + (int(np.prod([A.shape[d] for d in axes])),)) if A.ndim else A.reshape(1)
-    R = M.shape[-1] if M.ndim else 1
+    # the reduced axis first: each level of the tree is one op over whole blocks of the
+    # kept elements, which stay contiguous slots (array instructions, program_arrays); the
+    # reduced size spelled out: with an empty kept dim, -1 cannot be inferred
+    M = np.transpose(A, list(axes) + keep).reshape(
+        (int(np.prod([A.shape[d] for d in axes])),) + out_shape) if A.ndim else A.reshape(1)
+    R = M.shape[0]
     if R == 0:
         r = L.const(np.full(out_shape, empty))
     else:
-        while M.shape[-1] > 1:
-            h = M.shape[-1] // 2
-            pair = L.op(name, M[..., :h], M[..., h:2 * h])
-            M = np.concatenate([pair, M[..., 2 * h:]], axis=-1) if M.shape[-1] % 2 else pair
-        r = M[..., 0]
+        while M.shape[0] > 1:
+            h = M.shape[0] // 2
+            pair = L.op(name, M[:h], M[h:2 * h])
+            M = np.concatenate([pair, M[2 * h:]], axis=0) if M.shape[0] % 2 else pair
+        r = M[0]
     if keepdim:
         r = np.reshape(r, tuple(1 if d in axes else A.shape[d] for d in range(A.ndim)))
     return r
@@ -66,12 +68,15 @@ def _lower_extreme(L, ins, aux, value, pick_name):
     D = L.op("detach", A)
     m = reduce(L, pick_name, D, dims, keepdim, np.nan)
     mk = np.broadcast_to(_kept(m, A, dims, keepdim), np.shape(A))
-    # a NaN result goes to the NaNs, as eager mode (and torch)
-    tie = L.op("logical_or", L.op("eq", D, mk),
-               L.op("logical_and", L.op("ne", D, D), L.op("ne", mk, mk)))
+    # a NaN result goes to the NaNs, as eager mode (and torch); a select on the result's
+    # NaN test, one pass over the elements fewer than or-ing both tests
+    tie = L.op("select", L.op("ne", mk, mk), L.op("ne", D, D), L.op("eq", D, mk))
     if mode is None or isinstance(mode, str):  # ties share evenly
+        # the picks' sum (-0.0) divided by the count: each tied element's gradient is
+        # g / count, with no pass dividing every element
         count = reduce(L, "add", tie, dims, True, 0.0)
-        w = L.op("div", tie, count)
+        share = L.op("div", reduce(L, "add", L.op("pick", A, tie), dims, True, -0.0), count)
+        return L.op("add", _kept(m, A, dims, keepdim), share).reshape(np.shape(m))
     else:  # the first tied index along the one reduced dim
         d = dims[0] % np.ndim(A)
         T = np.moveaxis(tie, d, -1)

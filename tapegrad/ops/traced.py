@@ -63,3 +63,12 @@ register("round_f32", REPLAY, arity=1, saves=False, py=lambda a: float(np.float3
          vjp=lambda F, g, a, b, c, out: (F.round_f32(g),),
          doc="a rounded to float32 (a traced cast to float32); its gradient is rounded too, "
              "as eager mode's (and torch's) cast rule")
+
+# array instructions of traced programs (interpreters/program_arrays.py): the first row of
+# an elementwise op over a range of slots, and the rows that hold the rest of its values
+register("array_ew", REPLAY, arity=3, saves=False,
+         doc="an elementwise op over a range of slots (the first of its rows)",
+         via="array ops in traced programs")
+register("array_tail", REPLAY, arity=0, saves=False,
+         doc="the values of an array instruction after its first",
+         via="array ops in traced programs")

@@ -114,3 +114,16 @@ def new_inputs(prog, mode, salt=0):
             b = a * 0.5
         out.append(float(b) if a.shape == () else b)
     return out
+
+
+@contextlib.contextmanager
+def array_instructions(min_run):
+    """Trace with runs of ``min_run`` elements or more as array instructions (4: as many as
+    the format allows; a huge number: scalar rows only), restored after."""
+    from tapegrad.interpreters import program_arrays
+    saved = program_arrays.MIN_RUN
+    program_arrays.MIN_RUN = min_run
+    try:
+        yield
+    finally:
+        program_arrays.MIN_RUN = saved

@@ -1,0 +1,314 @@
+"""Array instructions of traced programs: an elementwise op over ranges of slots kept as one
+instruction, so that tracing and replay cost per op, not per element.
+
+An array instruction of op ``f`` and length ``n`` computes the ``n`` slots ``k .. k + n -
+1``: ``v[k + i] = f(v[a + i * sa], v[b + i * sb], v[c + i * sc]; c0, c1)``, exactly the
+scalar rows it stands for (``expand`` writes them out, slot for slot). It takes four rows:
+``(array_ew, a, b, c, c0, c1)``, then three ``(array_tail, -1, -1, -1, ., .)`` rows holding
+``(n, opcode of f)``, ``(sa, sb)`` and ``(sc, inactive)`` in their constant columns. A
+scalar row computes one slot, so a row's slot is the number of slots before it
+(``row_slots``): in a program without array instructions, its index. The array
+interpreters (``_generated_arrays.py``) run an instruction as a loop; every other
+interpreter (batches, Jacobians, CUDA) runs the expansion.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._jit import njit_cached
+from . import replay_cpu as _cpu
+from ..ops import BY_NAME
+
+NCOL = 6
+ARR = BY_NAME["array_ew"].code
+TAIL = BY_NAME["array_tail"].code
+LEAF = BY_NAME["leaf"].code
+#: the shortest run of elements made one instruction (shorter runs stay scalar rows; at
+#: least 4, an instruction's own rows). Set it to a huge number to trace scalar rows only
+MIN_RUN = 16
+META = 3  # rows after an instruction's first
+
+
+def _arrayable():
+    from ._codegen_emit import _replay_ops
+    return frozenset(op.name for op in _replay_ops())
+
+
+ARRAYABLE = _arrayable()
+
+
+def runs(flat, min_run):
+    """The runs ``(start, stop, strides)`` of the elements ``0 .. m - 1`` where every slot
+    array in ``flat`` (nin, m) is affine in the element (``stop`` exclusive), greedily from
+    the first element; None when the runs would be shorter than ``min_run`` on average (the
+    op is then scalar rows, without a Python loop over its runs)."""
+    m = flat.shape[1]
+    if m < min_run:
+        return None
+    D = np.diff(flat, axis=1)
+    chg = np.nonzero(np.any(D[:, 1:] != D[:, :-1], axis=0))[0]
+    if len(chg) * min_run > 2 * m:
+        return None
+    out, s = [], 0
+    for p in chg.tolist():
+        if p < s:  # a change inside a run already closed
+            continue
+        out.append((s, p + 2, D[:, s].tolist()))
+        s = p + 2
+    if s < m:
+        out.append((s, m, D[:, s].tolist() if s < m - 1 else [0] * flat.shape[0]))
+    return out
+
+
+def scalar_block(code, flat, c0, c1):
+    """Scalar rows of opcode ``code`` over the slot arrays ``flat`` (nin, m)."""
+    block = np.empty((flat.shape[1], NCOL), dtype=np.float64)
+    block[:, 0] = code
+    block[:, 1:4] = -1.0
+    block[:, 1:1 + flat.shape[0]] = flat.T
+    block[:, 4] = c0
+    block[:, 5] = c1
+    return block
+
+
+def block(code, flat, c0, c1, min_run):
+    """The rows of opcode ``code`` over the slot arrays ``flat`` (nin, m): an array
+    instruction for each run of ``min_run`` elements or more, scalar rows for the rest;
+    and whether any is an instruction."""
+    rs = runs(flat, min_run) if flat.shape[1] >= min_run else None
+    if rs is None or not any(e - s >= min_run for s, e, _ in rs):
+        return scalar_block(code, flat, c0, c1), False
+    parts = []
+    for s, e, st in rs:
+        n = e - s
+        if n < min_run:
+            parts.append(scalar_block(code, flat[:, s:e], c0, c1))
+            continue
+        st = st + [0] * (3 - len(st))
+        ins = [int(x) for x in flat[:, s]] + [-1] * (3 - flat.shape[0])
+        parts.append(np.array([[ARR, ins[0], ins[1], ins[2], c0, c1],
+                               [TAIL, -1, -1, -1, n, code],
+                               [TAIL, -1, -1, -1, st[0], st[1]],
+                               [TAIL, -1, -1, -1, st[2], 0.0]], dtype=np.float64))
+    return np.concatenate(parts), True
+
+
+def row_slots(rows):
+    """(the slot of each row, the number of slots): an instruction's first row has its
+    first slot, its other rows the next instruction's."""
+    n = np.ones(rows.shape[0], dtype=np.int64)
+    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    n[heads] = rows[heads + 1, 4].astype(np.int64)
+    for j in range(1, META + 1):
+        n[heads + j] = 0
+    ends = np.cumsum(n)
+    return ends - n, int(ends[-1]) if len(ends) else 0
+
+
+def expand(rows):
+    """The scalar rows of a program with array instructions, one per slot (the slots, and
+    so the input and output slots, are unchanged)."""
+    at, nslots = row_slots(rows)
+    out = np.empty((nslots, NCOL), dtype=np.float64)
+    scalar = np.ones(rows.shape[0], dtype=np.bool_)
+    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    for j in range(META + 1):
+        scalar[heads + j] = False
+    out[at[scalar]] = rows[scalar]
+    i_all = np.arange(max([int(rows[k + 1, 4]) for k in heads.tolist()] or [0]),
+                      dtype=np.float64)
+    for k in heads.tolist():
+        n, code = int(rows[k + 1, 4]), rows[k + 1, 5]
+        st = (rows[k + 2, 4], rows[k + 2, 5], rows[k + 3, 4])
+        blk = out[at[k]:at[k] + n]
+        i = i_all[:n]
+        for j in range(3):
+            s = rows[k, 1 + j]
+            blk[:, 1 + j] = s + i * st[j] if s >= 0 else -1.0
+        blk[:, 4:6] = rows[k, 4:6]
+        blk[:, 0] = code
+    return out
+
+
+@njit_cached(nogil=True)
+def mark_inactive(rows, nslots, bits, leaf):
+    """Flag (1.0 in the constant column of an instruction's last row) the array
+    instructions whose values depend on no input through a gradient: their reverse adds
+    only to adjoints that reach no input, so the reverse sweep skips them (the max of
+    detached values, the counts of tied elements...)."""
+    act = np.zeros(nslots, dtype=np.bool_)
+    r = 0
+    k = 0
+    while r < rows.shape[0]:
+        op = int(rows[r, 0])
+        if op == leaf:
+            act[k] = True
+        elif op == ARR:
+            m = int(rows[r + 1, 4])
+            b = bits[int(rows[r + 1, 5])]
+            st = (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4]))
+            any_ = False
+            for c in range(3):
+                s = int(rows[r, 1 + c])
+                if s >= 0 and (b >> c) & 1:
+                    for i in range(m):
+                        if act[s + i * st[c]]:
+                            act[k + i] = True
+                            any_ = True
+            rows[r + 3, 5] = 0.0 if any_ else 1.0
+            r += META + 1
+            k += m
+            continue
+        else:
+            b = bits[op] if op < bits.shape[0] else 0
+            for c in range(3):
+                s = int(rows[r, 1 + c])
+                if s >= 0 and (b >> c) & 1 and act[s]:
+                    act[k] = True
+        r += 1
+        k += 1
+
+
+def has_arrays(rows):
+    return bool(rows.shape[0]) and bool(np.any(rows[:, 0] == ARR))
+
+
+def info(rows, r):
+    """(n, opcode, strides) of the instruction whose first row is ``r``; (1, opcode, 0s) for a
+    scalar row."""
+    if rows[r, 0] != ARR:
+        return 1, int(rows[r, 0]), (0, 0, 0)
+    return (int(rows[r + 1, 4]), int(rows[r + 1, 5]),
+            (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4])))
+
+
+@njit_cached(nogil=True)
+def prune_arrays(rows, roots, guard, leaf):
+    """``program.prune`` of a program with array instructions (``roots`` and the result's
+    renumbering are slots): an instruction is kept whole when any of its slots is needed,
+    and with every slot its strided inputs span (so that the kept slots of a span stay
+    evenly spaced after renumbering)."""
+    nr = rows.shape[0]
+    at = np.empty(nr, dtype=np.int64)
+    k = 0
+    r = 0
+    while r < nr:
+        at[r] = k
+        if int(rows[r, 0]) == ARR:
+            for j in range(1, META + 1):
+                at[r + j] = -1
+            k += int(rows[r + 1, 4])
+            r += META + 1
+        else:
+            k += 1
+            r += 1
+    nslots = k
+    need = np.zeros(nslots, dtype=np.bool_)
+    for s in roots:
+        need[s] = True
+    for r in range(nr):
+        op = int(rows[r, 0])
+        if op == guard or op == leaf:
+            need[at[r]] = True
+    for r in range(nr - 1, -1, -1):
+        op = int(rows[r, 0])
+        if at[r] < 0:
+            continue
+        k = at[r]
+        if op == ARR:
+            m = int(rows[r + 1, 4])
+            any_ = False
+            for i in range(m):
+                if need[k + i]:
+                    any_ = True
+                    break
+            if not any_:
+                continue
+            for i in range(m):
+                need[k + i] = True
+            for c in range(3):
+                s = int(rows[r, 1 + c])
+                if s < 0:
+                    continue
+                st = int(rows[r + 2, 4]) if c == 0 else int(rows[r + 2, 5]) if c == 1 \
+                    else int(rows[r + 3, 4])
+                hi = s + (m - 1) * st
+                for t in range(min(s, hi), max(s, hi) + 1):
+                    need[t] = True
+        elif need[k]:
+            for c in range(1, 4):
+                s = int(rows[r, c])
+                if s >= 0:
+                    need[s] = True
+    new = np.full(nslots, -1, dtype=np.int64)
+    m = 0
+    for k in range(nslots):
+        if need[k]:
+            new[k] = m
+            m += 1
+    keep = 0
+    for r in range(nr):
+        if at[r] >= 0 and need[at[r]]:
+            keep += META + 1 if int(rows[r, 0]) == ARR else 1
+    out = np.empty((keep, rows.shape[1]), dtype=np.float64)
+    j = 0
+    for r in range(nr):
+        if at[r] < 0 or not need[at[r]]:
+            continue
+        w = META + 1 if int(rows[r, 0]) == ARR else 1
+        for q in range(w):
+            for c in range(rows.shape[1]):
+                out[j + q, c] = rows[r + q, c]
+        for c in range(1, 4):
+            s = int(rows[r, c])
+            if s >= 0:
+                out[j, c] = new[s]
+        j += w
+    return out, new
+
+
+# --- running: one sample ------------------------------------------------------------------
+
+# generated from this format; GRAD_BITS: by opcode, the inputs its rule gives gradients to
+from ._generated_arrays import GRAD_BITS, forward, reverse  # noqa: E402, F401
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_into(rows, work, res):
+    """``replay_cpu.run_into`` of a program with array instructions, on the same ``work``
+    layout (``replay_cpu.new_work``); the values' count is what its size leaves for them."""
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    s = _cpu.HEADER + m  # the output slots, then the input slots
+    o = s + m + p  # the inputs, then the values, then the adjoints
+    n = (work.shape[0] - o - nx) // 2
+    v = work[o + nx:o + nx + n]
+    status = forward(rows, work[o:o + nx], v)
+    for i in range(m):
+        res[i] = v[int(work[s + i])]
+    if res.shape[0] > m and status == 0:
+        adj = work[o + nx + n:o + nx + 2 * n]
+        adj[:] = 0.0
+        for i in range(m):
+            adj[int(work[s + i])] += work[_cpu.HEADER + i]
+        reverse(rows, v, adj)
+        for i in range(p):
+            res[m + i] = adj[int(work[s + m + i])]
+    return status
+
+
+def entry(rows, work):
+    """``replay_cpu.entry`` of this module's ``run_into``."""
+    return _cpu.entry(rows, work, run_into)
+
+
+def run_fresh(rows, n, x, out_slots, seeds, in_slots, grad):
+    """``replay_cpu.run_fresh`` of a program with array instructions and ``n`` slots:
+    (status, outputs, gradients at ``in_slots``; zeros without ``grad``)."""
+    m, p = out_slots.shape[0], in_slots.shape[0]
+    work = _cpu.new_work(n, out_slots, in_slots, x.shape[0])
+    work[_cpu.HEADER:_cpu.HEADER + m] = seeds
+    o = _cpu.HEADER + 2 * m + p
+    work[o:o + x.shape[0]] = x
+    res = np.zeros(m + p if grad else m)
+    status = run_into(rows, work, res)
+    return status, res[:m], res[m:] if grad else np.zeros(p)
