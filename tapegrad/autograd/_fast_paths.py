@@ -72,6 +72,11 @@ def _flat_mark(y, inputs):
     if case is None:
         return None
     tape, ins = case
+    # the inputs are in the flat buffers whenever the path runs: past its size limit
+    # already, it declines before marking (a large array's backward saves the mark)
+    arrays = tape.arrays
+    if sum([arrays[s].size for s in set(ins.tolist()) if s in arrays]) > cpu.FLAT_MAX:
+        return None
     rows = tape.rows()
     need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
                                            tape.imports[0] if tape.imports else y._slot)
