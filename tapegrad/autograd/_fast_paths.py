@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..interpreters import _generated_cpu, cpu
+from ..interpreters import _generated_cpu, cpu, fused
 from ..tape import INPLACE, STATE, end_tape
 from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 from .anomaly import ANOMALY
 from .graph import HOOKS
-from .paths import Path
+from .paths import STATE as _PATHS, Path
 
 
 def _scalar_case(y, inputs, arrays=False):
@@ -72,11 +72,6 @@ def _flat_mark(y, inputs):
     if case is None:
         return None
     tape, ins = case
-    # the inputs are in the flat buffers whenever the path runs: past its size limit
-    # already, it declines before marking (a large array's backward saves the mark)
-    arrays = tape.arrays
-    if sum([arrays[s].size for s in set(ins.tolist()) if s in arrays]) > cpu.FLAT_MAX:
-        return None
     rows = tape.rows()
     need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
                                            tape.imports[0] if tape.imports else y._slot)
@@ -85,11 +80,24 @@ def _flat_mark(y, inputs):
     return tape, rows, need, lo, ins
 
 
+def _past_flat_limit(tape, ins):
+    """Whether the inputs alone overflow the flat buffers (they are in them whenever the
+    flat path runs): then ``flat_layout`` is None, known before any marking."""
+    arrays = tape.arrays
+    return sum([arrays[s].size for s in set(ins.tolist()) if s in arrays]) > cpu.FLAT_MAX
+
+
 def _flat_applies(y, inputs, retain_graph):
     """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
     call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
     tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
     None when anything else holds (past the buffers' size limit: the general sweep)."""
+    tape = y._tape
+    if tape is None or not tape.arrays:
+        return None
+    case = _scalar_case(y, inputs, arrays=True)
+    if case is None or _past_flat_limit(*case):  # (a large array's backward: no marking)
+        return None
     m = _flat_mark(y, inputs)
     if m is None:
         return None
@@ -120,6 +128,55 @@ def _flat_run(plan):
         cpu.free_entries(tape, need)
         end_tape(tape)
     return tuple(out)
+
+
+def _fused_applies(y, inputs, retain_graph):
+    """The flat path's calls past the flat buffers' size limit: the array entries run as one
+    generated loop per shape (``interpreters.fused``, each rule rendered by the one
+    emitter), the scalar entries compiled. None when the flat path takes the call, the
+    region does not fit that form or its loop is not compiled yet (forcing the path
+    compiles it at once)."""
+    m = _flat_mark(y, inputs)
+    if m is None:
+        return None
+    tape, rows, need, lo, ins = m
+    ctl = _PATHS.ctl
+    if ((ctl is None or ctl.allows("flat")) and not _past_flat_limit(tape, ins)
+            and cpu.flat_layout(tape, rows, need, lo, y._slot + 1) is not None):
+        return None  # the flat path's (or, when it declined, the general sweep's)
+    p = fused.plan_for(tape, rows, need, lo, y._slot + 1, ins)
+    if p is None:
+        return None
+    fn = fused.kernel(p.text, force=ctl is not None and ctl.forced == "fused")
+    if fn is None:
+        return None
+    adj = np.zeros(len(rows), dtype=np.float64)
+    adj[y._slot] = 1.0
+    G = fused.run(p, fn, tape, rows, tape.values(), need, lo, y._slot + 1, adj)
+    out = []
+    arrays = tape.arrays
+    given = set()
+    for s in ins.tolist():
+        v = arrays.get(s)
+        if v is None:
+            out.append(_plain_s(float(adj[s])))
+        elif s in G:
+            g = G[s].reshape(v.shape)  # the loops' own array: handed out as it is
+            if s in given:  # an input listed twice gets a gradient of its own, as in torch
+                g = g.copy()
+            given.add(s)
+            out.append(_plain(g))
+        else:
+            return None
+    return tape, need, tuple(out), retain_graph
+
+
+def _fused_run(plan):
+    tape, need, out, retain_graph = plan
+    if not retain_graph:
+        cpu.free_entries(tape, need)
+        end_tape(tape)
+    return out
 
 
 def _record_applies(y, inputs, retain_graph):
@@ -163,6 +220,7 @@ def _record_run(plan):
 
 SCALAR = Path("scalar", _scalar_applies, _scalar_run, graph=False)
 FLAT = Path("flat", _flat_applies, _flat_run, graph=False)
+FUSED = Path("fused", _fused_applies, _fused_run, graph=False)
 RECORD = Path("record", _record_applies, _record_run, graph=True)
-_FAST_NOGRAPH = (SCALAR, FLAT)  # create_graph off, in the order they are tried
+_FAST_NOGRAPH = (SCALAR, FLAT, FUSED)  # create_graph off, in the order they are tried
 _FAST_GRAPH = (RECORD,)                # create_graph on (and the graph retained)
