@@ -5,9 +5,10 @@ On large arrays the NumPy sweep is bound by memory traffic: each rule is a few f
 over its arrays, each pass a fresh temporary. When the needed array entries of a backward
 are elementwise ops, 1-d slices and full sums or means (the flat sweep's ops, past its
 size limit), the whole array part of the sweep can instead be one loop per shape: entry
-``k``'s adjoint at element ``i`` is a local variable, each rule runs on scalars (the same
-rule text as the compiled scalar sweep, from the registry), and only the saved values a
-rule reads and the adjoints of the inputs' arrays touch memory.
+``k``'s adjoint at element ``i`` is a local variable, each rule runs on scalars (the one
+emitter's rendering of the registry's rule, ``render`` over ``LOOP``; sums, means and
+slices run their registry ``scatter`` forms), and only the saved values a rule reads and
+the adjoints of the inputs' arrays touch memory.
 
 The loop's source depends only on the region's structure (opcodes, edges, slice steps, and
 the constants a rule branches on, such as ``powc``'s exponent), not on sizes, slice
@@ -212,22 +213,9 @@ def plan(tape, rows, need, lo, hi, ins):
         if shape != v.shape:
             return None
         body.setdefault(shape, [])
-    # loops in order: a slice's loop before the loop of its base's entry
-    after = {shape: set() for shape in body}
-    for k, (start, step) in getitems.items():
-        base = int(rows[k, 1])
-        if base in body.get(cls.get(base), ()):
-            if cls[base] == cls[k]:
-                return None
-            after[cls[base]].add(cls[k])
-    order, done = [], set()
-    while len(order) < len(body):
-        ready = [s for s in body if s not in done and after[s] <= done]
-        if not ready:
-            return None
-        ready.sort(key=lambda s: -max(body[s], default=-1))
-        order.append(ready[0])
-        done.add(ready[0])
+    order = _loop_order(rows, body, cls, getitems)
+    if order is None:
+        return None
     # the sums' and means' adjoints must be final before the loops: nothing they feed may
     # flow back into a region entry
     tail = _downstream(rows, need, lo, hi, np.array([k for k, _ in seeds], dtype=np.int64))
@@ -247,6 +235,27 @@ def plan(tape, rows, need, lo, hi, ins):
     p.P_arr = np.array(p.P or [0], dtype=np.int64)
     p.text = source(p)
     return p
+
+
+def _loop_order(rows, body, cls, getitems):
+    """The loops' shapes in the order they run: a slice's loop before the loop of its
+    base's entry (None: a slice of an entry of its own loop, or a cycle)."""
+    after = {shape: set() for shape in body}
+    for k in getitems:
+        base = int(rows[k, 1])
+        if base in body.get(cls.get(base), ()):
+            if cls[base] == cls[k]:
+                return None
+            after[cls[base]].add(cls[k])
+    order, done = [], set()
+    while len(order) < len(body):
+        ready = [s for s in body if s not in done and after[s] <= done]
+        if not ready:
+            return None
+        ready.sort(key=lambda s: -max(body[s], default=-1))
+        order.append(ready[0])
+        done.add(ready[0])
+    return order
 
 
 _plans: dict = {}
