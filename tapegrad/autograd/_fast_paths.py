@@ -61,16 +61,17 @@ def _scalar_run(plan):
     return tuple([_plain_s(v) for v in grads.tolist()])
 
 
-def _flat_mark(y, inputs):
+def _flat_mark(y, inputs, case=None):
     """(tape, rows, need, lo, input slots) when the flat path may take the call
     (``_scalar_case`` with arrays, every input reached, every entry on the path one
-    ``cpu.FLAT`` covers); else None."""
-    tape = y._tape
-    if tape is None or not tape.arrays:
-        return None
-    case = _scalar_case(y, inputs, arrays=True)
+    ``cpu.FLAT`` covers); else None. ``case``: ``_scalar_case``'s, when found already."""
     if case is None:
-        return None
+        tape = y._tape
+        if tape is None or not tape.arrays:
+            return None
+        case = _scalar_case(y, inputs, arrays=True)
+        if case is None:
+            return None
     tape, ins = case
     rows = tape.rows()
     need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
@@ -83,22 +84,28 @@ def _flat_mark(y, inputs):
 def _past_flat_limit(tape, ins):
     """Whether the inputs alone overflow the flat buffers (they are in them whenever the
     flat path runs): then ``flat_layout`` is None, known before any marking."""
-    arrays = tape.arrays
-    return sum([arrays[s].size for s in set(ins.tolist()) if s in arrays]) > cpu.FLAT_MAX
+    arrays, total = tape.arrays, 0
+    for s in ins.tolist():
+        v = arrays.get(s)
+        if v is not None:
+            total += v.size
+    # (an input given twice is packed once)
+    return total > cpu.FLAT_MAX and sum([arrays[s].size for s in set(ins.tolist())
+                                         if s in arrays]) > cpu.FLAT_MAX
 
 
 def _flat_applies(y, inputs, retain_graph):
     """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
     call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
     tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
-    None when anything else holds (past the buffers' size limit: the general sweep)."""
+    None when anything else holds (past the buffers' size limit: the fused path)."""
     tape = y._tape
     if tape is None or not tape.arrays:
         return None
     case = _scalar_case(y, inputs, arrays=True)
     if case is None or _past_flat_limit(*case):  # (a large array's backward: no marking)
         return None
-    m = _flat_mark(y, inputs)
+    m = _flat_mark(y, inputs, case)
     if m is None:
         return None
     tape, rows, need, lo, ins = m
