@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tapegrad as tg
-from tapegrad.autograd import _fast_paths as _engine
+from tapegrad.autograd import _fast_paths as _engine, paths
 from tapegrad.interpreters import cpu, fused
 
 N = cpu.FLAT_MAX + 1001  # past the flat buffers' limit: the fused path's sizes
@@ -185,3 +185,28 @@ def test_fused_plan_declined_before_its_key(monkeypatch, index, torch):
         out.append(M.autograd.grad(y, x)[0].numpy())
     np.testing.assert_allclose(out[0], out[1], rtol=1e-12)
     assert not tried
+
+
+def test_the_flat_paths_mark_is_reused_by_the_fused_path_of_the_same_call_only(
+        torch, kernels, monkeypatch):
+    # a 0-d input and a large constant: the flat path marks, finds its buffers too small
+    # and declines; the fused path takes that mark instead of marking again, and a later
+    # call (forced, or with another output) never sees it
+    marks = []
+    real = _engine._flat_mark
+    monkeypatch.setattr(_engine, "_flat_mark", lambda *a: marks.append(1) or real(*a))
+    c0 = np.linspace(-1.0, 1.0, N)
+    got = []
+    for M in (tg, torch):
+        s, c = leaf(M, 0.7), M.tensor(c0, dtype=M.float64)
+        y = (M.sin(c * s) * c).sum()
+        got.append(M.autograd.grad(y, [s])[0].item())
+        if M is tg:
+            assert kernels[-1] is not None and len(marks) == 1
+            assert _engine._MARKED.v is None  # nothing kept after the call
+            y2 = (M.cos(c * s) * c).sum()
+            with paths.force("fused"):
+                got.append(M.autograd.grad(y2, [s])[0].item())
+            assert len(marks) == 2 and paths.last() == "fused"
+    assert got[0] == pytest.approx(got[2], rel=1e-12)
+    assert got[1] == pytest.approx(float(np.sum(-np.sin(c0 * 0.7) * c0 * c0)), rel=1e-12)

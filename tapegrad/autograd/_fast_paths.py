@@ -1,6 +1,8 @@
 """The fast backward strategies (scalar, flat, record): one compiled call each, or decline."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..interpreters import _generated_cpu, cpu, fused
@@ -94,11 +96,21 @@ def _past_flat_limit(tape, ins):
                                          if s in arrays]) > cpu.FLAT_MAX
 
 
+class _Marked(threading.local):
+    """The mark of the call the flat path just declined after marking, for the fused path
+    tried next in the same call (``(y, inputs, mark)``; None: mark again)."""
+    v = None
+
+
+_MARKED = _Marked()
+
+
 def _flat_applies(y, inputs, retain_graph):
     """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
     call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
     tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
     None when anything else holds (past the buffers' size limit: the fused path)."""
+    _MARKED.v = None
     tape = y._tape
     if tape is None or not tape.arrays:
         return None
@@ -111,6 +123,8 @@ def _flat_applies(y, inputs, retain_graph):
     tape, rows, need, lo, ins = m
     layout = cpu.flat_layout(tape, rows, need, lo, y._slot + 1)
     if layout is None:
+        if _PATHS.ctl is None:  # the fused path runs next in this call: it needs the mark
+            _MARKED.v = (y, inputs, m)
         return None
     off, size, V, p0, p1 = layout
     A = np.zeros(len(V), dtype=np.float64)
@@ -143,12 +157,16 @@ def _fused_applies(y, inputs, retain_graph):
     emitter), the scalar entries compiled. None when the flat path takes the call, the
     region does not fit that form or its loop is not compiled yet (forcing the path
     compiles it at once)."""
-    m = _flat_mark(y, inputs)
+    ctl, marked = _PATHS.ctl, _MARKED.v
+    _MARKED.v = None
+    reused = ctl is None and marked is not None and marked[0] is y and marked[1] is inputs
+    # (reused: the flat path marked this very call, and declined it: its layout is None)
+    m = marked[2] if reused else _flat_mark(y, inputs)
     if m is None:
         return None
     tape, rows, need, lo, ins = m
-    ctl = _PATHS.ctl
-    if ((ctl is None or ctl.allows("flat")) and not _past_flat_limit(tape, ins)
+    if ((ctl is None or ctl.allows("flat")) and not reused
+            and not _past_flat_limit(tape, ins)
             and cpu.flat_layout(tape, rows, need, lo, y._slot + 1) is not None):
         return None  # the flat path's (or, when it declined, the general sweep's)
     p = fused.plan_for(tape, rows, need, lo, y._slot + 1, ins)
