@@ -210,3 +210,17 @@ def test_the_flat_paths_mark_is_reused_by_the_fused_path_of_the_same_call_only(
             assert len(marks) == 2 and paths.last() == "fused"
     assert got[0] == pytest.approx(got[2], rel=1e-12)
     assert got[1] == pytest.approx(float(np.sum(-np.sin(c0 * 0.7) * c0 * c0)), rel=1e-12)
+
+
+def test_a_call_the_flat_path_finds_no_mark_for_is_not_marked_again(monkeypatch):
+    # an op neither path runs (matmul): the flat path's marking fails, the fused path
+    # declines on what it found (a small program's grad pays one marking, as without it)
+    marks, fused_tried = [], []
+    real, applies = _engine._flat_mark, _engine.FUSED.applies
+    monkeypatch.setattr(_engine, "_flat_mark", lambda *a: marks.append(1) or real(*a))
+    monkeypatch.setattr(_engine.FUSED, "applies",
+                        lambda *a: fused_tried.append(1) or applies(*a))
+    x = leaf(tg, np.linspace(-1.0, 1.0, 6).reshape(2, 3))
+    (g,) = tg.autograd.grad((x @ x.T).sum(), x)
+    assert paths.last() == "sweep" and fused_tried == [1] and marks == [1]
+    np.testing.assert_allclose(g.numpy(), 2 * np.ones((2, 2)) @ arr(x), rtol=1e-15)

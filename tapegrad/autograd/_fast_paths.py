@@ -1,4 +1,4 @@
-"""The fast backward strategies (scalar, flat, record): one compiled call each, or decline."""
+"""The fast backward strategies (scalar, flat, fused, record): one compiled call each or decline."""
 from __future__ import annotations
 
 import threading
@@ -97,12 +97,18 @@ def _past_flat_limit(tape, ins):
 
 
 class _Marked(threading.local):
-    """The mark of the call the flat path just declined after marking, for the fused path
-    tried next in the same call (``(y, inputs, mark)``; None: mark again)."""
+    """What the flat path found of the call it just declined, for the fused path tried
+    next in the same call: ``(y, inputs, mark)``, the mark None when there is none to find
+    (``_flat_mark`` is None); ``v`` None: the fused path marks itself."""
     v = None
 
 
 _MARKED = _Marked()
+
+
+def _marked(y, inputs, m):
+    if _PATHS.ctl is None:  # nothing forced or off: the fused path runs next in this call
+        _MARKED.v = (y, inputs, m)
 
 
 def _flat_applies(y, inputs, retain_graph):
@@ -115,17 +121,17 @@ def _flat_applies(y, inputs, retain_graph):
     if tape is None or not tape.arrays:
         return None
     case = _scalar_case(y, inputs, arrays=True)
-    if case is None or _past_flat_limit(*case):  # (a large array's backward: no marking)
+    if case is None:
+        return _marked(y, inputs, None)
+    if _past_flat_limit(*case):  # (a large array's backward: no marking)
         return None
     m = _flat_mark(y, inputs, case)
     if m is None:
-        return None
+        return _marked(y, inputs, None)
     tape, rows, need, lo, ins = m
     layout = cpu.flat_layout(tape, rows, need, lo, y._slot + 1)
     if layout is None:
-        if _PATHS.ctl is None:  # the fused path runs next in this call: it needs the mark
-            _MARKED.v = (y, inputs, m)
-        return None
+        return _marked(y, inputs, m)
     off, size, V, p0, p1 = layout
     A = np.zeros(len(V), dtype=np.float64)
     A[y._slot] = 1.0
@@ -160,7 +166,7 @@ def _fused_applies(y, inputs, retain_graph):
     ctl, marked = _PATHS.ctl, _MARKED.v
     _MARKED.v = None
     reused = ctl is None and marked is not None and marked[0] is y and marked[1] is inputs
-    # (reused: the flat path marked this very call, and declined it: its layout is None)
+    # (reused: the flat path marked this very call and declined it, or found no mark)
     m = marked[2] if reused else _flat_mark(y, inputs)
     if m is None:
         return None
