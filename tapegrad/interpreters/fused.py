@@ -75,6 +75,26 @@ def _downstream(rows, need, lo, hi, seeds):
     return dep
 
 
+@njit_cached(nogil=True)
+def _fusable_getitems(rows, need, lo, hi, fusable, getitem):
+    """(the needed getitem entries in ``lo .. hi-1``, whether there is a needed array entry
+    and every one is of an op in ``fusable``)."""
+    out = np.empty(hi - lo, dtype=np.int64)
+    m = 0
+    seen = False
+    for k in range(lo, hi):
+        code = int(rows[k, 0])
+        if need[k] and code >= ARRAY:
+            op = code & ~ARRAY
+            if not fusable[op]:
+                return out[:0], False
+            seen = True
+            if op == getitem:
+                out[m] = k
+                m += 1
+    return out[:m], seen
+
+
 class Plan:
     """One region: the generated source (its structure only) and how to gather the
     arguments from a tape (slots, not values, so a later tape of the same structure reuses
@@ -266,21 +286,20 @@ def plan_for(tape, rows, need, lo, hi, ins):
     """``plan``, reused for a tape of the same structure (entries, needed mask, inputs,
     arrays' shapes and slices) as one seen before."""
     arrays, aux = tape.arrays, tape.aux
-    raw = rows[lo:hi, 0].astype(np.int64)
-    codes = raw & ~ARRAY
     # what ``plan`` declines at once, found before the key (one item per array of the
-    # tape, a long tuple for a long tape): a needed array entry of an op no loop runs, or
-    # a needed getitem that is not a 1-d slice (ba's gathers, lstm's rows)
-    entries = need[lo:hi] & (raw >= ARRAY)
-    needed = codes[entries]
-    if not len(needed) or not _FUSABLE[needed].all():
+    # tape, a long tuple for a long tape) in one compiled pass: a needed array entry of an
+    # op no loop runs, or a needed getitem that is not a 1-d slice (ba's gathers, lstm's
+    # rows)
+    getitems, ok = _fusable_getitems(rows, need, lo, hi, _FUSABLE, GETITEM)
+    if not ok:
         return None
-    for k in (np.nonzero(entries & (codes == GETITEM))[0] + lo).tolist():
+    for k in getitems.tolist():
         index = aux[k][0]
         if index.__class__ is tuple and len(index) == 1:
             index = index[0]
         if index.__class__ is not slice:
             return None
+    codes = rows[lo:hi, 0].astype(np.int64) & ~ARRAY
     special = (np.nonzero((codes == GETITEM) | (codes == SUM) | (codes == MEAN))[0] + lo)
     key = (rows[lo:hi].tobytes(), need[lo:hi].tobytes(), ins.tobytes(), lo, hi,
            tuple([(k, v.shape, v.dtype.char, v.flags.c_contiguous)
