@@ -136,7 +136,7 @@ def _gather(sw, flat, tapes, fast=False):
     With ``fast`` (grad() without create_graph, which copies each array result into a new
     tensor), an adjoint the sweep owns is that tensor already: no copy of it is made."""
     graph, reach, adj, adjd, direct = sw.graph, sw.reach, sw.adj, sw.adjd, sw.direct
-    record, batch, is_array, owned = sw.record, sw.batch, sw.is_array, set(sw.owned)
+    record, batch, is_array, owned = sw.record, sw.batch, sw.is_array, sw.owned
     # only the inputs' slots are read: no pass over the whole tape in Python. Batched: each
     # slot's row stays an array (an input entered on several tapes sums its rows)
     reach_l = dict(zip(flat, reach[flat].tolist()))
@@ -163,7 +163,7 @@ def _gather(sw, flat, tapes, fast=False):
                     # the sweep allocated it and is done with it: no seed, saved value or
                     # .grad is it (a rule may have passed it on as another slot's adjoint,
                     # which is never written in place, and is copied when handed out)
-                    owned.discard(s)  # (an input given twice: the second one is a copy)
+                    owned.remove(s)  # (an input given twice: the second one is a copy)
                     v = _plain(v)
                 results.append(v)
                 used.append(True)
