@@ -97,9 +97,11 @@ def _past_flat_limit(tape, ins):
 
 
 class _Marked(threading.local):
-    """What the flat path found of the call it just declined, for the fused path tried
-    next in the same call: ``(y, inputs, mark)``, the mark None when there is none to find
-    (``_flat_mark`` is None); ``v`` None: the fused path marks itself."""
+    """What the flat path found marking the call it then declined, for the fused path
+    tried next in the same call: ``(y, inputs, mark)``, the mark None when marking found
+    none (``_flat_mark`` is None); ``v`` None: the fused path marks itself. Only written
+    with nothing forced or off, so the fused path runs next and takes it out: a call never
+    sees another's (the identity check guards that too)."""
     v = None
 
 
@@ -116,14 +118,11 @@ def _flat_applies(y, inputs, retain_graph):
     call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
     tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
     None when anything else holds (past the buffers' size limit: the fused path)."""
-    _MARKED.v = None
     tape = y._tape
     if tape is None or not tape.arrays:
         return None
     case = _scalar_case(y, inputs, arrays=True)
-    if case is None:
-        return _marked(y, inputs, None)
-    if _past_flat_limit(*case):  # (a large array's backward: no marking)
+    if case is None or _past_flat_limit(*case):  # (a large array's backward: no marking)
         return None
     m = _flat_mark(y, inputs, case)
     if m is None:
@@ -164,7 +163,8 @@ def _fused_applies(y, inputs, retain_graph):
     region does not fit that form or its loop is not compiled yet (forcing the path
     compiles it at once)."""
     ctl, marked = _PATHS.ctl, _MARKED.v
-    _MARKED.v = None
+    if marked is not None:
+        _MARKED.v = None
     reused = ctl is None and marked is not None and marked[0] is y and marked[1] is inputs
     # (reused: the flat path marked this very call and declined it, or found no mark)
     m = marked[2] if reused else _flat_mark(y, inputs)

@@ -139,8 +139,12 @@ def _gather(sw, flat, tapes, fast=False):
     record, batch, is_array, owned = sw.record, sw.batch, sw.is_array, sw.owned
     # only the inputs' slots are read: no pass over the whole tape in Python. Batched: each
     # slot's row stays an array (an input entered on several tapes sums its rows)
-    reach_l = dict(zip(flat, reach[flat].tolist()))
-    adj_l = dict(zip(flat, adj[flat].tolist() if not batch else list(adj[flat])))
+    if batch or len(flat) > 8:
+        reach_l = dict(zip(flat, reach[flat].tolist()))
+        adj_l = dict(zip(flat, adj[flat].tolist() if not batch else list(adj[flat])))
+    else:  # a few inputs: one item each (indexing with a list costs microseconds)
+        reach_l = {s: reach.item(s) for s in flat}
+        adj_l = {s: adj.item(s) for s in flat}
     if is_array is not None:
         pass
     elif len(tapes) == 1:
