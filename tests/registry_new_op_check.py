@@ -46,12 +46,13 @@ def g_of(path, shape_x=x0, method=False):
     assert paths.last() == path, (paths.last(), path)
     return g
 
-for path in ("sweep", "flat", "checked"):
+for path in ("sweep", "flat", "fused", "checked"):
     close(g_of(path), want1, f"grad [{path}]")
     close(g_of(path, method=True), want1, f"Tensor.cube grad [{path}]")
 # large elementwise regions (the general sweep)
 big = np.linspace(-2, 2, 100_000)
 close(g_of("sweep", big), 3 * big ** 2, "grad [sweep, large]")
+close(g_of("fused", big), 3 * big ** 2, "grad [fused, large]")  # its loop: the same rule
 # scalar: a tape of 0-d values
 for path in ("scalar", "sweep"):
     xs = [tg.tensor(float(v), requires_grad=True) for v in x0]

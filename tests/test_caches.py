@@ -1,23 +1,28 @@
-"""Caches and compiled code you can trust (``_jit.py``, opcodes).
+"""Caches and compiled code you can trust (``_jit.py``, the fused kernel cache, opcodes).
 
-Numba's caches recompile when what they depend on changes or when a cache file is
-damaged; a read-only install works; opcodes never move. The scenarios that
+The fused kernel cache trusts only a directory of this user's alone and never runs a
+damaged kernel file; Numba's caches recompile when what they depend on changes or when a
+cache file is damaged; a read-only install works; opcodes never move. The scenarios that
 need a cold process run in a subprocess on a copy of the package, so the worktree's own
 caches are never touched."""
+import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import tapegrad as tg
 from tapegrad import _jit
-from tapegrad.interpreters import cpu, optim_loop, replay_cpu
+from tapegrad.interpreters import cpu, fused, optim_loop, replay_cpu
 from tapegrad.ops import BY_NAME, OPCODES, OPS, UNARY
 from tapegrad.ops import _registry
 
+N = cpu.FLAT_MAX + 1001  # past the flat buffers' limit: the fused path's sizes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The opcodes as first pinned: tapes, saved programs and compiled code store them.
@@ -67,6 +72,116 @@ def test_a_driver_cache_key_covers_the_generated_code_it_calls(fn, generated):
     assert isinstance(fn._cache, _jit._Cache)
     key = fn._cache._index_key((), type("C", (), {"magic_tuple": lambda self: ()})())
     assert key[-1] == ("tapegrad", _jit.fingerprint(fn.py_func))
+
+
+# --- the fused kernel cache ---------------------------------------------------------------
+
+def _plan_text(x, f):
+    tape, rows = f._tape, f._tape.rows()
+    ins = np.array([x._slot])
+    need, _, lo, _ = cpu._mark_scalar(rows, ins, f._slot, cpu.FLAT, f._slot)
+    return fused.plan_for(tape, rows, need, lo, f._slot + 1, ins).text
+
+
+def _loss(M, x):
+    return (M.sin(x) * x).sum()
+
+
+def _expected(x0):
+    return np.sin(x0) + x0 * np.cos(x0)
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """The fused path compiling on first sight, with no directory or kernel chosen yet."""
+    monkeypatch.setattr(fused, "COMPILE_AFTER", 1)
+    monkeypatch.setattr(fused, "_dir", None)
+    monkeypatch.setattr(fused, "_kernels", {})
+    monkeypatch.setattr(fused, "_seen", {})
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in [m for m in sys.modules if m.startswith(fused.MODULE_PREFIX)]:
+        monkeypatch.delitem(sys.modules, name)
+    return monkeypatch
+
+
+def _grad():
+    x0 = np.linspace(-1.0, 1.0, N)
+    x = tg.tensor(x0, dtype=tg.float64, requires_grad=True)
+    (g,) = tg.autograd.grad(_loss(tg, x), (x,))
+    return x0, x, np.asarray(g.detach().numpy())
+
+
+def _kernel_name(tmp_text):
+    return fused.MODULE_PREFIX + hashlib.sha1(tmp_text.encode()).hexdigest()[:20]
+
+
+@pytest.mark.parametrize("setup", ["world-writable", "another user's", "shared parent"])
+def test_a_kernel_planted_in_a_directory_others_can_write_is_never_run(fresh, tmp_path,
+                                                                       setup):
+    x0 = np.linspace(-1.0, 1.0, N)
+    x = tg.tensor(x0, dtype=tg.float64, requires_grad=True)
+    src = _plan_text(x, _loss(tg, x))
+    base = tmp_path / "cache"
+    d = base / "fused"
+    d.mkdir(parents=True)
+    marker = tmp_path / "planted-ran"
+    planted = textwrap.dedent(f"""
+        open({str(marker)!r}, "w").close()
+        def fused(V, G, T, P, C, adj, R):
+            G[0][:] = 42.0
+            return 0
+        """)
+    (d / (_kernel_name(src) + ".py")).write_text(planted)
+    tmp = tmp_path / "tmp"  # the old fallback: a fixed name in the temporary directory
+    (tmp / f"tapegrad-fused-{os.getuid()}").mkdir(parents=True)
+    (tmp / f"tapegrad-fused-{os.getuid()}" / (_kernel_name(src) + ".py")).write_text(planted)
+    fresh.setattr("tempfile.tempdir", str(tmp))
+    if setup == "world-writable":
+        os.chmod(d, 0o777)
+    elif setup == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("making a directory another user's needs root")
+        os.chown(d, 12345, 12345)
+    else:
+        os.chmod(base, 0o777)  # not sticky: another user can swap our directory
+    fresh.setenv("TAPEGRAD_CACHE_DIR", str(base))
+    with pytest.warns(_jit.CacheWarning, match="writable by others"):
+        _, _, g = _grad()
+    assert not marker.exists()
+    np.testing.assert_allclose(g, _expected(x0), rtol=1e-12, atol=1e-12)
+    assert fused.cache_dir() is None and not fused._kernels
+
+
+def test_a_directory_of_this_users_alone_is_used(fresh, tmp_path):
+    fresh.setenv("TAPEGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    x0, _, g = _grad()
+    np.testing.assert_allclose(g, _expected(x0), rtol=1e-12, atol=1e-12)
+    d = fused.cache_dir()
+    assert d == str(tmp_path / "cache" / "fused") and fused._kernels
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+
+
+@pytest.mark.parametrize("damage", ["cut at a line", "garbage"])
+def test_a_damaged_kernel_file_is_written_again_and_gradients_stay_right(fresh, tmp_path,
+                                                                        damage):
+    x0 = np.linspace(-1.0, 1.0, N)
+    x = tg.tensor(x0, dtype=tg.float64, requires_grad=True)
+    src = _plan_text(x, _loss(tg, x))
+    d = tmp_path / "cache" / "fused"
+    d.mkdir(parents=True, mode=0o700)
+    path = d / (_kernel_name(src) + ".py")
+    if damage == "cut at a line":  # still valid Python: drops the loop's last statements
+        bad = "".join(src.splitlines(True)[:-3])
+        compile(bad, str(path), "exec")
+    else:
+        bad = "def fused(V, G, T, P, C, adj, R:\n    \x00garbage"
+    path.write_text(bad)
+    fresh.setenv("TAPEGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    sys.modules.pop(_kernel_name(src), None)
+    _, _, g = _grad()
+    np.testing.assert_allclose(g, _expected(x0), rtol=1e-12, atol=1e-12)
+    assert fused._kernels, "the fused path did not run"
+    assert path.read_text() == src
 
 
 # --- cold processes on a copy of the package ------------------------------------------------

@@ -175,11 +175,11 @@ LEGS = {
 }
 #: the leg each forced path runs (a path applies to the first differentiation only)
 FORCED = {
-    "scalar": "grad", "flat": "grad", "sweep": "grad", "checked": "grad",
+    "scalar": "grad", "flat": "grad", "fused": "grad", "sweep": "grad", "checked": "grad",
     "record": "hvp", "rerecord": "hvp", "batched": "batched",
 }
 #: the general path each fast path is also compared with
-GENERAL_FOR = {"scalar": "sweep", "flat": "sweep", "record": "rerecord"}
+GENERAL_FOR = {"scalar": "sweep", "flat": "sweep", "fused": "sweep", "record": "rerecord"}
 #: relative tolerance per leg (higher orders compound ulps of libm)
 LEG_RTOL = {"hvp": 1e-9, "third": 1e-8}
 
@@ -397,17 +397,26 @@ def test_generator_is_deterministic():
 TIERS = {
     "scalar": (120, (8, 20), ("scalar", "record", "sweep", "rerecord", "checked"),
                {"scalar": 100, "record": 100, "sweep": 80, "rerecord": 80, "checked": 80}),
-    "flat": (100, (6, 14), ("flat", "sweep", "checked"),
-             {"flat": 60, "sweep": 80, "checked": 80}),
+    "flat": (100, (6, 14), ("flat", "fused", "sweep", "checked"),
+             {"flat": 60, "fused": 3, "sweep": 80, "checked": 80}),
     "array": (240, (6, 16), ("sweep", "rerecord", "checked", "batched"),
               {"sweep": 200, "rerecord": 160, "checked": 200, "batched": 120}),
 }
-def _run_family(fam, seeds):
+#: forced fused compiles one loop per structure (a second or more each): the default tier
+#: forces it on this many programs
+FUSED_DEFAULT = 6
+
+
+def _run_family(fam, seeds, n_fused):
     n, (lo, hi), forced, minimum = TIERS[fam]
     stats = Stats()
+    fused_left = n_fused
     for seed in seeds:
         prog = generate(seed, lo + seed % (hi - lo + 1), **FAMILIES[fam])
-        check_program(prog, stats, forced=forced)
+        fp = [p for p in forced if p != "fused" or fused_left > 0]
+        before = stats.forced["fused"]
+        check_program(prog, stats, forced=fp)
+        fused_left -= stats.forced["fused"] - before
     return stats, minimum
 
 
@@ -415,7 +424,7 @@ def _run_family(fam, seeds):
 def test_differential(fam):
     n = TIERS[fam][0]
     base = {"scalar": 0, "flat": 10_000, "array": 20_000}[fam]
-    stats, minimum = _run_family(fam, range(base, base + n))
+    stats, minimum = _run_family(fam, range(base, base + n), FUSED_DEFAULT)
     ran = stats.paths + stats.forced
     short = {p: (ran[p], m) for p, m in minimum.items() if ran[p] < m}
     assert not short, (f"paths exercised fewer times than required (ran, minimum): {short}; "
@@ -427,7 +436,7 @@ def test_differential(fam):
 @pytest.mark.parametrize("fam", list(TIERS))
 def test_differential_slow(fam, block):
     base = {"scalar": 100_000, "flat": 200_000, "array": 300_000}[fam] + block * 500
-    _run_family(fam, range(base, base + 500))
+    _run_family(fam, range(base, base + 500), 100)  # fused: a compile per structure
 
 
 from conftest import set_rollover as _set_rollover  # noqa: E402
@@ -523,15 +532,16 @@ def test_paths_force_disable_and_last():
         (g,) = tg.autograd.grad(x * x * x, x, create_graph=True)
     assert paths.last() == "record" and g.item() == 6.75
     a = tg.tensor(np.arange(3.0), requires_grad=True)
-    with paths.force("flat"):
-        assert tg.autograd.grad((a * a).sum(), a)[0].tolist() == [0.0, 2.0, 4.0]
-    assert paths.last() == "flat"
+    for name in ("flat", "fused"):  # fused compiles at once when forced
+        with paths.force(name):
+            assert tg.autograd.grad((a * a).sum(), a)[0].tolist() == [0.0, 2.0, 4.0]
+        assert paths.last() == name
     with pytest.raises(ValueError, match="unknown backward path"):
         with paths.force("fast"):
             pass
 
 
-@pytest.mark.parametrize("name", ["flat", "record", "batched", "rerecord"])
+@pytest.mark.parametrize("name", ["flat", "fused", "record", "batched", "rerecord"])
 def test_a_forced_path_that_declines_raises_and_consumes_nothing(name):
     x = tg.tensor(1.5, requires_grad=True)
     y = x * x
@@ -708,7 +718,7 @@ def test_a_multi_output_entry_and_its_outputs_on_different_tapes(monkeypatch, wh
 def test_paths_are_one_ordered_list_of_strategies():
     from tapegrad.autograd import _engine  # noqa: F401 (fills the list)
     assert [p.name for p in paths.STRATEGIES] == list(paths.PATHS)
-    assert paths.by_name("flat").graph is False and paths.by_name("sweep").graph is None
+    assert paths.by_name("fused").graph is False and paths.by_name("sweep").graph is None
 
 
 def test_a_hooked_graph_takes_the_hooks_path_and_only_it():

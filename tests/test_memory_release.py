@@ -1,5 +1,5 @@
 """A backward without retain_graph releases what no later backward can use, on every path
-(scalar, flat, general), even while the output lives on (``losses.append(loss)``):
+(scalar, flat, fused, general), even while the output lives on (``losses.append(loss)``):
 only what a backward through an unfreed part of the tape could need stays."""
 import gc
 import tracemalloc
@@ -10,7 +10,8 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.tape as tape_mod
-from tapegrad.interpreters import _generated_cpu, cpu
+from tapegrad.autograd import _fast_paths
+from tapegrad.interpreters import _generated_cpu, cpu, fused
 
 pytestmark = pytest.mark.usefixtures("frozen_heap")  # cheap gc.collect() calls
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("frozen_heap")  # cheap gc.collect() calls
 #: (about 2.7 KB here; the three saved 1000-element float64 arrays alone are 24 KB)
 PER_STEP = 4096
 N_SMALL = 1000                 # the flat path's size
-N_LARGE = cpu.FLAT_MAX + 1001  # past the flat buffers' limit: the general sweep's size
+N_LARGE = cpu.FLAT_MAX + 1001  # past the flat buffers' limit: the fused path's size
 
 
 @pytest.fixture(autouse=True)
@@ -31,10 +32,14 @@ def _fresh_tape():
 
 
 @pytest.fixture
-def paths(monkeypatch):
-    """Which backward path ran: counts of the flat sweep, the general sweep and the
-    one-call scalar sweep."""
-    seen = {"flat": 0, "general": 0, "scalar": 0}
+def paths(monkeypatch, tmp_path_factory):
+    """Which backward path ran: counts of the flat sweep, the fused loops, the general
+    sweep and the one-call scalar sweep (fused kernels compile on first sight here)."""
+    d = str(tmp_path_factory.mktemp("fused"))
+    monkeypatch.setattr(fused, "COMPILE_AFTER", 1)
+    monkeypatch.setattr(fused, "_dir", d)
+    monkeypatch.syspath_prepend(d)
+    seen = {"flat": 0, "fused": 0, "general": 0, "scalar": 0}
 
     def spy(mod, name, key, ok=lambda r: True):
         real = getattr(mod, name)
@@ -46,6 +51,7 @@ def paths(monkeypatch):
             return r
         monkeypatch.setattr(mod, name, f)
     spy(_generated_cpu, "sweep_flat", "flat", lambda r: not r)
+    spy(_fast_paths.FUSED, "applies", "fused", lambda r: r is not None)
     spy(cpu, "sweep", "general")
     spy(cpu, "grad_scalar", "scalar", lambda r: r[2])
     return seen
@@ -97,7 +103,7 @@ CASES = {  # path: (elements, dtype, reduce with dim=)
     "flat": (N_SMALL, tg.float64, False),
     "general float32": (N_SMALL, tg.float32, False),
     "general dim": (N_SMALL, tg.float64, True),
-    "general large": (N_LARGE, tg.float64, False),
+    "fused": (N_LARGE, tg.float64, False),
 }
 
 

@@ -10,7 +10,7 @@ from tapegrad.interpreters import (
 
 HERE = pathlib.Path(_codegen.__file__).parent
 SPLIT = ("_codegen.py", "_codegen_emit.py", "_codegen_cpu.py", "_codegen_eager.py",
-         "_codegen_replay.py", "cpu.py", "cpu_arrays.py", "cpu_fast.py")
+         "_codegen_replay.py", "cpu.py", "cpu_arrays.py", "cpu_fast.py", "fused.py")
 
 
 @pytest.mark.parametrize("name", SPLIT)

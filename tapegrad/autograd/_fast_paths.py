@@ -1,14 +1,16 @@
-"""The fast backward strategies (scalar, flat, record): one compiled call each, or decline."""
+"""The fast backward strategies (scalar, flat, fused, record): one compiled call each or decline."""
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
-from ..interpreters import _generated_cpu, cpu
+from ..interpreters import _generated_cpu, cpu, fused
 from ..tape import INPLACE, STATE, end_tape
 from ..tensor import Tensor, _plain, _plain_s, _pyfloat
 from .anomaly import ANOMALY
 from .graph import HOOKS
-from .paths import Path
+from .paths import STATE as _PATHS, Path
 
 
 def _scalar_case(y, inputs, arrays=False):
@@ -61,16 +63,17 @@ def _scalar_run(plan):
     return tuple([_plain_s(v) for v in grads.tolist()])
 
 
-def _flat_mark(y, inputs):
+def _flat_mark(y, inputs, case=None):
     """(tape, rows, need, lo, input slots) when the flat path may take the call
     (``_scalar_case`` with arrays, every input reached, every entry on the path one
-    ``cpu.FLAT`` covers); else None."""
-    tape = y._tape
-    if tape is None or not tape.arrays:
-        return None
-    case = _scalar_case(y, inputs, arrays=True)
+    ``cpu.FLAT`` covers); else None. ``case``: ``_scalar_case``'s, when found already."""
     if case is None:
-        return None
+        tape = y._tape
+        if tape is None or not tape.arrays:
+            return None
+        case = _scalar_case(y, inputs, arrays=True)
+        if case is None:
+            return None
     tape, ins = case
     rows = tape.rows()
     need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
@@ -80,18 +83,54 @@ def _flat_mark(y, inputs):
     return tape, rows, need, lo, ins
 
 
+def _past_flat_limit(tape, ins):
+    """Whether the inputs alone overflow the flat buffers (they are in them whenever the
+    flat path runs): then ``flat_layout`` is None, known before any marking."""
+    arrays, total = tape.arrays, 0
+    for s in ins.tolist():
+        v = arrays.get(s)
+        if v is not None:
+            total += v.size
+    # (an input given twice is packed once)
+    return total > cpu.FLAT_MAX and sum([arrays[s].size for s in set(ins.tolist())
+                                         if s in arrays]) > cpu.FLAT_MAX
+
+
+class _Marked(threading.local):
+    """What the flat path found marking the call it then declined, for the fused path
+    tried next in the same call: ``(y, inputs, mark)``, the mark None when marking found
+    none (``_flat_mark`` is None); ``v`` None: the fused path marks itself. Only written
+    with nothing forced or off, so the fused path runs next and takes it out: a call never
+    sees another's (the identity check guards that too)."""
+    v = None
+
+
+_MARKED = _Marked()
+
+
+def _marked(y, inputs, m):
+    if _PATHS.ctl is None:  # nothing forced or off: the fused path runs next in this call
+        _MARKED.v = (y, inputs, m)
+
+
 def _flat_applies(y, inputs, retain_graph):
     """``grad(y, inputs)`` with default options on a tape with small arrays, in one compiled
     call over flat buffers (``cpu.flat_layout``, ``sweep_flat``): a 0-d float64 loss on one
     tape, float64 leaves, and on the path elementwise ops, 1-d slices, full sums and means.
-    None when anything else holds (past the buffers' size limit: the general sweep)."""
-    m = _flat_mark(y, inputs)
-    if m is None:
+    None when anything else holds (past the buffers' size limit: the fused path)."""
+    tape = y._tape
+    if tape is None or not tape.arrays:
         return None
+    case = _scalar_case(y, inputs, arrays=True)
+    if case is None or _past_flat_limit(*case):  # (a large array's backward: no marking)
+        return None
+    m = _flat_mark(y, inputs, case)
+    if m is None:
+        return _marked(y, inputs, None)
     tape, rows, need, lo, ins = m
     layout = cpu.flat_layout(tape, rows, need, lo, y._slot + 1)
     if layout is None:
-        return None
+        return _marked(y, inputs, m)
     off, size, V, p0, p1 = layout
     A = np.zeros(len(V), dtype=np.float64)
     A[y._slot] = 1.0
@@ -115,6 +154,60 @@ def _flat_run(plan):
         cpu.free_entries(tape, need)
         end_tape(tape)
     return tuple(out)
+
+
+def _fused_applies(y, inputs, retain_graph):
+    """The flat path's calls past the flat buffers' size limit: the array entries run as one
+    generated loop per shape (``interpreters.fused``, each rule rendered by the one
+    emitter), the scalar entries compiled. None when the flat path takes the call, the
+    region does not fit that form or its loop is not compiled yet (forcing the path
+    compiles it at once)."""
+    ctl, marked = _PATHS.ctl, _MARKED.v
+    if marked is not None:
+        _MARKED.v = None
+    reused = ctl is None and marked is not None and marked[0] is y and marked[1] is inputs
+    # (reused: the flat path marked this very call and declined it, or found no mark)
+    m = marked[2] if reused else _flat_mark(y, inputs)
+    if m is None:
+        return None
+    tape, rows, need, lo, ins = m
+    if ((ctl is None or ctl.allows("flat")) and not reused
+            and not _past_flat_limit(tape, ins)
+            and cpu.flat_layout(tape, rows, need, lo, y._slot + 1) is not None):
+        return None  # the flat path's (or, when it declined, the general sweep's)
+    p = fused.plan_for(tape, rows, need, lo, y._slot + 1, ins)
+    if p is None:
+        return None
+    fn = fused.kernel(p.text, force=ctl is not None and ctl.forced == "fused")
+    if fn is None:
+        return None
+    adj = np.zeros(len(rows), dtype=np.float64)
+    adj[y._slot] = 1.0
+    G = fused.run(p, fn, tape, rows, tape.values(), need, lo, y._slot + 1, adj)
+    out = []
+    arrays = tape.arrays
+    given = set()
+    for s in ins.tolist():
+        v = arrays.get(s)
+        if v is None:
+            out.append(_plain_s(float(adj[s])))
+        elif s in G:
+            g = G[s].reshape(v.shape)  # the loops' own array: handed out as it is
+            if s in given:  # an input listed twice gets a gradient of its own, as in torch
+                g = g.copy()
+            given.add(s)
+            out.append(_plain(g))
+        else:
+            return None
+    return tape, need, tuple(out), retain_graph
+
+
+def _fused_run(plan):
+    tape, need, out, retain_graph = plan
+    if not retain_graph:
+        cpu.free_entries(tape, need)
+        end_tape(tape)
+    return out
 
 
 def _record_applies(y, inputs, retain_graph):
@@ -158,6 +251,7 @@ def _record_run(plan):
 
 SCALAR = Path("scalar", _scalar_applies, _scalar_run, graph=False)
 FLAT = Path("flat", _flat_applies, _flat_run, graph=False)
+FUSED = Path("fused", _fused_applies, _fused_run, graph=False)
 RECORD = Path("record", _record_applies, _record_run, graph=True)
-_FAST_NOGRAPH = (SCALAR, FLAT)  # create_graph off, in the order they are tried
+_FAST_NOGRAPH = (SCALAR, FLAT, FUSED)  # create_graph off, in the order they are tried
 _FAST_GRAPH = (RECORD,)                # create_graph on (and the graph retained)

@@ -6,7 +6,7 @@ import numpy as np
 from ..interpreters import cpu, rerecord
 from ..ops import ARRAY
 from ..tape import STATE, end_tape, set_grad_mode
-from ..tensor import _pyfloat
+from ..tensor import _plain, _pyfloat
 from ._fast_paths import _FAST_GRAPH, _FAST_NOGRAPH
 from ._leaves import (LEAF, _check_unused, _fill_retained, _leaf_outputs_only, _reached_leaves,
                       _slot_tensors, _slots_of, _zeros_like_input)
@@ -66,7 +66,7 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
             if not retain_graph:
                 _release(graph, need, tapes)
             return results, True
-    results, used = _gather(sw, flat, tapes)
+    results, used = _gather(sw, flat, tapes, fast)
     _fill_retained(graph, need, reach, is_output, adj, adjd, skip_retained, record)
     if not retain_graph:
         _release(graph, need, tapes)
@@ -131,14 +131,20 @@ def _seed_adjoints(graph, outs, seeds, record, batch):
     return is_output, adj, adjd, direct
 
 
-def _gather(sw, flat, tapes):
-    """(result, used) per input of a finished sweep: each input's slots' adjoints summed."""
+def _gather(sw, flat, tapes, fast=False):
+    """(result, used) per input of a finished sweep: each input's slots' adjoints summed.
+    With ``fast`` (grad() without create_graph, which copies each array result into a new
+    tensor), an adjoint the sweep owns is that tensor already: no copy of it is made."""
     graph, reach, adj, adjd, direct = sw.graph, sw.reach, sw.adj, sw.adjd, sw.direct
-    record, batch, is_array = sw.record, sw.batch, sw.is_array
+    record, batch, is_array, owned = sw.record, sw.batch, sw.is_array, sw.owned
     # only the inputs' slots are read: no pass over the whole tape in Python. Batched: each
     # slot's row stays an array (an input entered on several tapes sums its rows)
-    reach_l = dict(zip(flat, reach[flat].tolist()))
-    adj_l = dict(zip(flat, adj[flat].tolist() if not batch else list(adj[flat])))
+    if batch or len(flat) > 8:
+        reach_l = dict(zip(flat, reach[flat].tolist()))
+        adj_l = dict(zip(flat, adj[flat].tolist() if not batch else list(adj[flat])))
+    else:  # a few inputs: one item each (indexing with a list costs microseconds)
+        reach_l = {s: reach.item(s) for s in flat}
+        adj_l = {s: adj.item(s) for s in flat}
     if is_array is not None:
         pass
     elif len(tapes) == 1:
@@ -154,7 +160,16 @@ def _gather(sw, flat, tapes):
                 used.append(False)
             elif is_array(s) or record:
                 v = adjd.get(s)
-                results.append(v if v is not None else _zeros_like_input(x, record))
+                if v is None:
+                    v = _zeros_like_input(x, record)
+                elif (fast and s in owned and x._d.__class__ is np.ndarray
+                      and v.dtype == x._d.dtype and v.shape == x._d.shape):
+                    # the sweep allocated it and is done with it: no seed, saved value or
+                    # .grad is it (a rule may have passed it on as another slot's adjoint,
+                    # which is never written in place, and is copied when handed out)
+                    owned.remove(s)  # (an input given twice: the second one is a copy)
+                    v = _plain(v)
+                results.append(v)
                 used.append(True)
             else:
                 results.append(adj_l[s])
@@ -190,7 +205,7 @@ class _Sweep:
     tape's own test)."""
     __slots__ = ("graph", "need", "reach", "arr", "adj", "adjd", "is_input", "is_output",
                  "accumulate", "batch", "ins", "slot_lists", "direct", "allow_unused",
-                 "is_array", "outs", "record")
+                 "is_array", "outs", "record", "owned")
 
     def __init__(self, graph, need, reach, arr, adj, adjd, is_input, is_output, accumulate,
                  batch, ins, slot_lists, direct, allow_unused):
@@ -201,6 +216,9 @@ class _Sweep:
         self.is_array = None
         self.outs = ()  # the call's outputs (a leaf output's hooks see its whole gradient)
         self.record = False  # create_graph: the rules are re-recorded on tensors
+        # slots whose adjoint array the sweep allocated and nothing else references (the
+        # sweep strategy fills it): grad() returns such an input's adjoint without a copy
+        self.owned = ()
 
 
 def _general_path(record, batch, hooked=False):
@@ -303,7 +321,8 @@ def _checked_run(sw):
 
 
 def _sweep_run(sw):
-    cpu.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.arr)
+    sw.owned = set()
+    cpu.sweep(sw.graph, sw.need, sw.adj, sw.adjd, sw.arr, sw.owned)
 
 
 # the general strategies: ``applies`` reads (create_graph, batch size, hooked) and says

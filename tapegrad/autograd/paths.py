@@ -12,6 +12,8 @@ Names (they stay the names of the strategies when paths become a list):
 
 - ``scalar``: one compiled call over a scalar-only tape (``cpu.grad_scalar``).
 - ``flat``: one compiled call over flat buffers, small arrays (``sweep_flat``).
+- ``fused``: the flat path's programs past its size limit: one generated loop per shape,
+  each rule rendered by the one emitter (``interpreters.fused``).
 - ``record``: create_graph on a scalar-only tape, entries emitted compiled
   (``cpu.grad_record``).
 - ``sweep``: the general NumPy sweep (``cpu.sweep``).
@@ -32,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-FAST = ("scalar", "flat", "record")
+FAST = ("scalar", "flat", "fused", "record")
 GENERAL = ("hooks", "rerecord", "batched", "checked", "sweep")  # in the order tried
 PATHS = FAST + GENERAL
 
@@ -102,7 +104,8 @@ def _check(name):
 @contextlib.contextmanager
 def force(name):
     """Every grad/backward in this thread (inside the block) takes path ``name`` or raises
-    ``PathDeclined``."""
+    ``PathDeclined``. ``fused`` compiles its loop at once (it normally waits for a
+    structure's second sighting)."""
     _check(name)
     prev = STATE.ctl
     STATE.ctl = _Control(name, frozenset())

@@ -13,9 +13,11 @@ from .cpu_fast import _AT_INDEX
 _THUNK = type(lambda: None)  # a rule's lazily built gradient
 
 
-def sweep(graph, need, adj, adjd, arr):
+def sweep(graph, need, adj, adjd, arr, owned=None):
     """Run the reverse sweep over the needed entries (``arr``: the array ones, last first);
-    scalar runs go to the compiled sweep, array entries to their rules on NumPy values."""
+    scalar runs go to the compiled sweep, array entries to their rules on NumPy values.
+    ``owned`` (a set, filled in): the slots whose adjoint array the sweep allocated itself,
+    referenced by nothing else (the caller may hand such an adjoint out without a copy)."""
     rows = graph.rows
     hi = graph.n
     vals = graph.vals
@@ -23,7 +25,8 @@ def sweep(graph, need, adj, adjd, arr):
         if hi > 0:
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
         return
-    owned = set()  # slots whose adjoint array this sweep allocated: added to in place
+    if owned is None:
+        owned = set()  # slots whose adjoint array this sweep allocated: added to in place
     wanted = graph.wanted.tolist()  # read twice per entry: a list's item is the cheaper
     # a needed scalar entry anywhere? (none: no compiled call between the array entries,
     # a few microseconds each, most of a create_graph sweep's entries are arrays)

@@ -636,7 +636,7 @@ def _run_instr(torch, H, ins, vals):
 
 
 def f_slice1d(rng, shapes):
-    """What the flat path takes besides elementwise ops: 1-d slices, full sums and
+    """What the flat and fused paths take besides elementwise ops: 1-d slices, full sums and
     means."""
     i = _pick_shape(rng, shapes, lambda s: len(s) == 1)
     if i is None:
@@ -660,7 +660,7 @@ WEIGHTS = {"reduce": 3, "getitem": 2}
 #: program families: generate() keywords, one per kind of path they reach
 FAMILIES = {
     "scalar": dict(arrays=False),                       # scalar, record
-    "flat": dict(shapes=[(), (5,), (5,)], forms=("slice1d",)),
+    "flat": dict(shapes=[(), (5,), (5,)], forms=("slice1d",)),  # flat, fused
     "array": dict(),                                    # sweep, rerecord, batched, checked
 }
 
