@@ -36,14 +36,16 @@ _OPERANDS = {"a": ("int(rows[r, 1])", "int(rows[r + 2, 4])"),
 
 
 def _array_forward(op):
+    # slots as np.uint64: a slot is never negative, and a signed index costs a wraparound
+    # branch per read (it made replay twice as slow and each loop longer to compile)
     e = _forward_expr(op)
     ins = [n for n in _inputs(op) if _uses(e, n)]
     body = [f"{n} = rows[r, {4 if n == 'c0' else 5}]" for n in _consts_of(op) if _uses(e, n)]
     for n in ins:
         body += [f"i{n} = {_OPERANDS[n][0]}", f"s{n} = {_OPERANDS[n][1]}"]
     body.append("for i in range(m):")
-    body += [f"    {n} = v[i{n} + i * s{n}]" for n in ins]
-    body.append(f"    v[k + i] = {e}")
+    body += [f"    {n} = v[np.uint64(i{n} + i * s{n})]" for n in ins]
+    body.append(f"    v[np.uint64(k + i)] = {e}")
     return body
 
 
@@ -59,10 +61,10 @@ def _array_reverse(op):
             body += [f"i{n} = {_OPERANDS[n][0]}", f"s{n} = {_OPERANDS[n][1]}"]
     # elements last to first, as the expanded rows' reverse sweep adds them
     body.append("for i in range(m - 1, -1, -1):")
-    body.append("    g = adj[k + i]")
-    body += [f"    {n} = v[k + i]" if n == "out" else f"    {n} = v[i{n} + i * s{n}]"
-             for n in reads]
-    body += [f"    adj[i{n} + i * s{n}] += {e}" for n, e in exprs.items()]
+    body.append("    g = adj[np.uint64(k + i)]")
+    body += [f"    {n} = v[np.uint64(k + i)]" if n == "out"
+             else f"    {n} = v[np.uint64(i{n} + i * s{n})]" for n in reads]
+    body += [f"    adj[np.uint64(i{n} + i * s{n})] += {e}" for n, e in exprs.items()]
     return body
 
 
@@ -78,12 +80,13 @@ def _array_dispatch(ops, render, indent):
     return src
 
 
-#: the ops an array instruction runs as a loop of its own (the common ones); the others
-#: loop over ``value`` and ``grads``, one dispatch per element, so that the interpreters
-#: compile in seconds (a loop of its own for every op took a minute on 2 cores)
-LOOPED = frozenset(("neg", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "square",
-                    "addc", "mulc", "rsubc", "divc", "powc", "add", "sub", "mul", "div",
-                    "maximum", "minimum", "select", "pick", "detach", "eq", "ne"))
+#: the ops an array instruction runs as a loop of its own: those of the benchmarks' array
+#: programs (lse, gmm: the sums, products, shifts and max trees, the exp-log pairs, max's
+#: tie masks). The others loop over ``value`` and ``grads``, one call per element (2 to 3
+#: times slower), because each own loop costs about 0.1 s of cold compile on 2 cores (the
+#: 25 of before: 11 s for the first array gradient)
+LOOPED = frozenset(("add", "sub", "mul", "exp", "log", "mulc", "maximum", "select", "pick",
+                    "eq", "ne", "detach"))
 
 
 def _value_source(ops):
