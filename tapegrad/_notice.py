@@ -14,6 +14,8 @@ _WHAT = {
                   ("tapegrad.tape", "_decode_rows")]),
     "replay": ("the replay interpreter of traced programs", 5,
                [("tapegrad.interpreters.replay_cpu", "run_into")]),
+    "arrays": ("the replay interpreter of traced array programs", 5,
+               [("tapegrad.interpreters.program_arrays", "run_into")]),
     "batch": ("the batched replay interpreter", 5,
               [("tapegrad.interpreters._generated_replay", "run_block")]),
     "parallel": ("the parallel replay interpreter (target='parallel')", 5,
