@@ -302,8 +302,8 @@ def test_own_and_shared_loops_over_reversed_slots():
 
 
 def test_an_array_program_says_its_own_interpreter_compiles(monkeypatch):
-    # the first call of an array program compiles program_arrays.run_into, not the scalar
-    # replay's run_into: the notice must name (and check the cache of) that one
+    # the first call of an array program compiles the arrays interpreter's sweeps, not the
+    # scalar replay's run_into: the notice must name (and check the cache of) those
     from tapegrad import _notice
     said = []
     monkeypatch.setattr(_notice, "announce", lambda key, stream=None: said.append(key))
@@ -315,4 +315,5 @@ def test_an_array_program_says_its_own_interpreter_compiles(monkeypatch):
         call(P)
         assert "arrays" in said and "replay" not in said, said
         said.clear()
-    assert _notice._WHAT["arrays"][2] == [("tapegrad.interpreters.program_arrays", "run_into")]
+    assert [d for _, d in _notice._WHAT["arrays"][2]] == ["forward", "reverse"]
+    assert not _notice.will_compile("arrays")  # compiled now
