@@ -183,46 +183,44 @@ def info(rows, r):
             (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4])))
 
 
-@njit_cached(nogil=True)
 def prune_arrays(rows, roots, guard, leaf):
     """``program.prune`` of a program with array instructions (``roots`` and the result's
     renumbering are slots): an instruction is kept whole when any of its slots is needed,
     and with every slot its strided inputs span (so that the kept slots of a span stay
-    evenly spaced after renumbering)."""
-    nr = rows.shape[0]
-    at = np.empty(nr, dtype=np.int64)
-    k = 0
-    r = 0
-    while r < nr:
-        at[r] = k
-        if int(rows[r, 0]) == ARR:
-            for j in range(1, META + 1):
-                at[r + j] = -1
-            k += int(rows[r + 1, 4])
-            r += META + 1
-        else:
-            k += 1
-            r += 1
-    nslots = k
+    evenly spaced after renumbering). The backward pass is compiled (``_needed``); the
+    renumbering is NumPy's (compiled too, it doubled the cold compile at trace time)."""
+    at, nslots = row_slots(rows)
+    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    owner = at.copy()  # the slot that decides whether a row is kept: its instruction's first
+    for j in range(1, META + 1):
+        owner[heads + j] = at[heads]
+        at[heads + j] = -1
+    need = _needed(rows, at, nslots, np.asarray(roots, dtype=np.int64), guard, leaf)
+    new = np.where(need, np.cumsum(need) - 1, -1)
+    out = rows[need[owner]]
+    slots = out[:, 1:4]
+    live = slots >= 0  # (an instruction's other rows hold -1 there)
+    slots[live] = new[slots[live].astype(np.int64)]
+    return out, new
+
+
+@njit_cached(nogil=True)
+def _needed(rows, at, nslots, roots, guard, leaf):
+    """The slots ``prune_arrays`` keeps: ``at[r]``, the slot of row ``r`` (-1 for an
+    instruction's rows after its first)."""
     need = np.zeros(nslots, dtype=np.bool_)
     for s in roots:
         need[s] = True
-    for r in range(nr):
-        op = int(rows[r, 0])
-        if op == guard or op == leaf:
-            need[at[r]] = True
-    for r in range(nr - 1, -1, -1):
-        op = int(rows[r, 0])
-        if at[r] < 0:
-            continue
+    for r in range(rows.shape[0] - 1, -1, -1):
         k = at[r]
+        if k < 0:
+            continue
+        op = int(rows[r, 0])
         if op == ARR:
             m = int(rows[r + 1, 4])
             any_ = False
             for i in range(m):
-                if need[k + i]:
-                    any_ = True
-                    break
+                any_ = any_ or need[k + i]
             if not any_:
                 continue
             for i in range(m):
@@ -231,41 +229,19 @@ def prune_arrays(rows, roots, guard, leaf):
                 s = int(rows[r, 1 + c])
                 if s < 0:
                     continue
-                st = int(rows[r + 2, 4]) if c == 0 else int(rows[r + 2, 5]) if c == 1 \
-                    else int(rows[r + 3, 4])
+                st = int(rows[r + 2 + c // 2, 4 + c % 2])
                 hi = s + (m - 1) * st
                 for t in range(min(s, hi), max(s, hi) + 1):
                     need[t] = True
-        elif need[k]:
+            continue
+        if op == guard or op == leaf:
+            need[k] = True
+        if need[k]:
             for c in range(1, 4):
                 s = int(rows[r, c])
                 if s >= 0:
                     need[s] = True
-    new = np.full(nslots, -1, dtype=np.int64)
-    m = 0
-    for k in range(nslots):
-        if need[k]:
-            new[k] = m
-            m += 1
-    keep = 0
-    for r in range(nr):
-        if at[r] >= 0 and need[at[r]]:
-            keep += META + 1 if int(rows[r, 0]) == ARR else 1
-    out = np.empty((keep, rows.shape[1]), dtype=np.float64)
-    j = 0
-    for r in range(nr):
-        if at[r] < 0 or not need[at[r]]:
-            continue
-        w = META + 1 if int(rows[r, 0]) == ARR else 1
-        for q in range(w):
-            for c in range(rows.shape[1]):
-                out[j + q, c] = rows[r + q, c]
-        for c in range(1, 4):
-            s = int(rows[r, c])
-            if s >= 0:
-                out[j, c] = new[s]
-        j += w
-    return out, new
+    return need
 
 
 # --- running: one sample ------------------------------------------------------------------
