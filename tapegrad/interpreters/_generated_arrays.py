@@ -249,92 +249,64 @@ def forward(rows, x, v):
         if op == ARR:
             m = int(rows[r + 1, 4])
             op = int(rows[r + 1, 5])
+            c0 = rows[r, 4]
+            c1 = rows[r, 5]
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
+            ic = int(rows[r, 3])
+            sa = int(rows[r + 2, 4]) if ia >= 0 else 0
+            sb = int(rows[r + 2, 5]) if ib >= 0 else 0
+            sc = int(rows[r + 3, 4]) if ic >= 0 else 0
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
             if op == 4:  # exp
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     v[np.uint64(k + i)] = math.exp(a)
             elif op == 5:  # log
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     v[np.uint64(k + i)] = math.log(a)
             elif op == 27:  # mulc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     v[np.uint64(k + i)] = (a * c0)
             elif op == 35:  # add
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (a + b)
             elif op == 36:  # sub
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (a - b)
             elif op == 37:  # mul
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (a * b)
             elif op == 41:  # maximum
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (a if (a > b or a != a) else b)
             elif op == 78:  # eq
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (1.0 if a == b else 0.0)
             elif op == 79:  # ne
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (1.0 if a != b else 0.0)
             elif op == 84:  # detach
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     v[np.uint64(k + i)] = a
             elif op == 85:  # select
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                ic = int(rows[r, 3])
-                sc = int(rows[r + 3, 4])
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
@@ -344,18 +316,10 @@ def forward(rows, x, v):
                 for i in range(m):
                     v[np.uint64(k + i)] = (-0.0)
             else:
-                c0 = rows[r, 4]
-                c1 = rows[r, 5]
-                ia = int(rows[r, 1])
-                ib = int(rows[r, 2])
-                ic = int(rows[r, 3])
-                sa = int(rows[r + 2, 4])
-                sb = int(rows[r + 2, 5])
-                sc = int(rows[r + 3, 4])
-                # an absent operand (-1, stride 0) reads the last slot, which is ignored
                 for i in range(m):
-                    v[k + i] = value(op, v[ia + i * sa], v[ib + i * sb], v[ic + i * sc],
-                                     c0, c1)
+                    v[np.uint64(k + i)] = value(op, v[np.uint64(ia + i * sa)],
+                                                v[np.uint64(ib + i * sb)],
+                                                v[np.uint64(ic + i * sc)], c0, c1)
             k += m
             r += 4
             continue
@@ -392,50 +356,42 @@ def reverse(rows, v, adj):
                 r -= 1
                 continue
             op = int(rows[r + 1, 5])
+            c0 = rows[r, 4]
+            c1 = rows[r, 5]
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
+            ic = int(rows[r, 3])
+            sa = int(rows[r + 2, 4]) if ia >= 0 else 0
+            sb = int(rows[r + 2, 5]) if ib >= 0 else 0
+            sc = int(rows[r + 3, 4]) if ic >= 0 else 0
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
             if op == 4:  # exp
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     out = v[np.uint64(k + i)]
                     adj[np.uint64(ia + i * sa)] += (g * out)
             elif op == 5:  # log
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
                     adj[np.uint64(ia + i * sa)] += (g / a)
             elif op == 27:  # mulc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     adj[np.uint64(ia + i * sa)] += (g * c0)
             elif op == 35:  # add
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     adj[np.uint64(ia + i * sa)] += g
                     adj[np.uint64(ib + i * sb)] += g
             elif op == 36:  # sub
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     adj[np.uint64(ia + i * sa)] += g
                     adj[np.uint64(ib + i * sb)] += (-g)
             elif op == 37:  # mul
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
@@ -443,10 +399,6 @@ def reverse(rows, v, adj):
                     adj[np.uint64(ia + i * sa)] += (g * b)
                     adj[np.uint64(ib + i * sb)] += (g * a)
             elif op == 41:  # maximum
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
@@ -454,22 +406,12 @@ def reverse(rows, v, adj):
                     adj[np.uint64(ia + i * sa)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
                     adj[np.uint64(ib + i * sb)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
             elif op == 85:  # select
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                ic = int(rows[r, 3])
-                sc = int(rows[r + 3, 4])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
                     adj[np.uint64(ib + i * sb)] += (g if (a != 0.0) else 0.0)
                     adj[np.uint64(ic + i * sc)] += (0.0 if (a != 0.0) else g)
             elif op == 86:  # pick
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     b = v[np.uint64(ib + i * sb)]
@@ -477,23 +419,18 @@ def reverse(rows, v, adj):
             else:
                 bits = GRAD_BITS[op]
                 if bits != 0:
-                    c0 = rows[r, 4]
-                    c1 = rows[r, 5]
-                    ia = int(rows[r, 1])
-                    ib = int(rows[r, 2])
-                    ic = int(rows[r, 3])
-                    sa = int(rows[r + 2, 4])
-                    sb = int(rows[r + 2, 5])
-                    sc = int(rows[r + 3, 4])
                     for i in range(m - 1, -1, -1):
-                        ga, gb, gc = grads(op, v[ia + i * sa], v[ib + i * sb],
-                                           v[ic + i * sc], v[k + i], adj[k + i], c0, c1)
+                        ja = np.uint64(ia + i * sa)
+                        jb = np.uint64(ib + i * sb)
+                        jc = np.uint64(ic + i * sc)
+                        ga, gb, gc = grads(op, v[ja], v[jb], v[jc], v[np.uint64(k + i)],
+                                           adj[np.uint64(k + i)], c0, c1)
                         if bits & 1:
-                            adj[ia + i * sa] += ga
+                            adj[ja] += ga
                         if bits & 2:
-                            adj[ib + i * sb] += gb
+                            adj[jb] += gb
                         if bits & 4:
-                            adj[ic + i * sc] += gc
+                            adj[jc] += gc
             k -= 1
             r -= 1
             continue
