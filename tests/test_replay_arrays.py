@@ -317,3 +317,25 @@ def test_an_array_program_says_its_own_interpreter_compiles(monkeypatch):
         said.clear()
     assert [d for _, d in _notice._WHAT["arrays"][2]] == ["forward", "reverse"]
     assert not _notice.will_compile("arrays")  # compiled now
+
+
+@pytest.mark.slow
+def test_a_cold_first_array_gradient_says_so_once(tmp_path):
+    # in a fresh process with an empty Numba cache: the notice names the arrays interpreter,
+    # once, and the gradient is right; a second process loads it silently
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, tapegrad as tg; x = np.linspace(-1.0, 1.0, 64); "
+            "p = tg.trace(lambda x: x.max() + tg.log(tg.sum(tg.exp(x - x.max()))), x); "
+            "assert p._code.arrays; v, g = p.value_and_grad(x); v2, g2 = p.value_and_grad(x); "
+            "e = np.exp(x - x.max()); assert np.allclose(g, e / e.sum(), rtol=1e-13); "
+            "assert np.array_equal(g, g2)")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    env.pop("TAPEGRAD_QUIET", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, cwd=root, timeout=600) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs
+    assert runs[0].stderr.count("traced array programs") == 1, runs[0].stderr
+    assert "compiling" not in runs[1].stderr, runs[1].stderr
