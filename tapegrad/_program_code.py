@@ -206,8 +206,9 @@ class _Code:
         free = self._free
         if free:
             return free.pop()
-        if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
-            _notice.announce("replay")
+        key = "arrays" if self.arrays else "replay"
+        if key in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+            _notice.announce(key)
         work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
         if self.run is None:  # (array instructions: their interpreter, on ``arows``)
             self.run = (_arr.entry if self.arrays else _cpu.entry)(self.arows, work)

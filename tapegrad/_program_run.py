@@ -101,8 +101,9 @@ class _Running:
             return self._execute_cuda(code, x, batch, seeds, grad)
         # a cold cache compiles for seconds: say so, once (a set lookup on the hot path)
         if batch is None:
-            if "replay" in _notice.PENDING:
-                _notice.announce("replay")
+            key = "arrays" if code.arrays else "replay"
+            if key in _notice.PENDING:
+                _notice.announce(key)
             return code.run_fresh(x, seeds, grad)
         # one block has nothing to spread over the cores, and starting the threads costs
         # more than the block (tens of ms on a busy machine): it runs serially

@@ -275,3 +275,67 @@ def test_array_interpreters_loop_per_common_op_only():
     assert loops <= 2 * len(_codegen_arrays.LOOPED) + 2, loops
     assert src == _codegen_arrays.generate_arrays(), (
         "_generated_arrays.py is stale: run python -m tapegrad.interpreters._codegen")
+
+
+def test_own_and_shared_loops_over_reversed_slots():
+    # a stride of -1 through an op with a loop of its own (exp, mul: slots read as
+    # np.uint64, which a negative stride must not wrap) and through the shared one (sin)
+    from tapegrad.interpreters import _codegen_arrays
+    assert {"exp", "mul"} <= _codegen_arrays.LOOPED and "sin" not in _codegen_arrays.LOOPED
+    x0 = np.random.default_rng(8).normal(size=48)
+    idx = np.arange(47, -1, -1)
+
+    def f(M, x):
+        r = x[M.tensor(idx)] if M is torch else x[idx]
+        return (M.exp(r) * x + M.sin(r) * r).sum()
+    P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    got = {(OPS[PA.info(rows, k)[1]].name, PA.info(rows, k)[2][0])
+           for k in np.nonzero(rows[:, 0] == PA.ARR)[0].tolist()}
+    assert {("exp", -1), ("sin", -1)} <= got, got
+    xt = torch.tensor(x0, requires_grad=True)
+    y = f(torch, xt)
+    g, = torch.autograd.grad(y, xt)
+    v, gr = P.value_and_grad(x0)
+    np.testing.assert_allclose(v, y.item(), rtol=1e-13)
+    np.testing.assert_allclose(gr, g.numpy(), rtol=1e-13, atol=1e-15)
+
+
+def test_an_array_program_says_its_own_interpreter_compiles(monkeypatch):
+    # the first call of an array program compiles the arrays interpreter's sweeps, not the
+    # scalar replay's run_into: the notice must name (and check the cache of) those
+    from tapegrad import _notice
+    said = []
+    monkeypatch.setattr(_notice, "announce", lambda key, stream=None: said.append(key))
+    x0 = np.random.default_rng(0).normal(size=64)
+    for call in (lambda P: P.value_and_grad(x0), lambda P: P(x0)):
+        monkeypatch.setattr(_notice, "PENDING", set(_notice._WHAT))
+        P = tg.trace(lambda x: lse(tg, x), x0)
+        assert P._code.arrays
+        call(P)
+        assert "arrays" in said and "replay" not in said, said
+        said.clear()
+    assert [d for _, d in _notice._WHAT["arrays"][2]] == ["forward", "reverse"]
+    assert not _notice.will_compile("arrays")  # compiled now
+
+
+@pytest.mark.slow
+def test_a_cold_first_array_gradient_says_so_once(tmp_path):
+    # in a fresh process with an empty Numba cache: the notice names the arrays interpreter,
+    # once, and the gradient is right; a second process loads it silently
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, tapegrad as tg; x = np.linspace(-1.0, 1.0, 64); "
+            "p = tg.trace(lambda x: x.max() + tg.log(tg.sum(tg.exp(x - x.max()))), x); "
+            "assert p._code.arrays; v, g = p.value_and_grad(x); v2, g2 = p.value_and_grad(x); "
+            "e = np.exp(x - x.max()); assert np.allclose(g, e / e.sum(), rtol=1e-13); "
+            "assert np.array_equal(g, g2)")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    env.pop("TAPEGRAD_QUIET", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, cwd=root, timeout=600) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs
+    assert runs[0].stderr.count("traced array programs") == 1, runs[0].stderr
+    assert "compiling" not in runs[1].stderr, runs[1].stderr

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pathlib
 
-from ._codegen_emit import (_consts, _consts_of, _forward_expr, _inputs, _replay_ops, _uses,
-                            rule_exprs)
+from ._codegen_emit import _forward_expr, _inputs, _replay_ops, _uses, rule_exprs
 
 ARRAYS_TARGET = pathlib.Path(__file__).with_name("_generated_arrays.py")
 
@@ -29,21 +28,15 @@ ARR = {arr}
 TAIL = {tail}
 '''  # noqa: E501 (the generated files' first line)
 
-#: an instruction's operands (first slot and stride of each input), read before its loop
-_OPERANDS = {"a": ("int(rows[r, 1])", "int(rows[r + 2, 4])"),
-             "b": ("int(rows[r, 2])", "int(rows[r + 2, 5])"),
-             "c": ("int(rows[r, 3])", "int(rows[r + 3, 4])")}
-
-
 def _array_forward(op):
+    # slots as np.uint64: a slot is never negative, and a signed index costs a wraparound
+    # branch per read (it made replay twice as slow and each loop longer to compile); the
+    # operands (``_OPERANDS``) are read once before the branches: a branch is its loop only
     e = _forward_expr(op)
     ins = [n for n in _inputs(op) if _uses(e, n)]
-    body = [f"{n} = rows[r, {4 if n == 'c0' else 5}]" for n in _consts_of(op) if _uses(e, n)]
-    for n in ins:
-        body += [f"i{n} = {_OPERANDS[n][0]}", f"s{n} = {_OPERANDS[n][1]}"]
-    body.append("for i in range(m):")
-    body += [f"    {n} = v[i{n} + i * s{n}]" for n in ins]
-    body.append(f"    v[k + i] = {e}")
+    body = ["for i in range(m):"]
+    body += [f"    {n} = v[np.uint64(i{n} + i * s{n})]" for n in ins]
+    body.append(f"    v[np.uint64(k + i)] = {e}")
     return body
 
 
@@ -51,18 +44,12 @@ def _array_reverse(op):
     exprs = rule_exprs(op)
     if not exprs:
         return None
-    ins = _inputs(op)
-    reads = [n for n in ins + ("out",) if any(_uses(e, n) for e in exprs.values())]
-    body = [f"{n} = rows[r, {4 if n == 'c0' else 5}]" for n in _consts(op, exprs.values())]
-    for n in ins:
-        if n in exprs or n in reads:
-            body += [f"i{n} = {_OPERANDS[n][0]}", f"s{n} = {_OPERANDS[n][1]}"]
+    reads = [n for n in _inputs(op) + ("out",) if any(_uses(e, n) for e in exprs.values())]
     # elements last to first, as the expanded rows' reverse sweep adds them
-    body.append("for i in range(m - 1, -1, -1):")
-    body.append("    g = adj[k + i]")
-    body += [f"    {n} = v[k + i]" if n == "out" else f"    {n} = v[i{n} + i * s{n}]"
-             for n in reads]
-    body += [f"    adj[i{n} + i * s{n}] += {e}" for n, e in exprs.items()]
+    body = ["for i in range(m - 1, -1, -1):", "    g = adj[np.uint64(k + i)]"]
+    body += [f"    {n} = v[np.uint64(k + i)]" if n == "out"
+             else f"    {n} = v[np.uint64(i{n} + i * s{n})]" for n in reads]
+    body += [f"    adj[np.uint64(i{n} + i * s{n})] += {e}" for n, e in exprs.items()]
     return body
 
 
@@ -78,12 +65,13 @@ def _array_dispatch(ops, render, indent):
     return src
 
 
-#: the ops an array instruction runs as a loop of its own (the common ones); the others
-#: loop over ``value`` and ``grads``, one dispatch per element, so that the interpreters
-#: compile in seconds (a loop of its own for every op took a minute on 2 cores)
-LOOPED = frozenset(("neg", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "square",
-                    "addc", "mulc", "rsubc", "divc", "powc", "add", "sub", "mul", "div",
-                    "maximum", "minimum", "select", "pick", "detach", "eq", "ne"))
+#: the ops an array instruction runs as a loop of its own: those of the benchmarks' array
+#: programs (lse, gmm: the sums, products, shifts and max trees, the exp-log pairs, max's
+#: tie masks). The others loop over ``value`` and ``grads``, one call per element (2 to 3
+#: times slower), because each own loop costs about 0.1 s of cold compile on 2 cores (the
+#: 25 of before: 11 s for the first array gradient)
+LOOPED = frozenset(("add", "sub", "mul", "exp", "log", "mulc", "maximum", "select", "pick",
+                    "eq", "ne", "detach"))
 
 
 def _value_source(ops):
@@ -128,41 +116,43 @@ def _grad_bits(ops):
     return bits
 
 
+#: the constants, first slots and strides of an instruction's operands, read before its
+#: branches: an absent operand (-1) reads the instruction's own first slot, ignored (a slot
+#: read as np.uint64 must not be negative)
+_OPERANDS = ''.join(" " * 12 + x + "\n" for x in '''c0 = rows[r, 4]
+c1 = rows[r, 5]
+ia = int(rows[r, 1])
+ib = int(rows[r, 2])
+ic = int(rows[r, 3])
+sa = int(rows[r + 2, 4]) if ia >= 0 else 0
+sb = int(rows[r + 2, 5]) if ib >= 0 else 0
+sc = int(rows[r + 3, 4]) if ic >= 0 else 0
+ia = ia if ia >= 0 else k
+ib = ib if ib >= 0 else k
+ic = ic if ic >= 0 else k'''.splitlines())
+
 _GENERIC_FORWARD = '''            else:
-                c0 = rows[r, 4]
-                c1 = rows[r, 5]
-                ia = int(rows[r, 1])
-                ib = int(rows[r, 2])
-                ic = int(rows[r, 3])
-                sa = int(rows[r + 2, 4])
-                sb = int(rows[r + 2, 5])
-                sc = int(rows[r + 3, 4])
-                # an absent operand (-1, stride 0) reads the last slot, which is ignored
                 for i in range(m):
-                    v[k + i] = value(op, v[ia + i * sa], v[ib + i * sb], v[ic + i * sc],
-                                     c0, c1)
+                    v[np.uint64(k + i)] = value(op, v[np.uint64(ia + i * sa)],
+                                                v[np.uint64(ib + i * sb)],
+                                                v[np.uint64(ic + i * sc)], c0, c1)
 '''
 
 _GENERIC_REVERSE = '''            else:
                 bits = GRAD_BITS[op]
                 if bits != 0:
-                    c0 = rows[r, 4]
-                    c1 = rows[r, 5]
-                    ia = int(rows[r, 1])
-                    ib = int(rows[r, 2])
-                    ic = int(rows[r, 3])
-                    sa = int(rows[r + 2, 4])
-                    sb = int(rows[r + 2, 5])
-                    sc = int(rows[r + 3, 4])
                     for i in range(m - 1, -1, -1):
-                        ga, gb, gc = grads(op, v[ia + i * sa], v[ib + i * sb],
-                                           v[ic + i * sc], v[k + i], adj[k + i], c0, c1)
+                        ja = np.uint64(ia + i * sa)
+                        jb = np.uint64(ib + i * sb)
+                        jc = np.uint64(ic + i * sc)
+                        ga, gb, gc = grads(op, v[ja], v[jb], v[jc], v[np.uint64(k + i)],
+                                           adj[np.uint64(k + i)], c0, c1)
                         if bits & 1:
-                            adj[ia + i * sa] += ga
+                            adj[ja] += ga
                         if bits & 2:
-                            adj[ib + i * sb] += gb
+                            adj[jb] += gb
                         if bits & 4:
-                            adj[ic + i * sc] += gc
+                            adj[jc] += gc
 '''
 
 
@@ -192,6 +182,7 @@ def forward(rows, x, v):
             m = int(rows[r + 1, 4])
             op = int(rows[r + 1, 5])
 ''')
+    src.append(_OPERANDS)
     src += _array_dispatch(looped, _array_forward, 12)
     src.append(_GENERIC_FORWARD)
     src.append('''            k += m
@@ -231,6 +222,7 @@ def reverse(rows, v, adj):
                 continue
             op = int(rows[r + 1, 5])
 ''')
+    src.append(_OPERANDS)
     src += _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)
     src.append(_GENERIC_REVERSE)
     src.append('''            k -= 1

@@ -249,201 +249,77 @@ def forward(rows, x, v):
         if op == ARR:
             m = int(rows[r + 1, 4])
             op = int(rows[r + 1, 5])
-            if op == 3:  # neg
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
+            c0 = rows[r, 4]
+            c1 = rows[r, 5]
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
+            ic = int(rows[r, 3])
+            sa = int(rows[r + 2, 4]) if ia >= 0 else 0
+            sb = int(rows[r + 2, 5]) if ib >= 0 else 0
+            sc = int(rows[r + 3, 4]) if ic >= 0 else 0
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            if op == 4:  # exp
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (-a)
-            elif op == 4:  # exp
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.exp(a)
+                    a = v[np.uint64(ia + i * sa)]
+                    v[np.uint64(k + i)] = math.exp(a)
             elif op == 5:  # log
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.log(a)
-            elif op == 8:  # sqrt
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.sqrt(a)
-            elif op == 10:  # sin
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.sin(a)
-            elif op == 11:  # cos
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.cos(a)
-            elif op == 18:  # tanh
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = math.tanh(a)
-            elif op == 19:  # sigmoid
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
-            elif op == 24:  # square
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (a * a)
-            elif op == 26:  # addc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (a + c0)
+                    a = v[np.uint64(ia + i * sa)]
+                    v[np.uint64(k + i)] = math.log(a)
             elif op == 27:  # mulc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (a * c0)
-            elif op == 28:  # rsubc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (c0 - a)
-            elif op == 29:  # divc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (a / c0)
-            elif op == 31:  # powc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = (a * a if c0 == 2.0 else a ** c0)
+                    a = v[np.uint64(ia + i * sa)]
+                    v[np.uint64(k + i)] = (a * c0)
             elif op == 35:  # add
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (a + b)
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (a + b)
             elif op == 36:  # sub
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (a - b)
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (a - b)
             elif op == 37:  # mul
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (a * b)
-            elif op == 38:  # div
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (a / b)
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (a * b)
             elif op == 41:  # maximum
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (a if (a > b or a != a) else b)
-            elif op == 42:  # minimum
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (a if (a < b or a != a) else b)
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (a if (a > b or a != a) else b)
             elif op == 78:  # eq
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if a == b else 0.0)
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (1.0 if a == b else 0.0)
             elif op == 79:  # ne
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    v[k + i] = (1.0 if a != b else 0.0)
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (1.0 if a != b else 0.0)
             elif op == 84:  # detach
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    v[k + i] = a
+                    a = v[np.uint64(ia + i * sa)]
+                    v[np.uint64(k + i)] = a
             elif op == 85:  # select
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                ic = int(rows[r, 3])
-                sc = int(rows[r + 3, 4])
                 for i in range(m):
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    c = v[ic + i * sc]
-                    v[k + i] = (b if a != 0.0 else c)
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    c = v[np.uint64(ic + i * sc)]
+                    v[np.uint64(k + i)] = (b if a != 0.0 else c)
             elif op == 86:  # pick
                 for i in range(m):
-                    v[k + i] = (-0.0)
+                    v[np.uint64(k + i)] = (-0.0)
             else:
-                c0 = rows[r, 4]
-                c1 = rows[r, 5]
-                ia = int(rows[r, 1])
-                ib = int(rows[r, 2])
-                ic = int(rows[r, 3])
-                sa = int(rows[r + 2, 4])
-                sb = int(rows[r + 2, 5])
-                sc = int(rows[r + 3, 4])
-                # an absent operand (-1, stride 0) reads the last slot, which is ignored
                 for i in range(m):
-                    v[k + i] = value(op, v[ia + i * sa], v[ib + i * sb], v[ic + i * sc],
-                                     c0, c1)
+                    v[np.uint64(k + i)] = value(op, v[np.uint64(ia + i * sa)],
+                                                v[np.uint64(ib + i * sb)],
+                                                v[np.uint64(ic + i * sc)], c0, c1)
             k += m
             r += 4
             continue
@@ -480,205 +356,81 @@ def reverse(rows, v, adj):
                 r -= 1
                 continue
             op = int(rows[r + 1, 5])
-            if op == 3:  # neg
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
+            c0 = rows[r, 4]
+            c1 = rows[r, 5]
+            ia = int(rows[r, 1])
+            ib = int(rows[r, 2])
+            ic = int(rows[r, 3])
+            sa = int(rows[r + 2, 4]) if ia >= 0 else 0
+            sb = int(rows[r + 2, 5]) if ib >= 0 else 0
+            sc = int(rows[r + 3, 4]) if ic >= 0 else 0
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
+            if op == 4:  # exp
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += (-g)
-            elif op == 4:  # exp
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    out = v[k + i]
-                    adj[ia + i * sa] += (g * out)
+                    g = adj[np.uint64(k + i)]
+                    out = v[np.uint64(k + i)]
+                    adj[np.uint64(ia + i * sa)] += (g * out)
             elif op == 5:  # log
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g / a)
-            elif op == 8:  # sqrt
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    out = v[k + i]
-                    adj[ia + i * sa] += (g / (2.0 * out))
-            elif op == 10:  # sin
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (g * math.cos(a))
-            elif op == 11:  # cos
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += ((-g) * math.sin(a))
-            elif op == 18:  # tanh
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    out = v[k + i]
-                    adj[ia + i * sa] += (g * (1.0 - (out * out)))
-            elif op == 19:  # sigmoid
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    out = v[k + i]
-                    adj[ia + i * sa] += ((g * (1.0 - out)) * out)
-            elif op == 24:  # square
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += ((g * 2.0) * a)
-            elif op == 26:  # addc
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += g
+                    g = adj[np.uint64(k + i)]
+                    a = v[np.uint64(ia + i * sa)]
+                    adj[np.uint64(ia + i * sa)] += (g / a)
             elif op == 27:  # mulc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += (g * c0)
-            elif op == 28:  # rsubc
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += (-g)
-            elif op == 29:  # divc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += (g / c0)
-            elif op == 31:  # powc
-                c0 = rows[r, 4]
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ia + i * sa] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+                    g = adj[np.uint64(k + i)]
+                    adj[np.uint64(ia + i * sa)] += (g * c0)
             elif op == 35:  # add
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += g
-                    adj[ib + i * sb] += g
+                    g = adj[np.uint64(k + i)]
+                    adj[np.uint64(ia + i * sa)] += g
+                    adj[np.uint64(ib + i * sb)] += g
             elif op == 36:  # sub
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    adj[ia + i * sa] += g
-                    adj[ib + i * sb] += (-g)
+                    g = adj[np.uint64(k + i)]
+                    adj[np.uint64(ia + i * sa)] += g
+                    adj[np.uint64(ib + i * sb)] += (-g)
             elif op == 37:  # mul
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    adj[ia + i * sa] += (g * b)
-                    adj[ib + i * sb] += (g * a)
-            elif op == 38:  # div
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    adj[ia + i * sa] += (g / b)
-                    adj[ib + i * sb] += (((-g) * a) / (b * b))
+                    g = adj[np.uint64(k + i)]
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    adj[np.uint64(ia + i * sa)] += (g * b)
+                    adj[np.uint64(ib + i * sb)] += (g * a)
             elif op == 41:  # maximum
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    adj[ia + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-                    adj[ib + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
-            elif op == 42:  # minimum
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    b = v[ib + i * sb]
-                    adj[ia + i * sa] += ((g / 2.0) if (a == b) else (0.0 if (a > b) else g))
-                    adj[ib + i * sb] += ((g / 2.0) if (a == b) else (0.0 if (b > a) else g))
+                    g = adj[np.uint64(k + i)]
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    adj[np.uint64(ia + i * sa)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
+                    adj[np.uint64(ib + i * sb)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
             elif op == 85:  # select
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                ic = int(rows[r, 3])
-                sc = int(rows[r + 3, 4])
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    a = v[ia + i * sa]
-                    adj[ib + i * sb] += (g if (a != 0.0) else 0.0)
-                    adj[ic + i * sc] += (0.0 if (a != 0.0) else g)
+                    g = adj[np.uint64(k + i)]
+                    a = v[np.uint64(ia + i * sa)]
+                    adj[np.uint64(ib + i * sb)] += (g if (a != 0.0) else 0.0)
+                    adj[np.uint64(ic + i * sc)] += (0.0 if (a != 0.0) else g)
             elif op == 86:  # pick
-                ia = int(rows[r, 1])
-                sa = int(rows[r + 2, 4])
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
                 for i in range(m - 1, -1, -1):
-                    g = adj[k + i]
-                    b = v[ib + i * sb]
-                    adj[ia + i * sa] += (g * b)
+                    g = adj[np.uint64(k + i)]
+                    b = v[np.uint64(ib + i * sb)]
+                    adj[np.uint64(ia + i * sa)] += (g * b)
             else:
                 bits = GRAD_BITS[op]
                 if bits != 0:
-                    c0 = rows[r, 4]
-                    c1 = rows[r, 5]
-                    ia = int(rows[r, 1])
-                    ib = int(rows[r, 2])
-                    ic = int(rows[r, 3])
-                    sa = int(rows[r + 2, 4])
-                    sb = int(rows[r + 2, 5])
-                    sc = int(rows[r + 3, 4])
                     for i in range(m - 1, -1, -1):
-                        ga, gb, gc = grads(op, v[ia + i * sa], v[ib + i * sb],
-                                           v[ic + i * sc], v[k + i], adj[k + i], c0, c1)
+                        ja = np.uint64(ia + i * sa)
+                        jb = np.uint64(ib + i * sb)
+                        jc = np.uint64(ic + i * sc)
+                        ga, gb, gc = grads(op, v[ja], v[jb], v[jc], v[np.uint64(k + i)],
+                                           adj[np.uint64(k + i)], c0, c1)
                         if bits & 1:
-                            adj[ia + i * sa] += ga
+                            adj[ja] += ga
                         if bits & 2:
-                            adj[ib + i * sb] += gb
+                            adj[jb] += gb
                         if bits & 4:
-                            adj[ic + i * sc] += gc
+                            adj[jc] += gc
             k -= 1
             r -= 1
             continue
