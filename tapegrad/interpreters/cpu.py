@@ -251,12 +251,15 @@ def free_entries(t, sub):
             f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
         f[:len(sub)] |= sub
     # an output kept for logging (``losses.append(loss)``) keeps its tape: only what a
-    # backward through its unfreed entries needs should stay
+    # backward through its unfreed entries needs should stay. The rows the sweep just
+    # converted are read once more below (not converted again), then dropped
+    c = t._cache
+    rows = c[1] if c is not None and c[0] == n else None
     t._cache = t._vcache = None
     big = t.nbytes >= _RELEASE_BYTES
     if (big or t.nary) and STATE.trace is None:  # a trace lowers every entry it recorded
         if big and sub.any():
-            _release(t, f)
+            _release(t, f, rows)
         if t.nary:
             _release_contexts(t, f)
 
@@ -304,12 +307,16 @@ def _droppable(rows, freed, last_special, bslot):
     return drop, live
 
 
-def _release(tape, freed):
+def _release(tape, freed, rows=None):
     """Drop the saved arrays whose producing entry is freed (or is bookkeeping) and that no
     unfreed entry reads; a tensor that holds such a value keeps its own reference. A
     constant's tensor goes too (torch frees saved inputs at backward), leaves stay (a later
-    backward accumulates their ``.grad``)."""
-    drop, live = _droppable(tape.rows(), freed, _LAST_SPECIAL, BSLOT)
+    backward accumulates their ``.grad``). ``rows``: the tape's rows, when already
+    converted (else converted here and not kept)."""
+    if rows is None:
+        rows = tape.rows()
+        tape._cache = None
+    drop, live = _droppable(rows, freed, _LAST_SPECIAL, BSLOT)
     if live:
         for k in tape.nary:
             if not drop[k] and not freed[k]:
