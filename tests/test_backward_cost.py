@@ -42,3 +42,36 @@ def test_release_without_rows_converts_and_drops_them():
     cpu._release(tape, tape.freed)
     assert tape._cache is None
     tape_mod.end_tape(tape)
+
+
+def _array_graph():
+    x = tg.tensor(np.linspace(0.1, 1.0, 12).reshape(3, 4), requires_grad=True)
+    return x, (tg.exp(x) * x).sum()
+
+
+def test_array_sweep_converts_no_scalar_values():
+    """A sweep of array entries only never reads the scalar values: the graph converts
+    them on first use, so such a backward does not convert them at all."""
+    x, y = _array_graph()
+    tape = y._tape
+    with tg.autograd.paths.force("sweep"):
+        (g,) = tg.autograd.grad(y, x, retain_graph=True)
+    xd = x.detach().numpy()
+    np.testing.assert_allclose(g.numpy(), np.exp(xd) * (1 + xd))
+    assert tape._vcache is None
+
+
+def test_graph_values_are_the_first_n_of_a_grown_tape():
+    x, y = _array_graph()
+    tape = y._tape
+    z = y * 2.0 + 1.0  # scalar entries: the compiled sweep reads the values
+    graph = cpu.Graph([tape])
+    n = graph.n
+    w = z * 3.0  # the tape grows after the graph was built (as create_graph records)
+    assert len(tape.vals) > n
+    assert len(graph.vals) == n
+    np.testing.assert_array_equal(graph.vals, tape.values()[:n])
+    with tg.autograd.paths.force("sweep"):
+        (g,) = tg.autograd.grad(w, x)
+    xd = x.detach().numpy()
+    np.testing.assert_allclose(g.numpy(), 6.0 * np.exp(xd) * (1 + xd))

@@ -142,7 +142,7 @@ class Graph:
             self.n = len(t.vals)
             self.offsets = [0, self.n]
             self.rows = t.rows()
-            self.vals = t.values()
+            self._vals = None  # converted on first use: an array sweep may never read it
             arrays, vals = t.arrays, t.vals
             self.value = lambda s: arrays[s] if s in arrays else vals[s]
             self.is_array = arrays.__contains__
@@ -165,7 +165,7 @@ class Graph:
                     r[k, 1] = self.slot(src, ks)
                 parts.append(r)
             self.rows = np.concatenate(parts) if parts else np.zeros((0, 5))
-            self.vals = np.concatenate([t.values() for t in tapes])
+            self._vals = np.concatenate([t.values() for t in tapes])
             _outputs_to_their_entry(self.rows)
         self._nary()
 
@@ -182,6 +182,18 @@ class Graph:
             ptr.append(len(idx))
         self.nx = (np.array(ents, dtype=np.int64), np.array(ptr, dtype=np.int64),
                    np.array(idx, dtype=np.int64))
+
+    @property
+    def vals(self):
+        """The scalar values as a float64 array (NaN where an array sits), the compiled
+        sweep's input; only its first ``n`` (a create_graph sweep records onto the tape)."""
+        v = self._vals
+        if v is None:
+            v = self.tapes[0].values()
+            if len(v) != self.n:
+                v = v[:self.n]
+            self._vals = v
+        return v
 
     def slot(self, tape, k):
         """Combined slot of entry ``k`` of ``tape``, or None when the tape is not here."""
