@@ -170,7 +170,8 @@ class Graph:
         self._nary()
 
     def _nary(self):
-        if not any(t.nary for t in self.tapes):
+        tapes = self.tapes
+        if not (tapes[0].nary if len(tapes) == 1 else any([t.nary for t in tapes])):
             self.nx = _NO_NARY
             return
         ents, ptr, idx = [], [0], []
