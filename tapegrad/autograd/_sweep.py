@@ -104,7 +104,10 @@ def _input_mask(graph, ins, slot_lists, fast, record, batch):
                    and all([x._d.__class__ is _pyfloat for x in ins])
                    and not graph.arrays_at(flat))
     is_input = np.zeros(graph.n, dtype=np.bool_)
-    is_input[flat] = True
+    if len(flat) == 1:  # one input slot: an item (indexing with a list costs a microsecond)
+        is_input[flat[0]] = True
+    else:
+        is_input[flat] = True
     return flat, is_input, fast_leaves
 
 

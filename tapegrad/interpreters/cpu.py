@@ -142,7 +142,7 @@ class Graph:
             self.n = len(t.vals)
             self.offsets = [0, self.n]
             self.rows = t.rows()
-            self.vals = t.values()
+            self._vals = None  # converted on first use: an array sweep may never read it
             arrays, vals = t.arrays, t.vals
             self.value = lambda s: arrays[s] if s in arrays else vals[s]
             self.is_array = arrays.__contains__
@@ -165,12 +165,13 @@ class Graph:
                     r[k, 1] = self.slot(src, ks)
                 parts.append(r)
             self.rows = np.concatenate(parts) if parts else np.zeros((0, 5))
-            self.vals = np.concatenate([t.values() for t in tapes])
+            self._vals = np.concatenate([t.values() for t in tapes])
             _outputs_to_their_entry(self.rows)
         self._nary()
 
     def _nary(self):
-        if not any(t.nary for t in self.tapes):
+        tapes = self.tapes
+        if not (tapes[0].nary if len(tapes) == 1 else any([t.nary for t in tapes])):
             self.nx = _NO_NARY
             return
         ents, ptr, idx = [], [0], []
@@ -182,6 +183,18 @@ class Graph:
             ptr.append(len(idx))
         self.nx = (np.array(ents, dtype=np.int64), np.array(ptr, dtype=np.int64),
                    np.array(idx, dtype=np.int64))
+
+    @property
+    def vals(self):
+        """The scalar values as a float64 array (NaN where an array sits), the compiled
+        sweep's input; only its first ``n`` (a create_graph sweep records onto the tape)."""
+        v = self._vals
+        if v is None:
+            v = self.tapes[0].values()
+            if len(v) != self.n:
+                v = v[:self.n]
+            self._vals = v
+        return v
 
     def slot(self, tape, k):
         """Combined slot of entry ``k`` of ``tape``, or None when the tape is not here."""
@@ -251,12 +264,15 @@ def free_entries(t, sub):
             f = t.freed = np.concatenate([f, np.zeros(n - len(f), np.bool_)])
         f[:len(sub)] |= sub
     # an output kept for logging (``losses.append(loss)``) keeps its tape: only what a
-    # backward through its unfreed entries needs should stay
+    # backward through its unfreed entries needs should stay. The rows the sweep just
+    # converted are read once more below (not converted again), then dropped
+    c = t._cache
+    rows = c[1] if c is not None and c[0] == n else None
     t._cache = t._vcache = None
     big = t.nbytes >= _RELEASE_BYTES
     if (big or t.nary) and STATE.trace is None:  # a trace lowers every entry it recorded
         if big and sub.any():
-            _release(t, f)
+            _release(t, f, rows)
         if t.nary:
             _release_contexts(t, f)
 
@@ -304,12 +320,16 @@ def _droppable(rows, freed, last_special, bslot):
     return drop, live
 
 
-def _release(tape, freed):
+def _release(tape, freed, rows=None):
     """Drop the saved arrays whose producing entry is freed (or is bookkeeping) and that no
     unfreed entry reads; a tensor that holds such a value keeps its own reference. A
     constant's tensor goes too (torch frees saved inputs at backward), leaves stay (a later
-    backward accumulates their ``.grad``)."""
-    drop, live = _droppable(tape.rows(), freed, _LAST_SPECIAL, BSLOT)
+    backward accumulates their ``.grad``). ``rows``: the tape's rows, when already
+    converted (else converted here and not kept)."""
+    if rows is None:
+        rows = tape.rows()
+        tape._cache = None
+    drop, live = _droppable(rows, freed, _LAST_SPECIAL, BSLOT)
     if live:
         for k in tape.nary:
             if not drop[k] and not freed[k]:

@@ -20,10 +20,9 @@ def sweep(graph, need, adj, adjd, arr, owned=None):
     referenced by nothing else (the caller may hand such an adjoint out without a copy)."""
     rows = graph.rows
     hi = graph.n
-    vals = graph.vals
     if not len(arr):  # scalar entries only: one compiled call, no NumPy
         if hi > 0:
-            _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
+            _generated_cpu.sweep(rows, graph.vals, adj, need, hi, 0)
         return
     if owned is None:
         owned = set()  # slots whose adjoint array this sweep allocated: added to in place
@@ -31,6 +30,7 @@ def sweep(graph, need, adj, adjd, arr, owned=None):
     # a needed scalar entry anywhere? (none: no compiled call between the array entries,
     # a few microseconds each, most of a create_graph sweep's entries are arrays)
     scalars = np.count_nonzero(need) > len(arr)
+    vals = graph.vals if scalars else None  # (converted only when a scalar run is swept)
     with np.errstate(all="ignore"):
         for k, row in zip(arr.tolist(), rows[arr].tolist()):
             if scalars and hi - k > 1:
