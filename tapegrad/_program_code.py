@@ -206,21 +206,15 @@ class _Code:
         free = self._free
         if free:
             return free.pop()
+        if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
+            _notice.announce("replay")
         work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
-        if self.run is None:  # compiled at the first call: a batch's call that ``Program._one``
-            self.run = self._first_run  # hands on must not compile the one-sample entry
+        if self.run is None:  # (array instructions: their interpreter, on ``arows``)
+            self.run = (_arr.entry if self.arrays else _cpu.entry)(self.arows, work)
         start = _cpu.HEADER + 2 * len(self.out_slots) + len(self.in_slots)
         flat = work[start:start + self.n_in]
         views = tuple(flat[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
         return work, flat, views
-
-    def _first_run(self, rows, work, res):
-        """``run``'s first call: its compiled entry (array instructions: their interpreter,
-        on ``arows``), then that call."""
-        if "replay" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
-            _notice.announce("replay")
-        self.run = (_arr.entry if self.arrays else _cpu.entry)(rows, work)
-        return self.run(rows, work, res)
 
     def run1(self, x, grad):
         """(status, fresh results: outputs then gradient) of one sample ``x``."""

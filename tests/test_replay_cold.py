@@ -82,12 +82,17 @@ def test_batch_call_does_not_compile_the_one_sample_entry():
     x0 = np.linspace(-1, 1, 4)
     p = tg.trace(lambda x: (x[0] * x[1] + x[2].sin() * x[3]), tg.tensor(x0))
     X = np.tile(x0, (5, 1))
-    v, g = p.value_and_grad(X)
     code = p._variants[0]
-    assert code.run is None or code.run == code._first_run  # nothing compiled for it
+    assert code.run is None
+    v, g = p.value_and_grad(X)
+    assert code.run is None and not code._free  # no buffers, nothing compiled for them
+    v, g = p.value_and_grad(tg.tensor(X))  # tensors take _run_one's check
+    assert code.run is None
     v1, g1 = p.value_and_grad(x0)  # the one-sample call compiles (or loads) it now
-    assert code.run != code._first_run
-    np.testing.assert_allclose(v[0], v1, rtol=0, atol=0)
-    np.testing.assert_allclose(g[0], g1, rtol=1e-15)
+    assert code.run is not None
+    np.testing.assert_allclose(np.asarray(v[0]), v1, rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(g[0]), g1, rtol=1e-15)
+    v3, g3 = p.value_and_grad(tg.tensor(x0))  # and a one-sample tensor call after it
+    np.testing.assert_allclose(np.asarray(g3), g1, rtol=1e-15)
     v2, g2 = p.value_and_grad(x0)
     assert v2 == v1 and np.array_equal(g2, g1)
