@@ -147,7 +147,15 @@ class _Running:
         if len(xs) != code.n_fast[grad] or self._cuda is not None:
             return None
         free = code._free
-        buf = free.pop() if free else code.buffers()
+        if free:
+            buf = free.pop()
+        else:
+            # the first call (or threads at once): the buffers compile the one-sample entry,
+            # which a batch's call must not do (seconds of a cold first batch)
+            if code.run is None and any(x.__class__ is not _ND or x.shape != s
+                                        for x, s in zip(xs, code.in_shapes)):
+                return None
+            buf = code.buffers()
         try:
             # indexing two tuples: 40 ns an input cheaper than a zip of three
             shapes, views, i = code.in_shapes, buf[2], 0
@@ -181,6 +189,11 @@ class _Running:
         code = self._variants[0]
         if select is not None:
             code = select(code)
+        if code.run is None:  # the buffers compile the one-sample entry: not for a batch
+            flat = np.empty(code.n_in)
+            if _flat_one(code, xs, tuple(flat[o:o + k].reshape(sh)
+                                         for sh, o, k, _ in code.in_layout)) is None:
+                return None
         buf = code.buffers()
         try:
             as_tensor = _flat_one(code, xs, buf[2])
