@@ -141,6 +141,9 @@ class _Code:
         # for the interpreters that run scalar rows only (batches, Jacobians, CUDA)
         self.arows = np.ascontiguousarray(rows, dtype=np.float64)
         self.arrays = _arr.has_arrays(self.arows)
+        if self.arrays and _arr.coverage(self.arows) < _arr.MIN_COVER:
+            # mostly scalar rows: the scalar interpreters run them faster (MIN_COVER says)
+            self.arows, self.arrays = _arr.expand(self.arows), False
         self._rows = None if self.arrays else self.arows
         # the values' count: the rows' count without array instructions
         self.nslots = _arr.row_slots(self.arows)[1] if self.arrays else self.arows.shape[0]

@@ -16,12 +16,13 @@ torch = pytest.importorskip("torch")
 
 @contextlib.contextmanager
 def min_run(n):
-    saved = PA.MIN_RUN
+    saved = PA.MIN_RUN, PA.MIN_COVER
+    PA.MIN_COVER = 0.0  # every instruction runs as one, however few
     PA.MIN_RUN = n
     try:
         yield
     finally:
-        PA.MIN_RUN = saved
+        PA.MIN_RUN, PA.MIN_COVER = saved
 
 
 SCALAR = 1 << 62  # no run is that long: scalar rows only
@@ -250,7 +251,8 @@ def test_reversed_and_stepped_slots_are_instructions_with_their_stride():
     def f(M, x):
         r = x[M.tensor(idx)] if M is torch else x[idx]
         return (M.sin(r) * x).sum() + (x[::2] * 2.0).sum()
-    P = tg.trace(lambda x: f(tg, x), x0)
+    with min_run(PA.MIN_RUN):  # (and any share of the slots in instructions)
+        P = tg.trace(lambda x: f(tg, x), x0)
     rows = P._code.arows
     got = {(OPS[PA.info(rows, k)[1]].name, PA.info(rows, k)[2][0])
            for k in np.nonzero(rows[:, 0] == PA.ARR)[0].tolist()}
@@ -339,3 +341,36 @@ def test_a_cold_first_array_gradient_says_so_once(tmp_path):
     assert all(r.returncode == 0 for r in runs), runs
     assert runs[0].stderr.count("traced array programs") == 1, runs[0].stderr
     assert "compiling" not in runs[1].stderr, runs[1].stderr
+
+
+def test_a_program_mostly_of_scalar_rows_runs_its_expansion():
+    """Below ``MIN_COVER`` of the slots in instructions the program runs as scalar rows (the
+    scalar interpreter is faster there), with the same numbers; at 0 the instructions run."""
+    def f(x):
+        big = tg.exp(x[:64] * 0.5).sum()  # one run of 64 elements
+        s = big * 0.0
+        for i in range(64, 400):  # 336 scalar rows and more
+            s = s + tg.sin(x[i]) * x[i - 1]
+        return s + big
+    x = np.random.default_rng(3).normal(size=400)
+    prog = tg.trace(f, tg.tensor(x))
+    assert not prog._code.arrays  # few of its slots are in the instruction
+    assert not PA.has_arrays(prog._code.arows)
+    saved = PA.MIN_COVER
+    PA.MIN_COVER = 0.0
+    try:
+        forced = tg.trace(f, tg.tensor(x))
+    finally:
+        PA.MIN_COVER = saved
+    assert forced._code.arrays
+    v1, g1 = prog.value_and_grad(x)
+    v2, g2 = forced.value_and_grad(x)
+    np.testing.assert_allclose(v1, v2, rtol=1e-14)
+    np.testing.assert_allclose(g1, g2, rtol=1e-13, atol=1e-15)
+    xt = torch.tensor(x, requires_grad=True)
+    big = torch.exp(xt[:64] * 0.5).sum()
+    s = big * 0.0
+    for i in range(64, 400):
+        s = s + torch.sin(xt[i]) * xt[i - 1]
+    (s + big).backward()
+    np.testing.assert_allclose(g1, xt.grad.numpy(), rtol=1e-12, atol=1e-14)

@@ -121,9 +121,10 @@ def array_instructions(min_run):
     """Trace with runs of ``min_run`` elements or more as array instructions (4: as many as
     the format allows; a huge number: scalar rows only), restored after."""
     from tapegrad.interpreters import program_arrays
-    saved = program_arrays.MIN_RUN
+    saved = program_arrays.MIN_RUN, program_arrays.MIN_COVER
+    program_arrays.MIN_COVER = 0.0  # every instruction runs as one, however few
     program_arrays.MIN_RUN = min_run
     try:
         yield
     finally:
-        program_arrays.MIN_RUN = saved
+        program_arrays.MIN_RUN, program_arrays.MIN_COVER = saved
