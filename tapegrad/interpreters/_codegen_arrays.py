@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pathlib
 
+from ._codegen_batch import switch_source
 from ._codegen_emit import _forward_expr, _inputs, _replay_ops, _uses, rule_exprs
 
 ARRAYS_TARGET = pathlib.Path(__file__).with_name("_generated_arrays.py")
@@ -75,36 +76,11 @@ LOOPED = frozenset(("add", "sub", "mul", "exp", "log", "mulc", "maximum", "selec
 
 
 def _value_source(ops):
-    src = ['''
-
-@njit_cached(error_model="numpy", nogil=True)
-def value(op, a, b, c, c0, c1):
-    """The value of one element of opcode ``op`` (unused operands are ignored)."""
-''']
-    first = True
-    for op in ops:
-        src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
-        src.append(f"        return float({_forward_expr(op)})\n")
-        first = False
-    src.append("    return 0.0\n")
-    src.append('''
-
-@njit_cached(error_model="numpy", nogil=True)
-def grads(op, a, b, c, out, g, c0, c1):
-    """The gradients to ``a, b, c`` of one element of opcode ``op`` at adjoint ``g``;
-    those not in ``GRAD_BITS[op]`` are 0.0 and unused."""
-''')
-    first = True
-    for op in ops:
-        exprs = rule_exprs(op)
-        if not exprs:
-            continue
-        gr = ", ".join(f"float({exprs[n]})" if n in exprs else "0.0" for n in ("a", "b", "c"))
-        src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
-        src.append(f"        return {gr}\n")
-        first = False
-    src.append("    return 0.0, 0.0, 0.0\n")
-    return src
+    return switch_source(
+        ops,
+        ("value", "The value of one element of opcode ``op`` (unused operands are ignored)."),
+        ("grads", "The gradients to ``a, b, c`` of one element of opcode ``op`` at adjoint "
+                  "``g``;\n    those not in ``GRAD_BITS[op]`` are 0.0 and unused."))
 
 
 def _grad_bits(ops):

@@ -193,31 +193,32 @@ def _grad_bits(shared, size):
     return bits
 
 
-def _shared_source(shared):
-    """``forward_value`` and ``reverse_value``: one sample's value and gradients of an op
-    whose batch branch is the shared loop, the one-sample code (``forward``,
-    ``reverse``) as expressions, so batches give the same numbers as single calls."""
-    src = ['''
+def switch_source(ops, value, grads):
+    """Two compiled functions over opcode ``op``, one branch per op of ``ops``: ``value``
+    (name, docstring) of ``(op, a, b, c, c0, c1)``, the op's forward expression, and
+    ``grads`` (name, docstring) of ``(op, a, b, c, out, g, c0, c1)``, its rule's gradients
+    to ``a, b, c`` (0.0 for an input the rule gives none). The batch's shared loop and the
+    array interpreter's shared loop call them, so both give the one-sample code's numbers."""
+    src = [f'''
 
 @njit_cached(error_model="numpy", nogil=True)
-def forward_value(op, a, b, c, c0, c1):
-    """The value of a row of opcode ``op`` (one of ``SHARED``) with operands ``a, b, c``."""
+def {value[0]}(op, a, b, c, c0, c1):
+    """{value[1]}"""
 ''']
     first = True
-    for op in shared:
+    for op in ops:
         src.append(f"    {'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
         src.append(f"        return float({_forward_expr(op)})\n")
         first = False
     src.append("    return 0.0\n")
-    src.append('''
+    src.append(f'''
 
 @njit_cached(error_model="numpy", nogil=True)
-def reverse_value(op, a, b, c, out, g, c0, c1):
-    """The gradients to ``a, b, c`` of a row of opcode ``op`` (one of ``SHARED``) given its
-    adjoint ``g``; those not in ``GRADS[op]`` are 0.0 and unused."""
+def {grads[0]}(op, a, b, c, out, g, c0, c1):
+    """{grads[1]}"""
 ''')
     first = True
-    for op in shared:
+    for op in ops:
         exprs = rule_exprs(op)
         if not exprs:
             continue
@@ -227,6 +228,19 @@ def reverse_value(op, a, b, c, out, g, c0, c1):
         first = False
     src.append("    return 0.0, 0.0, 0.0\n")
     return src
+
+
+def _shared_source(shared):
+    """``forward_value`` and ``reverse_value``: one sample's value and gradients of an op
+    whose batch branch is the shared loop, the one-sample code (``forward``,
+    ``reverse``) as expressions, so batches give the same numbers as single calls."""
+    return switch_source(
+        shared,
+        ("forward_value", "The value of a row of opcode ``op`` (one of ``SHARED``) with "
+                          "operands ``a, b, c``."),
+        ("reverse_value", "The gradients to ``a, b, c`` of a row of opcode ``op`` (one of "
+                          "``SHARED``) given its\n    adjoint ``g``; those not in "
+                          "``GRADS[op]`` are 0.0 and unused."))
 
 
 def _split(ops):
