@@ -2,7 +2,6 @@
 stay one instruction per op over ranges of slots, replay runs them as loops, derivative
 programs of them are array instructions too, and every other target runs their expansion;
 each against the same program as scalar rows, eager tapegrad and torch."""
-import contextlib
 
 import numpy as np
 import pytest
@@ -11,18 +10,12 @@ import tapegrad as tg
 from tapegrad.interpreters import program_arrays as PA
 from tapegrad.ops import OPS
 
+from harness import replay_forms as RF
+
 torch = pytest.importorskip("torch")
 
 
-@contextlib.contextmanager
-def min_run(n):
-    saved = PA.MIN_RUN, PA.MIN_COVER
-    PA.MIN_COVER = 0.0  # every instruction runs as one, however few
-    PA.MIN_RUN = n
-    try:
-        yield
-    finally:
-        PA.MIN_RUN, PA.MIN_COVER = saved
+min_run = RF.array_instructions  # (traces with runs of n or more as instructions)
 
 
 SCALAR = 1 << 62  # no run is that long: scalar rows only

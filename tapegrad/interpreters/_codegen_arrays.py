@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 
 from ._codegen_batch import switch_source
-from ._codegen_emit import _forward_expr, _inputs, _replay_ops, _uses, rule_exprs
+from ._codegen_emit import _forward_expr, chain, _inputs, _replay_ops, _uses, rule_exprs
 
 ARRAYS_TARGET = pathlib.Path(__file__).with_name("_generated_arrays.py")
 
@@ -55,15 +55,7 @@ def _array_reverse(op):
 
 
 def _array_dispatch(ops, render, indent):
-    src, first = [], True
-    for op in ops:
-        body = render(op)
-        if body is None:
-            continue
-        src.append(" " * indent + f"{'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
-        src += [" " * (indent + 4) + f"{x}\n" for x in body]
-        first = False
-    return src
+    return chain(ops, render, indent)
 
 
 #: the ops an array instruction runs as a loop of its own: those of the benchmarks' array

@@ -111,18 +111,23 @@ def render(op, t, forward=False):
     return _render_body(t, head, {n: _slot(n) for n in reads}, (pre, inner))
 
 
-def dispatch(ops, t, indent=8, forward=False, first=True):
-    """An ``if``/``elif`` chain on ``op`` with each op's ``render`` (ops it renders to
-    nothing are left out); ``first`` False continues a chain (``elif`` from the start)."""
+def chain(ops, body_of, indent=8, first=True):
+    """An ``if``/``elif`` chain on ``op`` with ``body_of(op)``'s lines for each op (ops it
+    gives None are left out); ``first`` False continues a chain (``elif`` from the start)."""
     src = []
     for op in ops:
-        body = render(op, t, forward)
+        body = body_of(op)
         if body is None:
             continue
         src.append(" " * indent + f"{'if' if first else 'elif'} op == {op.code}:  # {op.name}\n")
         src += [" " * (indent + 4) + f"{x}\n" for x in body]
         first = False
     return src
+
+
+def dispatch(ops, t, indent=8, forward=False, first=True):
+    """``chain`` of each op's ``render`` for target ``t``."""
+    return chain(ops, lambda op: render(op, t, forward), indent, first)
 
 
 
