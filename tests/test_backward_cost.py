@@ -75,3 +75,78 @@ def test_graph_values_are_the_first_n_of_a_grown_tape():
         (g,) = tg.autograd.grad(w, x)
     xd = x.detach().numpy()
     np.testing.assert_allclose(g.numpy(), 6.0 * np.exp(xd) * (1 + xd))
+
+
+_SPECIALS = (0.0, -0.0, np.inf, -np.inf, np.nan, 1e308, -1e308, 5e-324)
+
+
+def _bits(shape, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=shape) * 10
+    m = rng.random(shape) < 0.05
+    a[m] = rng.choice(_SPECIALS, size=int(m.sum()))
+    return a
+
+
+def _same_bits(r, s):
+    return (r.shape == s.shape and r.dtype == s.dtype and np.array_equal(r, s, equal_nan=True)
+            and np.array_equal(np.signbit(r)[~np.isnan(r)], np.signbit(s)[~np.isnan(s)]))
+
+
+@pytest.mark.parametrize("have, want", [((10, 8, 16), (10, 8, 1)), ((10, 8, 1000), (10, 8, 1)),
+                                        ((10, 8, 16), (8, 16)), ((10, 8, 16), (1, 8, 1)),
+                                        ((30, 4), (4,)), ((30, 4), (30, 1)), ((6, 5, 7), (5, 1)),
+                                        ((300, 3, 8), (300, 3, 1)), ((64, 1), (1,))])
+def test_array_sweep_sum_to_is_sum_tos_bits(have, want):
+    """The array sweep sums a broadcast gradient by np.sum's own add.reduce call: the bits
+    of ``sum_to`` (fast_sum's short last axis, float32 and the rest left to it), also
+    through ``neg_sum_to``."""
+    from tapegrad.interpreters.cpu_arrays import neg_sum_to, sum_to_shape
+    from tapegrad.ops.arrays import sum_to
+    for seed in range(3):
+        g = _bits(have, seed)
+        with np.errstate(all="ignore"):
+            assert _same_bits(sum_to_shape(g, want), sum_to(g, want))
+            assert _same_bits(neg_sum_to(g, want), sum_to(-g, want))
+            g32 = g.astype(np.float32)
+            assert _same_bits(sum_to_shape(g32, want), sum_to(g32, want))
+            gt = np.asfortranarray(g)  # another memory order: the same call, its own order
+            assert _same_bits(sum_to_shape(gt, want), sum_to(gt, want))
+
+
+def test_array_sweep_is_quiet_and_restores_numpys_error_state():
+    """The array sweep silences NumPy's warnings through its context variable: no warning
+    for an overflowing rule, and the caller's error state is back afterwards, also when a
+    rule raises."""
+    import warnings
+    x = tg.tensor([1e200, 2.0, -1e300], requires_grad=True)
+    before = np.geterr()
+    with np.errstate(over="raise", invalid="raise"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = (x * x * tg.tensor([1e300, 1.0, 1e300])).sum()
+            with tg.autograd.paths.force("sweep"):
+                (g,) = tg.autograd.grad(y, x)
+        assert np.geterr()["over"] == "raise"
+        assert np.isinf(g.numpy()[0]) and g.numpy()[1] == 4.0
+        x2, y2 = _array_graph()
+        with tg.autograd.paths.force("sweep"):
+            (g2,) = tg.autograd.grad(y2, x2, retain_graph=True)
+
+        class Boom(Exception):
+            pass
+
+        def fail(*a, **k):
+            raise Boom
+
+        from tapegrad.interpreters import cpu_arrays
+        real = cpu_arrays.array_vjp
+        cpu_arrays.array_vjp = fail
+        try:
+            with pytest.raises(Boom):
+                with tg.autograd.paths.force("sweep"):
+                    tg.autograd.grad(y2, x2, retain_graph=True)
+        finally:
+            cpu_arrays.array_vjp = real
+        assert np.geterr()["over"] == "raise" and np.geterr()["invalid"] == "raise"
+    assert np.geterr() == before
