@@ -12,6 +12,7 @@ import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, OPS
 from ..ops._registry import Part
+from ..tape import STATE
 from .cpu import _SIDES, MULTI_OUTPUT, elementwise_rule, negated_sum_applies
 
 #: array opcodes of the symmetric one-sided rules that read their input (``x * x``: one
@@ -65,7 +66,13 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
     post = None
     if kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
-        values, aux = [as_tensor(s) for s in inputs], graph.aux(k)
+        if op.saves or batch or STATE.trace is not None:
+            values = [as_tensor(s) for s in inputs]
+        else:  # a rule that saves nothing reads its inputs' shapes only (a reduction, an
+            # index, a reshape): the values themselves, no tensor built per input
+            value = graph.value
+            values = [value(s) for s in inputs]
+        aux = graph.aux(k)
         if batch:
             if op.batch is None or op.name in MULTI_OUTPUT:
                 raise NotImplementedError(
