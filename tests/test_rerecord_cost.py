@@ -6,7 +6,7 @@ import pytest
 
 import tapegrad as tg
 from tapegrad import tape as tape_mod
-from tapegrad.interpreters import cpu, rerecord
+from tapegrad.interpreters import cpu
 
 torch = pytest.importorskip("torch")
 
