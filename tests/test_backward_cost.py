@@ -150,3 +150,33 @@ def test_array_sweep_is_quiet_and_restores_numpys_error_state():
             cpu_arrays.array_vjp = real
         assert np.geterr()["over"] == "raise" and np.geterr()["invalid"] == "raise"
     assert np.geterr() == before
+
+
+@pytest.mark.parametrize("ga_shape, v_shape", [((10, 8, 1000), (10, 1, 1000)),
+                                               ((10, 8, 1000), (10, 8, 1000)),
+                                               ((10, 1, 1000), (10, 8, 1000)),
+                                               ((300, 64), (300, 1)), ((40, 500), (500,))])
+def test_array_sweep_mul_sides_by_rows_are_numpys_bits(monkeypatch, ga_shape, v_shape):
+    """The array sweep's mul sides on a large gradient with a broadcast operand (kmeans'
+    g * diff, g expanded) run the compiled rows pass: NumPy's bits, specials included;
+    where it declines, NumPy's product."""
+    from tapegrad.interpreters import cpu_arrays
+    from tapegrad.ops import BY_NAME
+    calls = []
+    real = cpu_arrays.rows_op
+    monkeypatch.setattr(cpu_arrays, "rows_op", lambda *a: calls.append(a) or real(*a))
+    shape = np.broadcast_shapes(ga_shape, v_shape)
+    g = np.broadcast_to(_bits(ga_shape, 1), shape)
+    va = np.broadcast_to(_bits(v_shape, 2), shape)  # a constant factor, expanded
+    vb = _bits(shape, 3)
+    code = BY_NAME["mul"].code
+    value = {0: va, 1: vb}.__getitem__
+    with np.errstate(all="ignore"):
+        for wanted in ([True, True], [False, True], [True, False]):
+            ga, gb = cpu_arrays._one_sided(code, g, 0, 1, value, wanted)
+            assert (ga is None) != wanted[0] and (gb is None) != wanted[1]
+            if ga is not None:
+                assert _same_bits(ga, g * vb)
+            if gb is not None:
+                assert _same_bits(gb, g * va)
+    assert calls

@@ -129,3 +129,47 @@ def test_grown_tape_rows_are_its_own(monkeypatch):
         xd = x.detach().numpy()
         np.testing.assert_allclose(h.numpy(), np.exp(xd) * (2 + xd), rtol=1e-14)
     assert used
+
+
+def test_square_rule_takes_the_rows_pass(monkeypatch):
+    """x * x's recorded rule g * x, with g a large expanded gradient, goes through the
+    recorder's binary path and its compiled rows pass (NumPy's bits): torch's values."""
+    from tapegrad import _recorder
+    calls = []
+    real = _recorder.rows_op
+    monkeypatch.setattr(_recorder, "rows_op", lambda *a: calls.append(a) or real(*a))
+    rng = np.random.default_rng(5)
+    P0, C0 = rng.normal(size=(8, 400)), rng.normal(size=(10, 8))
+    C = tg.tensor(C0, requires_grad=True)
+    y = _kmeans(tg, C, tg.tensor(P0))
+    before = len(calls)
+    (J,) = tg.autograd.grad(y, C, create_graph=True)
+    assert len(calls) > before  # the rule's g * diff
+    (H,) = tg.autograd.grad(J, C, grad_outputs=tg.ones_like(J))
+    Jt, Ht = _direction(torch, C0, P0)
+    np.testing.assert_allclose(J.detach().numpy(), Jt, rtol=1e-13, atol=1e-12)
+    np.testing.assert_array_equal(H.numpy(), Ht)
+
+
+def test_max_min_over_a_dim_rule_gets_values(monkeypatch):
+    """max/min over a dim save only their indices: the create_graph rule is given the
+    values; over everything (ties read the input and the result) it gets tensors."""
+    from tapegrad.autograd._tensor_backend import TensorF
+    kinds = {}
+    for name in ("amin", "amax"):
+        op = tg.ops.BY_NAME[name]
+        real = op.vjp
+        monkeypatch.setattr(op, "vjp", lambda F, g, v, out, aux, real=real: (
+            F is TensorF and kinds.setdefault(isinstance(aux[2], (str, type(None))), set())
+            .update(type(x).__name__ for x in v + [out]), real(F, g, v, out, aux))[1])
+    x0 = np.array([[1.0, 3.0, 2.0], [0.5, -1.0, 4.0]])
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        y = (M.min(x * x, 0).values * x[0]).sum() + M.max(x * x)
+        (g,) = M.autograd.grad(y, x, create_graph=True)
+        (h,) = M.autograd.grad((g * g).sum(), x)
+        res.append((g.detach().numpy(), h.numpy()))
+    np.testing.assert_allclose(res[0][0], res[1][0], rtol=1e-14)
+    np.testing.assert_allclose(res[0][1], res[1][1], rtol=1e-14)
+    assert "Tensor" not in kinds[False] and kinds[True] == {"Tensor"}

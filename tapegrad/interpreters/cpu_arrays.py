@@ -6,6 +6,7 @@ import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF, call_rule
 from ..ops._registry import Part
+from ..ops._kernels import MUL, rows_op
 from ..ops.arrays import sum_axes, sum_to
 from . import _generated_cpu
 from .cpu_fast import _AT_INDEX
@@ -105,6 +106,19 @@ def _one_sided(code, g, a, b, value, wanted):
     if a == b:
         ga = fa(g, va, vb)
         return ga, (ga if symmetric else fb(g, va, vb))
+    if code == _MUL and g.__class__ is np.ndarray and g.size >= _ROWS_MIN:
+        # g * v with one operand broadcast along rows of n >= 64 (kmeans' g * diff, with
+        # g or the constant factor expanded): the compiled pass, NumPy's bits; else NumPy
+        ga = gb = None
+        if wanted[a]:
+            ga = _rows_mul(g, vb)
+            if ga is None:
+                ga = fa(g, va, vb)
+        if wanted[b]:
+            gb = _rows_mul(g, va)
+            if gb is None:
+                gb = fb(g, va, vb)
+        return ga, gb
     if code == _SUB and wanted[b] and g.__class__ is np.ndarray and g.size >= 4096 \
             and g.flags.c_contiguous:
         if vb.__class__ is not np.ndarray:  # x - m, m a number (lse's max): -sum(g)
@@ -117,6 +131,14 @@ def _one_sided(code, g, a, b, value, wanted):
 
 
 _SUB = next(op.code for op in OPS if op.name == "sub")
+_MUL = next(op.code for op in OPS if op.name == "mul")
+_ROWS_MIN = 16384  # (rows_op's own least size: smaller products skip the call)
+
+
+def _rows_mul(g, v):
+    """``g * v`` by ``rows_op`` where it applies (an operand broadcast along rows of n >=
+    64: NumPy's bits), else None."""
+    return rows_op(MUL, g, v) if v.__class__ is np.ndarray else None
 
 
 def negated_sum_applies(g, v):
