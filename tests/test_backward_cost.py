@@ -180,3 +180,41 @@ def test_array_sweep_mul_sides_by_rows_are_numpys_bits(monkeypatch, ga_shape, v_
             if gb is not None:
                 assert _same_bits(gb, g * va)
     assert calls
+
+
+def test_array_sweep_skips_runs_with_nothing_needed(monkeypatch):
+    """On a short tape, a scalar run between array entries is swept only when it holds a
+    needed entry: llsq's ``/ 2`` is, the constants and the leaf below are not. The
+    gradients are torch's, also with needed scalar entries between array ones."""
+    torch = pytest.importorskip("torch")
+    from tapegrad.interpreters import cpu_arrays
+    runs = []
+    real = cpu_arrays._generated_cpu.sweep
+
+    class Gen:
+        def __getattr__(self, name):
+            return getattr(cpu_arrays.__dict__["_real_gen"], name)
+
+        @staticmethod
+        def sweep(rows, vals, adj, need, hi, lo):
+            runs.append((lo, hi))
+            return real(rows, vals, adj, need, hi, lo)
+    monkeypatch.setitem(cpu_arrays.__dict__, "_real_gen", cpu_arrays._generated_cpu)
+    monkeypatch.setattr(cpu_arrays, "_generated_cpu", Gen())
+    P0 = np.linspace(-1, 1, 40).reshape(10, 4)
+    s0, x0 = np.sign(np.linspace(-1, 1, 10)), np.array([0.5, -1.0, 2.0, 0.25])
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        r = M.tensor(s0) - M.matmul(M.tensor(P0), x)
+        q = M.sum(r * r) / 2  # a scalar entry above the arrays
+        w = (q * 3.0 + 1.0) * M.sum(M.exp(x * q))  # scalars between array entries
+        if M is tg:
+            with tg.autograd.paths.force("sweep"):
+                (g,) = M.autograd.grad(w, x)
+        else:
+            (g,) = M.autograd.grad(w, x)
+        res.append(g.numpy())
+    np.testing.assert_allclose(res[0], res[1], rtol=1e-13)
+    assert runs  # the scalar runs with a needed entry are swept
+    assert all(lo > 0 for lo, hi in runs)  # the leaf and constants at the bottom: not swept

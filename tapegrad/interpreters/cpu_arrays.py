@@ -13,6 +13,7 @@ from .cpu_fast import _AT_INDEX
 
 _THUNK = type(lambda: None)  # a rule's lazily built gradient
 _F64 = np.dtype(np.float64)
+_LISTED = 256  # tapes of at most this many entries list their needed entries in sweep()
 _add_reduce = np.add.reduce
 
 try:  # NumPy 2: errstate sets a context variable; setting it directly costs a tenth
@@ -69,14 +70,17 @@ def sweep(graph, need, adj, adjd, arr, owned=None):
     # a few microseconds each, most of a create_graph sweep's entries are arrays)
     scalars = np.count_nonzero(need) > len(arr)
     vals = graph.vals if scalars else None  # (converted only when a scalar run is swept)
+    # a short tape's needed entries as a list: a run between array entries with none needed
+    # (the leaves and constants below the first one) costs no compiled call
+    need_l = need.tolist() if scalars and hi <= _LISTED else None
     token = _quiet_on()
     try:
         for k, row in zip(arr.tolist(), rows[arr].tolist()):
-            if scalars and hi - k > 1:
+            if scalars and hi - k > 1 and (need_l is None or True in need_l[k + 1:hi]):
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
             array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)
             hi = k
-        if scalars and hi > 0:
+        if scalars and hi > 0 and (need_l is None or True in need_l[:hi]):
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
     finally:
         _quiet_off(token)
