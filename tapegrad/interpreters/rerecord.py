@@ -21,6 +21,7 @@ _SYMMETRIC_ARRAY = {code | ARRAY: sides[0] for code, sides in _SIDES.items()
                     if sides[2] and "a" in OPS[code].uses}
 _SUB_ARRAY = next(op.code for op in OPS if op.name == "sub") | ARRAY
 _MUL_ARRAY = BY_NAME["mul"].code | ARRAY
+_ROWS_MIN = 16384  # (the rows pass's least size)
 _FUNCTION = type(lambda: None)  # an op's torch_saves given per entry (max/min over a dim)
 
 
@@ -105,9 +106,12 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
             # x * x (an array): the rule's g * x recorded once and added to itself, the
             # bits of g*x + g*x with one product less to record and differentiate
             ta = as_tensor(a)
-            # (mul: through F.mul, the recorder's binary path, which passes a large product
-            # with a broadcast operand, g expanded, to the compiled rows pass: NumPy's bits)
-            ga = F.mul(g, ta) if code == _MUL_ARRAY else _SYMMETRIC_ARRAY[code](g, ta, ta)
+            # (a large mul: through F.mul, the recorder's binary path, which passes a
+            # product with a broadcast operand, g expanded, to the compiled rows pass:
+            # NumPy's bits; a small one: the operator's inline path)
+            d = getattr(g, "_d", None)
+            ga = F.mul(g, ta) if code == _MUL_ARRAY and d.__class__ is np.ndarray \
+                and d.size >= _ROWS_MIN else _SYMMETRIC_ARRAY[code](g, ta, ta)
             inputs, grads = (a, b), (ga, ga)
         else:
             inputs, grads = elementwise_rule(
