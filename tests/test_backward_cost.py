@@ -218,22 +218,3 @@ def test_array_sweep_skips_runs_with_nothing_needed(monkeypatch):
     np.testing.assert_allclose(res[0], res[1], rtol=1e-13)
     assert runs  # the scalar runs with a needed entry are swept
     assert all(lo > 0 for lo, hi in runs)  # the leaf and constants at the bottom: not swept
-
-
-def test_mark_gives_wanted_and_the_needed_count():
-    """mark's ``wanted`` is need | input | output and its count is need's, on graphs with
-    scalar and array entries, unused inputs and outputs that are inputs."""
-    x = tg.tensor(np.linspace(0.1, 1.0, 5), requires_grad=True)
-    u = tg.tensor(2.0, requires_grad=True)
-    w = tg.tensor(3.0, requires_grad=True)  # unused
-    y = (tg.exp(x) * u).sum() * u + 1.0
-    z = w * 0.0 + y
-    graph = cpu.Graph([z._tape])
-    n = graph.n
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        is_input = rng.random(n) < 0.3
-        is_output = rng.random(n) < 0.2
-        need, reach, arr, wanted, count = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
-        np.testing.assert_array_equal(wanted, need | is_input | is_output)
-        assert count == np.count_nonzero(need)

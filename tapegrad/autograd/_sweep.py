@@ -37,17 +37,16 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
     slot_lists = None if collect else _input_slots(graph, tapes, ins)
     flat, is_input, fast_leaves = _input_mask(graph, ins, slot_lists, fast, record, batch)
     is_output, adj, adjd, direct = _seed_adjoints(graph, outs, seeds, record, batch)
-    need, reach, arr, wanted, graph.needed = cpu.mark(graph.rows, *graph.nx, is_input,
-                                                      is_output)
+    need, reach, arr = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
     if collect:
         ins, slot_lists = _reached_leaves(graph, outs, np.flatnonzero(reach & is_input))
         skip_retained = {id(x) for x in ins}
         flat = [s for sl in slot_lists for s in sl]
-    graph.wanted = wanted  # slots whose gradient anyone will read: need | input | output
+    graph.wanted = need | is_input | is_output  # slots whose gradient anyone will read
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
     # only the hooks path runs hooks
-    if HOOKS[0] and hooks.graph_has_hooks(graph, ins, wanted & reach):
+    if HOOKS[0] and hooks.graph_has_hooks(graph, ins, (need | is_input | is_output) & reach):
         if batch:  # torch vmaps the hooks over the batch: here, one sweep per sample
             return _per_sample(outs, seeds, ins, retain_graph, record, batch, allow_unused,
                                graph, need, tapes)

@@ -36,8 +36,7 @@ _NO_NARY = (_NO_INT, np.zeros(1, dtype=np.int64), _NO_INT)  # read-only use in m
 def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
     """``need``: entries that depend on an input and reach an output; ``reach``: slots an
     output reaches through needed entries (an input with ``reach`` False is unused);
-    the needed array entries, last first; ``wanted``: the slots whose gradient anyone
-    reads (need, input or output); and the number of needed entries."""
+    the needed array entries, last first."""
     n = rows.shape[0]
     dep = is_input.copy()
     need = np.zeros(n, dtype=np.bool_)
@@ -77,13 +76,7 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
             need[k] = False
         if nary:
             j -= 1
-    wanted = np.empty(n, dtype=np.bool_)
-    n_need = 0
-    for k in range(n):
-        if need[k]:
-            n_need += 1
-        wanted[k] = need[k] or is_input[k] or is_output[k]
-    return need, reach, arr[:n_arr], wanted, n_need
+    return need, reach, arr[:n_arr]
 
 
 
@@ -160,7 +153,6 @@ class Graph:
                 t._cache = (self.n, seen_rows(t.code, self.n))
             self.rows = t.rows()
             self._vals = None  # converted on first use: an array sweep may never read it
-            self.needed = None  # the number of needed entries, once marked
             arrays, vals = t.arrays, t.vals
             self.value = lambda s: arrays[s] if s in arrays else vals[s]
             self.is_array = arrays.__contains__
@@ -184,7 +176,6 @@ class Graph:
                 parts.append(r)
             self.rows = np.concatenate(parts) if parts else np.zeros((0, 5))
             self._vals = np.concatenate([t.values() for t in tapes])
-            self.needed = None
             _outputs_to_their_entry(self.rows)
         self._nary()
 

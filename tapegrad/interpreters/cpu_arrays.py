@@ -68,8 +68,7 @@ def sweep(graph, need, adj, adjd, arr, owned=None):
     wanted = graph.wanted.tolist()  # read twice per entry: a list's item is the cheaper
     # a needed scalar entry anywhere? (none: no compiled call between the array entries,
     # a few microseconds each, most of a create_graph sweep's entries are arrays)
-    needed = getattr(graph, "needed", None)  # (counted by mark)
-    scalars = (np.count_nonzero(need) if needed is None else needed) > len(arr)
+    scalars = np.count_nonzero(need) > len(arr)
     vals = graph.vals if scalars else None  # (converted only when a scalar run is swept)
     # a short tape's needed entries as a list: a run between array entries with none needed
     # (the leaves and constants below the first one) costs no compiled call
