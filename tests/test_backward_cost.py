@@ -218,3 +218,45 @@ def test_array_sweep_skips_runs_with_nothing_needed(monkeypatch):
     np.testing.assert_allclose(res[0], res[1], rtol=1e-13)
     assert runs  # the scalar runs with a needed entry are swept
     assert all(lo > 0 for lo, hi in runs)  # the leaf and constants at the bottom: not swept
+
+
+def _released_state(short, monkeypatch, make):
+    monkeypatch.setattr(cpu, "_SHORT", short)
+    calls = []
+    real = cpu._droppable
+    monkeypatch.setattr(cpu, "_droppable", lambda *a: calls.append(1) or real(*a))
+    tape, keep = make()
+    ph = [k for k, v in tape.arrays.items() if cpu._PLACEHOLDERS.get((v.shape, v.dtype)) is v]
+    consts = sorted(k for k, a in tape.aux.items() if isinstance(a, tuple) and len(a) == 2
+                    and a[0] is None)
+    return ph, consts, list(tape.versioned), bool(calls)
+
+
+def _whole():
+    x = tg.tensor(np.linspace(0.1, 1.0, 600), requires_grad=True)
+    c = tg.tensor(np.linspace(1.0, 2.0, 600))
+    y = (tg.exp(x) * c - c).sum() / 2
+    (g,) = tg.autograd.grad(y, x)
+    return y._tape, g
+
+
+def _partial():
+    x = tg.tensor(np.linspace(0.1, 1.0, 600), requires_grad=True)
+    c = tg.tensor(np.linspace(1.0, 2.0, 600))
+    e = tg.exp(x) * c
+    z = (e * e).sum()  # not swept below: its entries stay live and keep what they read
+    y = (e - c).sum()
+    (g,) = tg.autograd.grad(y, x)
+    return y._tape, (g, z)
+
+
+@pytest.mark.parametrize("make", [_whole, _partial])
+def test_release_of_a_wholly_freed_short_tape_is_droppables(monkeypatch, make):
+    """A short tape whose entries are all freed or bookkeeping drops every saved array
+    without the compiled ``_droppable`` (it would drop them all); a tape with live entries
+    still asks it. The same arrays, constants and version checks go either way."""
+    fast = _released_state(64, monkeypatch, make)
+    slow = _released_state(0, monkeypatch, make)
+    assert fast[:3] == slow[:3] and slow[3]
+    assert fast[3] == (make is _partial)
+    assert fast[0]

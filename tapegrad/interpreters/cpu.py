@@ -330,22 +330,46 @@ def _droppable(rows, freed, last_special, bslot):
     return drop, live
 
 
+#: tapes of at most this many entries test in Python whether every entry is freed
+_SHORT = 64
+
+
+class _All:
+    """``drop`` where every entry goes: any index is True."""
+    __slots__ = ()
+
+    def __getitem__(self, k):
+        return True
+
+
+_ALL = _All()
+
+
 def _release(tape, freed, rows=None):
     """Drop the saved arrays whose producing entry is freed (or is bookkeeping) and that no
     unfreed entry reads; a tensor that holds such a value keeps its own reference. A
     constant's tensor goes too (torch frees saved inputs at backward), leaves stay (a later
     backward accumulates their ``.grad``). ``rows``: the tape's rows, when already
     converted (else converted here and not kept)."""
-    if rows is None:
-        rows = tape.rows()
-        tape._cache = None
-    drop, live = _droppable(rows, freed, _LAST_SPECIAL, BSLOT)
-    if live:
-        for k in tape.nary:
-            if not drop[k] and not freed[k]:
-                drop[tape.aux[k][0]] = False
-    drop = drop.tolist()
-    arrays, aux, code, ph = tape.arrays, tape.aux, tape.code, _PLACEHOLDERS
+    code = tape.code
+    n = len(freed)
+    if n <= _SHORT and all([f or c & ~ARRAY <= _LAST_SPECIAL
+                            for f, c in zip(freed.tolist(), code[0:n * ROW:ROW])]):
+        # a short tape with every entry freed or bookkeeping (a whole graph swept, the
+        # common case): no live entry reads a saved value, so all go (what _droppable finds
+        # then, without its compiled call)
+        drop = _ALL
+    else:
+        if rows is None:
+            rows = tape.rows()
+            tape._cache = None
+        drop, live = _droppable(rows, freed, _LAST_SPECIAL, BSLOT)
+        if live:
+            for k in tape.nary:
+                if not drop[k] and not freed[k]:
+                    drop[tape.aux[k][0]] = False
+        drop = drop.tolist()
+    arrays, aux, ph = tape.arrays, tape.aux, _PLACEHOLDERS
     consts = False
     for k, v in arrays.items():
         if drop[k]:
