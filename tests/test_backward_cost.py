@@ -75,3 +75,188 @@ def test_graph_values_are_the_first_n_of_a_grown_tape():
         (g,) = tg.autograd.grad(w, x)
     xd = x.detach().numpy()
     np.testing.assert_allclose(g.numpy(), 6.0 * np.exp(xd) * (1 + xd))
+
+
+_SPECIALS = (0.0, -0.0, np.inf, -np.inf, np.nan, 1e308, -1e308, 5e-324)
+
+
+def _bits(shape, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=shape) * 10
+    m = rng.random(shape) < 0.05
+    a[m] = rng.choice(_SPECIALS, size=int(m.sum()))
+    return a
+
+
+def _same_bits(r, s):
+    return (r.shape == s.shape and r.dtype == s.dtype and np.array_equal(r, s, equal_nan=True)
+            and np.array_equal(np.signbit(r)[~np.isnan(r)], np.signbit(s)[~np.isnan(s)]))
+
+
+@pytest.mark.parametrize("have, want", [((10, 8, 16), (10, 8, 1)), ((10, 8, 1000), (10, 8, 1)),
+                                        ((10, 8, 16), (8, 16)), ((10, 8, 16), (1, 8, 1)),
+                                        ((30, 4), (4,)), ((30, 4), (30, 1)), ((6, 5, 7), (5, 1)),
+                                        ((300, 3, 8), (300, 3, 1)), ((64, 1), (1,))])
+def test_array_sweep_sum_to_is_sum_tos_bits(have, want):
+    """The array sweep sums a broadcast gradient by np.sum's own add.reduce call: the bits
+    of ``sum_to`` (fast_sum's short last axis, float32 and the rest left to it), also
+    through ``neg_sum_to``."""
+    from tapegrad.interpreters.cpu_arrays import neg_sum_to, sum_to_shape
+    from tapegrad.ops.arrays import sum_to
+    for seed in range(3):
+        g = _bits(have, seed)
+        with np.errstate(all="ignore"):
+            assert _same_bits(sum_to_shape(g, want), sum_to(g, want))
+            assert _same_bits(neg_sum_to(g, want), sum_to(-g, want))
+            g32 = g.astype(np.float32)
+            assert _same_bits(sum_to_shape(g32, want), sum_to(g32, want))
+            gt = np.asfortranarray(g)  # another memory order: the same call, its own order
+            assert _same_bits(sum_to_shape(gt, want), sum_to(gt, want))
+
+
+def test_array_sweep_is_quiet_and_restores_numpys_error_state():
+    """The array sweep silences NumPy's warnings through its context variable: no warning
+    for an overflowing rule, and the caller's error state is back afterwards, also when a
+    rule raises."""
+    import warnings
+    x = tg.tensor([1e200, 2.0, -1e300], requires_grad=True)
+    before = np.geterr()
+    with np.errstate(over="raise", invalid="raise"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = (x * x * tg.tensor([1e300, 1.0, 1e300])).sum()
+            with tg.autograd.paths.force("sweep"):
+                (g,) = tg.autograd.grad(y, x)
+        assert np.geterr()["over"] == "raise"
+        assert np.isinf(g.numpy()[0]) and g.numpy()[1] == 4.0
+        x2, y2 = _array_graph()
+        with tg.autograd.paths.force("sweep"):
+            (g2,) = tg.autograd.grad(y2, x2, retain_graph=True)
+
+        class Boom(Exception):
+            pass
+
+        def fail(*a, **k):
+            raise Boom
+
+        from tapegrad.interpreters import cpu_arrays
+        real = cpu_arrays.array_vjp
+        cpu_arrays.array_vjp = fail
+        try:
+            with pytest.raises(Boom):
+                with tg.autograd.paths.force("sweep"):
+                    tg.autograd.grad(y2, x2, retain_graph=True)
+        finally:
+            cpu_arrays.array_vjp = real
+        assert np.geterr()["over"] == "raise" and np.geterr()["invalid"] == "raise"
+    assert np.geterr() == before
+
+
+@pytest.mark.parametrize("ga_shape, v_shape", [((10, 8, 1000), (10, 1, 1000)),
+                                               ((10, 8, 1000), (10, 8, 1000)),
+                                               ((10, 1, 1000), (10, 8, 1000)),
+                                               ((300, 64), (300, 1)), ((40, 500), (500,))])
+def test_array_sweep_mul_sides_by_rows_are_numpys_bits(monkeypatch, ga_shape, v_shape):
+    """The array sweep's mul sides on a large gradient with a broadcast operand (kmeans'
+    g * diff, g expanded) run the compiled rows pass: NumPy's bits, specials included;
+    where it declines, NumPy's product."""
+    from tapegrad.interpreters import cpu_arrays
+    from tapegrad.ops import BY_NAME
+    calls = []
+    real = cpu_arrays.rows_op
+    monkeypatch.setattr(cpu_arrays, "rows_op", lambda *a: calls.append(a) or real(*a))
+    shape = np.broadcast_shapes(ga_shape, v_shape)
+    g = np.broadcast_to(_bits(ga_shape, 1), shape)
+    va = np.broadcast_to(_bits(v_shape, 2), shape)  # a constant factor, expanded
+    vb = _bits(shape, 3)
+    code = BY_NAME["mul"].code
+    value = {0: va, 1: vb}.__getitem__
+    with np.errstate(all="ignore"):
+        for wanted in ([True, True], [False, True], [True, False]):
+            ga, gb = cpu_arrays._one_sided(code, g, 0, 1, value, wanted)
+            assert (ga is None) != wanted[0] and (gb is None) != wanted[1]
+            if ga is not None:
+                assert _same_bits(ga, g * vb)
+            if gb is not None:
+                assert _same_bits(gb, g * va)
+    assert calls
+
+
+def test_array_sweep_skips_runs_with_nothing_needed(monkeypatch):
+    """On a short tape, a scalar run between array entries is swept only when it holds a
+    needed entry: llsq's ``/ 2`` is, the constants and the leaf below are not. The
+    gradients are torch's, also with needed scalar entries between array ones."""
+    torch = pytest.importorskip("torch")
+    from tapegrad.interpreters import cpu_arrays
+    runs = []
+    real = cpu_arrays._generated_cpu.sweep
+
+    class Gen:
+        def __getattr__(self, name):
+            return getattr(cpu_arrays.__dict__["_real_gen"], name)
+
+        @staticmethod
+        def sweep(rows, vals, adj, need, hi, lo):
+            runs.append((lo, hi))
+            return real(rows, vals, adj, need, hi, lo)
+    monkeypatch.setitem(cpu_arrays.__dict__, "_real_gen", cpu_arrays._generated_cpu)
+    monkeypatch.setattr(cpu_arrays, "_generated_cpu", Gen())
+    P0 = np.linspace(-1, 1, 40).reshape(10, 4)
+    s0, x0 = np.sign(np.linspace(-1, 1, 10)), np.array([0.5, -1.0, 2.0, 0.25])
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        r = M.tensor(s0) - M.matmul(M.tensor(P0), x)
+        q = M.sum(r * r) / 2  # a scalar entry above the arrays
+        w = (q * 3.0 + 1.0) * M.sum(M.exp(x * q))  # scalars between array entries
+        if M is tg:
+            with tg.autograd.paths.force("sweep"):
+                (g,) = M.autograd.grad(w, x)
+        else:
+            (g,) = M.autograd.grad(w, x)
+        res.append(g.numpy())
+    np.testing.assert_allclose(res[0], res[1], rtol=1e-13)
+    assert runs  # the scalar runs with a needed entry are swept
+    assert all(lo > 0 for lo, hi in runs)  # the leaf and constants at the bottom: not swept
+
+
+def _released_state(short, monkeypatch, make):
+    monkeypatch.setattr(cpu, "_SHORT", short)
+    calls = []
+    real = cpu._droppable
+    monkeypatch.setattr(cpu, "_droppable", lambda *a: calls.append(1) or real(*a))
+    tape, keep = make()
+    ph = [k for k, v in tape.arrays.items() if cpu._PLACEHOLDERS.get((v.shape, v.dtype)) is v]
+    consts = sorted(k for k, a in tape.aux.items() if isinstance(a, tuple) and len(a) == 2
+                    and a[0] is None)
+    return ph, consts, list(tape.versioned), bool(calls)
+
+
+def _whole():
+    x = tg.tensor(np.linspace(0.1, 1.0, 600), requires_grad=True)
+    c = tg.tensor(np.linspace(1.0, 2.0, 600))
+    y = (tg.exp(x) * c - c).sum() / 2
+    (g,) = tg.autograd.grad(y, x)
+    return y._tape, g
+
+
+def _partial():
+    x = tg.tensor(np.linspace(0.1, 1.0, 600), requires_grad=True)
+    c = tg.tensor(np.linspace(1.0, 2.0, 600))
+    e = tg.exp(x) * c
+    z = (e * e).sum()  # not swept below: its entries stay live and keep what they read
+    y = (e - c).sum()
+    (g,) = tg.autograd.grad(y, x)
+    return y._tape, (g, z)
+
+
+@pytest.mark.parametrize("make", [_whole, _partial])
+def test_release_of_a_wholly_freed_short_tape_is_droppables(monkeypatch, make):
+    """A short tape whose entries are all freed or bookkeeping drops every saved array
+    without the compiled ``_droppable`` (it would drop them all); a tape with live entries
+    still asks it. The same arrays, constants and version checks go either way."""
+    fast = _released_state(64, monkeypatch, make)
+    slow = _released_state(0, monkeypatch, make)
+    assert fast[:3] == slow[:3] and slow[3]
+    assert fast[3] == (make is _partial)
+    assert fast[0]

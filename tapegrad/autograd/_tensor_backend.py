@@ -60,7 +60,19 @@ def _operand(x):
 
 
 def _array(op):
+    code = op.code | ARRAY
+    one = not op.nary
+
     def f(*args):
+        if one and len(args) == 2 and args[0].__class__ is Tensor and STATE.trace is None:
+            # one tensor input (getitem's rule, index_scatter): array_op's entry, direct
+            x, aux = args
+            v = quiet(op.np, x._d, aux)
+            if v.__class__ is not np.ndarray or v.ndim == 0:
+                v = _norm_value(v)
+            if x._rg and STATE.grad_enabled:
+                return _record(code, x, None, 0.0, 0.0, v, aux)
+            return _plain(v)
         *values, aux = args
         tensors = [v if isinstance(v, Tensor) else _number_or_array(v) for v in values]
         v = quiet(op.np, *[t._d for t in tensors], aux)  # (errstate's cost, a tenth)

@@ -12,7 +12,7 @@ import numpy as np
 from .._jit import njit_cached
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, ROW, SPECIAL
 from ..ops.arrays import sum_axes  # noqa: F401 (re-exported)
-from ..tape import STATE
+from ..tape import STATE, seen_rows
 from .cpu_arrays import (  # noqa: F401 (the sweep's names, re-exported from cpu)
     _SIDES, _THUNK, MULTI_OUTPUT, _compact, _gather, _one_sided, array_vjp,
     array_vjp_batched, elementwise_rule, neg_sum_to, negated_sum_applies, sum_to_batched,
@@ -131,6 +131,10 @@ def _outputs_to_their_entry(rows):
         rows[outs[via], 1] = rows[src[via], 1]
 
 
+#: a grown tape of at most this many entries is converted whole through ``seen_rows``
+_SEEN_GROWN = 256
+
+
 class Graph:
     """The tapes of one backward laid end to end, with slots renumbered to match."""
 
@@ -141,6 +145,12 @@ class Graph:
             self.index = {id(t): 0}
             self.n = len(t.vals)
             self.offsets = [0, self.n]
+            c = t._cache
+            if c is not None and c[0] != self.n and self.n <= _SEEN_GROWN:
+                # a tape a create_graph sweep grew (kmeans' second backward): the same
+                # program records the same rows each call, whose matrix seen_rows keeps
+                # (a list comparison, not the new rows converted and concatenated)
+                t._cache = (self.n, seen_rows(t.code, self.n))
             self.rows = t.rows()
             self._vals = None  # converted on first use: an array sweep may never read it
             arrays, vals = t.arrays, t.vals
@@ -320,22 +330,46 @@ def _droppable(rows, freed, last_special, bslot):
     return drop, live
 
 
+#: tapes of at most this many entries test in Python whether every entry is freed
+_SHORT = 64
+
+
+class _All:
+    """``drop`` where every entry goes: any index is True."""
+    __slots__ = ()
+
+    def __getitem__(self, k):
+        return True
+
+
+_ALL = _All()
+
+
 def _release(tape, freed, rows=None):
     """Drop the saved arrays whose producing entry is freed (or is bookkeeping) and that no
     unfreed entry reads; a tensor that holds such a value keeps its own reference. A
     constant's tensor goes too (torch frees saved inputs at backward), leaves stay (a later
     backward accumulates their ``.grad``). ``rows``: the tape's rows, when already
     converted (else converted here and not kept)."""
-    if rows is None:
-        rows = tape.rows()
-        tape._cache = None
-    drop, live = _droppable(rows, freed, _LAST_SPECIAL, BSLOT)
-    if live:
-        for k in tape.nary:
-            if not drop[k] and not freed[k]:
-                drop[tape.aux[k][0]] = False
-    drop = drop.tolist()
-    arrays, aux, code, ph = tape.arrays, tape.aux, tape.code, _PLACEHOLDERS
+    code = tape.code
+    n = len(freed)
+    if n <= _SHORT and all([f or c & ~ARRAY <= _LAST_SPECIAL
+                            for f, c in zip(freed.tolist(), code[0:n * ROW:ROW])]):
+        # a short tape with every entry freed or bookkeeping (a whole graph swept, the
+        # common case): no live entry reads a saved value, so all go (what _droppable finds
+        # then, without its compiled call)
+        drop = _ALL
+    else:
+        if rows is None:
+            rows = tape.rows()
+            tape._cache = None
+        drop, live = _droppable(rows, freed, _LAST_SPECIAL, BSLOT)
+        if live:
+            for k in tape.nary:
+                if not drop[k] and not freed[k]:
+                    drop[tape.aux[k][0]] = False
+        drop = drop.tolist()
+    arrays, aux, ph = tape.arrays, tape.aux, _PLACEHOLDERS
     consts = False
     for k, v in arrays.items():
         if drop[k]:

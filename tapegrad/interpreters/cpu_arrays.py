@@ -6,11 +6,50 @@ import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF, call_rule
 from ..ops._registry import Part
+from ..ops._kernels import MUL, rows_op
 from ..ops.arrays import sum_axes, sum_to
 from . import _generated_cpu
 from .cpu_fast import _AT_INDEX
 
 _THUNK = type(lambda: None)  # a rule's lazily built gradient
+_F64 = np.dtype(np.float64)
+_LISTED = 256  # tapes of at most this many entries list their needed entries in sweep()
+_add_reduce = np.add.reduce
+
+try:  # NumPy 2: errstate sets a context variable; setting it directly costs a tenth
+    from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
+    _QUIET = _make_extobj(all="ignore")
+
+    def _quiet_on():
+        """NumPy's floating-point warnings off (torch warns of none) until ``_quiet_off``
+        of the token: ``np.errstate``'s effect without its cost (2 us a sweep)."""
+        return _extobj_contextvar.set(_QUIET)
+
+    def _quiet_off(token):
+        _extobj_contextvar.reset(token)
+except (ImportError, AttributeError, TypeError):  # NumPy 1.x
+    def _quiet_on():
+        e = np.errstate(all="ignore")
+        e.__enter__()
+        return e
+
+    def _quiet_off(e):
+        e.__exit__(None, None, None)
+
+
+def sum_to_shape(g, shape):
+    """``sum_to(g, shape)`` for an array ``g`` larger than ``shape``: the same
+    ``add.reduce`` call ``np.sum`` makes (the same bits) without np.sum's wrapper and
+    reshape steps (4 us of a small sweep's sub rule); ``sum_to`` itself where its
+    short-last-axis sum (``fast_sum``, its own order) may apply, or for other dtypes."""
+    gs = g.shape
+    if len(shape) > len(gs) or g.dtype is not _F64:
+        return sum_to(g, shape)
+    axes = sum_axes(gs, shape)
+    if not axes or gs[-1] <= 8 and len(gs) - 1 in axes:
+        return sum_to(g, shape)
+    r = _add_reduce(g, axes, None, None, True)
+    return r.reshape(shape) if len(gs) != len(shape) else r
 
 
 def sweep(graph, need, adj, adjd, arr, owned=None):
@@ -31,14 +70,20 @@ def sweep(graph, need, adj, adjd, arr, owned=None):
     # a few microseconds each, most of a create_graph sweep's entries are arrays)
     scalars = np.count_nonzero(need) > len(arr)
     vals = graph.vals if scalars else None  # (converted only when a scalar run is swept)
-    with np.errstate(all="ignore"):
+    # a short tape's needed entries as a list: a run between array entries with none needed
+    # (the leaves and constants below the first one) costs no compiled call
+    need_l = need.tolist() if scalars and hi <= _LISTED else None
+    token = _quiet_on()
+    try:
         for k, row in zip(arr.tolist(), rows[arr].tolist()):
-            if scalars and hi - k > 1:
+            if scalars and hi - k > 1 and (need_l is None or True in need_l[k + 1:hi]):
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
             array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)
             hi = k
-        if scalars and hi > 0:
+        if scalars and hi > 0 and (need_l is None or True in need_l[:hi]):
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
+    finally:
+        _quiet_off(token)
 
 
 def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
@@ -65,6 +110,19 @@ def _one_sided(code, g, a, b, value, wanted):
     if a == b:
         ga = fa(g, va, vb)
         return ga, (ga if symmetric else fb(g, va, vb))
+    if code == _MUL and g.__class__ is np.ndarray and g.size >= _ROWS_MIN:
+        # g * v with one operand broadcast along rows of n >= 64 (kmeans' g * diff, with
+        # g or the constant factor expanded): the compiled pass, NumPy's bits; else NumPy
+        ga = gb = None
+        if wanted[a]:
+            ga = _rows_mul(g, vb)
+            if ga is None:
+                ga = fa(g, va, vb)
+        if wanted[b]:
+            gb = _rows_mul(g, va)
+            if gb is None:
+                gb = fb(g, va, vb)
+        return ga, gb
     if code == _SUB and wanted[b] and g.__class__ is np.ndarray and g.size >= 4096 \
             and g.flags.c_contiguous:
         if vb.__class__ is not np.ndarray:  # x - m, m a number (lse's max): -sum(g)
@@ -77,6 +135,14 @@ def _one_sided(code, g, a, b, value, wanted):
 
 
 _SUB = next(op.code for op in OPS if op.name == "sub")
+_MUL = next(op.code for op in OPS if op.name == "mul")
+_ROWS_MIN = 16384  # (rows_op's own least size: smaller products skip the call)
+
+
+def _rows_mul(g, v):
+    """``g * v`` by ``rows_op`` where it applies (an operand broadcast along rows of n >=
+    64: NumPy's bits), else None."""
+    return rows_op(MUL, g, v) if v.__class__ is np.ndarray else None
 
 
 def negated_sum_applies(g, v):
@@ -92,7 +158,7 @@ def neg_sum_to(g, shape):
     (kmeans' centroids: 80 numbers, not 80,000). The same bits: in any order of additions
     each partial sum of -g is minus g's, or both are zeros (x + -x is +0.0 either way), or
     both NaN; so a result with a zero or a NaN (signs could differ) is summed from -g."""
-    r = -sum_to(g, shape)
+    r = -sum_to_shape(g, shape)
     if r.all() and not np.isnan(r.sum()):  # (a NaN sum: maybe inf - inf, the direct way)
         return r
     return sum_to(-g, shape)
@@ -191,7 +257,7 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
             if gr.__class__ is not np.ndarray:
                 gr = np.broadcast_to(np.asarray(gr, dtype=v.dtype), v.shape)
             elif gr.shape != v.shape:
-                gr = sum_to(gr, v.shape)
+                gr = sum_to_shape(gr, v.shape)
             if gr.dtype != v.dtype:
                 gr = gr.astype(v.dtype)
             prev = adjd.get(s)

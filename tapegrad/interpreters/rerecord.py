@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import ARRAY, ARRAY_OP, OPS
+from ..ops import ARRAY, ARRAY_OP, BY_NAME, OPS
 from ..ops._registry import Part
+from ..tape import STATE
 from .cpu import _SIDES, MULTI_OUTPUT, elementwise_rule, negated_sum_applies
 
 #: array opcodes of the symmetric one-sided rules that read their input (``x * x``: one
@@ -19,6 +20,9 @@ from .cpu import _SIDES, MULTI_OUTPUT, elementwise_rule, negated_sum_applies
 _SYMMETRIC_ARRAY = {code | ARRAY: sides[0] for code, sides in _SIDES.items()
                     if sides[2] and "a" in OPS[code].uses}
 _SUB_ARRAY = next(op.code for op in OPS if op.name == "sub") | ARRAY
+_MUL_ARRAY = BY_NAME["mul"].code | ARRAY
+_ROWS_MIN = 16384  # (the rows pass's least size)
+_FUNCTION = type(lambda: None)  # an op's torch_saves given per entry (max/min over a dim)
 
 
 def _no_zero_or_nan(r):
@@ -61,11 +65,19 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
             f"the derivative of op '{op.name}' cannot be recorded yet, so "
             "create_graph=True cannot go through it")
     uses = op.uses  # build tensors only for the values the rule reads
-    out = as_tensor(k) if "out" in uses else None
     post = None
     if kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
-        values, aux = [as_tensor(s) for s in inputs], graph.aux(k)
+        aux = graph.aux(k)
+        if batch or STATE.trace is not None or op.saves and not (
+                op.torch_saves.__class__ is _FUNCTION and not op.torch_saves(aux)):
+            out = as_tensor(k) if "out" in uses else None
+            values = [as_tensor(s) for s in inputs]
+        else:  # a rule that reads its inputs' shapes only (a reduction, an index, a
+            # reshape, max/min over a dim): the values themselves, no tensor built for them
+            value = graph.value
+            out = value(k) if "out" in uses else None
+            values = [value(s) for s in inputs]
         if batch:
             if op.batch is None or op.name in MULTI_OUTPUT:
                 raise NotImplementedError(
@@ -77,6 +89,7 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
             values, out, g, aux, post = op.batch(values, out, g, aux, batch)
         grads = op.vjp(F, g, values, out, aux)
     else:
+        out = as_tensor(k) if "out" in uses else None
         ua, ub = "a" in uses, "b" in uses
         gb = None
         if code == _SUB_ARRAY and a != b and not batch and graph.wanted[b] \
@@ -93,7 +106,12 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
             # x * x (an array): the rule's g * x recorded once and added to itself, the
             # bits of g*x + g*x with one product less to record and differentiate
             ta = as_tensor(a)
-            ga = _SYMMETRIC_ARRAY[code](g, ta, ta)
+            # (a large mul: through F.mul, the recorder's binary path, which passes a
+            # product with a broadcast operand, g expanded, to the compiled rows pass:
+            # NumPy's bits; a small one: the operator's inline path)
+            d = getattr(g, "_d", None)
+            ga = F.mul(g, ta) if code == _MUL_ARRAY and d.__class__ is np.ndarray \
+                and d.size >= _ROWS_MIN else _SYMMETRIC_ARRAY[code](g, ta, ta)
             inputs, grads = (a, b), (ga, ga)
         else:
             inputs, grads = elementwise_rule(

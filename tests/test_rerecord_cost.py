@@ -1,0 +1,175 @@
+"""The create_graph sweep's per-rule cost (issue 18): rules that read only shapes get the
+values, a one-input rule call records directly, a tape a create_graph sweep grew reuses its
+converted rows. Each keeps torch's numbers (second derivatives against torch)."""
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad import tape as tape_mod
+from tapegrad.interpreters import cpu
+
+torch = pytest.importorskip("torch")
+
+
+def _kmeans(M, C, P):
+    diff = P[None, :, :] - C[:, :, None]
+    return M.sum(M.min(M.sum(diff * diff, 1), 0).values)
+
+
+def _direction(M, C0, P0):
+    C = M.tensor(C0, dtype=M.float64, requires_grad=True)
+    P = M.tensor(P0, dtype=M.float64)
+    J = M.autograd.grad(_kmeans(M, C, P), (C,), create_graph=True)[0]
+    H = M.autograd.grad(J, (C,), grad_outputs=(M.ones_like(J),))[0]
+    return J.detach().numpy(), H.numpy()
+
+
+@pytest.mark.parametrize("n", [16, 700])
+def test_kmeans_second_order_is_torchs(n):
+    rng = np.random.default_rng(n)
+    P0, C0 = rng.normal(size=(8, n)), rng.normal(size=(10, 8))
+    for _ in range(3):  # the later calls reuse the grown tape's rows (seen_rows)
+        J, H = _direction(tg, C0, P0)
+        Jt, Ht = _direction(torch, C0, P0)
+        np.testing.assert_allclose(J, Jt, rtol=1e-13, atol=1e-12)
+        np.testing.assert_array_equal(H, Ht)
+
+
+def test_shape_only_rules_get_values_not_tensors(monkeypatch):
+    """A rule of an op that saves nothing (sum, getitem, reshape, expand) reads its inputs'
+    shapes only: it is given the values, no tensor is built for them; an op that saves its
+    inputs (matmul) still gets tensors. The second derivatives are torch's."""
+    from tapegrad.autograd._tensor_backend import TensorF
+    seen = {}
+    for name in ("sum", "getitem", "reshape", "expand", "matmul"):
+        op = tg.ops.BY_NAME[name]
+        real = op.vjp
+        monkeypatch.setattr(op, "vjp", lambda F, g, v, out, aux, real=real, name=name: (
+            F is TensorF and seen.setdefault(name, set()).update(type(x).__name__ for x in v),
+            real(F, g, v, out, aux))[1])
+    x0 = np.linspace(-1.0, 1.0, 6)
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(np.array([0.5, -1.0]))
+        y = ((M.exp(x.reshape(2, 3)[:, 1:]) @ w)[None, :, None]
+             * x.reshape(2, 3)[None, :, 1:].expand(4, 2, 2)).sum()
+        (g,) = M.autograd.grad(y, x, create_graph=True)
+        (h,) = M.autograd.grad((g * g).sum(), x)
+        res.append((g.detach().numpy(), h.numpy()))
+    np.testing.assert_allclose(res[0][0], res[1][0], rtol=1e-14)
+    np.testing.assert_allclose(res[0][1], res[1][1], rtol=1e-14)
+    for name in ("sum", "getitem", "reshape", "expand"):
+        assert "Tensor" not in seen[name], (name, seen[name])
+    assert seen["matmul"] == {"Tensor"}
+
+
+def test_shape_only_rules_under_a_trace_get_tensors(monkeypatch):
+    """While tracing, rules keep tensors (the trace follows every value)."""
+    kinds = []
+    op = tg.ops.BY_NAME["sum"]
+    real = op.vjp
+    monkeypatch.setattr(op, "vjp", lambda F, g, v, out, aux: (
+        kinds.extend(type(x).__name__ for x in v), real(F, g, v, out, aux))[1])
+
+    def f(x):
+        (g,) = tg.autograd.grad((x * x).sum(), x, create_graph=True)
+        return (g * x).sum()
+    x0 = np.array([1.0, -2.0, 3.0])
+    prog = tg.trace(f, x0)
+    assert kinds and set(kinds) == {"Tensor"}
+    np.testing.assert_allclose(prog(x0), 2 * (x0 * x0).sum())
+
+
+def test_one_input_rule_call_records_directly():
+    """getitem's rule (index_scatter on one tensor) records through the direct entry: the
+    gradient is recorded, a constant gradient is not, and both are torch's."""
+    x0 = np.arange(12.0).reshape(3, 4) / 7
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        y = (x[1:, ::2] ** 3).sum() + x[0].sum()
+        (g,) = M.autograd.grad(y, x, create_graph=True)
+        (h,) = M.autograd.grad(g[1:, ::2].sum() + g[0, 0], x)
+        res.append((g.detach().numpy(), h.numpy()))
+    np.testing.assert_allclose(res[0][0], res[1][0], rtol=1e-14)
+    np.testing.assert_array_equal(res[0][1], res[1][1])
+    F = rerecord_backend()
+    c = tg.tensor(np.ones((2, 2)))
+    r = F.index_scatter(c, ((slice(0, 2), slice(1, 3)), (3, 4), True))
+    assert not r.requires_grad and r.numpy().sum() == 4.0
+
+
+def rerecord_backend():
+    from tapegrad.autograd._tensor_backend import TensorF
+    return TensorF
+
+
+def test_grown_tape_rows_are_its_own(monkeypatch):
+    """The rows of a tape a create_graph sweep grew come from seen_rows (the whole matrix,
+    reused while the program is the same) and are the tape's own: equal to converting its
+    code, also when a zero constant's sign differs from the tape seen before."""
+    used = []
+    real = cpu.seen_rows
+    monkeypatch.setattr(cpu, "seen_rows", lambda code, n: used.append(n) or real(code, n))
+    for zero in (0.0, -0.0, 0.0):
+        x = tg.tensor(np.array([0.5, 2.0, -1.5]), requires_grad=True)
+        y = (tg.exp(x) * x).sum() + tg.tensor(1.0) * zero
+        z = x.sum() * 0.0 + (x * 1.0).sum()
+        (g,) = tg.autograd.grad(y + (x * x * zero).sum() + z, x, create_graph=True)
+        tape = g._tape
+        s = g.sum()
+        n = len(tape.vals)
+        assert tape._cache is not None and tape._cache[0] < n  # grown since converted
+        graph = cpu.Graph([tape])
+        want = tape_mod.code_rows(tape.code, 0, n)
+        assert graph.rows.shape == want.shape
+        assert np.array_equal(graph.rows.view(np.int64), want.view(np.int64))
+        (h,) = tg.autograd.grad(s, x)
+        xd = x.detach().numpy()
+        np.testing.assert_allclose(h.numpy(), np.exp(xd) * (2 + xd), rtol=1e-14)
+    assert used
+
+
+def test_square_rule_takes_the_rows_pass(monkeypatch):
+    """x * x's recorded rule g * x, with g a large expanded gradient, goes through the
+    recorder's binary path and its compiled rows pass (NumPy's bits): torch's values."""
+    from tapegrad import _recorder
+    calls = []
+    real = _recorder.rows_op
+    monkeypatch.setattr(_recorder, "rows_op", lambda *a: calls.append(a) or real(*a))
+    rng = np.random.default_rng(5)
+    P0, C0 = rng.normal(size=(8, 400)), rng.normal(size=(10, 8))
+    C = tg.tensor(C0, requires_grad=True)
+    y = _kmeans(tg, C, tg.tensor(P0))
+    before = len(calls)
+    (J,) = tg.autograd.grad(y, C, create_graph=True)
+    assert len(calls) > before  # the rule's g * diff
+    (H,) = tg.autograd.grad(J, C, grad_outputs=tg.ones_like(J))
+    Jt, Ht = _direction(torch, C0, P0)
+    np.testing.assert_allclose(J.detach().numpy(), Jt, rtol=1e-13, atol=1e-12)
+    np.testing.assert_array_equal(H.numpy(), Ht)
+
+
+def test_max_min_over_a_dim_rule_gets_values(monkeypatch):
+    """max/min over a dim save only their indices: the create_graph rule is given the
+    values; over everything (ties read the input and the result) it gets tensors."""
+    from tapegrad.autograd._tensor_backend import TensorF
+    kinds = {}
+    for name in ("amin", "amax"):
+        op = tg.ops.BY_NAME[name]
+        real = op.vjp
+        monkeypatch.setattr(op, "vjp", lambda F, g, v, out, aux, real=real: (
+            F is TensorF and kinds.setdefault(isinstance(aux[2], (str, type(None))), set())
+            .update(type(x).__name__ for x in v + [out]), real(F, g, v, out, aux))[1])
+    x0 = np.array([[1.0, 3.0, 2.0], [0.5, -1.0, 4.0]])
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        y = (M.min(x * x, 0).values * x[0]).sum() + M.max(x * x)
+        (g,) = M.autograd.grad(y, x, create_graph=True)
+        (h,) = M.autograd.grad((g * g).sum(), x)
+        res.append((g.detach().numpy(), h.numpy()))
+    np.testing.assert_allclose(res[0][0], res[1][0], rtol=1e-14)
+    np.testing.assert_allclose(res[0][1], res[1][1], rtol=1e-14)
+    assert "Tensor" not in kinds[False] and kinds[True] == {"Tensor"}
