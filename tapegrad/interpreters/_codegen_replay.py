@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pathlib
 
-from ._codegen_emit import CUDA, REPLAY_MULTI, REPLAY_ONE, _replay_ops, dispatch
+from ._codegen_emit import (
+    CUDA, REPLAY_MULTI, REPLAY_ONE, _replay_ops, dispatch, dispatch_pairs)
+from .fuse import PAIRS
 
 # --- traced-program interpreters ------------------------------------------------------------
 # A traced program is a matrix of scalar rows (opcode, a, b, c, c0, c1) with absolute slots:
@@ -30,31 +32,133 @@ GUARD = {guard}
 
 
 # one sample's branch of the ops in the batch's shared loop (``_codegen_batch.SHARED_*``):
-# unused operands (-1) read row k
+# unused operands (-1) read row k (``kk``: signed, as the operands)
 SHARED_ONE_FORWARD = '''        elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            v[k] = forward_value(op, v[ia if ia >= 0 else k], v[ib if ib >= 0 else k],
-                                 v[ic if ic >= 0 else k], rows[k, 4], rows[k, 5])
+            v[k] = forward_value(op, v[ia if ia >= 0 else kk], v[ib if ib >= 0 else kk],
+                                 v[ic if ic >= 0 else kk], rows[k, 4], rows[k, 5])
 '''
 SHARED_ONE_REVERSE = '''        elif SHARED[op] and GRADS[op] != 0:
-            m = GRADS[op]
+            bits = GRADS[op]
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            ia = ia if ia >= 0 else k
-            ib = ib if ib >= 0 else k
-            ic = ic if ic >= 0 else k
+            ia = ia if ia >= 0 else kk
+            ib = ib if ib >= 0 else kk
+            ic = ic if ic >= 0 else kk
             ga, gb, gc = reverse_value(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[k, 4],
                                        rows[k, 5])
-            if m & 1:
+            if bits & 1:
                 adj[ia] += ga
-            if m & 2:
+            if bits & 2:
                 adj[ib] += gb
-            if m & 4:
+            if bits & 4:
                 adj[ic] += gc
 '''
+
+
+#: ``run_into``'s ``work``: a header of 3 counts (m outputs, p input slots, the inputs' size),
+#: then m seeds, the m output slots and p input slots (as float64: one array less to pass),
+#: the inputs, and room for the rows' values and adjoints (``replay_cpu.new_work``)
+HEADER = 3
+
+# One sample's sweeps: ``while`` loops, as superinstructions (``fuse.PAIRS``) run two rows;
+# ``k`` the row as an unsigned index (Numba adds a negative index's wraparound to a signed
+# one, which the loop's counter ``kk`` is). ``{fail}``: what a failed guard does.
+FORWARD_SWEEP = '''    kk = 0
+    while kk < n:
+        k = np.uint64(kk)
+        op = int(rows[k, 0])
+        if op == LEAF:
+            v[k] = x[int(rows[k, 4])]
+        elif op == CONST:
+            v[k] = rows[k, 4]
+        elif op == GUARD:
+            t = v[int(rows[k, 1])]
+            v[k] = t
+            if (t != 0.0) != (rows[k, 4] != 0.0):
+                {fail}
+'''
+
+FORWARD = '''
+
+@njit_cached(error_model="numpy", nogil=True)
+def forward(rows, x, v):
+    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard.
+    Rows as traced, or with superinstructions (``fuse.fuse``)."""
+    n = rows.shape[0]
+{sweep}    return 0
+'''
+
+REVERSE = '''
+
+@njit_cached(error_model="numpy", nogil=True)
+def reverse(rows, v, adj):
+    """The reverse sweep of one sample: ``adj`` seeded at the outputs. Rows as traced, or
+    with superinstructions (``fuse.fuse``)."""
+    n = rows.shape[0]
+{sweep}    return 0
+'''
+
+# The one-sample calls' entry, both sweeps in its own body: calling ``forward`` and
+# ``reverse`` instead ran as fast when compiled in the process, but 25 to 35% slower loaded
+# from Numba's cache (the value_and_grad of n=100 Rosenbrock, fused rows: 2.4 us compiled,
+# 3.1 loaded; this body 2.6 either way), and the benchmarks and users run the cached code.
+# Its own names must not be the sweeps' (the branches assign a, b, g, ia, bits, hv, ...)
+RUN_INTO = '''
+
+HEADER = {header}
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_into(rows, work, res):
+    """Forward at the inputs held in ``work`` (laid out as ``HEADER`` says); when ``res`` has
+    room for the gradient (m + p values), the reverse sweep seeded at the outputs. ``res``:
+    the outputs, then the gradient. Returns the status (0, or 1 + the row of a failed
+    guard). Rows as traced, or with superinstructions (``fuse.fuse``).
+
+    The caller owns the buffers (the one-sample calls reuse ``work``): nothing is allocated
+    or boxed here but the status, which took a third of a small program's call (the entry
+    returning three fresh arrays cost 1.4 us on a 12-row program, this one 0.55 us). Three
+    arguments: Numba's dispatch types and unboxes each one on every call (the six of the
+    entry before, slots, inputs and a bool among them, cost 0.2 us more)."""
+    n = rows.shape[0]
+    nout, nin, nx = int(work[0]), int(work[1]), int(work[2])
+    slots = HEADER + nout  # the output slots, then the input slots
+    xo = slots + nout + nin  # the inputs, then the values, then the adjoints
+    x = work[xo:xo + nx]
+    v = work[xo + nx:xo + nx + n]
+    status = 0
+{forward}    for i in range(nout):
+        res[i] = v[int(work[slots + i])]
+    if res.shape[0] == nout or status != 0:
+        return status
+    adj = work[xo + nx + n:xo + nx + 2 * n]
+    adj[:] = 0.0
+    for i in range(nout):
+        adj[int(work[slots + i])] += work[HEADER + i]
+{reverse}    for i in range(nin):
+        res[nout + i] = adj[int(work[slots + nout + i])]
+    return 0
+'''
+
+
+def _one_sweeps(looped):
+    """The source of one sample's forward and reverse loops (``{fail}`` left in the
+    forward's): the common ops' branches, the superinstructions', and the rare ops'
+    through the shared switch."""
+    fwd = [FORWARD_SWEEP]
+    fwd += dispatch(looped, REPLAY_ONE, forward=True, first=False)
+    fwd += dispatch_pairs(PAIRS, REPLAY_ONE, forward=True)
+    fwd += [SHARED_ONE_FORWARD, "        kk += 1\n"]
+    rev = ["    kk = n - 1\n    while kk >= 0:\n",
+           "        k = np.uint64(kk)\n        op = int(rows[k, 0])\n"]
+    rev += dispatch(looped, REPLAY_ONE)
+    rev += dispatch_pairs(PAIRS, REPLAY_ONE)
+    rev += [SHARED_ONE_REVERSE, "        kk -= 1\n"]
+    return "".join(fwd), "".join(rev)
 
 
 def _replay_source():
@@ -65,55 +169,27 @@ def _replay_source():
     from . import _codegen_batch  # imports this module's emitter
     src.append(_codegen_batch.tables(ops))
 
-    # forward, one sample
-    src.append('''
-
-@njit_cached(error_model="numpy", nogil=True)
-def forward(rows, x, v):
-    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard."""
-    for k in range(rows.shape[0]):
-        op = int(rows[k, 0])
-        if op == LEAF:
-            v[k] = x[int(rows[k, 4])]
-        elif op == CONST:
-            v[k] = rows[k, 4]
-        elif op == GUARD:
-            t = v[int(rows[k, 1])]
-            v[k] = t
-            if (t != 0.0) != (rows[k, 4] != 0.0):
-                return k + 1
-''')
     # the rare ops' branches call the batch's scalar forward_value/reverse_value (one
     # compiled switch serves both): a branch per op was 60% of these sweeps' cold compile
     looped = _codegen_batch._split(ops)[0]
-    src += dispatch(looped, REPLAY_ONE, forward=True, first=False)
-    src.append(SHARED_ONE_FORWARD)
-    src.append("    return 0\n")
-
-    # reverse sweeps: one sample; one sample with many seeds
-    for name, doc, vals, grads in (
-            ("reverse", "The reverse sweep of one sample: ``adj`` seeded at the outputs.",
-             "1", "1"),
-            ("reverse_multi", "``reverse`` of one sample for many seeds at once: ``A[k, j]`` "
-             "is row ``k``'s adjoint for seed ``j``.", "1", "2")):
-        vname = "v" if vals == "1" else "V"
-        aname = "adj" if grads == "1" else "A"
-        src.append(f'''
+    fwd, rev = _one_sweeps(looped)
+    src.append(FORWARD.format(sweep=fwd.replace("{fail}", "return kk + 1")))
+    src.append(REVERSE.format(sweep=rev))
+    src.append(RUN_INTO.format(header=HEADER, forward=fwd.replace(
+        "{fail}", "status = kk + 1\n                break"), reverse=rev))
+    # one sample with many seeds (Jacobians): rows as traced
+    src.append('''
 
 @njit_cached(error_model="numpy", nogil=True)
-def {name}(rows, {vname}, {aname}):
-    """{doc}"""
+def reverse_multi(rows, v, A):
+    """``reverse`` of one sample for many seeds at once: ``A[k, j]`` is row ``k``'s adjoint
+    for seed ``j`` (rows as traced only)."""
+    nb = A.shape[1]
+    for k in range(rows.shape[0] - 1, -1, -1):
+        op = int(rows[k, 0])
 ''')
-        if grads == "2":
-            src.append(f"    nb = {aname}.shape[1]\n")
-        src.append("    for k in range(rows.shape[0] - 1, -1, -1):\n")
-        src.append("        op = int(rows[k, 0])\n")
-        if name == "reverse":
-            src += dispatch(looped, REPLAY_ONE)
-            src.append(SHARED_ONE_REVERSE)
-        else:
-            src += dispatch(ops, REPLAY_MULTI)
-        src.append("    return 0\n")
+    src += dispatch(ops, REPLAY_MULTI)
+    src.append("    return 0\n")
     src += _codegen_batch.block_source(ops)
     return "".join(src)
 

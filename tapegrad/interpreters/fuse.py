@@ -1,0 +1,66 @@
+"""Superinstructions of the one-sample interpreters: two dependent rows run as one branch."""
+from __future__ import annotations
+
+import numpy as np
+
+#: (head, tail, operand): row k's op ``head`` and row k + 1's op ``tail`` whose operand
+#: ``operand`` (0: a, 1: b) is row k, run as one branch of ``forward`` (at the head's row)
+#: and of ``reverse`` (at the tail's row): one dispatch for two rows, the head's value and
+#: adjoint kept in registers. The pairs of the Rosenbrock function's terms and of an Euler
+#: step of the pendulum (the issue-17 benchmarks; at n=100, 892 rows run as 496 branches:
+#: value_and_grad's compiled entry 3.7 -> 2.6 us), and a few more of sums of squares and
+#: products. A tail that is ``add`` or ``mul`` with the head as ``a`` swaps its operands
+#: (exactly commutative in IEEE arithmetic, and the two adjoints go to different slots)
+PAIRS = (
+    ("sub", "powc", 0), ("sub", "square", 0), ("rsubc", "powc", 0), ("rsubc", "square", 0),
+    ("powc", "sub", 1), ("powc", "add", 1), ("square", "add", 1), ("mulc", "add", 1),
+    ("mul", "add", 1), ("mul", "sub", 1), ("div", "neg", 0), ("sin", "mul", 1),
+    ("sub", "mulc", 0), ("add", "mulc", 0),
+)
+COMMUTATIVE = ("add", "mul")
+
+#: the fused rows' opcodes: pair i's head ``BASE + 2 i``, its tail ``BASE + 2 i + 1`` (above
+#: every registry opcode; only the one-sample ``forward`` and ``reverse`` know them)
+BASE = 1000
+
+#: False: the one-sample entry runs the rows as traced (tests force both forms)
+ENABLED = True
+
+
+def fuse(rows):
+    """A copy of a traced program's scalar ``rows`` with the pairs of ``PAIRS`` marked as
+    superinstructions (the rows themselves when there is none, or fusion is off). Rows
+    stay where they are, values and adjoints too: only opcodes change (and the operands of
+    a commutative tail); of overlapping pairs (a row that would be a tail and a head),
+    every other one from the first."""
+    from ..ops import BY_NAME
+    n = rows.shape[0]
+    if not ENABLED or n < 2:
+        return rows
+    op = rows[:, 0].astype(np.int64)
+    ta, tb = rows[1:, 1].astype(np.int64), rows[1:, 2].astype(np.int64)
+    k = np.arange(n - 1)
+    on_a, on_b = (ta == k) & (tb != k), (tb == k) & (ta != k)  # the tail reads row k once
+    which = np.full(n - 1, -1)
+    swap = np.zeros(n - 1, dtype=bool)
+    for i, (head, tail, operand) in enumerate(PAIRS):
+        pair = (op[:-1] == BY_NAME[head].code) & (op[1:] == BY_NAME[tail].code) & (which < 0)
+        hit = pair & (on_b if operand else on_a)
+        if operand and tail in COMMUTATIVE:
+            swap |= pair & on_a
+            hit |= pair & on_a
+        which[hit] = i
+    cand = which >= 0
+    if not cand.any():
+        return rows
+    # runs of overlapping candidates: the 1st, 3rd, ... of each
+    start = cand & ~np.concatenate(([False], cand[:-1]))
+    first = np.maximum.accumulate(np.where(start, k, 0))
+    chosen = cand & ((k - first) % 2 == 0)
+    out = rows.copy()
+    heads = k[chosen]
+    out[heads, 0] = BASE + 2 * which[chosen]
+    out[heads + 1, 0] = BASE + 2 * which[chosen] + 1
+    s = heads[swap[chosen]] + 1
+    out[s, 1], out[s, 2] = rows[s, 2], rows[s, 1]
+    return out
