@@ -200,7 +200,8 @@ class _Code:
         self._free = []
         self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
         # the rows ``run`` runs, set with it: scalar rows with superinstructions
-        # (``interpreters/fuse.py``, which only the one-sample interpreters know)
+        # (``interpreters/fuse.py``: ``run`` is then ``replay_cpu.run_fused``, the only
+        # interpreter that knows them), or ``arows``
         self.frows = None
 
     @property
@@ -232,7 +233,11 @@ class _Code:
         work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
         if self.run is None:  # (array instructions: their interpreter, on ``arows``)
             self.frows = self.arows if self.arrays else _fuse(self.arows)
-            self.run = (_arr.entry if self.arrays else _cpu.entry)(self.frows, work)
+            if self.arrays:
+                self.run = _arr.entry(self.frows, work)
+            else:  # superinstructions run in their own entry
+                self.run = _cpu.entry(self.frows, work, None if self.frows is self.arows
+                                      else _cpu.run_fused)
         start = _cpu.HEADER + 2 * len(self.out_slots) + len(self.in_slots)
         flat = work[start:start + self.n_in]
         views = tuple(flat[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)

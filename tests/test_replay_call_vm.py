@@ -18,13 +18,14 @@ torch = pytest.importorskip("torch")
 
 @contextlib.contextmanager
 def fusion(on):
-    """Programs whose first call runs in here get superinstructions (or not)."""
-    saved = fuse.ENABLED
-    fuse.ENABLED = on
+    """Programs whose first call runs in here get superinstructions (every pair, however
+    few), or not."""
+    saved = fuse.ENABLED, fuse.MIN_PAIRED
+    fuse.ENABLED, fuse.MIN_PAIRED = on, 0.0
     try:
         yield
     finally:
-        fuse.ENABLED = saved
+        fuse.ENABLED, fuse.MIN_PAIRED = saved
 
 
 #: a function of two scalars per pair of ``fuse.PAIRS`` (and the commutative tails with the
@@ -137,6 +138,20 @@ def test_overlapping_pairs_fuse_every_other_one(rosen):
     assert (rows[:, 0] < fuse.BASE).all()
 
 
+def test_few_pairs_run_the_rows_as_traced():
+    """Below ``MIN_PAIRED`` of the rows in pairs, the entry of the rows as traced runs
+    them (faster there than the entry of fused rows)."""
+    fn = lambda x: (x[0] - x[1]) ** 2 + (x[2:] * x[1:-1]).exp().sum()  # noqa: E731
+    x = np.linspace(0.1, 0.9, 9)
+    P = tg.trace(fn, x)
+    v, g = P.value_and_grad(x)
+    assert P._code.frows is P._code.arows
+    with fusion(True):
+        Q = tg.trace(fn, x)
+        assert Q.value_and_grad(x)[0] == v and np.array_equal(Q.grad(x), g)
+    assert (Q._code.frows[:, 0] >= fuse.BASE).sum() == 2  # one pair (sub, powc)
+
+
 def test_other_interpreters_and_files_get_the_rows_as_traced(rosen, tmp_path):
     """Batches, Jacobians and saved programs run ``rows``: the superinstructions are only
     in the one-sample entry's ``frows``."""
@@ -181,9 +196,9 @@ def _assigned(nodes):
 
 
 def test_the_entrys_own_names_are_not_its_sweeps():
-    """``run_into`` holds both sweeps in its body: a name a branch assigns must not be one
+    """``run_fused`` holds both sweeps in its body: a name a branch assigns must not be one
     of the entry's own (counts, offsets), or the results go to the wrong place."""
-    fn = ast.parse(inspect.getsource(replay_cpu.run_into.py_func)).body[0]
+    fn = ast.parse(inspect.getsource(replay_cpu.run_fused.py_func)).body[0]
     loops = [s for s in fn.body if isinstance(s, ast.While)]
     assert len(loops) == 2
     own = _assigned([s for s in fn.body if not isinstance(s, ast.While)])

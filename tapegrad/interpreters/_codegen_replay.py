@@ -32,22 +32,22 @@ GUARD = {guard}
 
 
 # one sample's branch of the ops in the batch's shared loop (``_codegen_batch.SHARED_*``):
-# unused operands (-1) read row k (``kk``: signed, as the operands)
+# unused operands (-1) read the row's own value (``{own}``: its index, signed as the operands)
 SHARED_ONE_FORWARD = '''        elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            v[k] = forward_value(op, v[ia if ia >= 0 else kk], v[ib if ib >= 0 else kk],
-                                 v[ic if ic >= 0 else kk], rows[k, 4], rows[k, 5])
+            v[k] = forward_value(op, v[ia if ia >= 0 else {own}], v[ib if ib >= 0 else {own}],
+                                 v[ic if ic >= 0 else {own}], rows[k, 4], rows[k, 5])
 '''
 SHARED_ONE_REVERSE = '''        elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            ia = ia if ia >= 0 else kk
-            ib = ib if ib >= 0 else kk
-            ic = ic if ic >= 0 else kk
+            ia = ia if ia >= 0 else {own}
+            ib = ib if ib >= 0 else {own}
+            ic = ic if ic >= 0 else {own}
             ga, gb, gc = reverse_value(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[k, 4],
                                        rows[k, 5])
             if bits & 1:
@@ -59,19 +59,20 @@ SHARED_ONE_REVERSE = '''        elif SHARED[op] and GRADS[op] != 0:
 '''
 
 
-#: ``run_into``'s ``work``: a header of 3 counts (m outputs, p input slots, the inputs' size),
-#: then m seeds, the m output slots and p input slots (as float64: one array less to pass),
-#: the inputs, and room for the rows' values and adjoints (``replay_cpu.new_work``)
+#: ``run_into``'s and ``run_fused``'s ``work``: a header of 3 counts (m outputs, p input
+#: slots, the inputs' size), then m seeds, the m output slots and p input slots (as float64:
+#: one array less to pass), the inputs, and room for the rows' values and adjoints
+#: (``replay_cpu.new_work``)
 HEADER = 3
 
-# One sample's sweeps: ``while`` loops, as superinstructions (``fuse.PAIRS``) run two rows;
-# ``k`` the row as an unsigned index (Numba adds a negative index's wraparound to a signed
-# one, which the loop's counter ``kk`` is). ``{fail}``: what a failed guard does.
-FORWARD_SWEEP = '''    kk = 0
-    while kk < n:
-        k = np.uint64(kk)
-        op = int(rows[k, 0])
-        if op == LEAF:
+# One sample's sweeps of rows as traced (``forward``, ``reverse``: ``replay_cpu.run_into``
+# calls them): ``for`` loops. Rows with superinstructions (``fuse.PAIRS``) run in
+# ``run_fused``: ``while`` loops, as a pair runs two rows, with ``k`` the row as an unsigned
+# index (Numba adds a negative index's wraparound to a signed one, which the loop's counter
+# ``kk`` is). Measured, CPU time of n=100 Rosenbrock's entry with a warm cache: run_into 3.4
+# us; run_fused 2.8 us on its fused rows, but 4.1 on the rows as traced (run_into's sweeps
+# as ``while`` loops: 4.6), hence ``fuse.MIN_PAIRED``. ``{fail}``: what a failed guard does.
+FORWARD_START = '''        if op == LEAF:
             v[k] = x[int(rows[k, 4])]
         elif op == CONST:
             v[k] = rows[k, 4]
@@ -82,48 +83,39 @@ FORWARD_SWEEP = '''    kk = 0
                 {fail}
 '''
 
-FORWARD = '''
+SWEEPS = '''
 
 @njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v):
-    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard.
-    Rows as traced, or with superinstructions (``fuse.fuse``)."""
-    n = rows.shape[0]
-{sweep}    return 0
-'''
+    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard
+    (rows as traced: no superinstructions)."""
+    for k in range(rows.shape[0]):
+        op = int(rows[k, 0])
+{forward}    return 0
 
-REVERSE = '''
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj):
-    """The reverse sweep of one sample: ``adj`` seeded at the outputs. Rows as traced, or
-    with superinstructions (``fuse.fuse``)."""
-    n = rows.shape[0]
-{sweep}    return 0
+    """The reverse sweep of one sample: ``adj`` seeded at the outputs (rows as traced)."""
+    for k in range(rows.shape[0] - 1, -1, -1):
+        op = int(rows[k, 0])
+{reverse}    return 0
 '''
 
-# The one-sample calls' entry, both sweeps in its own body: calling ``forward`` and
-# ``reverse`` instead ran as fast when compiled in the process, but 25 to 35% slower loaded
-# from Numba's cache (the value_and_grad of n=100 Rosenbrock, fused rows: 2.4 us compiled,
-# 3.1 loaded; this body 2.6 either way), and the benchmarks and users run the cached code.
-# Its own names must not be the sweeps' (the branches assign a, b, g, ia, bits, hv, ...)
-RUN_INTO = '''
+# ``run_fused`` holds both sweeps in its own body: calling two functions as ``run_into`` does
+# ran 10% faster compiled in the process, but 10% slower loaded from Numba's cache (2.55
+# and 3.15 us; this body 2.85 either way), and the benchmarks and users run the cached
+# code. Its own names must not be the sweeps' (the branches assign a, b, g, ia, bits, ...)
+RUN_FUSED = '''
 
 HEADER = {header}
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def run_into(rows, work, res):
-    """Forward at the inputs held in ``work`` (laid out as ``HEADER`` says); when ``res`` has
-    room for the gradient (m + p values), the reverse sweep seeded at the outputs. ``res``:
-    the outputs, then the gradient. Returns the status (0, or 1 + the row of a failed
-    guard). Rows as traced, or with superinstructions (``fuse.fuse``).
-
-    The caller owns the buffers (the one-sample calls reuse ``work``): nothing is allocated
-    or boxed here but the status, which took a third of a small program's call (the entry
-    returning three fresh arrays cost 1.4 us on a 12-row program, this one 0.55 us). Three
-    arguments: Numba's dispatch types and unboxes each one on every call (the six of the
-    entry before, slots, inputs and a bool among them, cost 0.2 us more)."""
+def run_fused(rows, work, res):
+    """``replay_cpu.run_into`` of rows with superinstructions (``fuse.fuse``), or as traced:
+    the outputs, then (when ``res`` has room) the gradient into ``res``; the status (0, or 1
+    + the row of a failed guard)."""
     n = rows.shape[0]
     nout, nin, nx = int(work[0]), int(work[1]), int(work[2])
     slots = HEADER + nout  # the output slots, then the input slots
@@ -131,7 +123,12 @@ def run_into(rows, work, res):
     x = work[xo:xo + nx]
     v = work[xo + nx:xo + nx + n]
     status = 0
-{forward}    for i in range(nout):
+    kk = 0
+    while kk < n:
+        k = np.uint64(kk)
+        op = int(rows[k, 0])
+{forward}        kk += 1
+    for i in range(nout):
         res[i] = v[int(work[slots + i])]
     if res.shape[0] == nout or status != 0:
         return status
@@ -139,25 +136,28 @@ def run_into(rows, work, res):
     adj[:] = 0.0
     for i in range(nout):
         adj[int(work[slots + i])] += work[HEADER + i]
-{reverse}    for i in range(nin):
+    kk = n - 1
+    while kk >= 0:
+        k = np.uint64(kk)
+        op = int(rows[k, 0])
+{reverse}        kk -= 1
+    for i in range(nin):
         res[nout + i] = adj[int(work[slots + nout + i])]
     return 0
 '''
 
 
-def _one_sweeps(looped):
-    """The source of one sample's forward and reverse loops (``{fail}`` left in the
-    forward's): the common ops' branches, the superinstructions', and the rare ops'
-    through the shared switch."""
-    fwd = [FORWARD_SWEEP]
+def _one_sweeps(looped, pairs, own, fail):
+    """The branches of one sample's forward and reverse loops: the common ops', the
+    superinstructions' (``pairs``), and the rare ops' through the shared switch; ``own``:
+    the row's signed index, ``fail``: what a failed guard does."""
+    fwd = [FORWARD_START.replace("{fail}", fail)]
     fwd += dispatch(looped, REPLAY_ONE, forward=True, first=False)
-    fwd += dispatch_pairs(PAIRS, REPLAY_ONE, forward=True)
-    fwd += [SHARED_ONE_FORWARD, "        kk += 1\n"]
-    rev = ["    kk = n - 1\n    while kk >= 0:\n",
-           "        k = np.uint64(kk)\n        op = int(rows[k, 0])\n"]
-    rev += dispatch(looped, REPLAY_ONE)
-    rev += dispatch_pairs(PAIRS, REPLAY_ONE)
-    rev += [SHARED_ONE_REVERSE, "        kk -= 1\n"]
+    fwd += dispatch_pairs(pairs, REPLAY_ONE, forward=True)
+    fwd.append(SHARED_ONE_FORWARD.replace("{own}", own))
+    rev = dispatch(looped, REPLAY_ONE)
+    rev += dispatch_pairs(pairs, REPLAY_ONE)
+    rev.append(SHARED_ONE_REVERSE.replace("{own}", own))
     return "".join(fwd), "".join(rev)
 
 
@@ -172,11 +172,10 @@ def _replay_source():
     # the rare ops' branches call the batch's scalar forward_value/reverse_value (one
     # compiled switch serves both): a branch per op was 60% of these sweeps' cold compile
     looped = _codegen_batch._split(ops)[0]
-    fwd, rev = _one_sweeps(looped)
-    src.append(FORWARD.format(sweep=fwd.replace("{fail}", "return kk + 1")))
-    src.append(REVERSE.format(sweep=rev))
-    src.append(RUN_INTO.format(header=HEADER, forward=fwd.replace(
-        "{fail}", "status = kk + 1\n                break"), reverse=rev))
+    fwd, rev = _one_sweeps(looped, (), "k", "return k + 1")
+    src.append(SWEEPS.format(forward=fwd, reverse=rev))
+    fwd, rev = _one_sweeps(looped, PAIRS, "kk", "status = kk + 1\n                break")
+    src.append(RUN_FUSED.format(header=HEADER, forward=fwd, reverse=rev))
     # one sample with many seeds (Jacobians): rows as traced
     src.append('''
 

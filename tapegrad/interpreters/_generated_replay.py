@@ -20,12 +20,9 @@ GRADS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1,
 
 @njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v):
-    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard.
-    Rows as traced, or with superinstructions (``fuse.fuse``)."""
-    n = rows.shape[0]
-    kk = 0
-    while kk < n:
-        k = np.uint64(kk)
+    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard
+    (rows as traced: no superinstructions)."""
+    for k in range(rows.shape[0]):
         op = int(rows[k, 0])
         if op == LEAF:
             v[k] = x[int(rows[k, 4])]
@@ -35,7 +32,7 @@ def forward(rows, x, v):
             t = v[int(rows[k, 1])]
             v[k] = t
             if (t != 0.0) != (rows[k, 4] != 0.0):
-                return kk + 1
+                return k + 1
         elif op == 3:  # neg
             a = v[np.uint64(int(rows[k, 1]))]
             v[k] = (-a)
@@ -99,145 +96,19 @@ def forward(rows, x, v):
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
             v[k] = (a / b)
-        elif op == 1000:  # sub then powc
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha - hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
-            kk += 1
-        elif op == 1002:  # sub then square
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha - hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            v[k1] = (hv * hv)
-            kk += 1
-        elif op == 1004:  # rsubc then powc
-            hc0 = rows[k, 4]
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (hc0 - ha)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
-            kk += 1
-        elif op == 1006:  # rsubc then square
-            hc0 = rows[k, 4]
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (hc0 - ha)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            v[k1] = (hv * hv)
-            kk += 1
-        elif op == 1008:  # powc then sub
-            hc0 = rows[k, 4]
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (ha * ha if hc0 == 2.0 else ha ** hc0)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta - hv)
-            kk += 1
-        elif op == 1010:  # powc then add
-            hc0 = rows[k, 4]
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (ha * ha if hc0 == 2.0 else ha ** hc0)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta + hv)
-            kk += 1
-        elif op == 1012:  # square then add
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (ha * ha)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta + hv)
-            kk += 1
-        elif op == 1014:  # mulc then add
-            hc0 = rows[k, 4]
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (ha * hc0)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta + hv)
-            kk += 1
-        elif op == 1016:  # mul then add
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha * hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta + hv)
-            kk += 1
-        elif op == 1018:  # mul then sub
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha * hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta - hv)
-            kk += 1
-        elif op == 1020:  # div then neg
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha / hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            v[k1] = (-hv)
-            kk += 1
-        elif op == 1022:  # sin then mul
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = math.sin(ha)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta * hv)
-            kk += 1
-        elif op == 1024:  # sub then mulc
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha - hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            tc0 = rows[k1, 4]
-            v[k1] = (hv * tc0)
-            kk += 1
-        elif op == 1026:  # add then mulc
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha + hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            tc0 = rows[k1, 4]
-            v[k1] = (hv * tc0)
-            kk += 1
         elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            v[k] = forward_value(op, v[ia if ia >= 0 else kk], v[ib if ib >= 0 else kk],
-                                 v[ic if ic >= 0 else kk], rows[k, 4], rows[k, 5])
-        kk += 1
+            v[k] = forward_value(op, v[ia if ia >= 0 else k], v[ib if ib >= 0 else k],
+                                 v[ic if ic >= 0 else k], rows[k, 4], rows[k, 5])
     return 0
 
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj):
-    """The reverse sweep of one sample: ``adj`` seeded at the outputs. Rows as traced, or
-    with superinstructions (``fuse.fuse``)."""
-    n = rows.shape[0]
-    kk = n - 1
-    while kk >= 0:
-        k = np.uint64(kk)
+    """The reverse sweep of one sample: ``adj`` seeded at the outputs (rows as traced)."""
+    for k in range(rows.shape[0] - 1, -1, -1):
         op = int(rows[k, 0])
         if op == 3:  # neg
             ia = int(rows[k, 1])
@@ -335,177 +206,14 @@ def reverse(rows, v, adj):
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / b)
             adj[np.uint64(ib)] += (((-g) * a) / (b * b))
-        elif op == 1001:  # sub then powc
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            hv = v[np.uint64(k0)]
-            tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            adj[np.uint64(iha)] += gh
-            adj[np.uint64(ihb)] += (-gh)
-            kk -= 1
-        elif op == 1003:  # sub then square
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            hv = v[np.uint64(k0)]
-            gh = adj[np.uint64(k0)] + ((g * 2.0) * hv)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            adj[np.uint64(iha)] += gh
-            adj[np.uint64(ihb)] += (-gh)
-            kk -= 1
-        elif op == 1005:  # rsubc then powc
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            hv = v[np.uint64(k0)]
-            tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            adj[np.uint64(iha)] += (-gh)
-            kk -= 1
-        elif op == 1007:  # rsubc then square
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            hv = v[np.uint64(k0)]
-            gh = adj[np.uint64(k0)] + ((g * 2.0) * hv)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            adj[np.uint64(iha)] += (-gh)
-            kk -= 1
-        elif op == 1009:  # powc then sub
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + (-g)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ha = v[np.uint64(iha)]
-            hc0 = rows[k0, 4]
-            adj[np.uint64(iha)] += (0.0 if (hc0 == 0.0) else ((gh * (2.0 * ha)) if (hc0 == 2.0) else ((gh * hc0) * (ha ** (hc0 - 1.0)))))
-            kk -= 1
-        elif op == 1011:  # powc then add
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + g
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ha = v[np.uint64(iha)]
-            hc0 = rows[k0, 4]
-            adj[np.uint64(iha)] += (0.0 if (hc0 == 0.0) else ((gh * (2.0 * ha)) if (hc0 == 2.0) else ((gh * hc0) * (ha ** (hc0 - 1.0)))))
-            kk -= 1
-        elif op == 1013:  # square then add
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + g
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ha = v[np.uint64(iha)]
-            adj[np.uint64(iha)] += ((gh * 2.0) * ha)
-            kk -= 1
-        elif op == 1015:  # mulc then add
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + g
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            hc0 = rows[k0, 4]
-            adj[np.uint64(iha)] += (gh * hc0)
-            kk -= 1
-        elif op == 1017:  # mul then add
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + g
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            ha = v[np.uint64(iha)]
-            hb = v[np.uint64(ihb)]
-            adj[np.uint64(iha)] += (gh * hb)
-            adj[np.uint64(ihb)] += (gh * ha)
-            kk -= 1
-        elif op == 1019:  # mul then sub
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + (-g)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            ha = v[np.uint64(iha)]
-            hb = v[np.uint64(ihb)]
-            adj[np.uint64(iha)] += (gh * hb)
-            adj[np.uint64(ihb)] += (gh * ha)
-            kk -= 1
-        elif op == 1021:  # div then neg
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            gh = adj[np.uint64(k0)] + (-g)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            ha = v[np.uint64(iha)]
-            hb = v[np.uint64(ihb)]
-            adj[np.uint64(iha)] += (gh / hb)
-            adj[np.uint64(ihb)] += (((-gh) * ha) / (hb * hb))
-            kk -= 1
-        elif op == 1023:  # sin then mul
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            hv = v[np.uint64(k0)]
-            ta = v[np.uint64(ita)]
-            adj[np.uint64(ita)] += (g * hv)
-            gh = adj[np.uint64(k0)] + (g * ta)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ha = v[np.uint64(iha)]
-            adj[np.uint64(iha)] += (gh * math.cos(ha))
-            kk -= 1
-        elif op == 1025:  # sub then mulc
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (g * tc0)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            adj[np.uint64(iha)] += gh
-            adj[np.uint64(ihb)] += (-gh)
-            kk -= 1
-        elif op == 1027:  # add then mulc
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (g * tc0)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            adj[np.uint64(iha)] += gh
-            adj[np.uint64(ihb)] += gh
-            kk -= 1
         elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            ia = ia if ia >= 0 else kk
-            ib = ib if ib >= 0 else kk
-            ic = ic if ic >= 0 else kk
+            ia = ia if ia >= 0 else k
+            ib = ib if ib >= 0 else k
+            ic = ic if ic >= 0 else k
             ga, gb, gc = reverse_value(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[k, 4],
                                        rows[k, 5])
             if bits & 1:
@@ -514,7 +222,6 @@ def reverse(rows, v, adj):
                 adj[ib] += gb
             if bits & 4:
                 adj[ic] += gc
-        kk -= 1
     return 0
 
 
@@ -522,17 +229,10 @@ HEADER = 3
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def run_into(rows, work, res):
-    """Forward at the inputs held in ``work`` (laid out as ``HEADER`` says); when ``res`` has
-    room for the gradient (m + p values), the reverse sweep seeded at the outputs. ``res``:
-    the outputs, then the gradient. Returns the status (0, or 1 + the row of a failed
-    guard). Rows as traced, or with superinstructions (``fuse.fuse``).
-
-    The caller owns the buffers (the one-sample calls reuse ``work``): nothing is allocated
-    or boxed here but the status, which took a third of a small program's call (the entry
-    returning three fresh arrays cost 1.4 us on a 12-row program, this one 0.55 us). Three
-    arguments: Numba's dispatch types and unboxes each one on every call (the six of the
-    entry before, slots, inputs and a bool among them, cost 0.2 us more)."""
+def run_fused(rows, work, res):
+    """``replay_cpu.run_into`` of rows with superinstructions (``fuse.fuse``), or as traced:
+    the outputs, then (when ``res`` has room) the gradient into ``res``; the status (0, or 1
+    + the row of a failed guard)."""
     n = rows.shape[0]
     nout, nin, nx = int(work[0]), int(work[1]), int(work[2])
     slots = HEADER + nout  # the output slots, then the input slots
