@@ -133,11 +133,6 @@ def _getter(keys, layout, single):
     return partial(_wrap_one, layout=layout, as_tensor=False, single=single)
 
 
-def _both(get_out, get_grad, res):
-    """(outputs, gradient) of flat results, by their two getters (picklable)."""
-    return get_out(res), get_grad(res)
-
-
 class _Code:
     """One traced variant: rows, input and output layout, guard sites."""
 
@@ -191,12 +186,10 @@ class _Code:
         self.get_grad = _getter(self.grad_keys, self.grad_layout, self.single_in)
         # (value, gradient) of value_and_grad's results: one ``itemgetter`` of both keys where
         # the value is one result and the gradient one input of rank 0 or 1 (45 ns a call
-        # less than the two getters)
-        if (self.single_out and self.single_in and self.out_keys is not None
-                and self.grad_keys is not None):
-            self.get_vg = itemgetter(self.out_keys[0], self.grad_keys[0])
-        else:
-            self.get_vg = partial(_both, self.get_out, self.get_grad)
+        # less than the two getters); None otherwise (the two getters then)
+        self.get_vg = itemgetter(self.out_keys[0], self.grad_keys[0]) if (
+            self.single_out and self.single_in and self.out_keys is not None
+            and self.grad_keys is not None) else None
         self._free = []
         self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
         # the rows ``run`` runs, set with it: scalar rows with superinstructions

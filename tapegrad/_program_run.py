@@ -182,7 +182,10 @@ class _Running:
                     return None
         finally:
             free.append(buf)
-        return code.get_vg(res) if grad else code.get_out(res)
+        if grad:
+            vg = code.get_vg
+            return vg(res) if vg is not None else (code.get_out(res), code.get_grad(res))
+        return code.get_out(res)
 
     def _run_one(self, xs, grad, select=None):
         """``_run`` of one sample on the CPU, for inputs that ``_flat_one`` takes: (code,

@@ -326,15 +326,7 @@ def run_fused(rows, work, res):
             tc0 = rows[k1, 4]
             v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
             kk += 1
-        elif op == 1002:  # sub then square
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha - hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            v[k1] = (hv * hv)
-            kk += 1
-        elif op == 1004:  # rsubc then powc
+        elif op == 1002:  # rsubc then powc
             hc0 = rows[k, 4]
             ha = v[np.uint64(int(rows[k, 1]))]
             hv = (hc0 - ha)
@@ -343,41 +335,7 @@ def run_fused(rows, work, res):
             tc0 = rows[k1, 4]
             v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
             kk += 1
-        elif op == 1006:  # rsubc then square
-            hc0 = rows[k, 4]
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (hc0 - ha)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            v[k1] = (hv * hv)
-            kk += 1
-        elif op == 1008:  # powc then sub
-            hc0 = rows[k, 4]
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (ha * ha if hc0 == 2.0 else ha ** hc0)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta - hv)
-            kk += 1
-        elif op == 1010:  # powc then add
-            hc0 = rows[k, 4]
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (ha * ha if hc0 == 2.0 else ha ** hc0)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta + hv)
-            kk += 1
-        elif op == 1012:  # square then add
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = (ha * ha)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta + hv)
-            kk += 1
-        elif op == 1014:  # mulc then add
+        elif op == 1004:  # mulc then add
             hc0 = rows[k, 4]
             ha = v[np.uint64(int(rows[k, 1]))]
             hv = (ha * hc0)
@@ -386,7 +344,7 @@ def run_fused(rows, work, res):
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
             kk += 1
-        elif op == 1016:  # mul then add
+        elif op == 1006:  # mul then add
             ha = v[np.uint64(int(rows[k, 1]))]
             hb = v[np.uint64(int(rows[k, 2]))]
             hv = (ha * hb)
@@ -394,49 +352,6 @@ def run_fused(rows, work, res):
             k1 = np.uint64(kk + 1)
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
-            kk += 1
-        elif op == 1018:  # mul then sub
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha * hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta - hv)
-            kk += 1
-        elif op == 1020:  # div then neg
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha / hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            v[k1] = (-hv)
-            kk += 1
-        elif op == 1022:  # sin then mul
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hv = math.sin(ha)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            ta = v[np.uint64(int(rows[k1, 1]))]
-            v[k1] = (ta * hv)
-            kk += 1
-        elif op == 1024:  # sub then mulc
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha - hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            tc0 = rows[k1, 4]
-            v[k1] = (hv * tc0)
-            kk += 1
-        elif op == 1026:  # add then mulc
-            ha = v[np.uint64(int(rows[k, 1]))]
-            hb = v[np.uint64(int(rows[k, 2]))]
-            hv = (ha + hb)
-            v[k] = hv
-            k1 = np.uint64(kk + 1)
-            tc0 = rows[k1, 4]
-            v[k1] = (hv * tc0)
             kk += 1
         elif SHARED[op]:
             ia = int(rows[k, 1])
@@ -565,18 +480,7 @@ def run_fused(rows, work, res):
             adj[np.uint64(iha)] += gh
             adj[np.uint64(ihb)] += (-gh)
             kk -= 1
-        elif op == 1003:  # sub then square
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            hv = v[np.uint64(k0)]
-            gh = adj[np.uint64(k0)] + ((g * 2.0) * hv)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            adj[np.uint64(iha)] += gh
-            adj[np.uint64(ihb)] += (-gh)
-            kk -= 1
-        elif op == 1005:  # rsubc then powc
+        elif op == 1003:  # rsubc then powc
             k0 = np.uint64(kk - 1)
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
@@ -586,51 +490,7 @@ def run_fused(rows, work, res):
             iha = int(rows[k0, 1])
             adj[np.uint64(iha)] += (-gh)
             kk -= 1
-        elif op == 1007:  # rsubc then square
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            hv = v[np.uint64(k0)]
-            gh = adj[np.uint64(k0)] + ((g * 2.0) * hv)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            adj[np.uint64(iha)] += (-gh)
-            kk -= 1
-        elif op == 1009:  # powc then sub
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + (-g)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ha = v[np.uint64(iha)]
-            hc0 = rows[k0, 4]
-            adj[np.uint64(iha)] += (0.0 if (hc0 == 0.0) else ((gh * (2.0 * ha)) if (hc0 == 2.0) else ((gh * hc0) * (ha ** (hc0 - 1.0)))))
-            kk -= 1
-        elif op == 1011:  # powc then add
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + g
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ha = v[np.uint64(iha)]
-            hc0 = rows[k0, 4]
-            adj[np.uint64(iha)] += (0.0 if (hc0 == 0.0) else ((gh * (2.0 * ha)) if (hc0 == 2.0) else ((gh * hc0) * (ha ** (hc0 - 1.0)))))
-            kk -= 1
-        elif op == 1013:  # square then add
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + g
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ha = v[np.uint64(iha)]
-            adj[np.uint64(iha)] += ((gh * 2.0) * ha)
-            kk -= 1
-        elif op == 1015:  # mulc then add
+        elif op == 1005:  # mulc then add
             k0 = np.uint64(kk - 1)
             g = adj[np.uint64(k)]
             ita = int(rows[k, 1])
@@ -641,7 +501,7 @@ def run_fused(rows, work, res):
             hc0 = rows[k0, 4]
             adj[np.uint64(iha)] += (gh * hc0)
             kk -= 1
-        elif op == 1017:  # mul then add
+        elif op == 1007:  # mul then add
             k0 = np.uint64(kk - 1)
             g = adj[np.uint64(k)]
             ita = int(rows[k, 1])
@@ -654,67 +514,6 @@ def run_fused(rows, work, res):
             hb = v[np.uint64(ihb)]
             adj[np.uint64(iha)] += (gh * hb)
             adj[np.uint64(ihb)] += (gh * ha)
-            kk -= 1
-        elif op == 1019:  # mul then sub
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            adj[np.uint64(ita)] += g
-            gh = adj[np.uint64(k0)] + (-g)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            ha = v[np.uint64(iha)]
-            hb = v[np.uint64(ihb)]
-            adj[np.uint64(iha)] += (gh * hb)
-            adj[np.uint64(ihb)] += (gh * ha)
-            kk -= 1
-        elif op == 1021:  # div then neg
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            gh = adj[np.uint64(k0)] + (-g)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            ha = v[np.uint64(iha)]
-            hb = v[np.uint64(ihb)]
-            adj[np.uint64(iha)] += (gh / hb)
-            adj[np.uint64(ihb)] += (((-gh) * ha) / (hb * hb))
-            kk -= 1
-        elif op == 1023:  # sin then mul
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            ita = int(rows[k, 1])
-            hv = v[np.uint64(k0)]
-            ta = v[np.uint64(ita)]
-            adj[np.uint64(ita)] += (g * hv)
-            gh = adj[np.uint64(k0)] + (g * ta)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ha = v[np.uint64(iha)]
-            adj[np.uint64(iha)] += (gh * math.cos(ha))
-            kk -= 1
-        elif op == 1025:  # sub then mulc
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (g * tc0)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            adj[np.uint64(iha)] += gh
-            adj[np.uint64(ihb)] += (-gh)
-            kk -= 1
-        elif op == 1027:  # add then mulc
-            k0 = np.uint64(kk - 1)
-            g = adj[np.uint64(k)]
-            tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (g * tc0)
-            adj[np.uint64(k0)] = gh
-            iha = int(rows[k0, 1])
-            ihb = int(rows[k0, 2])
-            adj[np.uint64(iha)] += gh
-            adj[np.uint64(ihb)] += gh
             kk -= 1
         elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]

@@ -4,19 +4,18 @@ from __future__ import annotations
 import numpy as np
 
 #: (head, tail, operand): row k's op ``head`` and row k + 1's op ``tail`` whose operand
-#: ``operand`` (0: a, 1: b) is row k, run as one branch of ``forward`` (at the head's row)
-#: and of ``reverse`` (at the tail's row): one dispatch for two rows, the head's value and
-#: adjoint kept in registers. The pairs of the Rosenbrock function's terms and of an Euler
-#: step of the pendulum (the issue-17 benchmarks; at n=100, 892 rows run as 496 branches:
-#: value_and_grad's compiled entry 3.7 -> 2.6 us), and a few more of sums of squares and
-#: products. A tail that is ``add`` or ``mul`` with the head as ``a`` swaps its operands
-#: (exactly commutative in IEEE arithmetic, and the two adjoints go to different slots)
-PAIRS = (
-    ("sub", "powc", 0), ("sub", "square", 0), ("rsubc", "powc", 0), ("rsubc", "square", 0),
-    ("powc", "sub", 1), ("powc", "add", 1), ("square", "add", 1), ("mulc", "add", 1),
-    ("mul", "add", 1), ("mul", "sub", 1), ("div", "neg", 0), ("sin", "mul", 1),
-    ("sub", "mulc", 0), ("add", "mulc", 0),
-)
+#: ``operand`` (0: a, 1: b) is row k, run as one branch of ``replay_cpu.run_fused``'s forward
+#: (at the head's row) and reverse (at the tail's row): one dispatch for two rows, the head's
+#: value and adjoint kept in registers. Squared residuals and sums of products: the pairs of
+#: the Rosenbrock function's terms (issue 17's benchmark: at n=100, 892 rows run as 596
+#: branches, and value_and_grad's compiled entry takes 2.85 us instead of 3.4, CPU time with
+#: a warm cache) and of dot products. Each pair costs 0.15 to 0.2 s of run_fused's first
+#: compile (CPU time, 2 shared cores; 0.77 s for 5 pairs): 14 pairs that also covered the
+#: pendulum's Euler steps (div+neg, sin+mul, mul+sub, ...: its entry 708 -> 519 us) made a
+#: cold trace and first gradient 1.9 s slower. A tail that is ``add`` with the head as ``a``
+#: swaps its operands (exactly commutative in IEEE arithmetic; the adjoints go to different
+#: slots)
+PAIRS = (("sub", "powc", 0), ("rsubc", "powc", 0), ("mulc", "add", 1), ("mul", "add", 1))
 COMMUTATIVE = ("add", "mul")
 
 #: the fused rows' opcodes: pair i's head ``BASE + 2 i``, its tail ``BASE + 2 i + 1`` (above
