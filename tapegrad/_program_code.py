@@ -136,6 +136,11 @@ def _getter(keys, layout, single):
 class _Code:
     """One traced variant: rows, input and output layout, guard sites."""
 
+    # (pickles of programs made before these attributes: the two getters, and the rows
+    # worked out with ``run``)
+    frows = None
+    get_vg = None
+
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
         # ``arows``: the rows as traced, with array instructions (interpreters/
         # program_arrays.py) when ``arrays``; ``rows``: their scalar rows, slot for slot,

@@ -239,3 +239,19 @@ def test_input_errors_are_unchanged(rosen):
     for other in (x[::2], list(x[::2])):
         v2, g2 = rosen.value_and_grad(other)
         assert v2 == v and np.array_equal(g2, g)
+
+
+def test_a_pickle_without_the_new_attributes_still_runs(rosen):
+    """A program pickled before ``frows`` and ``get_vg`` existed (its state lacks them)."""
+    import pickle
+
+    from tapegrad.replay import Program, _Code
+    state = rosen._code.__getstate__()
+    for name in ("frows", "get_vg"):
+        del state[name]
+    old = _Code.__new__(_Code)
+    old.__dict__.update(state)
+    P = pickle.loads(pickle.dumps(Program([old])))
+    x = np.linspace(-1.0, 1.0, 12)
+    v, g = P.value_and_grad(x)
+    assert v == rosen.value_and_grad(x)[0] and np.array_equal(g, rosen.grad(x))
