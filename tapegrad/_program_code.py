@@ -11,6 +11,7 @@ from . import _notice
 from .interpreters import program as _prog
 from .interpreters import program_arrays as _arr
 from .interpreters import replay_cpu as _cpu
+from .interpreters.fuse import fuse as _fuse
 from .tensor import Tensor, _plain, tensor
 
 _F64 = np.dtype(np.float64)
@@ -135,6 +136,11 @@ def _getter(keys, layout, single):
 class _Code:
     """One traced variant: rows, input and output layout, guard sites."""
 
+    # (pickles of programs made before these attributes: the two getters, and the rows
+    # worked out with ``run``)
+    frows = None
+    get_vg = None
+
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
         # ``arows``: the rows as traced, with array instructions (interpreters/
         # program_arrays.py) when ``arrays``; ``rows``: their scalar rows, slot for slot,
@@ -183,8 +189,18 @@ class _Code:
         self.res_size = (m, m + len(self.in_slots))
         self.get_out = _getter(self.out_keys, self.out_layout, self.single_out)
         self.get_grad = _getter(self.grad_keys, self.grad_layout, self.single_in)
+        # (value, gradient) of value_and_grad's results: one ``itemgetter`` of both keys where
+        # the value is one result and the gradient one input of rank 0 or 1 (45 ns a call
+        # less than the two getters); None otherwise (the two getters then)
+        self.get_vg = itemgetter(self.out_keys[0], self.grad_keys[0]) if (
+            self.single_out and self.single_in and self.out_keys is not None
+            and self.grad_keys is not None) else None
         self._free = []
         self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
+        # the rows ``run`` runs, set with it: scalar rows with superinstructions
+        # (``interpreters/fuse.py``: ``run`` is then ``replay_cpu.run_fused``, the only
+        # interpreter that knows them), or ``arows``
+        self.frows = None
 
     @property
     def rows(self):
@@ -214,7 +230,12 @@ class _Code:
             _notice.announce(key)
         work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
         if self.run is None:  # (array instructions: their interpreter, on ``arows``)
-            self.run = (_arr.entry if self.arrays else _cpu.entry)(self.arows, work)
+            self.frows = self.arows if self.arrays else _fuse(self.arows)
+            if self.arrays:
+                self.run = _arr.entry(self.frows, work)
+            else:  # superinstructions run in their own entry
+                self.run = _cpu.entry(self.frows, work, None if self.frows is self.arows
+                                      else _cpu.run_fused)
         start = _cpu.HEADER + 2 * len(self.out_slots) + len(self.in_slots)
         flat = work[start:start + self.n_in]
         views = tuple(flat[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
@@ -225,14 +246,14 @@ class _Code:
         buf = self.buffers()
         buf[1][...] = x
         res = np.empty(self.res_size[grad])
-        status = self.run(self.arows, buf[0], res)
+        status = self.run(self.frows, buf[0], res)
         self._free.append(buf)
         return status, res
 
     def __getstate__(self):
         state = self.__dict__.copy()
         # the one-sample calls' buffers and entry (compiled code) are made again when needed
-        state["_free"], state["run"] = [], None
+        state["_free"], state["run"], state["frows"] = [], None, None
         return state
 
     def derived(self, key, build):

@@ -157,16 +157,22 @@ class _Running:
                 return None
             buf = code.buffers()
         try:
-            # indexing two tuples: 40 ns an input cheaper than a zip of three
-            shapes, views, i = code.in_shapes, buf[2], 0
-            for x in xs:
+            if code.single_in:  # one input: no loop (60 ns of a call)
+                x = xs[0]
                 # another float64 dtype object (byte order, metadata) takes the general path
-                if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[i]:
+                if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != code.in_shapes[0]:
                     return None
-                views[i][...] = x  # into the entry's buffer: strided inputs too, no compile
-                i += 1
+                buf[2][0][...] = x  # into the entry's buffer: strided inputs too, no compile
+            else:
+                # indexing two tuples: 40 ns an input cheaper than a zip of three
+                shapes, views, i = code.in_shapes, buf[2], 0
+                for x in xs:
+                    if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[i]:
+                        return None
+                    views[i][...] = x
+                    i += 1
             res = _empty(code.res_size[grad])
-            if code.run(code.arows, buf[0], res):  # a guard failed: the other variants
+            if code.run(code.frows, buf[0], res):  # a guard failed: the other variants
                 for c in self._variants[1:]:
                     status, res = c.run1(buf[1], grad)
                     if status == 0:
@@ -176,7 +182,10 @@ class _Running:
                     return None
         finally:
             free.append(buf)
-        return (code.get_out(res), code.get_grad(res)) if grad else code.get_out(res)
+        if grad:
+            vg = code.get_vg
+            return vg(res) if vg is not None else (code.get_out(res), code.get_grad(res))
+        return code.get_out(res)
 
     def _run_one(self, xs, grad, select=None):
         """``_run`` of one sample on the CPU, for inputs that ``_flat_one`` takes: (code,
@@ -201,7 +210,7 @@ class _Running:
                 return None
             x = buf[1]
             res = np.empty(code.res_size[grad])
-            if code.run(code.arows, buf[0], res) == 0:
+            if code.run(code.frows, buf[0], res) == 0:
                 return code, res, None if select is None else x.copy(), as_tensor
             for variant in self._variants[1:]:
                 c = variant if select is None else select(variant)

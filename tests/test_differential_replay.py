@@ -17,6 +17,9 @@ compared to torch eager and to tapegrad eager at those inputs:
 5. ``entry``: a program called on tensors (a ``program`` entry on the eager tape), one
    sample or a batch: gradient, a create_graph Hessian-vector product and
    is_grads_batched through it, against torch.
+6. ``fused``: superinstructions (tapegrad/interpreters/fuse.py) give the numbers of the rows
+   they fuse, to the bit, and with fusion off the ``replay`` leg passes (fused vs unfused
+   vs torch).
 
 Never a wrong number: a failing program is shrunk and printed as runnable code with its
 seed. Programs that ``trace`` refuses with a clear error count as not applicable; their
@@ -655,8 +658,71 @@ def leg_arrays(prog, stats):
     return None
 
 
+def _fused_results(prog, cases, dirs, fused):
+    """The one-sample results of ``prog`` traced and first called with superinstructions
+    on or off (tapegrad/interpreters/fuse.py): value, gradient, hvp, the gradient program's
+    outputs per case ("guard" where a guard fails), and whether any row pair was fused."""
+    from tapegrad.interpreters import fuse
+    saved = fuse.ENABLED, fuse.MIN_PAIRED
+    fuse.ENABLED, fuse.MIN_PAIRED = fused, 0.0  # every pair, however few
+    try:
+        Q = do_trace(traced_fn(prog, tg), prog)
+        n, out = len(dirs), []
+        for _, vals in cases:
+            a = args_of(prog, vals)
+            try:
+                value, g = Q.value_and_grad(*a)
+                _, hv = Q.hvp(a, dirs)
+                out += [value] + _flat(g, n) + _flat(hv, n) + _flat(Q.grad_program()(*a), n)
+            except tg.GuardError:
+                out.append("guard")
+        any_fused = any(c.frows is not None and (c.frows[:, 0] >= fuse.BASE).any()
+                        for c in Q._variants)
+        return out, any_fused
+    finally:
+        fuse.ENABLED, fuse.MIN_PAIRED = saved
+
+
+def leg_fused(prog, stats):
+    """Superinstructions: a program whose one-sample calls run fused row pairs gives the
+    numbers of the same program run as traced, to the bit (the same operations in the same
+    order), and with fusion off the replay leg passes against torch (the other legs run
+    fused rows: the default)."""
+    from tapegrad.interpreters import fuse
+    if not rg_of(prog):
+        return None
+    cases = valid_inputs(prog, ("noise", "ties"), salt=7)
+    if not cases:
+        stats.skipped[("fused", "not well defined at new inputs")] += 1
+        return None
+    dirs = directions(prog, 7)
+    got, fused = _fused_results(prog, cases, dirs, True)
+    want, _ = _fused_results(prog, cases, dirs, False)
+    for a, b in zip(got, want):
+        if isinstance(a, str) or isinstance(b, str):
+            same = a == b
+        else:
+            a, b = np.asarray(a), np.asarray(b)
+            same = a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+        if not same:
+            return f"fused rows vs rows as traced: {a!r} != {b!r}"
+    saved, fuse.ENABLED = fuse.ENABLED, False
+    try:
+        why = leg_replay(prog, Stats())
+    finally:
+        fuse.ENABLED = saved
+    if why:
+        return f"rows as traced (no superinstructions): {why}"
+    if fused:
+        stats.ran["fused"] += 1
+    else:
+        stats.skipped[("fused", "no row pair to fuse")] += 1
+    return None
+
+
 LEGS = {"replay": leg_replay, "batched": leg_batched, "higher": leg_higher,
-        "entry": leg_entry, "cuda": leg_cuda, "arrays": leg_arrays}
+        "entry": leg_entry, "cuda": leg_cuda, "arrays": leg_arrays,
+        "fused": leg_fused}
 
 
 # --- running, shrinking, reporting ---------------------------------------------------------
@@ -793,7 +859,7 @@ def test_replay_forms_reach_branches_and_ties():
     assert "branch" not in programs.ARRAY_FORMS
 
 
-DEFAULT = {"replay": 150, "batched": 60, "higher": 60, "entry": 80}
+DEFAULT = {"replay": 150, "batched": 60, "higher": 60, "entry": 80, "fused": 60}
 
 
 @pytest.mark.parametrize("leg", list(DEFAULT))

@@ -73,12 +73,15 @@ def interpreter_reads():
     """{opcode: columns (1-3) the generated interpreters read as slots}, for every opcode
     they have a branch for; independent of the checks in ``_program_file``."""
     from tapegrad.interpreters import _generated_replay as g
+    from tapegrad.interpreters import fuse
     src = open(g.__file__).read()
     names = {"LEAF": g.LEAF, "CONST": g.CONST, "GUARD": g.GUARD}
     reads = {}
     for part in re.split(r"\n\s+(?:el)?if op == ", src)[1:]:
         head, _, body = part.partition(":")
         code = names[head] if head in names else int(head)
+        if code >= fuse.BASE:  # superinstructions: made for the one-sample entry, never in files
+            continue
         body = body.split("\n        elif", 1)[0]
         cols = {int(c) for c in re.findall(r"int\(rows\[k, ([123])\]\)", body)}
         reads.setdefault(code, set()).update(cols)

@@ -232,7 +232,7 @@ def _make_call_overhead(name):
         work, flat, _ = code.buffers()
         flat[:] = np.concatenate([a, b, c])
         res = np.empty(code.res_size[True])
-        args = (code.rows, work, res)
+        args = (code.frows, work, res)
         run = code.run
 
         def iteration():
@@ -379,7 +379,7 @@ def _cpu_rows(prog, x, ca):
     buf = code.buffers()
     buf[1][:] = x
     fwd, both = np.empty(code.res_size[False]), np.empty(code.res_size[True])
-    fns = [lambda: code.run(code.rows, buf[0], fwd), lambda: code.run(code.rows, buf[0], both)]
+    fns = [lambda: code.run(code.frows, buf[0], fwd), lambda: code.run(code.frows, buf[0], both)]
     if ca:
         fns.append(ca["call"])
     t = _interleaved_s(fns, turns=9, clock=time.thread_time)
@@ -402,7 +402,7 @@ def _cpu_overhead(prog):
     buf[1][:] = np.concatenate([a, b, c])
     res = np.empty(code.res_size[True])
     call, entry = _interleaved_s([lambda: prog.value_and_grad(a, b, c),
-                                  lambda: code.run(code.rows, buf[0], res)],
+                                  lambda: code.run(code.frows, buf[0], res)],
                                  turns=9, clock=time.thread_time)
     code._free.append(buf)
     return (f"by CPU time: Python side {_us(call - entry)} (value_and_grad {_us(call)}, entry "

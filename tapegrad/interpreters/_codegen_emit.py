@@ -180,3 +180,80 @@ CUDA = Target(ROW_COLS, "V[{s}, j]", "A[{s}, t]", out="V[{s}, j] = {e}")
 #: the forward at operands that are the function's arguments (``value``, the recording
 #: sweep's constant folding)
 VALUE = Target(None, None, None, out="return {e}")
+
+
+_RULE_NAMES = re.compile(r"\b(a|b|c|c0|c1|out|g)\b")
+
+
+def _renamed(expr, names):
+    """``expr`` (a rule's source) with its names replaced by ``names``' (in one pass)."""
+    return _RULE_NAMES.sub(lambda m: names.get(m.group(1), m.group(1)), expr)
+
+
+def render_pair(head, tail, operand, t, forward=False):
+    """A superinstruction's branch (``fuse.PAIRS``) for a one-sample target ``t`` (scalar
+    reads, no loop; ``k`` the row as an unsigned slot, ``kk`` the loop's signed counter):
+    row k's ``head`` and row k + 1's ``tail``, whose operand ``operand`` is row k. Forward
+    (dispatched at the head's row): both values, the head's kept in a register for the tail,
+    and ``kk`` past the tail. Reverse (at the tail's row): the tail's rule, the head's
+    adjoint completed in a register (every later row has added to it already) and stored,
+    then the head's rule, and ``kk`` past the head. The same expressions in the same order
+    as the two rows' own branches, so the numbers are the same to the bit."""
+    p = _inputs(tail)[operand]
+    if forward:
+        he = head.nb.format(**{n: "h" + n for n in _inputs(head) + _consts_of(head)})
+        te = tail.nb.format(**{n: "hv" if n == p else "t" + n
+                               for n in _inputs(tail) + _consts_of(tail)})
+        src = [f"h{n} = rows[k, {t.cols[n]}]" for n in _consts_of(head) if _uses(he, "h" + n)]
+        src += [f"h{n} = " + t.val.format(s=f"int(rows[k, {t.cols[n]}])", n=n)
+                for n in _inputs(head) if _uses(he, "h" + n)]
+        src += [f"hv = {he}", t.out.format(s="k", e="hv"), "k1 = np.uint64(kk + 1)"]
+        src += [f"t{n} = rows[k1, {t.cols[n]}]" for n in _consts_of(tail)
+                if _uses(te, "t" + n)]
+        src += [f"t{n} = " + t.val.format(s=f"int(rows[k1, {t.cols[n]}])", n=n)
+                for n in _inputs(tail) if n != p and _uses(te, "t" + n)]
+        return src + [t.out.format(s="k1", e=te), "kk += 1"]
+    src = ["k0 = np.uint64(kk - 1)", f"g = {t.adj.format(s='k', n='out')}"]
+    for rule, row, pre, g, own in ((tail, "k", "t", "g", None), (head, "k0", "h", "gh", "k0")):
+        exprs = rule_exprs(rule)
+        names = {n: pre + n for n in rule_inputs(rule) + ("out", "c0", "c1")}
+        names["g"] = g
+        if rule is tail:
+            names[p] = "hv"
+        ins = [n for n in rule_inputs(rule) if n != p or rule is head]
+        src += [f"i{pre}{n} = int(rows[{row}, {t.cols[n]}])" for n in ins if n in exprs
+                or any(_uses(e, n) for e in exprs.values())]
+        if any(_uses(e, p) for e in exprs.values()) and rule is tail:
+            src.append(f"hv = {t.val.format(s='k0', n=p)}")
+        src += [f"{pre}{n} = " + t.val.format(s=f"i{pre}{n}", n=n) for n in ins
+                if any(_uses(e, n) for e in exprs.values())]
+        if any(_uses(e, "out") for e in exprs.values()):
+            src.append(f"{pre}out = {t.val.format(s=row, n='out')}")
+        src += [f"{pre}{n} = rows[{row}, {t.cols[n]}]" for n in ("c0", "c1")
+                if any(_uses(e, n) for e in exprs.values())]
+        for n, e in exprs.items():
+            if rule is tail and n == p:
+                continue
+            src.append(f"{t.adj.format(s=f'i{pre}{n}', n=n)} += {_renamed(e, names)}")
+        if rule is tail:
+            e = exprs.get(p)
+            gh = t.adj.format(s="k0", n="out")
+            src += [f"gh = {gh}" + ("" if e is None else f" + {_renamed(e, names)}"),
+                    f"{gh} = gh"]
+    return src + ["kk -= 1"]
+
+
+def dispatch_pairs(pairs, t, indent=8, forward=False):
+    """``elif`` branches of the superinstructions ``pairs`` ((head, tail, operand) op
+    names, ``fuse.PAIRS``), pair i's head opcode ``base + 2 i`` and its tail's ``+ 1``:
+    forward dispatches on the head, reverse on the tail."""
+    from ..ops import BY_NAME
+    from .fuse import BASE
+    src = []
+    for i, (h, tl, operand) in enumerate(pairs):
+        head, tail = BY_NAME[h], BY_NAME[tl]
+        code = BASE + 2 * i + (0 if forward else 1)
+        src.append(" " * indent + f"elif op == {code}:  # {h} then {tl}\n")
+        src += [" " * (indent + 4) + f"{x}\n"
+                for x in render_pair(head, tail, operand, t, forward)]
+    return src

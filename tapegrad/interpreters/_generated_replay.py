@@ -20,7 +20,8 @@ GRADS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1,
 
 @njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v):
-    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard."""
+    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard
+    (rows as traced: no superinstructions)."""
     for k in range(rows.shape[0]):
         op = int(rows[k, 0])
         if op == LEAF:
@@ -106,7 +107,7 @@ def forward(rows, x, v):
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj):
-    """The reverse sweep of one sample: ``adj`` seeded at the outputs."""
+    """The reverse sweep of one sample: ``adj`` seeded at the outputs (rows as traced)."""
     for k in range(rows.shape[0] - 1, -1, -1):
         op = int(rows[k, 0])
         if op == 3:  # neg
@@ -206,7 +207,7 @@ def reverse(rows, v, adj):
             adj[np.uint64(ia)] += (g / b)
             adj[np.uint64(ib)] += (((-g) * a) / (b * b))
         elif SHARED[op] and GRADS[op] != 0:
-            m = GRADS[op]
+            bits = GRADS[op]
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
@@ -215,18 +216,331 @@ def reverse(rows, v, adj):
             ic = ic if ic >= 0 else k
             ga, gb, gc = reverse_value(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[k, 4],
                                        rows[k, 5])
-            if m & 1:
+            if bits & 1:
                 adj[ia] += ga
-            if m & 2:
+            if bits & 2:
                 adj[ib] += gb
-            if m & 4:
+            if bits & 4:
                 adj[ic] += gc
+    return 0
+
+
+HEADER = 3
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_fused(rows, work, res):
+    """``replay_cpu.run_into`` of rows with superinstructions (``fuse.fuse``), or as traced:
+    the outputs, then (when ``res`` has room) the gradient into ``res``; the status (0, or 1
+    + the row of a failed guard)."""
+    n = rows.shape[0]
+    nout, nin, nx = int(work[0]), int(work[1]), int(work[2])
+    slots = HEADER + nout  # the output slots, then the input slots
+    xo = slots + nout + nin  # the inputs, then the values, then the adjoints
+    x = work[xo:xo + nx]
+    v = work[xo + nx:xo + nx + n]
+    status = 0
+    kk = 0
+    while kk < n:
+        k = np.uint64(kk)
+        op = int(rows[k, 0])
+        if op == LEAF:
+            v[k] = x[int(rows[k, 4])]
+        elif op == CONST:
+            v[k] = rows[k, 4]
+        elif op == GUARD:
+            t = v[int(rows[k, 1])]
+            v[k] = t
+            if (t != 0.0) != (rows[k, 4] != 0.0):
+                status = kk + 1
+                break
+        elif op == 3:  # neg
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (-a)
+        elif op == 4:  # exp
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.exp(a)
+        elif op == 5:  # log
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.log(a)
+        elif op == 8:  # sqrt
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.sqrt(a)
+        elif op == 10:  # sin
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.sin(a)
+        elif op == 11:  # cos
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.cos(a)
+        elif op == 18:  # tanh
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.tanh(a)
+        elif op == 19:  # sigmoid
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
+        elif op == 24:  # square
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * a)
+        elif op == 26:  # addc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a + c0)
+        elif op == 27:  # mulc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * c0)
+        elif op == 28:  # rsubc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (c0 - a)
+        elif op == 29:  # divc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a / c0)
+        elif op == 31:  # powc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * a if c0 == 2.0 else a ** c0)
+        elif op == 35:  # add
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a + b)
+        elif op == 36:  # sub
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a - b)
+        elif op == 37:  # mul
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a * b)
+        elif op == 38:  # div
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a / b)
+        elif op == 1000:  # sub then powc
+            ha = v[np.uint64(int(rows[k, 1]))]
+            hb = v[np.uint64(int(rows[k, 2]))]
+            hv = (ha - hb)
+            v[k] = hv
+            k1 = np.uint64(kk + 1)
+            tc0 = rows[k1, 4]
+            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            kk += 1
+        elif op == 1002:  # rsubc then powc
+            hc0 = rows[k, 4]
+            ha = v[np.uint64(int(rows[k, 1]))]
+            hv = (hc0 - ha)
+            v[k] = hv
+            k1 = np.uint64(kk + 1)
+            tc0 = rows[k1, 4]
+            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            kk += 1
+        elif op == 1004:  # mulc then add
+            hc0 = rows[k, 4]
+            ha = v[np.uint64(int(rows[k, 1]))]
+            hv = (ha * hc0)
+            v[k] = hv
+            k1 = np.uint64(kk + 1)
+            ta = v[np.uint64(int(rows[k1, 1]))]
+            v[k1] = (ta + hv)
+            kk += 1
+        elif op == 1006:  # mul then add
+            ha = v[np.uint64(int(rows[k, 1]))]
+            hb = v[np.uint64(int(rows[k, 2]))]
+            hv = (ha * hb)
+            v[k] = hv
+            k1 = np.uint64(kk + 1)
+            ta = v[np.uint64(int(rows[k1, 1]))]
+            v[k1] = (ta + hv)
+            kk += 1
+        elif SHARED[op]:
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            v[k] = forward_value(op, v[ia if ia >= 0 else kk], v[ib if ib >= 0 else kk],
+                                 v[ic if ic >= 0 else kk], rows[k, 4], rows[k, 5])
+        kk += 1
+    for i in range(nout):
+        res[i] = v[int(work[slots + i])]
+    if res.shape[0] == nout or status != 0:
+        return status
+    adj = work[xo + nx + n:xo + nx + 2 * n]
+    adj[:] = 0.0
+    for i in range(nout):
+        adj[int(work[slots + i])] += work[HEADER + i]
+    kk = n - 1
+    while kk >= 0:
+        k = np.uint64(kk)
+        op = int(rows[k, 0])
+        if op == 3:  # neg
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (-g)
+        elif op == 4:  # exp
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * out)
+        elif op == 5:  # log
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / a)
+        elif op == 8:  # sqrt
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / (2.0 * out))
+        elif op == 10:  # sin
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * math.cos(a))
+        elif op == 11:  # cos
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((-g) * math.sin(a))
+        elif op == 18:  # tanh
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((g * (1.0 - out)) * out)
+        elif op == 24:  # square
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((g * 2.0) * a)
+        elif op == 26:  # addc
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+        elif op == 27:  # mulc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * c0)
+        elif op == 28:  # rsubc
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (-g)
+        elif op == 29:  # divc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / c0)
+        elif op == 31:  # powc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 35:  # add
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+            adj[np.uint64(ib)] += g
+        elif op == 36:  # sub
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+            adj[np.uint64(ib)] += (-g)
+        elif op == 37:  # mul
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            a = v[np.uint64(ia)]
+            b = v[np.uint64(ib)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * b)
+            adj[np.uint64(ib)] += (g * a)
+        elif op == 38:  # div
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            a = v[np.uint64(ia)]
+            b = v[np.uint64(ib)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / b)
+            adj[np.uint64(ib)] += (((-g) * a) / (b * b))
+        elif op == 1001:  # sub then powc
+            k0 = np.uint64(kk - 1)
+            g = adj[np.uint64(k)]
+            hv = v[np.uint64(k0)]
+            tc0 = rows[k, 4]
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
+            adj[np.uint64(k0)] = gh
+            iha = int(rows[k0, 1])
+            ihb = int(rows[k0, 2])
+            adj[np.uint64(iha)] += gh
+            adj[np.uint64(ihb)] += (-gh)
+            kk -= 1
+        elif op == 1003:  # rsubc then powc
+            k0 = np.uint64(kk - 1)
+            g = adj[np.uint64(k)]
+            hv = v[np.uint64(k0)]
+            tc0 = rows[k, 4]
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
+            adj[np.uint64(k0)] = gh
+            iha = int(rows[k0, 1])
+            adj[np.uint64(iha)] += (-gh)
+            kk -= 1
+        elif op == 1005:  # mulc then add
+            k0 = np.uint64(kk - 1)
+            g = adj[np.uint64(k)]
+            ita = int(rows[k, 1])
+            adj[np.uint64(ita)] += g
+            gh = adj[np.uint64(k0)] + g
+            adj[np.uint64(k0)] = gh
+            iha = int(rows[k0, 1])
+            hc0 = rows[k0, 4]
+            adj[np.uint64(iha)] += (gh * hc0)
+            kk -= 1
+        elif op == 1007:  # mul then add
+            k0 = np.uint64(kk - 1)
+            g = adj[np.uint64(k)]
+            ita = int(rows[k, 1])
+            adj[np.uint64(ita)] += g
+            gh = adj[np.uint64(k0)] + g
+            adj[np.uint64(k0)] = gh
+            iha = int(rows[k0, 1])
+            ihb = int(rows[k0, 2])
+            ha = v[np.uint64(iha)]
+            hb = v[np.uint64(ihb)]
+            adj[np.uint64(iha)] += (gh * hb)
+            adj[np.uint64(ihb)] += (gh * ha)
+            kk -= 1
+        elif SHARED[op] and GRADS[op] != 0:
+            bits = GRADS[op]
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            ia = ia if ia >= 0 else kk
+            ib = ib if ib >= 0 else kk
+            ic = ic if ic >= 0 else kk
+            ga, gb, gc = reverse_value(op, v[ia], v[ib], v[ic], v[k], adj[k], rows[k, 4],
+                                       rows[k, 5])
+            if bits & 1:
+                adj[ia] += ga
+            if bits & 2:
+                adj[ib] += gb
+            if bits & 4:
+                adj[ic] += gc
+        kk -= 1
+    for i in range(nin):
+        res[nout + i] = adj[int(work[slots + nout + i])]
     return 0
 
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse_multi(rows, v, A):
-    """``reverse`` of one sample for many seeds at once: ``A[k, j]`` is row ``k``'s adjoint for seed ``j``."""
+    """``reverse`` of one sample for many seeds at once: ``A[k, j]`` is row ``k``'s adjoint
+    for seed ``j`` (rows as traced only)."""
     nb = A.shape[1]
     for k in range(rows.shape[0] - 1, -1, -1):
         op = int(rows[k, 0])

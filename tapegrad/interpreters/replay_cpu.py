@@ -9,15 +9,15 @@ import numba
 import numpy as np
 
 from .._jit import njit_cached
-from ._generated_replay import forward, reverse, reverse_multi, run_block
+from ._generated_replay import (  # noqa: F401  (run_fused: the entry of fused rows)
+    HEADER, forward, reverse, reverse_multi, run_block, run_fused)
 
 BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
 
 
-#: ``run_into``'s ``work``: a header of 3 counts (m outputs, p input slots, the inputs' size),
-#: then m seeds, the m output slots and p input slots (as float64: one array less to pass),
-#: the inputs, and room for the rows' values and adjoints
-HEADER = 3
+# ``run_into``'s ``work``: ``HEADER`` (_codegen_replay.py says its layout, which
+# ``run_fused`` shares: the one-sample entry of rows with superinstructions, interpreters/
+# fuse.py)
 
 
 @njit_cached(error_model="numpy", nogil=True)
