@@ -27,6 +27,8 @@ CONST = {const}
 GUARD = {guard}
 ARR = {arr}
 TAIL = {tail}
+RED = {red}
+MUL = {mul}
 '''  # noqa: E501 (the generated files' first line)
 
 def _array_forward(op):
@@ -124,13 +126,99 @@ _GENERIC_REVERSE = '''            else:
 '''
 
 
+def _red_exprs():
+    """The forward and rules of a reduction's two steps, from the registry: the product
+    ``mul`` and the running sum ``add`` (its left operand the sum so far, whose adjoint
+    is the output's: add's rule passes ``g`` unchanged, so a chain's adjoints are the
+    output's, and the loops need not keep them)."""
+    from ..ops import BY_NAME
+    add, mul = BY_NAME["add"], BY_NAME["mul"]
+    ra, rm = rule_exprs(add), rule_exprs(mul)
+    assert ra == {"a": "g", "b": "g"} and set(rm) == {"a", "b"}, (ra, rm)
+    assert not any(_uses(e, "out") for e in rm.values())
+    return _forward_expr(add), _forward_expr(mul), rm
+
+
+def _red_forward():
+    add, mul, _ = _red_exprs()
+    src = f'''L = int(rows[r, 4])
+ta = int(rows[r, 5])
+m = int(rows[r + 1, 4])
+ia = int(rows[r, 1])
+sa = int(rows[r + 2, 4])
+if int(rows[r + 1, 5]) == MUL:
+    w = 2 * L - 1
+    ib = int(rows[r, 2])
+    sb = int(rows[r + 2, 5])
+    tb = int(rows[r + 3, 4])
+    for i in range(m):
+        ja = ia + i * sa
+        jb = ib + i * sb
+        a = v[np.uint64(ja)]
+        b = v[np.uint64(jb)]
+        acc = {mul}
+        for t in range(1, L):
+            a = v[np.uint64(ja + t * ta)]
+            b = v[np.uint64(jb + t * tb)]
+            b = {mul}
+            a = acc
+            acc = {add}
+        v[np.uint64(k + i * w + w - 1)] = acc
+else:
+    w = L - 1
+    for i in range(m):
+        ja = ia + i * sa
+        a = v[np.uint64(ja)]
+        b = v[np.uint64(ja + ta)]
+        acc = {add}
+        for t in range(2, L):
+            a = acc
+            b = v[np.uint64(ja + t * ta)]
+            acc = {add}
+        v[np.uint64(k + i * w + w - 1)] = acc'''
+    return "".join(" " * 12 + x + "\n" for x in src.splitlines())
+
+
+def _red_reverse():
+    # terms last to first, a's gradient before b's: the order the chains' rows add them
+    _, _, rm = _red_exprs()
+    src = f'''L = int(rows[r, 4])
+m = int(rows[r + 1, 4])
+w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
+k -= m * w - 1
+if rows[r + 3, 5] == 0.0:  # (else no input's gradient goes through it)
+    ta = int(rows[r, 5])
+    ia = int(rows[r, 1])
+    sa = int(rows[r + 2, 4])
+    if int(rows[r + 1, 5]) == MUL:
+        ib = int(rows[r, 2])
+        sb = int(rows[r + 2, 5])
+        tb = int(rows[r + 3, 4])
+        for i in range(m - 1, -1, -1):
+            g = adj[np.uint64(k + i * w + w - 1)]
+            for t in range(L - 1, -1, -1):
+                ja = np.uint64(ia + i * sa + t * ta)
+                jb = np.uint64(ib + i * sb + t * tb)
+                a = v[ja]
+                b = v[jb]
+                adj[ja] += {rm["a"]}
+                adj[jb] += {rm["b"]}
+    else:
+        for i in range(m - 1, -1, -1):
+            g = adj[np.uint64(k + i * w + w - 1)]
+            for t in range(L - 1, -1, -1):
+                adj[np.uint64(ia + i * sa + t * ta)] += g'''
+    return "".join(" " * 12 + x + "\n" for x in src.splitlines())
+
+
 def generate_arrays():
     from ..ops import BY_NAME
     ops = _replay_ops()
     looped = [op for op in ops if op.name in LOOPED]
     src = [HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
                          guard=BY_NAME["guard"].code, arr=BY_NAME["array_ew"].code,
-                         tail=BY_NAME["array_tail"].code)]
+                         tail=BY_NAME["array_tail"].code, red=BY_NAME["array_red"].code,
+                         mul=BY_NAME["mul"].code)]
     src.append("\n#: by opcode: the inputs its rule gives gradients to (bits a, b, c)\n"
                f"GRAD_BITS = np.array({_grad_bits(ops)}, dtype=np.int64)\n")
     src += _value_source(ops)
@@ -146,6 +234,12 @@ def forward(rows, x, v):
     k = 0
     while r < nr:
         op = int(rows[r, 0])
+        if op == RED:
+''')
+    src.append(_red_forward())
+    src.append('''            k += m * w
+            r += 4
+            continue
         if op == ARR:
             m = int(rows[r + 1, 4])
             op = int(rows[r + 1, 5])
@@ -180,6 +274,13 @@ def reverse(rows, v, adj):
     k = v.shape[0] - 1
     while r >= 0:
         op = int(rows[r, 0])
+        if op == TAIL and rows[r - 3, 0] == RED:  # a reduction's last row
+            r -= 3
+''')
+    src.append(_red_reverse())
+    src.append('''            k -= 1
+            r -= 1
+            continue
         if op == TAIL:  # an instruction's last row
             r -= 3
             m = int(rows[r + 1, 4])

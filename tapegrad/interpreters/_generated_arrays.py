@@ -14,9 +14,11 @@ CONST = 1
 GUARD = 87
 ARR = 89
 TAIL = 90
+RED = 91
+MUL = 37
 
 #: by opcode: the inputs its rule gives gradients to (bits a, b, c)
-GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0], dtype=np.int64)
+GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0], dtype=np.int64)
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -246,6 +248,45 @@ def forward(rows, x, v):
     k = 0
     while r < nr:
         op = int(rows[r, 0])
+        if op == RED:
+            L = int(rows[r, 4])
+            ta = int(rows[r, 5])
+            m = int(rows[r + 1, 4])
+            ia = int(rows[r, 1])
+            sa = int(rows[r + 2, 4])
+            if int(rows[r + 1, 5]) == MUL:
+                w = 2 * L - 1
+                ib = int(rows[r, 2])
+                sb = int(rows[r + 2, 5])
+                tb = int(rows[r + 3, 4])
+                for i in range(m):
+                    ja = ia + i * sa
+                    jb = ib + i * sb
+                    a = v[np.uint64(ja)]
+                    b = v[np.uint64(jb)]
+                    acc = (a * b)
+                    for t in range(1, L):
+                        a = v[np.uint64(ja + t * ta)]
+                        b = v[np.uint64(jb + t * tb)]
+                        b = (a * b)
+                        a = acc
+                        acc = (a + b)
+                    v[np.uint64(k + i * w + w - 1)] = acc
+            else:
+                w = L - 1
+                for i in range(m):
+                    ja = ia + i * sa
+                    a = v[np.uint64(ja)]
+                    b = v[np.uint64(ja + ta)]
+                    acc = (a + b)
+                    for t in range(2, L):
+                        a = acc
+                        b = v[np.uint64(ja + t * ta)]
+                        acc = (a + b)
+                    v[np.uint64(k + i * w + w - 1)] = acc
+            k += m * w
+            r += 4
+            continue
         if op == ARR:
             m = int(rows[r + 1, 4])
             op = int(rows[r + 1, 5])
@@ -347,6 +388,37 @@ def reverse(rows, v, adj):
     k = v.shape[0] - 1
     while r >= 0:
         op = int(rows[r, 0])
+        if op == TAIL and rows[r - 3, 0] == RED:  # a reduction's last row
+            r -= 3
+            L = int(rows[r, 4])
+            m = int(rows[r + 1, 4])
+            w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
+            k -= m * w - 1
+            if rows[r + 3, 5] == 0.0:  # (else no input's gradient goes through it)
+                ta = int(rows[r, 5])
+                ia = int(rows[r, 1])
+                sa = int(rows[r + 2, 4])
+                if int(rows[r + 1, 5]) == MUL:
+                    ib = int(rows[r, 2])
+                    sb = int(rows[r + 2, 5])
+                    tb = int(rows[r + 3, 4])
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(k + i * w + w - 1)]
+                        for t in range(L - 1, -1, -1):
+                            ja = np.uint64(ia + i * sa + t * ta)
+                            jb = np.uint64(ib + i * sb + t * tb)
+                            a = v[ja]
+                            b = v[jb]
+                            adj[ja] += (g * b)
+                            adj[jb] += (g * a)
+                else:
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(k + i * w + w - 1)]
+                        for t in range(L - 1, -1, -1):
+                            adj[np.uint64(ia + i * sa + t * ta)] += g
+            k -= 1
+            r -= 1
+            continue
         if op == TAIL:  # an instruction's last row
             r -= 3
             m = int(rows[r + 1, 4])

@@ -10,6 +10,17 @@ scalar row computes one slot, so a row's slot is the number of slots before it
 (``row_slots``): in a program without array instructions, its index. The array
 interpreters (``_generated_arrays.py``) run an instruction as a loop; every other
 interpreter (batches, Jacobians, CUDA) runs the expansion.
+
+A reduction instruction sums each of ``n`` runs of ``L`` terms into one slot, in order (a
+chain of ``add`` rows), or sums their products with the terms of a second operand (``mul``
+and ``add`` rows, a matmul's or a dot product's): term ``t`` of output ``i`` is
+``v[a + i * sa + t * ta]`` (and ``v[b + i * sb + t * tb]``). Its rows are
+``(array_red, a, b, -1, L, ta)``, then ``(n, add or mul)``, ``(sa, sb)``, ``(tb,
+inactive)``. Its expansion is the chains, ``W`` slots each (``red_width``: ``L - 1`` adds, or
+``L`` products and ``L - 1`` adds), output ``i`` last in its chain at ``k + i * W + W - 1``;
+the array interpreter keeps those numbers (so the slots mean the same in both forms) but
+writes and reads only the outputs, never the chains' other slots: it keeps no products nor
+partial sums.
 """
 from __future__ import annotations
 
@@ -23,7 +34,10 @@ from ..ops import BY_NAME
 NCOL = 6
 ARR = BY_NAME["array_ew"].code
 TAIL = BY_NAME["array_tail"].code
+RED = BY_NAME["array_red"].code
 LEAF = BY_NAME["leaf"].code
+ADD = BY_NAME["add"].code
+MUL = BY_NAME["mul"].code
 #: the shortest run of elements made one instruction (shorter runs stay scalar rows; at
 #: least 4, an instruction's own rows). Set it to a huge number to trace scalar rows only
 MIN_RUN = 16
@@ -101,12 +115,100 @@ def block(code, flat, c0, c1, min_run):
     return np.concatenate(parts), True
 
 
+def red_width(step, L):
+    """The slots of each output's chain in a reduction instruction of ``L`` terms (``step``:
+    ADD, a sum; MUL, a sum of products)."""
+    return 2 * L - 1 if step == MUL else L - 1
+
+
+def heads_of(rows):
+    """The first rows of a program's instructions (elementwise and reductions)."""
+    return np.nonzero((rows[:, 0] == ARR) | (rows[:, 0] == RED))[0]
+
+
+def _sizes(rows, heads):
+    """The slots of each instruction: ``n``, or ``n * W`` for a reduction."""
+    n = rows[heads + 1, 4]
+    L = rows[heads, 4]
+    w = np.where(rows[heads + 1, 5] == MUL, 2 * L - 1, L - 1)
+    return np.where(rows[heads, 0] == RED, n * w, n).astype(np.int64)
+
+
+def chain_rows(step, A, B, k):
+    """The scalar rows of the sums over the last axis of the slot grids ``A`` (n, L) (of the
+    products with ``B`` when ``step`` is MUL), from slot ``k``: each output a chain of
+    ``red_width(step, L)`` rows, the running sum on the left (``acc + term``, the order a
+    reduction instruction adds in), its last row the output."""
+    n, L = A.shape
+    W = red_width(step, L)
+    out = np.zeros((n, W, NCOL), dtype=np.float64)
+    out[..., 3] = -1.0
+    base = (k + np.arange(n, dtype=np.int64) * W)[:, None]
+    if step == MUL:
+        t = np.arange(1, L)
+        out[:, 0, 0], out[:, 0, 1], out[:, 0, 2] = MUL, A[:, 0], B[:, 0]
+        out[:, 2 * t - 1, 0] = MUL
+        out[:, 2 * t - 1, 1] = A[:, 1:]
+        out[:, 2 * t - 1, 2] = B[:, 1:]
+        out[:, 2 * t, 0] = ADD
+        out[:, 2 * t, 1] = base + 2 * t - 2
+        out[:, 2 * t, 2] = base + 2 * t - 1
+    else:
+        t = np.arange(2, L)
+        out[:, :, 0] = ADD
+        out[:, 0, 1], out[:, 0, 2] = A[:, 0], A[:, 1]
+        out[:, t - 1, 1] = base + t - 2
+        out[:, t - 1, 2] = A[:, 2:]
+    return out.reshape(-1, NCOL)
+
+
+def red_block(step, A, B, k, min_run):
+    """The rows of the sums over the last axis of the slot grids ``A`` (m, L) (of products
+    with ``B`` when ``step`` is MUL), evenly spaced along it, their chains from slot ``k``:
+    a reduction instruction for each run of outputs whose first terms are evenly spaced and
+    that sums ``min_run`` terms or more, the chains as scalar rows for the rest; and
+    whether any is an instruction."""
+    m, L = A.shape
+    W = red_width(step, L)
+    flat = A[:, :1].T if B is None else np.stack([A[:, 0], B[:, 0]])
+    rs = runs(flat, max(1, -(-min_run // L))) if m * L >= min_run else None
+    if rs is None:
+        return chain_rows(step, A, B, k), False
+    ta = int(A[0, 1] - A[0, 0]) if L > 1 else 0
+    tb = int(B[0, 1] - B[0, 0]) if B is not None and L > 1 else 0
+    parts, any_ = [], False
+    for s, e, st in rs:
+        n = e - s
+        if n * L < min_run:
+            parts.append(chain_rows(step, A[s:e], None if B is None else B[s:e], k + s * W))
+            continue
+        st = st + [0] * (2 - len(st))
+        ib = int(B[s, 0]) if B is not None else -1
+        parts.append(np.array([[RED, int(A[s, 0]), ib, -1, L, ta],
+                               [TAIL, -1, -1, -1, n, step],
+                               [TAIL, -1, -1, -1, st[0], st[1]],
+                               [TAIL, -1, -1, -1, tb, 0.0]], dtype=np.float64))
+        any_ = True
+    return np.concatenate(parts), any_
+
+
+def red_grids(rows, r):
+    """(A, B or None) of the reduction instruction at row ``r``: its terms' slots (n, L)."""
+    n, L = int(rows[r + 1, 4]), int(rows[r, 4])
+    i = np.arange(n, dtype=np.int64)[:, None]
+    t = np.arange(L, dtype=np.int64)[None, :]
+    A = int(rows[r, 1]) + i * int(rows[r + 2, 4]) + t * int(rows[r, 5])
+    B = None if rows[r, 2] < 0 else \
+        int(rows[r, 2]) + i * int(rows[r + 2, 5]) + t * int(rows[r + 3, 4])
+    return A, B
+
+
 def row_slots(rows):
     """(the slot of each row, the number of slots): an instruction's first row has its
     first slot, its other rows the next instruction's."""
     n = np.ones(rows.shape[0], dtype=np.int64)
-    heads = np.nonzero(rows[:, 0] == ARR)[0]
-    n[heads] = rows[heads + 1, 4].astype(np.int64)
+    heads = heads_of(rows)
+    n[heads] = _sizes(rows, heads)
     for j in range(1, META + 1):
         n[heads + j] = 0
     ends = np.cumsum(n)
@@ -119,13 +221,18 @@ def expand(rows):
     at, nslots = row_slots(rows)
     out = np.empty((nslots, NCOL), dtype=np.float64)
     scalar = np.ones(rows.shape[0], dtype=np.bool_)
-    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    heads = heads_of(rows)
     for j in range(META + 1):
         scalar[heads + j] = False
     out[at[scalar]] = rows[scalar]
     i_all = np.arange(max([int(rows[k + 1, 4]) for k in heads.tolist()] or [0]),
                       dtype=np.float64)
     for k in heads.tolist():
+        if rows[k, 0] == RED:
+            A, B = red_grids(rows, k)
+            blk = chain_rows(int(rows[k + 1, 5]), A, B, int(at[k]))
+            out[at[k]:at[k] + blk.shape[0]] = blk
+            continue
         n, code = int(rows[k + 1, 4]), rows[k + 1, 5]
         st = (rows[k + 2, 4], rows[k + 2, 5], rows[k + 3, 4])
         blk = out[at[k]:at[k] + n]
@@ -151,6 +258,29 @@ def mark_inactive(rows, nslots, bits, leaf):
         op = int(rows[r, 0])
         if op == leaf:
             act[k] = True
+        elif op == RED:
+            # an output is active when any of its terms is (add's and mul's rules give
+            # every term a gradient); its chain's other slots are never read
+            m = int(rows[r + 1, 4])
+            L = int(rows[r, 4])
+            w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
+            any_ = False
+            for c in range(2):
+                s = int(rows[r, 1 + c])
+                if s < 0:
+                    continue
+                si = int(rows[r + 2, 4 + c])
+                st = int(rows[r, 5]) if c == 0 else int(rows[r + 3, 4])
+                for i in range(m):
+                    for t in range(L):
+                        if act[s + i * si + t * st]:
+                            act[k + i * w + w - 1] = True
+                            any_ = True
+                            break
+            rows[r + 3, 5] = 0.0 if any_ else 1.0
+            r += META + 1
+            k += m * w
+            continue
         elif op == ARR:
             m = int(rows[r + 1, 4])
             b = bits[int(rows[r + 1, 5])]
@@ -178,19 +308,23 @@ def mark_inactive(rows, nslots, bits, leaf):
 
 
 def has_arrays(rows):
-    return bool(rows.shape[0]) and bool(np.any(rows[:, 0] == ARR))
+    return bool(rows.shape[0]) and bool(np.any((rows[:, 0] == ARR) | (rows[:, 0] == RED)))
 
 
 def coverage(rows):
     """The share of the program's slots that its array instructions compute."""
-    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    heads = heads_of(rows)
     total = row_slots(rows)[1]
-    return float(rows[heads + 1, 4].sum()) / total if total else 0.0
+    return float(_sizes(rows, heads).sum()) / total if total else 0.0
 
 
 def info(rows, r):
     """(n, opcode, strides) of the instruction whose first row is ``r``; (1, opcode, 0s) for a
-    scalar row."""
+    scalar row; for a reduction (n outputs, ``array_red``, (sa, sb, ta, tb, L))."""
+    if rows[r, 0] == RED:
+        return (int(rows[r + 1, 4]), RED, (int(rows[r + 2, 4]), int(rows[r + 2, 5]),
+                                           int(rows[r, 5]), int(rows[r + 3, 4]),
+                                           int(rows[r, 4])))
     if rows[r, 0] != ARR:
         return 1, int(rows[r, 0]), (0, 0, 0)
     return (int(rows[r + 1, 4]), int(rows[r + 1, 5]),
@@ -204,7 +338,7 @@ def prune_arrays(rows, roots, guard, leaf):
     evenly spaced after renumbering). The backward pass is compiled (``_needed``); the
     renumbering is NumPy's (compiled too, it doubled the cold compile at trace time)."""
     at, nslots = row_slots(rows)
-    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    heads = heads_of(rows)
     owner = at.copy()  # the slot that decides whether a row is kept: its instruction's first
     for j in range(1, META + 1):
         owner[heads + j] = at[heads]
@@ -230,6 +364,28 @@ def _needed(rows, at, nslots, roots, guard, leaf):
         if k < 0:
             continue
         op = int(rows[r, 0])
+        if op == RED:
+            m = int(rows[r + 1, 4])
+            L = int(rows[r, 4])
+            w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
+            any_ = False
+            for i in range(m * w):
+                any_ = any_ or need[k + i]
+            if not any_:
+                continue
+            for i in range(m * w):
+                need[k + i] = True
+            for c in range(2):
+                s = int(rows[r, 1 + c])
+                if s < 0:
+                    continue
+                si = int(rows[r + 2, 4 + c])
+                st = int(rows[r, 5]) if c == 0 else int(rows[r + 3, 4])
+                lo = s + min(0, (m - 1) * si) + min(0, (L - 1) * st)
+                hi = s + max(0, (m - 1) * si) + max(0, (L - 1) * st)
+                for t in range(lo, hi + 1):
+                    need[t] = True
+            continue
         if op == ARR:
             m = int(rows[r + 1, 4])
             any_ = False
