@@ -140,6 +140,10 @@ def _red_exprs():
 
 
 def _red_forward():
+    # a term of every output, then the next (not an output's terms, then the next output's):
+    # each output still adds its terms in order, but the additions of a pass do not wait
+    # on each other (one chain waits on each addition's latency). The outputs are
+    # contiguous, after their chains' other slots (never written here)
     add, mul, _ = _red_exprs()
     src = f'''L = int(rows[r, 4])
 ta = int(rows[r, 5])
@@ -148,44 +152,50 @@ ia = int(rows[r, 1])
 sa = int(rows[r + 2, 4])
 if int(rows[r + 1, 5]) == MUL:
     w = 2 * L - 1
+    o = k + m * (w - 1)
     ib = int(rows[r, 2])
     sb = int(rows[r + 2, 5])
     tb = int(rows[r + 3, 4])
     for i in range(m):
-        ja = ia + i * sa
-        jb = ib + i * sb
-        a = v[np.uint64(ja)]
-        b = v[np.uint64(jb)]
-        acc = {mul}
-        for t in range(1, L):
-            a = v[np.uint64(ja + t * ta)]
-            b = v[np.uint64(jb + t * tb)]
+        a = v[np.uint64(ia + i * sa)]
+        b = v[np.uint64(ib + i * sb)]
+        v[np.uint64(o + i)] = {mul}
+    for t in range(1, L):
+        for i in range(m):
+            a = v[np.uint64(ia + i * sa + t * ta)]
+            b = v[np.uint64(ib + i * sb + t * tb)]
             b = {mul}
-            a = acc
-            acc = {add}
-        v[np.uint64(k + i * w + w - 1)] = acc
+            a = v[np.uint64(o + i)]
+            v[np.uint64(o + i)] = {add}
 else:
     w = L - 1
+    o = k + m * (w - 1)
     for i in range(m):
-        ja = ia + i * sa
-        a = v[np.uint64(ja)]
-        b = v[np.uint64(ja + ta)]
-        acc = {add}
-        for t in range(2, L):
-            a = acc
-            b = v[np.uint64(ja + t * ta)]
-            acc = {add}
-        v[np.uint64(k + i * w + w - 1)] = acc'''
+        a = v[np.uint64(ia + i * sa)]
+        b = v[np.uint64(ia + i * sa + ta)]
+        v[np.uint64(o + i)] = {add}
+    for t in range(2, L):
+        for i in range(m):
+            a = v[np.uint64(o + i)]
+            b = v[np.uint64(ia + i * sa + t * ta)]
+            v[np.uint64(o + i)] = {add}'''
     return "".join(" " * 12 + x + "\n" for x in src.splitlines())
 
 
 def _red_reverse():
-    # terms last to first, a's gradient before b's: the order the chains' rows add them
+    # the order the expansion's reverse sweep adds each term's gradient, so that a slot
+    # that several terms read gets them in the same order: a sum's last terms (the outputs'
+    # rows, after the chains') for every output, then the other terms of each; a sum of
+    # products' terms all from the chains' mul rows, each output's last to first. Where
+    # every output reads the same ``a`` terms (sa == 0: a matmul's row), a term's gradient
+    # is summed over the outputs in a register, in that order, when no other slot of the
+    # instruction is that term's (distinct a terms, b's distinct and apart from them)
     _, _, rm = _red_exprs()
     src = f'''L = int(rows[r, 4])
 m = int(rows[r + 1, 4])
 w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
 k -= m * w - 1
+o = k + m * (w - 1)
 if rows[r + 3, 5] == 0.0:  # (else no input's gradient goes through it)
     ta = int(rows[r, 5])
     ia = int(rows[r, 1])
@@ -194,20 +204,44 @@ if rows[r + 3, 5] == 0.0:  # (else no input's gradient goes through it)
         ib = int(rows[r, 2])
         sb = int(rows[r + 2, 5])
         tb = int(rows[r + 3, 4])
-        for i in range(m - 1, -1, -1):
-            g = adj[np.uint64(k + i * w + w - 1)]
+        blo = ib + min(0, (m - 1) * sb) + min(0, (L - 1) * tb)
+        bhi = ib + max(0, (m - 1) * sb) + max(0, (L - 1) * tb)
+        alo = ia + min(0, (L - 1) * ta)
+        ahi = ia + max(0, (L - 1) * ta)
+        if (sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
+                and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
             for t in range(L - 1, -1, -1):
-                ja = np.uint64(ia + i * sa + t * ta)
-                jb = np.uint64(ib + i * sb + t * tb)
+                ja = np.uint64(ia + t * ta)
                 a = v[ja]
-                b = v[jb]
-                adj[ja] += {rm["a"]}
-                adj[jb] += {rm["b"]}
+                ga = adj[ja]
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(o + i)]
+                    jb = np.uint64(ib + i * sb + t * tb)
+                    b = v[jb]
+                    ga += {rm["a"]}
+                    adj[jb] += {rm["b"]}
+                adj[ja] = ga
+        else:
+            for i in range(m - 1, -1, -1):
+                g = adj[np.uint64(o + i)]
+                for t in range(L - 1, -1, -1):
+                    ja = np.uint64(ia + i * sa + t * ta)
+                    jb = np.uint64(ib + i * sb + t * tb)
+                    a = v[ja]
+                    b = v[jb]
+                    adj[ja] += {rm["a"]}
+                    adj[jb] += {rm["b"]}
     else:
+        last = L - 1 if L > 2 else 0  # the terms of the outputs' own rows
         for i in range(m - 1, -1, -1):
-            g = adj[np.uint64(k + i * w + w - 1)]
-            for t in range(L - 1, -1, -1):
-                adj[np.uint64(ia + i * sa + t * ta)] += g'''
+            g = adj[np.uint64(o + i)]
+            for t in range(L - 1, last - 1, -1):
+                adj[np.uint64(ia + i * sa + t * ta)] += g
+        if L > 2:
+            for i in range(m - 1, -1, -1):
+                g = adj[np.uint64(o + i)]
+                for t in range(L - 2, -1, -1):
+                    adj[np.uint64(ia + i * sa + t * ta)] += g'''
     return "".join(" " * 12 + x + "\n" for x in src.splitlines())
 
 

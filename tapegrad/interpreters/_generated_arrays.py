@@ -256,34 +256,33 @@ def forward(rows, x, v):
             sa = int(rows[r + 2, 4])
             if int(rows[r + 1, 5]) == MUL:
                 w = 2 * L - 1
+                o = k + m * (w - 1)
                 ib = int(rows[r, 2])
                 sb = int(rows[r + 2, 5])
                 tb = int(rows[r + 3, 4])
                 for i in range(m):
-                    ja = ia + i * sa
-                    jb = ib + i * sb
-                    a = v[np.uint64(ja)]
-                    b = v[np.uint64(jb)]
-                    acc = (a * b)
-                    for t in range(1, L):
-                        a = v[np.uint64(ja + t * ta)]
-                        b = v[np.uint64(jb + t * tb)]
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(o + i)] = (a * b)
+                for t in range(1, L):
+                    for i in range(m):
+                        a = v[np.uint64(ia + i * sa + t * ta)]
+                        b = v[np.uint64(ib + i * sb + t * tb)]
                         b = (a * b)
-                        a = acc
-                        acc = (a + b)
-                    v[np.uint64(k + i * w + w - 1)] = acc
+                        a = v[np.uint64(o + i)]
+                        v[np.uint64(o + i)] = (a + b)
             else:
                 w = L - 1
+                o = k + m * (w - 1)
                 for i in range(m):
-                    ja = ia + i * sa
-                    a = v[np.uint64(ja)]
-                    b = v[np.uint64(ja + ta)]
-                    acc = (a + b)
-                    for t in range(2, L):
-                        a = acc
-                        b = v[np.uint64(ja + t * ta)]
-                        acc = (a + b)
-                    v[np.uint64(k + i * w + w - 1)] = acc
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ia + i * sa + ta)]
+                    v[np.uint64(o + i)] = (a + b)
+                for t in range(2, L):
+                    for i in range(m):
+                        a = v[np.uint64(o + i)]
+                        b = v[np.uint64(ia + i * sa + t * ta)]
+                        v[np.uint64(o + i)] = (a + b)
             k += m * w
             r += 4
             continue
@@ -394,6 +393,7 @@ def reverse(rows, v, adj):
             m = int(rows[r + 1, 4])
             w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
             k -= m * w - 1
+            o = k + m * (w - 1)
             if rows[r + 3, 5] == 0.0:  # (else no input's gradient goes through it)
                 ta = int(rows[r, 5])
                 ia = int(rows[r, 1])
@@ -402,20 +402,44 @@ def reverse(rows, v, adj):
                     ib = int(rows[r, 2])
                     sb = int(rows[r + 2, 5])
                     tb = int(rows[r + 3, 4])
-                    for i in range(m - 1, -1, -1):
-                        g = adj[np.uint64(k + i * w + w - 1)]
+                    blo = ib + min(0, (m - 1) * sb) + min(0, (L - 1) * tb)
+                    bhi = ib + max(0, (m - 1) * sb) + max(0, (L - 1) * tb)
+                    alo = ia + min(0, (L - 1) * ta)
+                    ahi = ia + max(0, (L - 1) * ta)
+                    if (sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
+                            and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
                         for t in range(L - 1, -1, -1):
-                            ja = np.uint64(ia + i * sa + t * ta)
-                            jb = np.uint64(ib + i * sb + t * tb)
+                            ja = np.uint64(ia + t * ta)
                             a = v[ja]
-                            b = v[jb]
-                            adj[ja] += (g * b)
-                            adj[jb] += (g * a)
+                            ga = adj[ja]
+                            for i in range(m - 1, -1, -1):
+                                g = adj[np.uint64(o + i)]
+                                jb = np.uint64(ib + i * sb + t * tb)
+                                b = v[jb]
+                                ga += (g * b)
+                                adj[jb] += (g * a)
+                            adj[ja] = ga
+                    else:
+                        for i in range(m - 1, -1, -1):
+                            g = adj[np.uint64(o + i)]
+                            for t in range(L - 1, -1, -1):
+                                ja = np.uint64(ia + i * sa + t * ta)
+                                jb = np.uint64(ib + i * sb + t * tb)
+                                a = v[ja]
+                                b = v[jb]
+                                adj[ja] += (g * b)
+                                adj[jb] += (g * a)
                 else:
+                    last = L - 1 if L > 2 else 0  # the terms of the outputs' own rows
                     for i in range(m - 1, -1, -1):
-                        g = adj[np.uint64(k + i * w + w - 1)]
-                        for t in range(L - 1, -1, -1):
+                        g = adj[np.uint64(o + i)]
+                        for t in range(L - 1, last - 1, -1):
                             adj[np.uint64(ia + i * sa + t * ta)] += g
+                    if L > 2:
+                        for i in range(m - 1, -1, -1):
+                            g = adj[np.uint64(o + i)]
+                            for t in range(L - 2, -1, -1):
+                                adj[np.uint64(ia + i * sa + t * ta)] += g
             k -= 1
             r -= 1
             continue

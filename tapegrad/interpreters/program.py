@@ -148,14 +148,13 @@ class Builder:
         m = int(np.prod(oshape))
         step = _arr.MUL if B is not None else _arr.ADD
         self._flush()
-        block, arrays = _arr.red_block(step, A.reshape(m, L),
-                                       None if B is None else B.reshape(m, L), self.n,
-                                       self.min_run)
+        block, arrays, out = _arr.red_block(step, A.reshape(m, L),
+                                            None if B is None else B.reshape(m, L), self.n,
+                                            self.min_run)
         self.arrays = self.arrays or arrays
         self._blocks.append(block)
-        W = _arr.red_width(step, L)
-        out = (self.n + W - 1 + W * np.arange(m, dtype=np.int64)).reshape(oshape)
-        self.n += m * W
+        out = out.reshape(oshape)
+        self.n += m * _arr.red_width(step, L)
         return out if perm is None else np.transpose(out, np.argsort(perm))
 
     def const(self, value):
@@ -569,8 +568,7 @@ def _red_rule(L, F, adj, rows, r, k):
     summed by reduction instructions again."""
     n, L_ = int(rows[r + 1, 4]), int(rows[r, 4])
     step = int(rows[r + 1, 5])
-    W = _arr.red_width(step, L_)
-    gs = adj[k + W - 1 + W * np.arange(n, dtype=np.int64)]
+    gs = adj[_arr.red_outputs(k, n, step, L_)]
     if (gs < 0).all():
         return
     if (gs < 0).any():
