@@ -279,7 +279,10 @@ def forward(rows, x, v):
             op = int(rows[r + 1, 5])
 ''')
     src.append(_OPERANDS)
-    src += _array_dispatch(looped, _array_forward, 12)
+    # inputs: a run of leaves reading the input elements c0 ..
+    src.append(" " * 12 + "if op == LEAF:\n" + " " * 16 + "for i in range(m):\n"
+               + " " * 20 + "v[np.uint64(k + i)] = x[np.uint64(int(c0) + i)]\n")
+    src += chain(looped, _array_forward, 12, first=False)
     src.append(_GENERIC_FORWARD)
     src.append('''            k += m
             r += 4

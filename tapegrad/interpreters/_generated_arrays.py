@@ -300,7 +300,10 @@ def forward(rows, x, v):
             ia = ia if ia >= 0 else k
             ib = ib if ib >= 0 else k
             ic = ic if ic >= 0 else k
-            if op == 4:  # exp
+            if op == LEAF:
+                for i in range(m):
+                    v[np.uint64(k + i)] = x[np.uint64(int(c0) + i)]
+            elif op == 4:  # exp
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
                     v[np.uint64(k + i)] = math.exp(a)

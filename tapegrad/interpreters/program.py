@@ -58,6 +58,7 @@ class Builder:
         self.arrays = False  # whether any row is an array instruction
         self._pending = []  # scalar rows as tuples, in order
         self._blocks = []   # (m, NCOL) arrays, in order with the pending rows flushed
+        self._leaves = []   # the indices in _blocks of runs of leaf rows (``inputs``)
         self._consts = {}
 
     def _flush(self):
@@ -73,10 +74,24 @@ class Builder:
 
     def rows(self):
         self._flush()
+        if self.arrays:
+            # a program of array instructions reads its inputs as instructions too: a
+            # leaf row per element took 2 of lse's 16 ms (n = 640,000), and made it mostly
+            # scalar rows (``MIN_COVER``); the slots are the same
+            for j in self._leaves:
+                b = self._blocks[j]
+                if b.shape[0] >= self.min_run:
+                    self._blocks[j] = np.array(
+                        [[_arr.ARR, -1, -1, -1, b[0, 4], 0.0],
+                         [_arr.TAIL, -1, -1, -1, b.shape[0], LEAF],
+                         [_arr.TAIL, -1, -1, -1, 0.0, 0.0],
+                         [_arr.TAIL, -1, -1, -1, 0.0, 0.0]], dtype=np.float64)
+            self._leaves = []
         if not self._blocks:
             return np.zeros((0, NCOL))
         if len(self._blocks) > 1:
             self._blocks = [np.concatenate(self._blocks)]
+            self._leaves = []
         return self._blocks[0]
 
     def op(self, name, *ins, c0=0.0, c1=0.0):
@@ -123,20 +138,23 @@ class Builder:
         shape, L = A.shape[:-1], A.shape[-1]
         if L < 2 or not all(_even(X) for X in (A, B) if X is not None):
             return None
-        if L > RED_BLOCK:  # partial sums of blocks, then their sum
+        if L > RED_BLOCK:  # partial sums of blocks, then their sum, then the rest's
             nb = L // RED_BLOCK
             cut = nb * RED_BLOCK
             blk = lambda X: None if X is None else \
                 X[..., :cut].reshape(shape + (nb, RED_BLOCK))  # noqa: E731
-            parts = [self.reduce_terms(blk(A), blk(B))]
+            P = self.reduce_terms(blk(A), blk(B))
+            r = P[..., 0] if nb == 1 else self.reduce_terms(P)
+            if r is None:  # the partial sums are not evenly spaced: added in order
+                r = P[..., 0]
+                for j in range(1, nb):
+                    r = self.op("add", r, P[..., j])
             if L > cut:
-                rest = L - cut
-                parts.append((A[..., cut] if B is None else self.op(
-                    "mul", A[..., cut], B[..., cut]))[..., None] if rest == 1 else
-                    self.reduce_terms(A[..., cut:], None if B is None else B[..., cut:])[
-                        ..., None])
-            P = np.concatenate(parts, axis=-1)
-            return P[..., 0] if P.shape[-1] == 1 else self.reduce_terms(P)
+                rest = (A[..., cut] if B is None else self.op(
+                    "mul", A[..., cut], B[..., cut])) if L - cut == 1 else \
+                    self.reduce_terms(A[..., cut:], None if B is None else B[..., cut:])
+                r = self.op("add", r, rest)
+            return r
         # the longest output axis last: its outputs are a run, whatever the others
         perm = None
         if len(shape) > 1 and int(np.argmax(shape)) != len(shape) - 1:
@@ -181,6 +199,7 @@ class Builder:
         block[:, 0] = LEAF
         block[:, 1:4] = -1.0
         block[:, 4] = np.arange(start, start + m, dtype=np.float64)
+        self._leaves.append(len(self._blocks))
         self._blocks.append(block)
         slots = np.arange(self.n, self.n + m, dtype=np.int64)
         self.n += m

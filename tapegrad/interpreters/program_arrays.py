@@ -253,6 +253,8 @@ def expand(rows):
             s = rows[k, 1 + j]
             blk[:, 1 + j] = s + i * st[j] if s >= 0 else -1.0
         blk[:, 4:6] = rows[k, 4:6]
+        if code == LEAF:  # input elements c0 ..
+            blk[:, 4] += i
         blk[:, 0] = code
     return out
 
@@ -292,6 +294,14 @@ def mark_inactive(rows, nslots, bits, leaf):
             rows[r + 3, 5] = 0.0 if any_ else 1.0
             r += META + 1
             k += m * w
+            continue
+        elif op == ARR and int(rows[r + 1, 5]) == leaf:  # inputs: no rule to run back
+            m = int(rows[r + 1, 4])
+            for i in range(m):
+                act[k + i] = True
+            rows[r + 3, 5] = 1.0
+            r += META + 1
+            k += m
             continue
         elif op == ARR:
             m = int(rows[r + 1, 4])
@@ -400,7 +410,7 @@ def _needed(rows, at, nslots, roots, guard, leaf):
             continue
         if op == ARR:
             m = int(rows[r + 1, 4])
-            any_ = False
+            any_ = int(rows[r + 1, 5]) == leaf  # (inputs are kept)
             for i in range(m):
                 any_ = any_ or need[k + i]
             if not any_:
@@ -462,6 +472,10 @@ def entry(rows, work):
     ins = work[s + m:o].astype(np.intp)
     repeats = np.unique(out).shape[0] < m  # an output slot twice: its seeds add up
     live = _live(rows, n)
+    if p and (ins == ins[0] + np.arange(p)).all():
+        # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
+        # not a gather (1 ms of lse's gradient at n = 640,000)
+        ins = slice(int(ins[0]), int(ins[0]) + p)
 
     def run(rows, work, res):
         v = work[o + nx:o + nx + n]
