@@ -29,6 +29,8 @@ ARR = {arr}
 TAIL = {tail}
 RED = {red}
 MUL = {mul}
+MAX = {max_}
+MIN = {min_}
 '''  # noqa: E501 (the generated files' first line)
 
 def _array_forward(op):
@@ -142,9 +144,13 @@ def _red_exprs():
 def _red_forward():
     # a term of every output, then the next (not an output's terms, then the next output's):
     # each output still adds its terms in order, but the additions of a pass do not wait
-    # on each other (one chain waits on each addition's latency). The outputs are
-    # contiguous, after their chains' other slots (never written here)
+    # on each other (one chain waits on each addition's latency); in tiles of 64 outputs,
+    # whose terms stay in cache between passes (a long sum's blocks: 128 passes over the
+    # whole input, 4x slower). The outputs are contiguous, after their chains' other slots
+    # (never written here)
     add, mul, _ = _red_exprs()
+    from ..ops import BY_NAME
+    mx, mn = _forward_expr(BY_NAME["maximum"]), _forward_expr(BY_NAME["minimum"])
     src = f'''L = int(rows[r, 4])
 ta = int(rows[r, 5])
 m = int(rows[r + 1, 4])
@@ -160,13 +166,28 @@ if int(rows[r + 1, 5]) == MUL:
         a = v[np.uint64(ia + i * sa)]
         b = v[np.uint64(ib + i * sb)]
         v[np.uint64(o + i)] = {mul}
-    for t in range(1, L):
-        for i in range(m):
-            a = v[np.uint64(ia + i * sa + t * ta)]
-            b = v[np.uint64(ib + i * sb + t * tb)]
-            b = {mul}
-            a = v[np.uint64(o + i)]
-            v[np.uint64(o + i)] = {add}
+    for i0 in range(0, m, 64):
+        for t in range(1, L):
+            for i in range(i0, min(i0 + 64, m)):
+                a = v[np.uint64(ia + i * sa + t * ta)]
+                b = v[np.uint64(ib + i * sb + t * tb)]
+                b = {mul}
+                a = v[np.uint64(o + i)]
+                v[np.uint64(o + i)] = {add}
+elif int(rows[r + 1, 5]) == MAX or int(rows[r + 1, 5]) == MIN:
+    w = L - 1
+    o = k + m * (w - 1)
+    big = int(rows[r + 1, 5]) == MAX
+    for i0 in range(0, m, 64):
+        for i in range(i0, min(i0 + 64, m)):
+            a = v[np.uint64(ia + i * sa)]
+            b = v[np.uint64(ia + i * sa + ta)]
+            v[np.uint64(o + i)] = {mx} if big else {mn}
+        for t in range(2, L):
+            for i in range(i0, min(i0 + 64, m)):
+                a = v[np.uint64(o + i)]
+                b = v[np.uint64(ia + i * sa + t * ta)]
+                v[np.uint64(o + i)] = {mx} if big else {mn}
 else:
     w = L - 1
     o = k + m * (w - 1)
@@ -174,11 +195,12 @@ else:
         a = v[np.uint64(ia + i * sa)]
         b = v[np.uint64(ia + i * sa + ta)]
         v[np.uint64(o + i)] = {add}
-    for t in range(2, L):
-        for i in range(m):
-            a = v[np.uint64(o + i)]
-            b = v[np.uint64(ia + i * sa + t * ta)]
-            v[np.uint64(o + i)] = {add}'''
+    for i0 in range(0, m, 64):
+        for t in range(2, L):
+            for i in range(i0, min(i0 + 64, m)):
+                a = v[np.uint64(o + i)]
+                b = v[np.uint64(ia + i * sa + t * ta)]
+                v[np.uint64(o + i)] = {add}'''
     return "".join(" " * 12 + x + "\n" for x in src.splitlines())
 
 
@@ -231,7 +253,7 @@ if rows[r + 3, 5] == 0.0:  # (else no input's gradient goes through it)
                     b = v[jb]
                     adj[ja] += {rm["a"]}
                     adj[jb] += {rm["b"]}
-    else:
+    elif int(rows[r + 1, 5]) != MAX and int(rows[r + 1, 5]) != MIN:  # (extremes: none)
         last = L - 1 if L > 2 else 0  # the terms of the outputs' own rows
         for i in range(m - 1, -1, -1):
             g = adj[np.uint64(o + i)]
@@ -252,20 +274,19 @@ def generate_arrays():
     src = [HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
                          guard=BY_NAME["guard"].code, arr=BY_NAME["array_ew"].code,
                          tail=BY_NAME["array_tail"].code, red=BY_NAME["array_red"].code,
-                         mul=BY_NAME["mul"].code)]
+                         mul=BY_NAME["mul"].code, max_=BY_NAME["maximum"].code,
+                         min_=BY_NAME["minimum"].code)]
     src.append("\n#: by opcode: the inputs its rule gives gradients to (bits a, b, c)\n"
                f"GRAD_BITS = np.array({_grad_bits(ops)}, dtype=np.int64)\n")
     src += _value_source(ops)
     src.append('''
 
 @njit_cached(error_model="numpy", nogil=True)
-def forward(rows, x, v):
-    """Run the program at inputs ``x`` into ``v`` (one value per slot: row ``r`` computes
-    slot ``k``, an array instruction slots ``k .. k + m - 1``); 0, or 1 + the slot of a
-    failed guard (its row in the expanded program)."""
-    nr = rows.shape[0]
-    r = 0
-    k = 0
+def forward(rows, x, v, r, nr, k):
+    """Run rows ``r .. nr - 1`` of the program (their first slot ``k``) at inputs ``x`` into
+    ``v`` (one value per slot: row ``r`` computes slot ``k``, an array instruction slots
+    ``k .. k + m - 1``); 0, or 1 + the slot of a failed guard (its row in the expanded
+    program)."""
     while r < nr:
         op = int(rows[r, 0])
         if op == RED:
@@ -305,11 +326,10 @@ def forward(rows, x, v):
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def reverse(rows, v, adj):
-    """The reverse sweep of one sample: ``adj`` seeded at the outputs."""
-    r = rows.shape[0] - 1
-    k = v.shape[0] - 1
-    while r >= 0:
+def reverse(rows, v, adj, r, k, lo):
+    """The reverse sweep of one sample over rows ``r`` down to ``lo`` (``k``: row ``r``'s
+    last slot): ``adj`` seeded at the outputs."""
+    while r >= lo:
         op = int(rows[r, 0])
         if op == TAIL and rows[r - 3, 0] == RED:  # a reduction's last row
             r -= 3

@@ -16,6 +16,8 @@ ARR = 89
 TAIL = 90
 RED = 91
 MUL = 37
+MAX = 41
+MIN = 42
 
 #: by opcode: the inputs its rule gives gradients to (bits a, b, c)
 GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0], dtype=np.int64)
@@ -239,13 +241,11 @@ def grads(op, a, b, c, out, g, c0, c1):
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def forward(rows, x, v):
-    """Run the program at inputs ``x`` into ``v`` (one value per slot: row ``r`` computes
-    slot ``k``, an array instruction slots ``k .. k + m - 1``); 0, or 1 + the slot of a
-    failed guard (its row in the expanded program)."""
-    nr = rows.shape[0]
-    r = 0
-    k = 0
+def forward(rows, x, v, r, nr, k):
+    """Run rows ``r .. nr - 1`` of the program (their first slot ``k``) at inputs ``x`` into
+    ``v`` (one value per slot: row ``r`` computes slot ``k``, an array instruction slots
+    ``k .. k + m - 1``); 0, or 1 + the slot of a failed guard (its row in the expanded
+    program)."""
     while r < nr:
         op = int(rows[r, 0])
         if op == RED:
@@ -264,13 +264,28 @@ def forward(rows, x, v):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(o + i)] = (a * b)
-                for t in range(1, L):
-                    for i in range(m):
-                        a = v[np.uint64(ia + i * sa + t * ta)]
-                        b = v[np.uint64(ib + i * sb + t * tb)]
-                        b = (a * b)
-                        a = v[np.uint64(o + i)]
-                        v[np.uint64(o + i)] = (a + b)
+                for i0 in range(0, m, 64):
+                    for t in range(1, L):
+                        for i in range(i0, min(i0 + 64, m)):
+                            a = v[np.uint64(ia + i * sa + t * ta)]
+                            b = v[np.uint64(ib + i * sb + t * tb)]
+                            b = (a * b)
+                            a = v[np.uint64(o + i)]
+                            v[np.uint64(o + i)] = (a + b)
+            elif int(rows[r + 1, 5]) == MAX or int(rows[r + 1, 5]) == MIN:
+                w = L - 1
+                o = k + m * (w - 1)
+                big = int(rows[r + 1, 5]) == MAX
+                for i0 in range(0, m, 64):
+                    for i in range(i0, min(i0 + 64, m)):
+                        a = v[np.uint64(ia + i * sa)]
+                        b = v[np.uint64(ia + i * sa + ta)]
+                        v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if big else (a if (a < b or a != a) else b)
+                    for t in range(2, L):
+                        for i in range(i0, min(i0 + 64, m)):
+                            a = v[np.uint64(o + i)]
+                            b = v[np.uint64(ia + i * sa + t * ta)]
+                            v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if big else (a if (a < b or a != a) else b)
             else:
                 w = L - 1
                 o = k + m * (w - 1)
@@ -278,11 +293,12 @@ def forward(rows, x, v):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ia + i * sa + ta)]
                     v[np.uint64(o + i)] = (a + b)
-                for t in range(2, L):
-                    for i in range(m):
-                        a = v[np.uint64(o + i)]
-                        b = v[np.uint64(ia + i * sa + t * ta)]
-                        v[np.uint64(o + i)] = (a + b)
+                for i0 in range(0, m, 64):
+                    for t in range(2, L):
+                        for i in range(i0, min(i0 + 64, m)):
+                            a = v[np.uint64(o + i)]
+                            b = v[np.uint64(ia + i * sa + t * ta)]
+                            v[np.uint64(o + i)] = (a + b)
             k += m * w
             r += 4
             continue
@@ -384,11 +400,10 @@ def forward(rows, x, v):
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def reverse(rows, v, adj):
-    """The reverse sweep of one sample: ``adj`` seeded at the outputs."""
-    r = rows.shape[0] - 1
-    k = v.shape[0] - 1
-    while r >= 0:
+def reverse(rows, v, adj, r, k, lo):
+    """The reverse sweep of one sample over rows ``r`` down to ``lo`` (``k``: row ``r``'s
+    last slot): ``adj`` seeded at the outputs."""
+    while r >= lo:
         op = int(rows[r, 0])
         if op == TAIL and rows[r - 3, 0] == RED:  # a reduction's last row
             r -= 3
@@ -432,7 +447,7 @@ def reverse(rows, v, adj):
                                 b = v[jb]
                                 adj[ja] += (g * b)
                                 adj[jb] += (g * a)
-                else:
+                elif int(rows[r + 1, 5]) != MAX and int(rows[r + 1, 5]) != MIN:  # (extremes: none)
                     last = L - 1 if L > 2 else 0  # the terms of the outputs' own rows
                     for i in range(m - 1, -1, -1):
                         g = adj[np.uint64(o + i)]

@@ -59,6 +59,7 @@ class Builder:
         self._pending = []  # scalar rows as tuples, in order
         self._blocks = []   # (m, NCOL) arrays, in order with the pending rows flushed
         self._leaves = []   # the indices in _blocks of runs of leaf rows (``inputs``)
+        self._detach_spans = []  # [start, stop) of the slots of detach ops (``op``)
         self._consts = {}
 
     def _flush(self):
@@ -120,17 +121,23 @@ class Builder:
             block = _arr.scalar_block(code, flat, c0, c1)
         self._blocks.append(block)
         out = np.arange(self.n, self.n + m, dtype=np.int64).reshape(shape)
+        if name == "detach":
+            self._detach_spans.append((self.n, self.n + m))
         self.n += m
         return out
 
-    def reduce_terms(self, A, B=None):
+    def reduce_terms(self, A, B=None, step="add"):
         """Slots of the sums over the last axis of the slot array ``A`` (of its products with
         ``B``, broadcast together: a dot product's, a matmul's), each summed in order (a
         chain of ``add`` rows, the products' ``mul`` rows before each), in blocks of
         ``RED_BLOCK`` terms whose sums are summed again (NumPy's pairwise summation keeps
         its error small the same way); reduction instructions where the terms are evenly
         spaced along the axis (``program_arrays.red_block``). None when they are not: the
-        caller sums another way."""
+        caller sums another way. ``step`` "maximum" or "minimum": the extremes of values
+        that ``detach`` rows made (their gradient goes nowhere, so the instructions need
+        no rule), else None."""
+        if step != "add" and (B is not None or not self._detached(A)):
+            return None
         if B is not None:
             A, B = np.broadcast_arrays(np.asarray(A, dtype=np.int64),
                                        np.asarray(B, dtype=np.int64))
@@ -143,17 +150,17 @@ class Builder:
             cut = nb * RED_BLOCK
             blk = lambda X: None if X is None else \
                 X[..., :cut].reshape(shape + (nb, RED_BLOCK))  # noqa: E731
-            P = self.reduce_terms(blk(A), blk(B))
-            r = P[..., 0] if nb == 1 else self.reduce_terms(P)
+            P = self.reduce_terms(blk(A), blk(B), step)
+            r = P[..., 0] if nb == 1 else self._reduce_terms(P, step)
             if r is None:  # the partial sums are not evenly spaced: added in order
                 r = P[..., 0]
                 for j in range(1, nb):
-                    r = self.op("add", r, P[..., j])
+                    r = self.op(step, r, P[..., j])
             if L > cut:
                 rest = (A[..., cut] if B is None else self.op(
                     "mul", A[..., cut], B[..., cut])) if L - cut == 1 else \
-                    self.reduce_terms(A[..., cut:], None if B is None else B[..., cut:])
-                r = self.op("add", r, rest)
+                    self.reduce_terms(A[..., cut:], None if B is None else B[..., cut:], step)
+                r = self.op(step, r, rest)
             return r
         # the longest output axis last: its outputs are a run, whatever the others
         perm = None
@@ -164,7 +171,7 @@ class Builder:
             B = None if B is None else np.transpose(B, perm + [len(shape)])
         oshape = A.shape[:-1]
         m = int(np.prod(oshape))
-        step = _arr.MUL if B is not None else _arr.ADD
+        step = _arr.MUL if B is not None else _CODE[step]
         self._flush()
         block, arrays, out = _arr.red_block(step, A.reshape(m, L),
                                             None if B is None else B.reshape(m, L), self.n,
@@ -174,6 +181,22 @@ class Builder:
         out = out.reshape(oshape)
         self.n += m * _arr.red_width(step, L)
         return out if perm is None else np.transpose(out, np.argsort(perm))
+
+    def _reduce_terms(self, P, name):
+        """``reduce_terms`` of the partial results ``P`` (fresh slots) with step ``name``."""
+        if name == "add":
+            return self.reduce_terms(P)
+        # (partial extremes of detached values: no gradient either)
+        self._detach_spans.append((int(P.min()), int(P.max()) + 1))
+        return self.reduce_terms(P, step=name)
+
+    def _detached(self, A):
+        """Whether every slot of ``A`` is the value of a ``detach`` row of this builder."""
+        A = np.asarray(A).reshape(-1)
+        if A.size == 0:
+            return False
+        lo, hi = int(A.min()), int(A.max())
+        return any(a <= lo and hi < b for a, b in self._detach_spans)
 
     def const(self, value):
         """Slots holding ``value`` (a float or an array), one row per distinct value."""
@@ -593,6 +616,19 @@ def _red_rule(L, F, adj, rows, r, k):
     if (gs < 0).any():
         gs = np.where(gs < 0, L.const(0.0), gs)
     A, B = _arr.red_grids(rows, r)
+    if step in (_arr.MAX, _arr.MIN):
+        # the extremes of detached values: their gradient would stop at the detach rows
+        # (``Builder.reduce_terms`` makes them of nothing else; checked here again)
+        at = _arr.row_slots(rows)[0]
+        src = np.searchsorted(at, np.unique(A), side="right") - 1
+        head = rows[src, 0]
+        code = np.where((head == _arr.ARR) | (head == _arr.RED),
+                        rows[np.minimum(src + 1, rows.shape[0] - 1), 5], head)
+        # (values of detach rows, or extremes of them: a first level's partial results)
+        ok = (code == _CODE["detach"]) | ((head == _arr.RED) & (code == step))
+        if not ok.all():
+            raise AssertionError("a reduction to an extreme of values that are not detached")
+        return
     G = np.broadcast_to(gs[:, None], A.shape)
     if B is None:  # add's rule: g to each term
         _accumulate_terms(L, adj, A, G, None)

@@ -38,10 +38,10 @@ def reduce(L, name, A, dims, keepdim, empty):
         (int(np.prod([A.shape[d] for d in axes])),) + out_shape) if A.ndim else A.reshape(1)
     R = M.shape[0]
     r = None
-    if name == "add" and R > 1:
-        # a sum in order, as reduction instructions where its terms are evenly spaced: no
-        # slot for each level of a tree
-        r = L.reduce_terms(np.moveaxis(M, 0, -1))
+    if name in ("add", "maximum", "minimum") and R > 1:
+        # a sum (an extreme of detached values) in order, as reduction instructions where
+        # its terms are evenly spaced: no slot for each level of a tree
+        r = L.reduce_terms(np.moveaxis(M, 0, -1), step=name)
     if r is not None:
         pass
     elif R == 0:
