@@ -54,7 +54,9 @@ def _array_reverse(op):
     body = ["for i in range(m - 1, -1, -1):", "    g = adj[np.uint64(k + i)]"]
     body += [f"    {n} = v[np.uint64(k + i)]" if n == "out"
              else f"    {n} = v[np.uint64(i{n} + i * s{n})]" for n in reads]
-    body += [f"    adj[np.uint64(i{n} + i * s{n})] += {e}" for n, e in exprs.items()]
+    # (``sk``: the operands whose gradient reaches no input, ``mark_inactive``'s)
+    body += [f"    if not sk & {1 << 'abc'.index(n)}:\n" + " " * 16
+             + f"        adj[np.uint64(i{n} + i * s{n})] += {e}" for n, e in exprs.items()]
     return body
 
 
@@ -111,7 +113,7 @@ _GENERIC_FORWARD = '''            else:
 '''
 
 _GENERIC_REVERSE = '''            else:
-                bits = GRAD_BITS[op]
+                bits = GRAD_BITS[op] & ~sk
                 if bits != 0:
                     for i in range(m - 1, -1, -1):
                         ja = np.uint64(ia + i * sa)
@@ -218,7 +220,7 @@ m = int(rows[r + 1, 4])
 w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
 k -= m * w - 1
 o = k + m * (w - 1)
-if rows[r + 3, 5] == 0.0:  # (else no input's gradient goes through it)
+if rows[r + 3, 5] != 1.0:  # (else no input's gradient goes through it)
     ta = int(rows[r, 5])
     ia = int(rows[r, 1])
     sa = int(rows[r + 2, 4])
@@ -342,11 +344,12 @@ def reverse(rows, v, adj, r, k, lo):
             r -= 3
             m = int(rows[r + 1, 4])
             k -= m - 1
-            if rows[r + 3, 5] != 0.0:  # no input's gradient goes through it
+            if rows[r + 3, 5] == 1.0:  # no input's gradient goes through it
                 k -= 1
                 r -= 1
                 continue
             op = int(rows[r + 1, 5])
+            sk = int(-rows[r + 3, 5])
 ''')
     src.append(_OPERANDS)
     src += _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)

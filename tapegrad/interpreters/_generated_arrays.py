@@ -412,7 +412,7 @@ def reverse(rows, v, adj, r, k, lo):
             w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
             k -= m * w - 1
             o = k + m * (w - 1)
-            if rows[r + 3, 5] == 0.0:  # (else no input's gradient goes through it)
+            if rows[r + 3, 5] != 1.0:  # (else no input's gradient goes through it)
                 ta = int(rows[r, 5])
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
@@ -465,11 +465,12 @@ def reverse(rows, v, adj, r, k, lo):
             r -= 3
             m = int(rows[r + 1, 4])
             k -= m - 1
-            if rows[r + 3, 5] != 0.0:  # no input's gradient goes through it
+            if rows[r + 3, 5] == 1.0:  # no input's gradient goes through it
                 k -= 1
                 r -= 1
                 continue
             op = int(rows[r + 1, 5])
+            sk = int(-rows[r + 3, 5])
             c0 = rows[r, 4]
             c1 = rows[r, 5]
             ia = int(rows[r, 1])
@@ -485,53 +486,67 @@ def reverse(rows, v, adj, r, k, lo):
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     out = v[np.uint64(k + i)]
-                    adj[np.uint64(ia + i * sa)] += (g * out)
+                    if not sk & 1:
+                        adj[np.uint64(ia + i * sa)] += (g * out)
             elif op == 5:  # log
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
-                    adj[np.uint64(ia + i * sa)] += (g / a)
+                    if not sk & 1:
+                        adj[np.uint64(ia + i * sa)] += (g / a)
             elif op == 27:  # mulc
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    adj[np.uint64(ia + i * sa)] += (g * c0)
+                    if not sk & 1:
+                        adj[np.uint64(ia + i * sa)] += (g * c0)
             elif op == 35:  # add
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    adj[np.uint64(ia + i * sa)] += g
-                    adj[np.uint64(ib + i * sb)] += g
+                    if not sk & 1:
+                        adj[np.uint64(ia + i * sa)] += g
+                    if not sk & 2:
+                        adj[np.uint64(ib + i * sb)] += g
             elif op == 36:  # sub
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    adj[np.uint64(ia + i * sa)] += g
-                    adj[np.uint64(ib + i * sb)] += (-g)
+                    if not sk & 1:
+                        adj[np.uint64(ia + i * sa)] += g
+                    if not sk & 2:
+                        adj[np.uint64(ib + i * sb)] += (-g)
             elif op == 37:  # mul
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
-                    adj[np.uint64(ia + i * sa)] += (g * b)
-                    adj[np.uint64(ib + i * sb)] += (g * a)
+                    if not sk & 1:
+                        adj[np.uint64(ia + i * sa)] += (g * b)
+                    if not sk & 2:
+                        adj[np.uint64(ib + i * sb)] += (g * a)
             elif op == 41:  # maximum
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
-                    adj[np.uint64(ia + i * sa)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-                    adj[np.uint64(ib + i * sb)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
+                    if not sk & 1:
+                        adj[np.uint64(ia + i * sa)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
+                    if not sk & 2:
+                        adj[np.uint64(ib + i * sb)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
             elif op == 85:  # select
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
-                    adj[np.uint64(ib + i * sb)] += (g if (a != 0.0) else 0.0)
-                    adj[np.uint64(ic + i * sc)] += (0.0 if (a != 0.0) else g)
+                    if not sk & 2:
+                        adj[np.uint64(ib + i * sb)] += (g if (a != 0.0) else 0.0)
+                    if not sk & 4:
+                        adj[np.uint64(ic + i * sc)] += (0.0 if (a != 0.0) else g)
             elif op == 86:  # pick
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     b = v[np.uint64(ib + i * sb)]
-                    adj[np.uint64(ia + i * sa)] += (g * b)
+                    if not sk & 1:
+                        adj[np.uint64(ia + i * sa)] += (g * b)
             else:
-                bits = GRAD_BITS[op]
+                bits = GRAD_BITS[op] & ~sk
                 if bits != 0:
                     for i in range(m - 1, -1, -1):
                         ja = np.uint64(ia + i * sa)

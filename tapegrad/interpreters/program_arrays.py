@@ -267,7 +267,9 @@ def mark_inactive(rows, nslots, bits, leaf):
     """Flag (1.0 in the constant column of an instruction's last row) the array
     instructions whose values depend on no input through a gradient: their reverse adds
     only to adjoints that reach no input, so the reverse sweep skips them (the max of
-    detached values, the counts of tied elements...). Returns whether each slot's value
+    detached values, the counts of tied elements...); an elementwise instruction's
+    operands whose gradient reaches no input, ``-(bits a, b, c)`` there (lse's shift by
+    its max: a sum in order of 640,000 gradients that went nowhere). Returns whether each slot's value
     depends on an input through a gradient."""
     act = np.zeros(nslots, dtype=np.bool_)
     r = 0
@@ -315,14 +317,19 @@ def mark_inactive(rows, nslots, bits, leaf):
             b = bits[int(rows[r + 1, 5])]
             st = (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4]))
             any_ = False
+            skip = 0  # the operands whose gradient reaches no input (bits a, b, c)
             for c in range(3):
                 s = int(rows[r, 1 + c])
                 if s >= 0 and (b >> c) & 1:
+                    need = False
                     for i in range(m):
                         if act[s + i * st[c]]:
                             act[k + i] = True
-                            any_ = True
-            rows[r + 3, 5] = 0.0 if any_ else 1.0
+                            need = True
+                    any_ = any_ or need
+                    if not need:
+                        skip |= 1 << c
+            rows[r + 3, 5] = -float(skip) if any_ else 1.0
             r += META + 1
             k += m
             continue
@@ -599,7 +606,7 @@ def _live(rows, nslots):
     skip = []  # [start, stop) of the slots left alone, in order
     for h in heads_of(rows).tolist():
         k0, n = int(at[h]), int(rows[h + 1, 4])
-        inactive = rows[h + 3, 5] != 0.0
+        inactive = rows[h + 3, 5] == 1.0
         if rows[h, 0] == RED:
             W = red_width(int(rows[h + 1, 5]), int(rows[h, 4]))
             stop = k0 + n * W if inactive else k0 + n * (W - 1)
