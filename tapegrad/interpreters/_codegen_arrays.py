@@ -54,9 +54,8 @@ def _array_reverse(op):
     body = ["for i in range(m - 1, -1, -1):", "    g = adj[np.uint64(k + i)]"]
     body += [f"    {n} = v[np.uint64(k + i)]" if n == "out"
              else f"    {n} = v[np.uint64(i{n} + i * s{n})]" for n in reads]
-    # (``sk``: the operands whose gradient reaches no input, ``mark_inactive``'s)
-    body += [f"    if not sk & {1 << 'abc'.index(n)}:\n" + " " * 16
-             + f"        adj[np.uint64(i{n} + i * s{n})] += {e}" for n, e in exprs.items()]
+    # (``w``, ``z``: where an operand's gradients go, ``_SKIPS``)
+    body += [f"    adj[np.uint64(w{n} + i * z{n})] += {e}" for n, e in exprs.items()]
     return body
 
 
@@ -105,6 +104,17 @@ ia = ia if ia >= 0 else k
 ib = ib if ib >= 0 else k
 ic = ic if ic >= 0 else k'''.splitlines())
 
+#: where the reverse adds an operand's gradients: its slots, or for an operand whose
+#: gradient reaches no input (``sk``'s bits, ``mark_inactive``'s) the instruction's own last
+#: adjoint, again and again (read before, at its first element, and never after): no branch
+#: in the loops (a branch each doubled their compile time)
+_SKIPS = ''.join(" " * 12 + x + "\n" for x in '''wa = ia if not sk & 1 else k + m - 1
+za = sa if not sk & 1 else 0
+wb = ib if not sk & 2 else k + m - 1
+zb = sb if not sk & 2 else 0
+wc = ic if not sk & 4 else k + m - 1
+zc = sc if not sk & 4 else 0'''.splitlines())
+
 _GENERIC_FORWARD = '''            else:
                 for i in range(m):
                     v[np.uint64(k + i)] = value(op, v[np.uint64(ia + i * sa)],
@@ -148,61 +158,39 @@ def _red_forward():
     # each output still adds its terms in order, but the additions of a pass do not wait
     # on each other (one chain waits on each addition's latency); in tiles of 64 outputs,
     # whose terms stay in cache between passes (a long sum's blocks: 128 passes over the
-    # whole input, 4x slower). The outputs are contiguous, after their chains' other slots
-    # (never written here)
+    # whole input, 4x slower). The first term starts the output, the step adds each next
+    # (``acc + a0`` is ``a0 + a1``'s row, the max's ``maximum(a0, a1)``). The outputs are
+    # contiguous, after their chains' other slots (never written here). One loop for every
+    # step: a loop each cost 0.3 s of a cold first gradient
     add, mul, _ = _red_exprs()
     from ..ops import BY_NAME
     mx, mn = _forward_expr(BY_NAME["maximum"]), _forward_expr(BY_NAME["minimum"])
     src = f'''L = int(rows[r, 4])
 ta = int(rows[r, 5])
 m = int(rows[r + 1, 4])
+st = int(rows[r + 1, 5])
 ia = int(rows[r, 1])
 sa = int(rows[r + 2, 4])
-if int(rows[r + 1, 5]) == MUL:
-    w = 2 * L - 1
-    o = k + m * (w - 1)
-    ib = int(rows[r, 2])
-    sb = int(rows[r + 2, 5])
-    tb = int(rows[r + 3, 4])
-    for i in range(m):
-        a = v[np.uint64(ia + i * sa)]
-        b = v[np.uint64(ib + i * sb)]
-        v[np.uint64(o + i)] = {mul}
-    for i0 in range(0, m, 64):
-        for t in range(1, L):
-            for i in range(i0, min(i0 + 64, m)):
-                a = v[np.uint64(ia + i * sa + t * ta)]
+dot = st == MUL
+ib = int(rows[r, 2]) if dot else ia
+sb = int(rows[r + 2, 5]) if dot else 0
+tb = int(rows[r + 3, 4]) if dot else 0
+w = 2 * L - 1 if dot else L - 1
+o = k + m * (w - 1)
+for i0 in range(0, m, 64):
+    i1 = min(i0 + 64, m)
+    for t in range(L):
+        for i in range(i0, i1):
+            a = v[np.uint64(ia + i * sa + t * ta)]
+            if dot:
                 b = v[np.uint64(ib + i * sb + t * tb)]
-                b = {mul}
+                a = {mul}
+            if t == 0:
+                v[np.uint64(o + i)] = a
+            else:
+                b = a
                 a = v[np.uint64(o + i)]
-                v[np.uint64(o + i)] = {add}
-elif int(rows[r + 1, 5]) == MAX or int(rows[r + 1, 5]) == MIN:
-    w = L - 1
-    o = k + m * (w - 1)
-    big = int(rows[r + 1, 5]) == MAX
-    for i0 in range(0, m, 64):
-        for i in range(i0, min(i0 + 64, m)):
-            a = v[np.uint64(ia + i * sa)]
-            b = v[np.uint64(ia + i * sa + ta)]
-            v[np.uint64(o + i)] = {mx} if big else {mn}
-        for t in range(2, L):
-            for i in range(i0, min(i0 + 64, m)):
-                a = v[np.uint64(o + i)]
-                b = v[np.uint64(ia + i * sa + t * ta)]
-                v[np.uint64(o + i)] = {mx} if big else {mn}
-else:
-    w = L - 1
-    o = k + m * (w - 1)
-    for i in range(m):
-        a = v[np.uint64(ia + i * sa)]
-        b = v[np.uint64(ia + i * sa + ta)]
-        v[np.uint64(o + i)] = {add}
-    for i0 in range(0, m, 64):
-        for t in range(2, L):
-            for i in range(i0, min(i0 + 64, m)):
-                a = v[np.uint64(o + i)]
-                b = v[np.uint64(ia + i * sa + t * ta)]
-                v[np.uint64(o + i)] = {add}'''
+                v[np.uint64(o + i)] = {mx} if st == MAX else {mn} if st == MIN else {add}'''
     return "".join(" " * 12 + x + "\n" for x in src.splitlines())
 
 
@@ -213,59 +201,58 @@ def _red_reverse():
     # products' terms all from the chains' mul rows, each output's last to first. Where
     # every output reads the same ``a`` terms (sa == 0: a matmul's row), a term's gradient
     # is summed over the outputs in a register, in that order, when no other slot of the
-    # instruction is that term's (distinct a terms, b's distinct and apart from them)
+    # instruction is that term's (distinct a terms, b's distinct and apart from them): it
+    # does not wait on the adjoints' stores (gmm's gradient 1.3 ms faster)
     _, _, rm = _red_exprs()
     src = f'''L = int(rows[r, 4])
 m = int(rows[r + 1, 4])
-w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
+st = int(rows[r + 1, 5])
+dot = st == MUL
+w = 2 * L - 1 if dot else L - 1
 k -= m * w - 1
 o = k + m * (w - 1)
-if rows[r + 3, 5] != 1.0:  # (else no input's gradient goes through it)
+if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
     ta = int(rows[r, 5])
     ia = int(rows[r, 1])
     sa = int(rows[r + 2, 4])
-    if int(rows[r + 1, 5]) == MUL:
-        ib = int(rows[r, 2])
-        sb = int(rows[r + 2, 5])
-        tb = int(rows[r + 3, 4])
-        blo = ib + min(0, (m - 1) * sb) + min(0, (L - 1) * tb)
-        bhi = ib + max(0, (m - 1) * sb) + max(0, (L - 1) * tb)
-        alo = ia + min(0, (L - 1) * ta)
-        ahi = ia + max(0, (L - 1) * ta)
-        if (sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
-                and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
-            for t in range(L - 1, -1, -1):
-                ja = np.uint64(ia + t * ta)
-                a = v[ja]
-                ga = adj[ja]
-                for i in range(m - 1, -1, -1):
-                    g = adj[np.uint64(o + i)]
-                    jb = np.uint64(ib + i * sb + t * tb)
-                    b = v[jb]
-                    ga += {rm["a"]}
-                    adj[jb] += {rm["b"]}
-                adj[ja] = ga
-        else:
+    ib = int(rows[r, 2]) if dot else ia
+    sb = int(rows[r + 2, 5]) if dot else 0
+    tb = int(rows[r + 3, 4]) if dot else 0
+    blo = ib + min(0, (m - 1) * sb) + min(0, (L - 1) * tb)
+    bhi = ib + max(0, (m - 1) * sb) + max(0, (L - 1) * tb)
+    alo = ia + min(0, (L - 1) * ta)
+    ahi = ia + max(0, (L - 1) * ta)
+    if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
+            and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
+        for t in range(L - 1, -1, -1):
+            ja = np.uint64(ia + t * ta)
+            a = v[ja]
+            ga = adj[ja]
             for i in range(m - 1, -1, -1):
                 g = adj[np.uint64(o + i)]
-                for t in range(L - 1, -1, -1):
+                jb = np.uint64(ib + i * sb + t * tb)
+                b = v[jb]
+                ga += {rm["a"]}
+                adj[jb] += {rm["b"]}
+            adj[ja] = ga
+    else:
+        # (a sum's outputs' own rows hold terms ``last ..``: those first)
+        last = 0 if dot or L == 2 else L - 1
+        for ph in range(2):
+            hi = L - 1 if ph == 0 else last - 1
+            lo = last if ph == 0 else 0
+            for i in range(m - 1, -1, -1):
+                g = adj[np.uint64(o + i)]
+                for t in range(hi, lo - 1, -1):
                     ja = np.uint64(ia + i * sa + t * ta)
-                    jb = np.uint64(ib + i * sb + t * tb)
-                    a = v[ja]
-                    b = v[jb]
-                    adj[ja] += {rm["a"]}
-                    adj[jb] += {rm["b"]}
-    elif int(rows[r + 1, 5]) != MAX and int(rows[r + 1, 5]) != MIN:  # (extremes: none)
-        last = L - 1 if L > 2 else 0  # the terms of the outputs' own rows
-        for i in range(m - 1, -1, -1):
-            g = adj[np.uint64(o + i)]
-            for t in range(L - 1, last - 1, -1):
-                adj[np.uint64(ia + i * sa + t * ta)] += g
-        if L > 2:
-            for i in range(m - 1, -1, -1):
-                g = adj[np.uint64(o + i)]
-                for t in range(L - 2, -1, -1):
-                    adj[np.uint64(ia + i * sa + t * ta)] += g'''
+                    if dot:
+                        jb = np.uint64(ib + i * sb + t * tb)
+                        a = v[ja]
+                        b = v[jb]
+                        adj[ja] += {rm["a"]}
+                        adj[jb] += {rm["b"]}
+                    else:
+                        adj[ja] += g'''
     return "".join(" " * 12 + x + "\n" for x in src.splitlines())
 
 
@@ -352,6 +339,7 @@ def reverse(rows, v, adj, r, k, lo):
             sk = int(-rows[r + 3, 5])
 ''')
     src.append(_OPERANDS)
+    src.append(_SKIPS)
     src += _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)
     src.append(_GENERIC_REVERSE)
     src.append('''            k -= 1

@@ -252,53 +252,29 @@ def forward(rows, x, v, r, nr, k):
             L = int(rows[r, 4])
             ta = int(rows[r, 5])
             m = int(rows[r + 1, 4])
+            st = int(rows[r + 1, 5])
             ia = int(rows[r, 1])
             sa = int(rows[r + 2, 4])
-            if int(rows[r + 1, 5]) == MUL:
-                w = 2 * L - 1
-                o = k + m * (w - 1)
-                ib = int(rows[r, 2])
-                sb = int(rows[r + 2, 5])
-                tb = int(rows[r + 3, 4])
-                for i in range(m):
-                    a = v[np.uint64(ia + i * sa)]
-                    b = v[np.uint64(ib + i * sb)]
-                    v[np.uint64(o + i)] = (a * b)
-                for i0 in range(0, m, 64):
-                    for t in range(1, L):
-                        for i in range(i0, min(i0 + 64, m)):
-                            a = v[np.uint64(ia + i * sa + t * ta)]
+            dot = st == MUL
+            ib = int(rows[r, 2]) if dot else ia
+            sb = int(rows[r + 2, 5]) if dot else 0
+            tb = int(rows[r + 3, 4]) if dot else 0
+            w = 2 * L - 1 if dot else L - 1
+            o = k + m * (w - 1)
+            for i0 in range(0, m, 64):
+                i1 = min(i0 + 64, m)
+                for t in range(L):
+                    for i in range(i0, i1):
+                        a = v[np.uint64(ia + i * sa + t * ta)]
+                        if dot:
                             b = v[np.uint64(ib + i * sb + t * tb)]
-                            b = (a * b)
+                            a = (a * b)
+                        if t == 0:
+                            v[np.uint64(o + i)] = a
+                        else:
+                            b = a
                             a = v[np.uint64(o + i)]
-                            v[np.uint64(o + i)] = (a + b)
-            elif int(rows[r + 1, 5]) == MAX or int(rows[r + 1, 5]) == MIN:
-                w = L - 1
-                o = k + m * (w - 1)
-                big = int(rows[r + 1, 5]) == MAX
-                for i0 in range(0, m, 64):
-                    for i in range(i0, min(i0 + 64, m)):
-                        a = v[np.uint64(ia + i * sa)]
-                        b = v[np.uint64(ia + i * sa + ta)]
-                        v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if big else (a if (a < b or a != a) else b)
-                    for t in range(2, L):
-                        for i in range(i0, min(i0 + 64, m)):
-                            a = v[np.uint64(o + i)]
-                            b = v[np.uint64(ia + i * sa + t * ta)]
-                            v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if big else (a if (a < b or a != a) else b)
-            else:
-                w = L - 1
-                o = k + m * (w - 1)
-                for i in range(m):
-                    a = v[np.uint64(ia + i * sa)]
-                    b = v[np.uint64(ia + i * sa + ta)]
-                    v[np.uint64(o + i)] = (a + b)
-                for i0 in range(0, m, 64):
-                    for t in range(2, L):
-                        for i in range(i0, min(i0 + 64, m)):
-                            a = v[np.uint64(o + i)]
-                            b = v[np.uint64(ia + i * sa + t * ta)]
-                            v[np.uint64(o + i)] = (a + b)
+                            v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if st == MAX else (a if (a < b or a != a) else b) if st == MIN else (a + b)
             k += m * w
             r += 4
             continue
@@ -409,55 +385,53 @@ def reverse(rows, v, adj, r, k, lo):
             r -= 3
             L = int(rows[r, 4])
             m = int(rows[r + 1, 4])
-            w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
+            st = int(rows[r + 1, 5])
+            dot = st == MUL
+            w = 2 * L - 1 if dot else L - 1
             k -= m * w - 1
             o = k + m * (w - 1)
-            if rows[r + 3, 5] != 1.0:  # (else no input's gradient goes through it)
+            if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
                 ta = int(rows[r, 5])
                 ia = int(rows[r, 1])
                 sa = int(rows[r + 2, 4])
-                if int(rows[r + 1, 5]) == MUL:
-                    ib = int(rows[r, 2])
-                    sb = int(rows[r + 2, 5])
-                    tb = int(rows[r + 3, 4])
-                    blo = ib + min(0, (m - 1) * sb) + min(0, (L - 1) * tb)
-                    bhi = ib + max(0, (m - 1) * sb) + max(0, (L - 1) * tb)
-                    alo = ia + min(0, (L - 1) * ta)
-                    ahi = ia + max(0, (L - 1) * ta)
-                    if (sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
-                            and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
-                        for t in range(L - 1, -1, -1):
-                            ja = np.uint64(ia + t * ta)
-                            a = v[ja]
-                            ga = adj[ja]
-                            for i in range(m - 1, -1, -1):
-                                g = adj[np.uint64(o + i)]
-                                jb = np.uint64(ib + i * sb + t * tb)
-                                b = v[jb]
-                                ga += (g * b)
-                                adj[jb] += (g * a)
-                            adj[ja] = ga
-                    else:
+                ib = int(rows[r, 2]) if dot else ia
+                sb = int(rows[r + 2, 5]) if dot else 0
+                tb = int(rows[r + 3, 4]) if dot else 0
+                blo = ib + min(0, (m - 1) * sb) + min(0, (L - 1) * tb)
+                bhi = ib + max(0, (m - 1) * sb) + max(0, (L - 1) * tb)
+                alo = ia + min(0, (L - 1) * ta)
+                ahi = ia + max(0, (L - 1) * ta)
+                if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
+                        and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
+                    for t in range(L - 1, -1, -1):
+                        ja = np.uint64(ia + t * ta)
+                        a = v[ja]
+                        ga = adj[ja]
                         for i in range(m - 1, -1, -1):
                             g = adj[np.uint64(o + i)]
-                            for t in range(L - 1, -1, -1):
+                            jb = np.uint64(ib + i * sb + t * tb)
+                            b = v[jb]
+                            ga += (g * b)
+                            adj[jb] += (g * a)
+                        adj[ja] = ga
+                else:
+                    # (a sum's outputs' own rows hold terms ``last ..``: those first)
+                    last = 0 if dot or L == 2 else L - 1
+                    for ph in range(2):
+                        hi = L - 1 if ph == 0 else last - 1
+                        lo = last if ph == 0 else 0
+                        for i in range(m - 1, -1, -1):
+                            g = adj[np.uint64(o + i)]
+                            for t in range(hi, lo - 1, -1):
                                 ja = np.uint64(ia + i * sa + t * ta)
-                                jb = np.uint64(ib + i * sb + t * tb)
-                                a = v[ja]
-                                b = v[jb]
-                                adj[ja] += (g * b)
-                                adj[jb] += (g * a)
-                elif int(rows[r + 1, 5]) != MAX and int(rows[r + 1, 5]) != MIN:  # (extremes: none)
-                    last = L - 1 if L > 2 else 0  # the terms of the outputs' own rows
-                    for i in range(m - 1, -1, -1):
-                        g = adj[np.uint64(o + i)]
-                        for t in range(L - 1, last - 1, -1):
-                            adj[np.uint64(ia + i * sa + t * ta)] += g
-                    if L > 2:
-                        for i in range(m - 1, -1, -1):
-                            g = adj[np.uint64(o + i)]
-                            for t in range(L - 2, -1, -1):
-                                adj[np.uint64(ia + i * sa + t * ta)] += g
+                                if dot:
+                                    jb = np.uint64(ib + i * sb + t * tb)
+                                    a = v[ja]
+                                    b = v[jb]
+                                    adj[ja] += (g * b)
+                                    adj[jb] += (g * a)
+                                else:
+                                    adj[ja] += g
             k -= 1
             r -= 1
             continue
@@ -482,69 +456,61 @@ def reverse(rows, v, adj, r, k, lo):
             ia = ia if ia >= 0 else k
             ib = ib if ib >= 0 else k
             ic = ic if ic >= 0 else k
+            wa = ia if not sk & 1 else k + m - 1
+            za = sa if not sk & 1 else 0
+            wb = ib if not sk & 2 else k + m - 1
+            zb = sb if not sk & 2 else 0
+            wc = ic if not sk & 4 else k + m - 1
+            zc = sc if not sk & 4 else 0
             if op == 4:  # exp
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     out = v[np.uint64(k + i)]
-                    if not sk & 1:
-                        adj[np.uint64(ia + i * sa)] += (g * out)
+                    adj[np.uint64(wa + i * za)] += (g * out)
             elif op == 5:  # log
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
-                    if not sk & 1:
-                        adj[np.uint64(ia + i * sa)] += (g / a)
+                    adj[np.uint64(wa + i * za)] += (g / a)
             elif op == 27:  # mulc
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    if not sk & 1:
-                        adj[np.uint64(ia + i * sa)] += (g * c0)
+                    adj[np.uint64(wa + i * za)] += (g * c0)
             elif op == 35:  # add
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    if not sk & 1:
-                        adj[np.uint64(ia + i * sa)] += g
-                    if not sk & 2:
-                        adj[np.uint64(ib + i * sb)] += g
+                    adj[np.uint64(wa + i * za)] += g
+                    adj[np.uint64(wb + i * zb)] += g
             elif op == 36:  # sub
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    if not sk & 1:
-                        adj[np.uint64(ia + i * sa)] += g
-                    if not sk & 2:
-                        adj[np.uint64(ib + i * sb)] += (-g)
+                    adj[np.uint64(wa + i * za)] += g
+                    adj[np.uint64(wb + i * zb)] += (-g)
             elif op == 37:  # mul
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
-                    if not sk & 1:
-                        adj[np.uint64(ia + i * sa)] += (g * b)
-                    if not sk & 2:
-                        adj[np.uint64(ib + i * sb)] += (g * a)
+                    adj[np.uint64(wa + i * za)] += (g * b)
+                    adj[np.uint64(wb + i * zb)] += (g * a)
             elif op == 41:  # maximum
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
-                    if not sk & 1:
-                        adj[np.uint64(ia + i * sa)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-                    if not sk & 2:
-                        adj[np.uint64(ib + i * sb)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
+                    adj[np.uint64(wa + i * za)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
+                    adj[np.uint64(wb + i * zb)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
             elif op == 85:  # select
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
-                    if not sk & 2:
-                        adj[np.uint64(ib + i * sb)] += (g if (a != 0.0) else 0.0)
-                    if not sk & 4:
-                        adj[np.uint64(ic + i * sc)] += (0.0 if (a != 0.0) else g)
+                    adj[np.uint64(wb + i * zb)] += (g if (a != 0.0) else 0.0)
+                    adj[np.uint64(wc + i * zc)] += (0.0 if (a != 0.0) else g)
             elif op == 86:  # pick
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     b = v[np.uint64(ib + i * sb)]
-                    if not sk & 1:
-                        adj[np.uint64(ia + i * sa)] += (g * b)
+                    adj[np.uint64(wa + i * za)] += (g * b)
             else:
                 bits = GRAD_BITS[op] & ~sk
                 if bits != 0:

@@ -262,15 +262,32 @@ def expand(rows):
     return out
 
 
-@njit_cached(nogil=True)
 def mark_inactive(rows, nslots, bits, leaf):
+    """``_mark_inactive``; an extreme's reduction of values with a gradient (it has no rule:
+    ``Builder.reduce_terms`` makes them of detached values only) is refused."""
+    heads = heads_of(rows)
+    size = np.zeros(rows.shape[0], dtype=np.int64)  # by row, as ``_needed`` takes them
+    span = np.full((rows.shape[0], 3, 2), -1, dtype=np.int64)
+    size[heads], span[heads], _ = spans(rows, heads)
+    act = _mark_inactive(rows, nslots, bits, leaf, size, span)
+    h = np.nonzero((rows[:, 0] == RED) & ((np.roll(rows[:, 5], -1) == MAX)
+                                          | (np.roll(rows[:, 5], -1) == MIN)))[0]
+    if len(h) and (rows[h + 3, 5] != 1.0).any():
+        raise ValueError("an extreme's reduction instruction of values with a gradient: it "
+                         "has no rule (only of detached values)")
+    return act
+
+
+@njit_cached(nogil=True)
+def _mark_inactive(rows, nslots, bits, leaf, size, span):
     """Flag (1.0 in the constant column of an instruction's last row) the array
     instructions whose values depend on no input through a gradient: their reverse adds
     only to adjoints that reach no input, so the reverse sweep skips them (the max of
     detached values, the counts of tied elements...); an elementwise instruction's
     operands whose gradient reaches no input, ``-(bits a, b, c)`` there (lse's shift by
-    its max: a sum in order of 640,000 gradients that went nowhere). Returns whether each slot's value
-    depends on an input through a gradient."""
+    its max: a sum in order of 640,000 gradients that went nowhere). Returns whether each
+    slot's value depends on an input through a gradient. ``size``, ``span``: ``spans``'
+    by row."""
     act = np.zeros(nslots, dtype=np.bool_)
     r = 0
     k = 0
@@ -278,39 +295,21 @@ def mark_inactive(rows, nslots, bits, leaf):
         op = int(rows[r, 0])
         if op == leaf:
             act[k] = True
-        elif op == RED:
-            # an output is active when any of its terms is (add's and mul's rules give
-            # every term a gradient); its chain's other slots are never read
+        elif op == RED or (op == ARR and int(rows[r + 1, 5]) == leaf):
+            # a reduction's outputs are active when any slot its terms span is (add's and
+            # mul's rules give every term a gradient; a slot between them too: one loop,
+            # ``spans``' bounds), its chains' other slots are never read; inputs are active
+            # and have no rule to run back
             m = int(rows[r + 1, 4])
-            L = int(rows[r, 4])
-            w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
-            any_ = False
-            for c in range(2):
-                s = int(rows[r, 1 + c])
-                if s < 0:
-                    continue
-                si = int(rows[r + 2, 4 + c])
-                st = int(rows[r, 5]) if c == 0 else int(rows[r + 3, 4])
-                for i in range(m):
-                    for t in range(L):
-                        if act[s + i * si + t * st]:
-                            act[k + m * (w - 1) + i] = True
-                            any_ = True
-                            break
-            if any_ and (int(rows[r + 1, 5]) == MAX or int(rows[r + 1, 5]) == MIN):
-                raise ValueError("an extreme's reduction instruction of values with a "
-                                 "gradient: it has no rule (only of detached values)")
-            rows[r + 3, 5] = 0.0 if any_ else 1.0
+            any_ = op == ARR
+            for c in range(3):
+                for t in range(span[r, c, 0], span[r, c, 1] + 1):
+                    any_ = any_ or act[t]
+            for i in range(size[r] - m, size[r]):
+                act[k + i] = any_
+            rows[r + 3, 5] = 0.0 if any_ and op == RED else 1.0
             r += META + 1
-            k += m * w
-            continue
-        elif op == ARR and int(rows[r + 1, 5]) == leaf:  # inputs: no rule to run back
-            m = int(rows[r + 1, 4])
-            for i in range(m):
-                act[k + i] = True
-            rows[r + 3, 5] = 1.0
-            r += META + 1
-            k += m
+            k += size[r - META - 1]
             continue
         elif op == ARR:
             m = int(rows[r + 1, 4])
@@ -368,19 +367,49 @@ def info(rows, r):
             (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4])))
 
 
+def spans(rows, heads):
+    """(slots, spans, kept) of the instructions at ``heads``: how many slots each has, the
+    lowest and highest slot each operand reads (n, 3, 2; -1 where absent), and whether it
+    is kept whatever reads it (leaves)."""
+    n = rows[heads + 1, 4].astype(np.int64)
+    red = rows[heads, 0] == RED
+    L = np.where(red, rows[heads, 4], 1).astype(np.int64)
+    first = rows[heads, 1:4].astype(np.int64)
+    per = np.stack([rows[heads + 2, 4], rows[heads + 2, 5], rows[heads + 3, 4]], 1)
+    # a reduction's strides: (sa, sb) per output, (ta, tb) per term; none for c
+    term = np.stack([np.where(red, rows[heads, 5], 0), np.where(red, rows[heads + 3, 4], 0),
+                     np.zeros(len(heads))], 1)
+    per = np.where(red[:, None] & (np.arange(3) == 2), 0, per).astype(np.int64)
+    term = term.astype(np.int64)
+    a = (n - 1)[:, None] * per
+    b = (L - 1)[:, None] * term
+    lo = first + np.minimum(a, 0) + np.minimum(b, 0)
+    hi = first + np.maximum(a, 0) + np.maximum(b, 0)
+    out = np.stack([np.where(first >= 0, lo, -1), np.where(first >= 0, hi, -1)], 2)
+    kept = (rows[heads, 0] == ARR) & (rows[heads + 1, 5] == LEAF)
+    return _sizes(rows, heads), out, kept
+
+
 def prune_arrays(rows, roots, guard, leaf):
     """``program.prune`` of a program with array instructions (``roots`` and the result's
     renumbering are slots): an instruction is kept whole when any of its slots is needed,
     and with every slot its strided inputs span (so that the kept slots of a span stay
-    evenly spaced after renumbering). The backward pass is compiled (``_needed``); the
-    renumbering is NumPy's (compiled too, it doubled the cold compile at trace time)."""
+    evenly spaced after renumbering). The backward pass is compiled (``_needed``), over
+    the instructions' sizes and spans that NumPy works out (``spans``: one branch for
+    every kind of instruction, compiled in less time); the renumbering is NumPy's
+    (compiled too, it doubled the cold compile at trace time)."""
     at, nslots = row_slots(rows)
     heads = heads_of(rows)
     owner = at.copy()  # the slot that decides whether a row is kept: its instruction's first
     for j in range(1, META + 1):
         owner[heads + j] = at[heads]
         at[heads + j] = -1
-    need = _needed(rows, at, nslots, np.asarray(roots, dtype=np.int64), guard, leaf)
+    size = np.zeros(rows.shape[0], dtype=np.int64)  # by row: 0 for a scalar row
+    span = np.full((rows.shape[0], 3, 2), -1, dtype=np.int64)
+    kept = np.zeros(rows.shape[0], dtype=np.bool_)
+    size[heads], span[heads], kept[heads] = spans(rows, heads)
+    need = _needed(rows, at, nslots, np.asarray(roots, dtype=np.int64), guard, leaf, size,
+                   span, kept)
     new = np.where(need, np.cumsum(need) - 1, -1)
     out = rows[need[owner]]
     slots = out[:, 1:4]
@@ -390,9 +419,9 @@ def prune_arrays(rows, roots, guard, leaf):
 
 
 @njit_cached(nogil=True)
-def _needed(rows, at, nslots, roots, guard, leaf):
+def _needed(rows, at, nslots, roots, guard, leaf, size, span, kept):
     """The slots ``prune_arrays`` keeps: ``at[r]``, the slot of row ``r`` (-1 for an
-    instruction's rows after its first)."""
+    instruction's rows after its first); ``size``, ``span``, ``kept``: ``spans``' by row."""
     need = np.zeros(nslots, dtype=np.bool_)
     for s in roots:
         need[s] = True
@@ -400,32 +429,9 @@ def _needed(rows, at, nslots, roots, guard, leaf):
         k = at[r]
         if k < 0:
             continue
-        op = int(rows[r, 0])
-        if op == RED:
-            m = int(rows[r + 1, 4])
-            L = int(rows[r, 4])
-            w = 2 * L - 1 if int(rows[r + 1, 5]) == MUL else L - 1
-            any_ = False
-            for i in range(m * w):
-                any_ = any_ or need[k + i]
-            if not any_:
-                continue
-            for i in range(m * w):
-                need[k + i] = True
-            for c in range(2):
-                s = int(rows[r, 1 + c])
-                if s < 0:
-                    continue
-                si = int(rows[r + 2, 4 + c])
-                st = int(rows[r, 5]) if c == 0 else int(rows[r + 3, 4])
-                lo = s + min(0, (m - 1) * si) + min(0, (L - 1) * st)
-                hi = s + max(0, (m - 1) * si) + max(0, (L - 1) * st)
-                for t in range(lo, hi + 1):
-                    need[t] = True
-            continue
-        if op == ARR:
-            m = int(rows[r + 1, 4])
-            any_ = int(rows[r + 1, 5]) == leaf  # (inputs are kept)
+        m = size[r]
+        if m > 0:  # an instruction
+            any_ = kept[r]
             for i in range(m):
                 any_ = any_ or need[k + i]
             if not any_:
@@ -433,14 +439,10 @@ def _needed(rows, at, nslots, roots, guard, leaf):
             for i in range(m):
                 need[k + i] = True
             for c in range(3):
-                s = int(rows[r, 1 + c])
-                if s < 0:
-                    continue
-                st = int(rows[r + 2 + c // 2, 4 + c % 2])
-                hi = s + (m - 1) * st
-                for t in range(min(s, hi), max(s, hi) + 1):
+                for t in range(span[r, c, 0], span[r, c, 1] + 1):
                     need[t] = True
             continue
+        op = int(rows[r, 0])
         if op == guard or op == leaf:
             need[k] = True
         if need[k]:
