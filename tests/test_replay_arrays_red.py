@@ -246,3 +246,56 @@ def test_saved_reduction_program_loads_and_runs_its_expansion_elsewhere(tmp_path
     X = np.stack([x0, x1, 2 * x1])
     np.testing.assert_allclose(Q.grad(X)[2], P.grad(2 * x1), rtol=1e-13)
     np.testing.assert_allclose(P.hvp(x1, x0)[1], Q.hvp(x1, x0)[1], rtol=1e-12)
+
+
+def test_exact_ops_in_numpy_give_the_compiled_loops_numbers(monkeypatch):
+    # inputs, comparisons, select, pick, detach and arithmetic in NumPy round exactly as
+    # the compiled loops (and the expansion): the same numbers, bit for bit
+    names = ("leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul", "add")
+    monkeypatch.setattr(PA, "NUMPY_MIN", dict.fromkeys(names, 16))
+    x0 = np.random.default_rng(6).normal(size=300)
+    x0[7] = x0[8] = x0.max()  # a tie: the max's gradient shared
+
+    def f(M, x):
+        a = M.max(x)
+        return a + M.log(M.sum(M.exp(x - a))) + M.sum((x * x) * 0.5 - x)
+    P = tg.trace(lambda x: f(tg, x), x0)
+    ran = {op.name for *_, op in PA._plan(P._code.arows) if op is not None}
+    assert ran >= {"leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul"}, ran
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: f(tg, x), x0)
+    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
+        np.testing.assert_array_equal(a, b)
+    y, g, _ = torch_derivs(f, x0, x0)
+    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+
+
+def test_sweeps_over_row_ranges_compose():
+    # the driver runs the compiled forward between NumPy steps, over ranges of rows: any
+    # split of either sweep gives the whole sweep's numbers (a reduction's loop once
+    # overwrote the reverse's lower bound)
+    x0 = np.random.default_rng(8).normal(size=200)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: lse(tg, x) + tg.sum(tg.matmul(x.reshape(10, 20), x[:20])), x0)
+    rows, n = P._code.arows, P._code.nslots
+    at = PA.row_slots(rows)[0]
+    v = np.zeros(n)
+    assert PA.forward(rows, x0, v, 0, rows.shape[0], 0) == 0
+    whole = np.zeros(n)
+    whole[P._code.out_slots] = 1.0
+    PA.reverse(rows, v, whole, rows.shape[0] - 1, n - 1, 0)
+    for cut in PA.heads_of(rows).tolist()[1:]:
+        w = np.zeros(n)
+        PA.forward(rows, x0, w, 0, cut, 0)
+        PA.forward(rows, x0, w, cut, rows.shape[0], int(at[cut]))
+        np.testing.assert_array_equal(w[P._code.out_slots], v[P._code.out_slots])
+        adj = np.zeros(n)
+        adj[P._code.out_slots] = 1.0
+        PA.reverse(rows, v, adj, rows.shape[0] - 1, n - 1, cut)
+        PA.reverse(rows, v, adj, cut - 1, int(at[cut]) - 1, 0)
+        np.testing.assert_array_equal(adj[P._code.in_slots], whole[P._code.in_slots])
+
+
+def lse(M, x):
+    a = M.max(x)
+    return a + M.log(M.sum(M.exp(x - a)))

@@ -239,11 +239,11 @@ if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
         # (a sum's outputs' own rows hold terms ``last ..``: those first)
         last = 0 if dot or L == 2 else L - 1
         for ph in range(2):
-            hi = L - 1 if ph == 0 else last - 1
-            lo = last if ph == 0 else 0
+            thi = L - 1 if ph == 0 else last - 1
+            tlo = last if ph == 0 else 0
             for i in range(m - 1, -1, -1):
                 g = adj[np.uint64(o + i)]
-                for t in range(hi, lo - 1, -1):
+                for t in range(thi, tlo - 1, -1):
                     ja = np.uint64(ia + i * sa + t * ta)
                     if dot:
                         jb = np.uint64(ib + i * sb + t * tb)
