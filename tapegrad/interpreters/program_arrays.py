@@ -507,7 +507,9 @@ def entry(rows, work):
                 if status:
                     break
             else:
-                _np_forward(op, rows, r0, k0, v, x)
+                # (quiet, as the compiled loops: a log of 0 is -inf, not a warning)
+                with np.errstate(all="ignore"):
+                    _np_forward(op, rows, r0, k0, v, x)
         res[:m] = v[out]
         if res.shape[0] > m and status == 0:
             adj = work[o + nx + n:]
