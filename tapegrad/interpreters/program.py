@@ -605,9 +605,8 @@ def _array_rule(L, F, adj, rows, r, k):
 def _red_rule(L, F, adj, rows, r, k):
     """Re-record the rule of the reduction instruction at row ``r`` (chains from slot ``k``):
     add's passes each output's adjoint to every term, mul's gives a product's operands
-    ``g * b`` and ``g * a``; where an operand's slot
-    is every output's (a matmul's row, read by each of its columns) its gradients are
-    summed by reduction instructions again."""
+    ``g * b`` and ``g * a``; where an operand's slots are every output's (a matmul's row,
+    read by each of its columns) their gradients are summed by reductions again."""
     n, L_ = int(rows[r + 1, 4]), int(rows[r, 4])
     step = int(rows[r + 1, 5])
     gs = adj[_arr.red_outputs(k, n, step, L_)]
