@@ -31,6 +31,20 @@ _CODE = {op.name: op.code for op in OPS}
 _PASS = ("clone", "import_")  # identity ops: the output is the input's slot
 
 
+#: the terms a reduction sums in order (``Builder.reduce_terms``); longer ones are summed in
+#: blocks of this many, then the blocks' sums
+RED_BLOCK = 128
+
+
+def _even(X):
+    """Whether the slots ``X`` are evenly spaced along the last axis (the same step
+    everywhere)."""
+    if X.shape[-1] < 2 or X.size == 0:
+        return True
+    d = np.diff(X, axis=-1)
+    return bool((d == d.flat[0]).all())
+
+
 class Builder:
     """Emits program rows. Slots are Python ints (scalars) or int64 arrays shaped like the
     values; ``op`` broadcasts its inputs like NumPy and emits one row per element, or an
@@ -44,6 +58,8 @@ class Builder:
         self.arrays = False  # whether any row is an array instruction
         self._pending = []  # scalar rows as tuples, in order
         self._blocks = []   # (m, NCOL) arrays, in order with the pending rows flushed
+        self._leaves = []   # the indices in _blocks of runs of leaf rows (``inputs``)
+        self._detach_spans = []  # [start, stop) of the slots of detach ops (``op``)
         self._consts = {}
 
     def _flush(self):
@@ -59,10 +75,24 @@ class Builder:
 
     def rows(self):
         self._flush()
+        if self.arrays:
+            # a program of array instructions reads its inputs as instructions too: a
+            # leaf row per element took 2 of lse's 16 ms (n = 640,000), and made it mostly
+            # scalar rows (``MIN_COVER``); the slots are the same
+            for j in self._leaves:
+                b = self._blocks[j]
+                if b.shape[0] >= self.min_run:
+                    self._blocks[j] = np.array(
+                        [[_arr.ARR, -1, -1, -1, b[0, 4], 0.0],
+                         [_arr.TAIL, -1, -1, -1, b.shape[0], LEAF],
+                         [_arr.TAIL, -1, -1, -1, 0.0, 0.0],
+                         [_arr.TAIL, -1, -1, -1, 0.0, 0.0]], dtype=np.float64)
+            self._leaves = []
         if not self._blocks:
             return np.zeros((0, NCOL))
         if len(self._blocks) > 1:
             self._blocks = [np.concatenate(self._blocks)]
+            self._leaves = []
         return self._blocks[0]
 
     def op(self, name, *ins, c0=0.0, c1=0.0):
@@ -91,8 +121,82 @@ class Builder:
             block = _arr.scalar_block(code, flat, c0, c1)
         self._blocks.append(block)
         out = np.arange(self.n, self.n + m, dtype=np.int64).reshape(shape)
+        if name == "detach":
+            self._detach_spans.append((self.n, self.n + m))
         self.n += m
         return out
+
+    def reduce_terms(self, A, B=None, step="add"):
+        """Slots of the sums over the last axis of the slot array ``A`` (of its products with
+        ``B``, broadcast together: a dot product's, a matmul's), each summed in order (a
+        chain of ``add`` rows, the products' ``mul`` rows before each), in blocks of
+        ``RED_BLOCK`` terms whose sums are summed again (NumPy's pairwise summation keeps
+        its error small the same way); reduction instructions where the terms are evenly
+        spaced along the axis (``program_arrays.red_block``). None when they are not: the
+        caller sums another way. ``step`` "maximum" or "minimum": the extremes of values
+        that ``detach`` rows made (their gradient goes nowhere, so the instructions need
+        no rule), else None."""
+        if step != "add" and (B is not None or not self._detached(A)):
+            return None
+        if B is not None:
+            A, B = np.broadcast_arrays(np.asarray(A, dtype=np.int64),
+                                       np.asarray(B, dtype=np.int64))
+        A = np.asarray(A, dtype=np.int64)
+        shape, L = A.shape[:-1], A.shape[-1]
+        if L < 2 or not all(_even(X) for X in (A, B) if X is not None):
+            return None
+        if L > RED_BLOCK:  # partial sums of blocks, then their sum, then the rest's
+            nb = L // RED_BLOCK
+            cut = nb * RED_BLOCK
+            blk = lambda X: None if X is None else \
+                X[..., :cut].reshape(shape + (nb, RED_BLOCK))  # noqa: E731
+            P = self.reduce_terms(blk(A), blk(B), step)
+            r = P[..., 0] if nb == 1 else self._reduce_terms(P, step)
+            if r is None:  # the partial sums are not evenly spaced: added in order
+                r = P[..., 0]
+                for j in range(1, nb):
+                    r = self.op(step, r, P[..., j])
+            if L > cut:
+                rest = (A[..., cut] if B is None else self.op(
+                    "mul", A[..., cut], B[..., cut])) if L - cut == 1 else \
+                    self.reduce_terms(A[..., cut:], None if B is None else B[..., cut:], step)
+                r = self.op(step, r, rest)
+            return r
+        # the longest output axis last: its outputs are a run, whatever the others
+        perm = None
+        if len(shape) > 1 and int(np.argmax(shape)) != len(shape) - 1:
+            j = int(np.argmax(shape))
+            perm = [d for d in range(len(shape)) if d != j] + [j]
+            A = np.transpose(A, perm + [len(shape)])
+            B = None if B is None else np.transpose(B, perm + [len(shape)])
+        oshape = A.shape[:-1]
+        m = int(np.prod(oshape))
+        step = _arr.MUL if B is not None else _CODE[step]
+        self._flush()
+        block, arrays, out = _arr.red_block(step, A.reshape(m, L),
+                                            None if B is None else B.reshape(m, L), self.n,
+                                            self.min_run)
+        self.arrays = self.arrays or arrays
+        self._blocks.append(block)
+        out = out.reshape(oshape)
+        self.n += m * _arr.red_width(step, L)
+        return out if perm is None else np.transpose(out, np.argsort(perm))
+
+    def _reduce_terms(self, P, name):
+        """``reduce_terms`` of the partial results ``P`` (fresh slots) with step ``name``."""
+        if name == "add":
+            return self.reduce_terms(P)
+        # (partial extremes of detached values: no gradient either)
+        self._detach_spans.append((int(P.min()), int(P.max()) + 1))
+        return self.reduce_terms(P, step=name)
+
+    def _detached(self, A):
+        """Whether every slot of ``A`` is the value of a ``detach`` row of this builder."""
+        A = np.asarray(A).reshape(-1)
+        if A.size == 0:
+            return False
+        lo, hi = int(A.min()), int(A.max())
+        return any(a <= lo and hi < b for a, b in self._detach_spans)
 
     def const(self, value):
         """Slots holding ``value`` (a float or an array), one row per distinct value."""
@@ -118,6 +222,7 @@ class Builder:
         block[:, 0] = LEAF
         block[:, 1:4] = -1.0
         block[:, 4] = np.arange(start, start + m, dtype=np.float64)
+        self._leaves.append(len(self._blocks))
         self._blocks.append(block)
         slots = np.arange(self.n, self.n + m, dtype=np.int64)
         self.n += m
@@ -453,7 +558,10 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
     while r >= 0:
         if rows[r, 0] == _arr.TAIL:  # an array instruction's last row
             r -= _arr.META
-            _array_rule(L, F, adj, rows, r, int(at[r]))
+            if rows[r, 0] == _arr.RED:
+                _red_rule(L, F, adj, rows, r, int(at[r]))
+            else:
+                _array_rule(L, F, adj, rows, r, int(at[r]))
             r -= 1
             continue
         k = int(at[r])
@@ -492,6 +600,85 @@ def _array_rule(L, F, adj, rows, r, k):
     for name, gr in zip(rule_inputs(op), grads):
         if gr is not None:
             _accumulate_range(L, adj, slots[name], gr)
+
+
+def _red_rule(L, F, adj, rows, r, k):
+    """Re-record the rule of the reduction instruction at row ``r`` (chains from slot ``k``):
+    add's passes each output's adjoint to every term, mul's gives a product's operands
+    ``g * b`` and ``g * a``; where an operand's slots are every output's (a matmul's row,
+    read by each of its columns) their gradients are summed by reductions again."""
+    n, L_ = int(rows[r + 1, 4]), int(rows[r, 4])
+    step = int(rows[r + 1, 5])
+    gs = adj[_arr.red_outputs(k, n, step, L_)]
+    if (gs < 0).all():
+        return
+    if (gs < 0).any():
+        gs = np.where(gs < 0, L.const(0.0), gs)
+    A, B = _arr.red_grids(rows, r)
+    if step in (_arr.MAX, _arr.MIN):
+        # the extremes of detached values: their gradient would stop at the detach rows
+        # (``Builder.reduce_terms`` makes them of nothing else; checked here again)
+        at = _arr.row_slots(rows)[0]
+        src = np.searchsorted(at, np.unique(A), side="right") - 1
+        head = rows[src, 0]
+        code = np.where((head == _arr.ARR) | (head == _arr.RED),
+                        rows[np.minimum(src + 1, rows.shape[0] - 1), 5], head)
+        # (values of detach rows, or extremes of them: a first level's partial results)
+        ok = (code == _CODE["detach"]) | ((head == _arr.RED) & (code == step))
+        if not ok.all():
+            raise AssertionError("a reduction to an extreme of values that are not detached")
+        return
+    G = np.broadcast_to(gs[:, None], A.shape)
+    if B is None:  # add's rule: g to each term
+        _accumulate_terms(L, adj, A, G, None)
+        return
+    _accumulate_terms(L, adj, A, G, B)
+    _accumulate_terms(L, adj, B, G, A)
+
+
+def _accumulate_terms(L, adj, S, G, V):
+    """Add ``G * V`` (mul's rule for ``a``, ``g * b``; ``G`` alone without ``V``) to the
+    adjoints of the slot grid ``S`` (n, L), elementwise where its slots are distinct, as a
+    sum over the grid's rows or columns where they repeat along one axis, else per slot."""
+    n, m = S.shape
+    flat = S.reshape(-1)
+    if np.unique(flat).size == flat.size:
+        # the long axis last: its elements are one instruction's run (kmeans' sums of 8
+        # terms over 10,000 outputs, term by term: runs of 8, scalar rows)
+        if n > m:
+            S, G, V = S.T, G.T, None if V is None else V.T
+        vals = G if V is None else _mul_rule(L, G, V)
+        _accumulate_range(L, adj, S.reshape(-1), _R(L, np.asarray(vals).reshape(-1)))
+        return
+    for ax in (0, 1):
+        first = S.take([0], axis=ax)
+        if (S == first).all() and np.unique(first).size == first.size:
+            # every row (column) the same slots: each gets its column's (row's) sum
+            Gt, Vt = (G.T, None if V is None else V.T) if ax == 0 else (G, V)
+            s = L.reduce_terms(Gt, Vt) if Gt.shape[-1] > 1 else None
+            if s is None:
+                P = Gt if Vt is None else _mul_rule(L, Gt, Vt)
+                from ..ops.lowering import reduce
+                s = reduce(L, "add", P, (1,), False, 0.0)
+            _accumulate_range(L, adj, first.reshape(-1), _R(L, np.asarray(s).reshape(-1)))
+            return
+    vals = G if V is None else _mul_rule(L, G, V)
+    order = np.argsort(flat, kind="stable")
+    fs, vs = flat[order], np.asarray(vals).reshape(-1)[order]
+    cuts = np.flatnonzero(np.diff(fs)) + 1
+    for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, fs.size].tolist()):
+        if b - a == 1:
+            _accumulate(L, adj, int(fs[a]), _R(L, int(vs[a])))
+        else:
+            from ..ops.lowering import reduce
+            _accumulate(L, adj, int(fs[a]),
+                        _R(L, int(np.asarray(reduce(L, "add", vs[a:b], None, False, 0.0)))))
+
+
+def _mul_rule(L, G, V):
+    """mul's rule for its ``a``, ``g * b``, over the slot grids ``G``, ``V`` (the rules of a
+    reduction's steps are add's and mul's: ``_codegen_arrays._red_exprs`` checks them)."""
+    return L.op("mul", G, V)
 
 
 def _accumulate_range(L, adj, slots, g):

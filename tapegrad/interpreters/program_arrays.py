@@ -10,6 +10,18 @@ scalar row computes one slot, so a row's slot is the number of slots before it
 (``row_slots``): in a program without array instructions, its index. The array
 interpreters (``_generated_arrays.py``) run an instruction as a loop; every other
 interpreter (batches, Jacobians, CUDA) runs the expansion.
+
+A reduction instruction sums each of ``n`` runs of ``L`` terms into one slot, in order (a
+chain of ``add`` rows; or ``maximum``, ``minimum`` rows, of detached values only, with no
+gradient), or sums their products with the terms of a second operand (``mul``
+and ``add`` rows, a matmul's or a dot product's): term ``t`` of output ``i`` is
+``v[a + i * sa + t * ta]`` (and ``v[b + i * sb + t * tb]``). Its rows are
+``(array_red, a, b, -1, L, ta)``, then ``(n, add or mul)``, ``(sa, sb)``, ``(tb,
+inactive)``. Its expansion is the chains, ``W`` slots each (``red_width``: ``L - 1`` adds, or
+``L`` products and ``L - 1`` adds), the chains' outputs last, contiguous, at ``k + n * (W - 1)
++ i``; the array interpreter keeps those numbers (so the slots mean the same in both forms) but
+writes and reads only the outputs, never the chains' other slots: it keeps no products nor
+partial sums.
 """
 from __future__ import annotations
 
@@ -18,12 +30,17 @@ import numpy as np
 
 from .._jit import njit_cached
 from . import replay_cpu as _cpu
-from ..ops import BY_NAME
+from ..ops import BINARY, BY_NAME, COMPARE, OPS, UNARY_C
 
 NCOL = 6
 ARR = BY_NAME["array_ew"].code
 TAIL = BY_NAME["array_tail"].code
+RED = BY_NAME["array_red"].code
 LEAF = BY_NAME["leaf"].code
+ADD = BY_NAME["add"].code
+MUL = BY_NAME["mul"].code
+MAX = BY_NAME["maximum"].code
+MIN = BY_NAME["minimum"].code
 #: the shortest run of elements made one instruction (shorter runs stay scalar rows; at
 #: least 4, an instruction's own rows). Set it to a huge number to trace scalar rows only
 MIN_RUN = 16
@@ -101,12 +118,112 @@ def block(code, flat, c0, c1, min_run):
     return np.concatenate(parts), True
 
 
+def red_width(step, L):
+    """The slots of each output's chain in a reduction instruction of ``L`` terms (``step``:
+    ADD, a sum; MUL, a sum of products)."""
+    return 2 * L - 1 if step == MUL else L - 1
+
+
+def heads_of(rows):
+    """The first rows of a program's instructions (elementwise and reductions)."""
+    return np.nonzero((rows[:, 0] == ARR) | (rows[:, 0] == RED))[0]
+
+
+def _sizes(rows, heads):
+    """The slots of each instruction: ``n``, or ``n * W`` for a reduction."""
+    n = rows[heads + 1, 4]
+    L = rows[heads, 4]
+    w = np.where(rows[heads + 1, 5] == MUL, 2 * L - 1, L - 1)
+    return np.where(rows[heads, 0] == RED, n * w, n).astype(np.int64)
+
+
+def chain_rows(step, A, B, k):
+    """The scalar rows of the sums over the last axis of the slot grids ``A`` (n, L) (of the
+    products with ``B`` when ``step`` is MUL), from slot ``k``: each output a chain of
+    ``red_width(step, L)`` rows, the running sum on the left (``acc + term``, the order a
+    reduction instruction adds in); the chains' last rows, the outputs, after all their
+    other rows (``n * (W - 1)`` of them), so that the outputs are contiguous."""
+    n, L = A.shape
+    W = red_width(step, L)
+    body = np.zeros((n, W, NCOL), dtype=np.float64)  # chain i's rows, its output last
+    body[..., 3] = -1.0
+    base = (k + np.arange(n, dtype=np.int64) * (W - 1))[:, None]
+    # the slot of column j of chain i: its scratch, or the output's for the last
+    slot = lambda j: base + j if j < W - 1 else k + n * (W - 1) + \
+        np.arange(n, dtype=np.int64)[:, None]  # noqa: E731
+    if step == MUL:
+        body[:, 0, 0], body[:, 0, 1], body[:, 0, 2] = MUL, A[:, 0], B[:, 0]
+        for t in range(1, L):  # p_t at column 2t - 1, the sum so far at 2t
+            body[:, 2 * t - 1, 0] = MUL
+            body[:, 2 * t - 1, 1] = A[:, t]
+            body[:, 2 * t - 1, 2] = B[:, t]
+            body[:, 2 * t, 0] = ADD
+            body[:, 2 * t, 1] = slot(2 * t - 2)[:, 0]
+            body[:, 2 * t, 2] = slot(2 * t - 1)[:, 0]
+    else:
+        body[:, :, 0] = step
+        body[:, 0, 1], body[:, 0, 2] = A[:, 0], A[:, 1]
+        for t in range(2, L):  # the sum of terms 0 .. t at column t - 1
+            body[:, t - 1, 1] = slot(t - 2)[:, 0]
+            body[:, t - 1, 2] = A[:, t]
+    return np.concatenate([body[:, :W - 1].reshape(-1, NCOL), body[:, W - 1]])
+
+
+def red_outputs(k, n, step, L):
+    """The output slots of a reduction's ``n`` chains from slot ``k`` (after their other
+    slots)."""
+    return k + n * (red_width(step, L) - 1) + np.arange(n, dtype=np.int64)
+
+
+def red_block(step, A, B, k, min_run):
+    """The rows of the sums over the last axis of the slot grids ``A`` (m, L) (of products
+    with ``B`` when ``step`` is MUL), evenly spaced along it, their chains from slot ``k``:
+    a reduction instruction for each run of outputs whose first terms are evenly spaced and
+    that sums ``min_run`` terms or more, the chains as scalar rows for the rest; whether any
+    is an instruction, and the outputs' slots (each run's are contiguous, after its
+    chains' other slots)."""
+    m, L = A.shape
+    W = red_width(step, L)
+    flat = A[:, :1].T if B is None else np.stack([A[:, 0], B[:, 0]])
+    rs = runs(flat, max(1, -(-min_run // L))) if m * L >= min_run else None
+    if rs is None:
+        return chain_rows(step, A, B, k), False, red_outputs(k, m, step, L)
+    ta = int(A[0, 1] - A[0, 0]) if L > 1 else 0
+    tb = int(B[0, 1] - B[0, 0]) if B is not None and L > 1 else 0
+    parts, outs, any_ = [], [], False
+    for s, e, st in rs:
+        n = e - s
+        outs.append(red_outputs(k + s * W, n, step, L))
+        if n * L < min_run:
+            parts.append(chain_rows(step, A[s:e], None if B is None else B[s:e], k + s * W))
+            continue
+        st = st + [0] * (2 - len(st))
+        ib = int(B[s, 0]) if B is not None else -1
+        parts.append(np.array([[RED, int(A[s, 0]), ib, -1, L, ta],
+                               [TAIL, -1, -1, -1, n, step],
+                               [TAIL, -1, -1, -1, st[0], st[1]],
+                               [TAIL, -1, -1, -1, tb, 0.0]], dtype=np.float64))
+        any_ = True
+    return np.concatenate(parts), any_, np.concatenate(outs)
+
+
+def red_grids(rows, r):
+    """(A, B or None) of the reduction instruction at row ``r``: its terms' slots (n, L)."""
+    n, L = int(rows[r + 1, 4]), int(rows[r, 4])
+    i = np.arange(n, dtype=np.int64)[:, None]
+    t = np.arange(L, dtype=np.int64)[None, :]
+    A = int(rows[r, 1]) + i * int(rows[r + 2, 4]) + t * int(rows[r, 5])
+    B = None if rows[r, 2] < 0 else \
+        int(rows[r, 2]) + i * int(rows[r + 2, 5]) + t * int(rows[r + 3, 4])
+    return A, B
+
+
 def row_slots(rows):
     """(the slot of each row, the number of slots): an instruction's first row has its
     first slot, its other rows the next instruction's."""
     n = np.ones(rows.shape[0], dtype=np.int64)
-    heads = np.nonzero(rows[:, 0] == ARR)[0]
-    n[heads] = rows[heads + 1, 4].astype(np.int64)
+    heads = heads_of(rows)
+    n[heads] = _sizes(rows, heads)
     for j in range(1, META + 1):
         n[heads + j] = 0
     ends = np.cumsum(n)
@@ -119,13 +236,18 @@ def expand(rows):
     at, nslots = row_slots(rows)
     out = np.empty((nslots, NCOL), dtype=np.float64)
     scalar = np.ones(rows.shape[0], dtype=np.bool_)
-    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    heads = heads_of(rows)
     for j in range(META + 1):
         scalar[heads + j] = False
     out[at[scalar]] = rows[scalar]
     i_all = np.arange(max([int(rows[k + 1, 4]) for k in heads.tolist()] or [0]),
                       dtype=np.float64)
     for k in heads.tolist():
+        if rows[k, 0] == RED:
+            A, B = red_grids(rows, k)
+            blk = chain_rows(int(rows[k + 1, 5]), A, B, int(at[k]))
+            out[at[k]:at[k] + blk.shape[0]] = blk
+            continue
         n, code = int(rows[k + 1, 4]), rows[k + 1, 5]
         st = (rows[k + 2, 4], rows[k + 2, 5], rows[k + 3, 4])
         blk = out[at[k]:at[k] + n]
@@ -134,16 +256,38 @@ def expand(rows):
             s = rows[k, 1 + j]
             blk[:, 1 + j] = s + i * st[j] if s >= 0 else -1.0
         blk[:, 4:6] = rows[k, 4:6]
+        if code == LEAF:  # input elements c0 ..
+            blk[:, 4] += i
         blk[:, 0] = code
     return out
 
 
-@njit_cached(nogil=True)
 def mark_inactive(rows, nslots, bits, leaf):
+    """``_mark_inactive``; an extreme's reduction of values with a gradient (it has no rule:
+    ``Builder.reduce_terms`` makes them of detached values only) is refused."""
+    heads = heads_of(rows)
+    size = np.zeros(rows.shape[0], dtype=np.int64)  # by row, as ``_needed`` takes them
+    span = np.full((rows.shape[0], 3, 2), -1, dtype=np.int64)
+    size[heads], span[heads], _ = spans(rows, heads)
+    act = _mark_inactive(rows, nslots, bits, leaf, size, span)
+    h = np.nonzero((rows[:, 0] == RED) & ((np.roll(rows[:, 5], -1) == MAX)
+                                          | (np.roll(rows[:, 5], -1) == MIN)))[0]
+    if len(h) and (rows[h + 3, 5] != 1.0).any():
+        raise ValueError("an extreme's reduction instruction of values with a gradient: it "
+                         "has no rule (only of detached values)")
+    return act
+
+
+@njit_cached(nogil=True)
+def _mark_inactive(rows, nslots, bits, leaf, size, span):
     """Flag (1.0 in the constant column of an instruction's last row) the array
     instructions whose values depend on no input through a gradient: their reverse adds
     only to adjoints that reach no input, so the reverse sweep skips them (the max of
-    detached values, the counts of tied elements...)."""
+    detached values, the counts of tied elements...); an elementwise instruction's
+    operands whose gradient reaches no input, ``-(bits a, b, c)`` there (lse's shift by
+    its max: a sum in order of 640,000 gradients that went nowhere). Returns whether each
+    slot's value depends on an input through a gradient. ``size``, ``span``: ``spans``'
+    by row."""
     act = np.zeros(nslots, dtype=np.bool_)
     r = 0
     k = 0
@@ -151,19 +295,40 @@ def mark_inactive(rows, nslots, bits, leaf):
         op = int(rows[r, 0])
         if op == leaf:
             act[k] = True
+        elif op == RED or (op == ARR and int(rows[r + 1, 5]) == leaf):
+            # a reduction's outputs are active when any slot its terms span is (add's and
+            # mul's rules give every term a gradient; a slot between them too: one loop,
+            # ``spans``' bounds), its chains' other slots are never read; inputs are active
+            # and have no rule to run back
+            m = int(rows[r + 1, 4])
+            any_ = op == ARR
+            for c in range(3):
+                for t in range(span[r, c, 0], span[r, c, 1] + 1):
+                    any_ = any_ or act[t]
+            for i in range(size[r] - m, size[r]):
+                act[k + i] = any_
+            rows[r + 3, 5] = 0.0 if any_ and op == RED else 1.0
+            r += META + 1
+            k += size[r - META - 1]
+            continue
         elif op == ARR:
             m = int(rows[r + 1, 4])
             b = bits[int(rows[r + 1, 5])]
             st = (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4]))
             any_ = False
+            skip = 0  # the operands whose gradient reaches no input (bits a, b, c)
             for c in range(3):
                 s = int(rows[r, 1 + c])
                 if s >= 0 and (b >> c) & 1:
+                    need = False
                     for i in range(m):
                         if act[s + i * st[c]]:
                             act[k + i] = True
-                            any_ = True
-            rows[r + 3, 5] = 0.0 if any_ else 1.0
+                            need = True
+                    any_ = any_ or need
+                    if not need:
+                        skip |= 1 << c
+            rows[r + 3, 5] = -float(skip) if any_ else 1.0
             r += META + 1
             k += m
             continue
@@ -175,41 +340,76 @@ def mark_inactive(rows, nslots, bits, leaf):
                     act[k] = True
         r += 1
         k += 1
+    return act
 
 
 def has_arrays(rows):
-    return bool(rows.shape[0]) and bool(np.any(rows[:, 0] == ARR))
+    return bool(rows.shape[0]) and bool(np.any((rows[:, 0] == ARR) | (rows[:, 0] == RED)))
 
 
 def coverage(rows):
     """The share of the program's slots that its array instructions compute."""
-    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    heads = heads_of(rows)
     total = row_slots(rows)[1]
-    return float(rows[heads + 1, 4].sum()) / total if total else 0.0
+    return float(_sizes(rows, heads).sum()) / total if total else 0.0
 
 
 def info(rows, r):
     """(n, opcode, strides) of the instruction whose first row is ``r``; (1, opcode, 0s) for a
-    scalar row."""
+    scalar row; for a reduction (n outputs, ``array_red``, (sa, sb, ta, tb, L))."""
+    if rows[r, 0] == RED:
+        return (int(rows[r + 1, 4]), RED, (int(rows[r + 2, 4]), int(rows[r + 2, 5]),
+                                           int(rows[r, 5]), int(rows[r + 3, 4]),
+                                           int(rows[r, 4])))
     if rows[r, 0] != ARR:
         return 1, int(rows[r, 0]), (0, 0, 0)
     return (int(rows[r + 1, 4]), int(rows[r + 1, 5]),
             (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4])))
 
 
+def spans(rows, heads):
+    """(slots, spans, kept) of the instructions at ``heads``: how many slots each has, the
+    lowest and highest slot each operand reads (n, 3, 2; -1 where absent), and whether it
+    is kept whatever reads it (leaves)."""
+    n = rows[heads + 1, 4].astype(np.int64)
+    red = rows[heads, 0] == RED
+    L = np.where(red, rows[heads, 4], 1).astype(np.int64)
+    first = rows[heads, 1:4].astype(np.int64)
+    per = np.stack([rows[heads + 2, 4], rows[heads + 2, 5], rows[heads + 3, 4]], 1)
+    # a reduction's strides: (sa, sb) per output, (ta, tb) per term; none for c
+    term = np.stack([np.where(red, rows[heads, 5], 0), np.where(red, rows[heads + 3, 4], 0),
+                     np.zeros(len(heads))], 1)
+    per = np.where(red[:, None] & (np.arange(3) == 2), 0, per).astype(np.int64)
+    term = term.astype(np.int64)
+    a = (n - 1)[:, None] * per
+    b = (L - 1)[:, None] * term
+    lo = first + np.minimum(a, 0) + np.minimum(b, 0)
+    hi = first + np.maximum(a, 0) + np.maximum(b, 0)
+    out = np.stack([np.where(first >= 0, lo, -1), np.where(first >= 0, hi, -1)], 2)
+    kept = (rows[heads, 0] == ARR) & (rows[heads + 1, 5] == LEAF)
+    return _sizes(rows, heads), out, kept
+
+
 def prune_arrays(rows, roots, guard, leaf):
     """``program.prune`` of a program with array instructions (``roots`` and the result's
     renumbering are slots): an instruction is kept whole when any of its slots is needed,
     and with every slot its strided inputs span (so that the kept slots of a span stay
-    evenly spaced after renumbering). The backward pass is compiled (``_needed``); the
-    renumbering is NumPy's (compiled too, it doubled the cold compile at trace time)."""
+    evenly spaced after renumbering). The backward pass is compiled (``_needed``), over
+    the instructions' sizes and spans that NumPy works out (``spans``: one branch for
+    every kind of instruction, compiled in less time); the renumbering is NumPy's
+    (compiled too, it doubled the cold compile at trace time)."""
     at, nslots = row_slots(rows)
-    heads = np.nonzero(rows[:, 0] == ARR)[0]
+    heads = heads_of(rows)
     owner = at.copy()  # the slot that decides whether a row is kept: its instruction's first
     for j in range(1, META + 1):
         owner[heads + j] = at[heads]
         at[heads + j] = -1
-    need = _needed(rows, at, nslots, np.asarray(roots, dtype=np.int64), guard, leaf)
+    size = np.zeros(rows.shape[0], dtype=np.int64)  # by row: 0 for a scalar row
+    span = np.full((rows.shape[0], 3, 2), -1, dtype=np.int64)
+    kept = np.zeros(rows.shape[0], dtype=np.bool_)
+    size[heads], span[heads], kept[heads] = spans(rows, heads)
+    need = _needed(rows, at, nslots, np.asarray(roots, dtype=np.int64), guard, leaf, size,
+                   span, kept)
     new = np.where(need, np.cumsum(need) - 1, -1)
     out = rows[need[owner]]
     slots = out[:, 1:4]
@@ -219,9 +419,9 @@ def prune_arrays(rows, roots, guard, leaf):
 
 
 @njit_cached(nogil=True)
-def _needed(rows, at, nslots, roots, guard, leaf):
+def _needed(rows, at, nslots, roots, guard, leaf, size, span, kept):
     """The slots ``prune_arrays`` keeps: ``at[r]``, the slot of row ``r`` (-1 for an
-    instruction's rows after its first)."""
+    instruction's rows after its first); ``size``, ``span``, ``kept``: ``spans``' by row."""
     need = np.zeros(nslots, dtype=np.bool_)
     for s in roots:
         need[s] = True
@@ -229,10 +429,9 @@ def _needed(rows, at, nslots, roots, guard, leaf):
         k = at[r]
         if k < 0:
             continue
-        op = int(rows[r, 0])
-        if op == ARR:
-            m = int(rows[r + 1, 4])
-            any_ = False
+        m = size[r]
+        if m > 0:  # an instruction
+            any_ = kept[r]
             for i in range(m):
                 any_ = any_ or need[k + i]
             if not any_:
@@ -240,14 +439,10 @@ def _needed(rows, at, nslots, roots, guard, leaf):
             for i in range(m):
                 need[k + i] = True
             for c in range(3):
-                s = int(rows[r, 1 + c])
-                if s < 0:
-                    continue
-                st = int(rows[r + 2 + c // 2, 4 + c % 2])
-                hi = s + (m - 1) * st
-                for t in range(min(s, hi), max(s, hi) + 1):
+                for t in range(span[r, c, 0], span[r, c, 1] + 1):
                     need[t] = True
             continue
+        op = int(rows[r, 0])
         if op == guard or op == leaf:
             need[k] = True
         if need[k]:
@@ -282,8 +477,11 @@ def entry(rows, work):
     about 2 us per call saved."""
     fw, rv = forward, reverse
     if hasattr(forward, "compile"):
-        mat, vec = numba.typeof(rows), numba.typeof(work)
-        fw, rv = forward.compile((mat, vec, vec)), reverse.compile((mat, vec, vec))
+        mat, vec, i64 = numba.typeof(rows), numba.typeof(work), numba.int64
+        fw = forward.compile((mat, vec, vec, i64, i64, i64))
+        rv = reverse.compile((mat, vec, vec, i64, i64, i64))
+    plan = _plan(rows)
+    nr = rows.shape[0]
     m, p, nx = int(work[0]), int(work[1]), int(work[2])
     s = _cpu.HEADER + m
     o = s + m + p
@@ -293,22 +491,158 @@ def entry(rows, work):
     out = work[s:s + m].astype(np.intp)
     ins = work[s + m:o].astype(np.intp)
     repeats = np.unique(out).shape[0] < m  # an output slot twice: its seeds add up
+    live = _live(rows, n)
+    if p and (ins == ins[0] + np.arange(p)).all():
+        # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
+        # not a gather (1 ms of lse's gradient at n = 640,000)
+        ins = slice(int(ins[0]), int(ins[0]) + p)
 
     def run(rows, work, res):
         v = work[o + nx:o + nx + n]
-        status = int(fw(rows, work[o:o + nx], v))
+        x = work[o:o + nx]
+        status = 0
+        for r0, r1, k0, k1, op in plan:
+            if op is None:
+                status = int(fw(rows, x, v, r0, r1, k0))
+                if status:
+                    break
+            else:
+                # (quiet, as the compiled loops: a log of 0 is -inf, not a warning)
+                with np.errstate(all="ignore"):
+                    _np_forward(op, rows, r0, k0, v, x)
         res[:m] = v[out]
         if res.shape[0] > m and status == 0:
             adj = work[o + nx + n:]
-            adj[:] = 0.0
+            if live is None:
+                adj[:] = 0.0
+            else:
+                for sl in live:
+                    adj[sl] = 0.0
             if repeats:
                 np.add.at(adj, out, work[_cpu.HEADER:s])
             else:
                 adj[out] += work[_cpu.HEADER:s]
-            rv(rows, v, adj)
+            rv(rows, v, adj, nr - 1, n - 1, 0)
             res[m:] = adj[ins]
         return status
     return run
+
+
+#: elementwise instructions whose forward runs as a NumPy call over views of the values,
+#: from the driver, when they have at least this many elements (by op): NumPy's loops are
+#: vectorized (SIMD exp and log: lse's exp of 640,000 elements took 3.4 ms as a loop of
+#: ``math.exp``, 0.5 ms in NumPy), but each call and the break in the compiled sweep cost
+#: a few us. NumPy's exp and log are not libm's: such an instruction's values may differ
+#: from its expansion's in the last bits (both as close to torch's), the same on every
+#: call; its other ops round exactly as the compiled loop does. The reverse sweep stays
+#: compiled: its rules are arithmetic, and NumPy's rules over views (where each adjoint is
+#: added once, so in any order) were slower, lse's gradient at n = 640,000 10.6 -> 11.2 ms
+NUMPY_MIN = dict.fromkeys(("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh"),
+                          8192)
+NUMPY_MIN.update(dict.fromkeys(("add", "sub", "mul", "neg", "mulc", "addc", "divc", "div",
+                                "square", "detach", "select", "pick", "eq", "ne", "lt", "le",
+                                "gt", "ge", "leaf"), 65536))
+
+
+def _numpyable(rows, h):
+    """The op of the elementwise instruction at row ``h`` if the driver runs its forward in
+    NumPy: large enough, its operands' strides not negative (views by slicing)."""
+    n, code, st = info(rows, h)
+    op = OPS[code]
+    if n < NUMPY_MIN.get(op.name, 1 << 62) or min(st) < 0:
+        return None
+    return op
+
+
+def _plan(rows):
+    """The forward's steps: (first row, row after, first slot, slot after, None) for rows
+    the compiled sweep runs, (.., op) for an instruction run in NumPy (``NUMPY_MIN``)."""
+    at, nslots = row_slots(rows)
+    nr = rows.shape[0]
+    slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
+    plan, r0 = [], 0
+    for h in np.nonzero(rows[:, 0] == ARR)[0].tolist():
+        op = _numpyable(rows, h)
+        if op is None:
+            continue
+        if h > r0:
+            plan.append((r0, h, slot(r0), slot(h), None))
+        plan.append((h, h + META + 1, slot(h), slot(h + META + 1), op))
+        r0 = h + META + 1
+    if r0 < nr or not plan:
+        plan.append((r0, nr, slot(r0), nslots, None))
+    return plan
+
+
+def _operands(rows, h, n, v):
+    """Views of ``v`` at the operands of the instruction at row ``h`` (a float where the
+    stride is 0, None where absent)."""
+    st = info(rows, h)[2]
+    out = []
+    for j in range(3):
+        s0 = int(rows[h, 1 + j])
+        out.append(None if s0 < 0 else v[s0] if st[j] == 0 else
+                   v[s0:s0 + (n - 1) * st[j] + 1:st[j]])
+    return out
+
+
+def _np_forward(op, rows, h, k, v, x):
+    """The instruction at row ``h`` (slots ``k ..``) by its op's NumPy forward (the replay
+    helpers' and comparisons' as their rows compute them: 1.0/0.0, ``-0.0``...)."""
+    n = int(rows[h + 1, 4])
+    if op.name == "leaf":  # input elements c0 ..
+        c0 = int(rows[h, 4])
+        v[k:k + n] = x[c0:c0 + n]
+        return
+    a, b, c = _operands(rows, h, n, v)
+    if op.name == "select":
+        r = np.where(a != 0.0, b, c)
+    elif op.name == "pick":
+        r = -0.0
+    elif op.kind == COMPARE or op.name == "detach":
+        r = op.np(a, b) if op.arity == 2 else op.np(a)
+    elif op.kind == UNARY_C:
+        r = op.np(a, float(rows[h, 4]), float(rows[h, 5]))
+    elif op.kind == BINARY:
+        r = op.np(a, b)
+    else:
+        r = op.np(a)
+    v[k:k + n] = r
+
+
+def _live(rows, nslots):
+    """The slices of the adjoints to zero before the reverse sweep: the slots whose adjoint
+    it reads or adds to and then reads. Not a reduction's chains' other slots (never
+    touched: gmm's gradient zeroed 5.7 million slots for 3.4 million read), nor those of
+    an instruction that ``mark_inactive`` flagged, whose adjoints the sweep may add to but
+    never reads (lse's max, its tie tests and counts: 3.2 of its 7.7 million slots); the
+    inputs' (leaf instructions' too) and every scalar row's are zeroed. None when zeroing
+    them all costs about as much (fewer slots skipped than 2,000 a slice: a slice's
+    assignment costs what zeroing that many does)."""
+    at = row_slots(rows)[0]
+    skip = []  # [start, stop) of the slots left alone, in order
+    for h in heads_of(rows).tolist():
+        k0, n = int(at[h]), int(rows[h + 1, 4])
+        inactive = rows[h + 3, 5] == 1.0
+        if rows[h, 0] == RED:
+            W = red_width(int(rows[h + 1, 5]), int(rows[h, 4]))
+            stop = k0 + n * W if inactive else k0 + n * (W - 1)
+        else:
+            stop = k0 + n if inactive and int(rows[h + 1, 5]) != LEAF else k0
+        if stop > k0:
+            if skip and skip[-1][1] == k0:
+                skip[-1] = (skip[-1][0], stop)
+            else:
+                skip.append((k0, stop))
+    sl, prev = [], 0
+    for a, b in skip:
+        if a > prev:
+            sl.append(slice(prev, a))
+        prev = b
+    if prev < nslots:
+        sl.append(slice(prev, nslots))
+    skipped = sum(b - a for a, b in skip)
+    return sl if skipped > 2000 * max(len(sl), 1) else None
 
 
 def run_fresh(rows, n, x, out_slots, seeds, in_slots, grad):

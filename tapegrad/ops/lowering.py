@@ -37,7 +37,14 @@ def reduce(L, name, A, dims, keepdim, empty):
     M = np.transpose(A, list(axes) + keep).reshape(
         (int(np.prod([A.shape[d] for d in axes])),) + out_shape) if A.ndim else A.reshape(1)
     R = M.shape[0]
-    if R == 0:
+    r = None
+    if name in ("add", "maximum", "minimum") and R > 1:
+        # a sum (an extreme of detached values) in order, as reduction instructions where
+        # its terms are evenly spaced: no slot for each level of a tree
+        r = L.reduce_terms(np.moveaxis(M, 0, -1), step=name)
+    if r is not None:
+        pass
+    elif R == 0:
         r = L.const(np.full(out_shape, empty))
     else:
         while M.shape[0] > 1:
@@ -95,11 +102,17 @@ def _lower_matmul(L, ins, aux, value):
     A, B = ins
     na, nb = np.ndim(A), np.ndim(B)
     if na == 1 and nb == 1:
-        return reduce(L, "add", L.op("mul", A, B), None, False, 0.0)
+        r = L.reduce_terms(A, B) if np.shape(A)[0] > 1 else None
+        return r if r is not None else reduce(L, "add", L.op("mul", A, B), None, False, 0.0)
     A2 = A[None, :] if na == 1 else A
     B2 = B[:, None] if nb == 1 else B
-    P = L.op("mul", A2[..., :, :, None], B2[..., None, :, :])
-    r = reduce(L, "add", P, (P.ndim - 2,), False, 0.0)
+    # each output a sum of products in order (reduction instructions keep no product's
+    # slot), or products then their sum where the terms are not evenly spaced
+    Ta, Tb = A2[..., :, None, :], np.swapaxes(B2, -1, -2)[..., None, :, :]
+    r = L.reduce_terms(Ta, Tb) if A2.shape[-1] > 1 else None
+    if r is None:
+        P = L.op("mul", A2[..., :, :, None], B2[..., None, :, :])
+        r = reduce(L, "add", P, (P.ndim - 2,), False, 0.0)
     if na == 1:
         r = r[..., 0, :]
     if nb == 1:

@@ -72,3 +72,7 @@ register("array_ew", REPLAY, arity=3, saves=False,
 register("array_tail", REPLAY, arity=0, saves=False,
          doc="the values of an array instruction after its first",
          via="array ops in traced programs")
+register("array_red", REPLAY, arity=2, saves=False,
+         doc="a sum, or a sum of products, of each of a range of runs of slots into one "
+             "slot (the first of its rows; each term by add's and mul's rules)",
+         via="sums and matmuls in traced programs")
