@@ -92,7 +92,8 @@ def test_every_replay_op_reaches_the_batch_block():
         if op.name in _codegen_batch.BATCH_LOOPED:
             assert not _generated_replay.SHARED[op.code], op.name
             if op.name in _codegen_batch.SIGNED:  # a loop with a sign, shared
-                assert re.search(rf"op in \([^)]*\b{op.code}\b", _block_source()), op.name
+                assert re.search(rf"op == {op.code}\b.*# .*\b{op.name}\b", _block_source()), \
+                    op.name
             else:
                 assert f"op == {op.code}:  # {op.name}" in _block_source(), op.name
         else:
@@ -111,7 +112,7 @@ def test_batch_block_stays_small():
     """Each loop over a block's samples costs about 0.1 s of a cold compile: the batch
     code has the looped ops' loops and one shared loop a sweep, not one per op (the 120
     loops of one per op made the first batched call compile 15 s cold on 2 cores)."""
-    loops = _block_source().count("for j in range(nb):")
+    loops = _block_source().count("for j in range(u):")
     assert loops <= 2 * len(_codegen_batch.BATCH_LOOPED) + 10, loops
 
 
