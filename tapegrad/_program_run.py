@@ -2,6 +2,8 @@
 interpreter chosen, and the variants tried when a guard fails."""
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 
 from . import _notice
@@ -79,7 +81,7 @@ class _Running:
         """Split flat results into arrays shaped by ``specs``."""
         out, i = [], 0
         for shape, dtype in specs:
-            m = int(np.prod(shape))
+            m = prod(shape)  # (np.prod of a tuple: 2 to 5 us, a fifth of a small batch)
             if not isinstance(flat, np.ndarray):  # results on the GPU stay there
                 out.append(self._cuda.unpack(flat, i, m, batch, shape, dtype))
                 i += m

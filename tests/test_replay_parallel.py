@@ -137,19 +137,19 @@ def test_a_job_not_taken_is_withdrawn_and_the_next_one_runs():
     the thread's pending wake-up then takes the next job."""
     w = replay_cpu._Worker(start=False)
     ran = []
-    w.post(lambda: ran.append(1))
+    n1 = w.post(lambda: ran.append(1))
     job1 = w.job
-    w.finish(job1)  # not started: withdrawn
+    w.finish(job1, n1)  # not started: withdrawn
     job2 = lambda: ran.append(2)  # noqa: E731
-    w.post(job2)  # the wake-up from job1's post is still pending: no second release
+    n2 = w.post(job2)  # the wake-up from job1's post is still pending: no second release
     w.start()
     _taken(w)
-    w.finish(job2)  # taken: waits for it to end
+    w.finish(job2, n2)  # taken: waits for it to end
     assert ran == [2]
     job3 = lambda: ran.append(3)  # noqa: E731
-    w.post(job3)
+    n3 = w.post(job3)
     _taken(w)
-    w.finish(job3)
+    w.finish(job3, n3)
     assert ran == [2, 3]
 
 
@@ -209,3 +209,69 @@ def test_a_forked_child_starts_its_own_workers(progs):
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+
+
+def test_a_spinning_worker_takes_the_next_job_without_its_lock():
+    """After a job the thread spins on the job counter (without the GIL) for a while: a
+    job posted then is taken without releasing its lock, and the caller's wait for it
+    spins too; with no spin (``turns`` 0) the thread sleeps on the lock and is woken."""
+    w = replay_cpu._Worker(start=False)
+    w.turns = 1 << 40  # spins until a job comes
+    w.start()
+    ran = []
+    for i in range(20):
+        job = lambda i=i: ran.append(i)  # noqa: E731
+        number = w.post(job)
+        _taken(w)
+        w.finish(job, number)
+        assert not w.sleeping and w.go.locked() and w.done.locked()
+    assert ran == list(range(20))
+    w.turns = 0  # let the thread sleep (it spins until the next job)
+    w.finish(ran.clear, w.post(ran.clear))
+    sleeper = replay_cpu._Worker(start=False)
+    sleeper.turns = 0
+    sleeper.start()
+    for i in range(5):
+        for _ in range(5000):  # the thread goes to sleep on its lock
+            if sleeper.sleeping:
+                break
+            time.sleep(0.001)
+        assert sleeper.sleeping
+        job = lambda i=i: ran.append(-i)  # noqa: E731
+        number = sleeper.post(job)
+        _taken(sleeper)
+        sleeper.finish(job, number)
+    assert ran == [0, -1, -2, -3, -4]
+
+
+@pytest.mark.parametrize("turns", [0, 1, 1 << 20])
+def test_handovers_by_lock_and_by_spin_give_the_serial_numbers(progs, monkeypatch, turns):
+    """Parallel batches called back to back and with pauses (the worker spinning, asleep,
+    or between the two), from two user threads at once: each result is the serial
+    batch's bit for bit."""
+    prog, par = progs
+    X = np.random.default_rng(5).normal(size=(100, 5))
+    want_v, want_g = prog.value_and_grad(X)
+    par.value_and_grad(X)
+    monkeypatch.setattr(replay_cpu, "_workers", [])  # fresh workers with these turns
+    monkeypatch.setattr(replay_cpu, "_turns", turns)
+    monkeypatch.setattr(replay_cpu, "SPIN_US", 1)  # turns a worker spins: ``turns``
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(30):
+                v, g = par.value_and_grad(X)
+                np.testing.assert_array_equal(v, want_v)
+                np.testing.assert_array_equal(g, want_g)
+                if rng.random() < 0.3:
+                    time.sleep(rng.random() * 0.002)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
