@@ -108,8 +108,10 @@ class _Running:
                 _notice.announce(key)
             return code.run_fresh(x, seeds, grad)
         # one block has nothing to spread over the cores, and starting the threads costs
-        # more than the block (tens of ms on a busy machine): it runs serially
-        parallel = self.target == "parallel" and batch > self.block
+        # more than the block (tens of ms on a busy machine): it runs serially, as does a
+        # batch of less work than a worker's start can pay for (``PARALLEL_WORK``)
+        parallel = self.target == "parallel" and batch > self.block \
+            and batch * code.rows.shape[0] >= _cpu.PARALLEL_WORK
         if _notice.PENDING:
             _notice.announce("parallel" if parallel else "batch")
         fn = _cpu.run_parallel if parallel else _cpu.run_batch

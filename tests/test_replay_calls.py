@@ -204,6 +204,9 @@ def test_small_batches_on_the_parallel_target_run_serially(monkeypatch):
     assert calls == []  # one block: nothing to spread over the cores
     np.testing.assert_array_equal(g[5], prog.value_and_grad(X[5])[1])
     prog.value_and_grad(np.concatenate([X, X]))
+    assert calls == []  # two blocks, but less work than a worker's start can pay for
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 2 * prog.block * len(prog))
+    prog.value_and_grad(np.concatenate([X, X]))
     assert calls == [2 * prog.block]
 
 

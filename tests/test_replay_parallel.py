@@ -28,6 +28,13 @@ def _torch_grad(fn, x):
     return g.numpy()
 
 
+@pytest.fixture(autouse=True)
+def _any_work_spreads(monkeypatch):
+    """These small programs' batches run on the threads (``PARALLEL_WORK`` 0), but where a
+    test says otherwise."""
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 0)
+
+
 @pytest.fixture(scope="module")
 def progs():
     prog = tg.trace(_rosen, np.zeros(5))
@@ -275,3 +282,23 @@ def test_handovers_by_lock_and_by_spin_give_the_serial_numbers(progs, monkeypatc
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_batch_of_little_work_runs_serially(progs, monkeypatch):
+    """Below ``PARALLEL_WORK`` row-samples a batch of several blocks runs serially (a
+    worker's start costs more than it saves), above it in parallel; the same numbers."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 60_000)
+    seen = []
+    real = replay_cpu.run_parallel
+
+    def spy(*args):
+        seen.append(args[1].shape[0])
+        return real(*args)
+    monkeypatch.setattr(replay_cpu, "run_parallel", spy)
+    rows = par._code.rows.shape[0]
+    small = replay_cpu.PARALLEL_WORK // rows - 1
+    for B in (small, replay_cpu.PARALLEL_WORK // rows + 1):
+        X = np.random.default_rng(B).normal(size=(B, 5))
+        np.testing.assert_array_equal(par.value_and_grad(X)[1], prog.value_and_grad(X)[1])
+    assert small > par.block and seen == [small + 2]

@@ -2,6 +2,7 @@
 or spread over cores by threads), and one sample with many seeds (Jacobians)."""
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -294,6 +295,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+#: row-samples (rows x samples) a batch needs for ``target="parallel"`` to spread it over
+#: threads: about 1 ns each (n=100 and n=1000 Rosenbrock, blocks of 64 to 128), so 60 us of
+#: work, where handing half of it to a worker (10 to 30 us to start one on a busy 2-core
+#: machine) can pay; smaller batches run serially
+PARALLEL_WORK = 60_000
+
+
+@functools.lru_cache(maxsize=256)
 def _spans(B, threads, block):
     """The blocks of a parallel batch: as many as ``threads`` (or a multiple, to stay within
     ``block`` samples), all the same size but the last: 300 samples on 2 threads in blocks of
