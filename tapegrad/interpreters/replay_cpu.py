@@ -171,12 +171,46 @@ def _load_acquire(typingctx, flags, i):
     return types.int64(flags, i), codegen
 
 
+@intrinsic
+def _store_release(typingctx, flags, i, value):
+    """``flags[i] = value`` (int64) by an atomic store: seen by a thread spinning on it after
+    what this thread wrote before (a plain store may be moved)."""
+    if not (isinstance(flags, types.Array) and flags.dtype == types.int64
+            and isinstance(i, types.Integer) and isinstance(value, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
+                                       wraparound=False)
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
+        builder.store_atomic(v, ptr, "release", 8)
+        return context.get_dummy_value()
+
+    return types.none(flags, i, value), codegen
+
+
 @njit_cached(nogil=True)
 def _spin(flags, i, old, turns):
     """Whether ``flags[i]`` changed from ``old`` within ``turns`` reads, without the GIL."""
     for _ in range(turns):
         if _load_acquire(flags, i) != old:
             return True
+    return False
+
+
+@njit_cached(nogil=True)
+def _publish_and_spin(flags, done, turns):
+    """A worker's end of job ``done``: ``flags[1] = done`` stored once the GIL is released
+    (a caller spinning for it then takes the GIL at once, not after this thread's Python),
+    then ``_spin`` for the next job (``flags[0]`` past ``done``)."""
+    _store_release(flags, 1, done)
+    return _spin(flags, 0, done, turns)
+
+
+def _publish_py(flags, done, turns):
+    """``_publish_and_spin`` without the JIT (``NUMBA_DISABLE_JIT``): no spin."""
+    flags[1] = done
     return False
 
 
@@ -219,6 +253,7 @@ class _Worker:
         self.mutex = threading.Lock()
         # [jobs posted, the last job finished] (numbers, read by _spin without the GIL)
         self.flags = np.zeros(2, dtype=np.int64)
+        self.finished = 0  # the last job finished, under ``mutex`` (flags[1] comes later)
         self.job, self.error = None, None
         self.sleeping = self.waiting = False  # the thread, the caller: blocked on a lock
         self.turns = _spin_turns()
@@ -229,9 +264,11 @@ class _Worker:
         threading.Thread(target=self._loop, name="tapegrad-replay", daemon=True).start()
 
     def _loop(self):
-        flags, mutex, seen = self.flags, self.mutex, 0
+        flags, mutex, seen, spun = self.flags, self.mutex, 0, False
+        publish = _publish_and_spin if hasattr(_spin, "py_func") else _publish_py
         while True:
-            if not _spin(flags, 0, seen, self.turns):
+            # spun: the spin after the last job saw a new one
+            if not spun and not _spin(flags, 0, seen, self.turns):
                 with mutex:
                     sleep = self.sleeping = flags[0] == seen
                 if sleep:
@@ -239,6 +276,7 @@ class _Worker:
             with mutex:
                 seen = int(flags[0])
                 job, self.job = self.job, None
+            spun = False
             if job is None:  # withdrawn before this thread took it
                 continue
             try:
@@ -246,10 +284,11 @@ class _Worker:
             except BaseException as e:  # noqa: BLE001  raised in the caller by finish
                 self.error = e
             with mutex:
-                flags[1] = seen
+                self.finished = seen  # for a caller that stopped spinning (flags[1] below)
                 wake, self.waiting = self.waiting, False
             if wake:
                 self.done.release()
+            spun = publish(flags, seen, self.turns)
 
     def post(self, job):
         """Hand ``job`` to the thread; returns its number, for ``finish``."""
@@ -270,10 +309,10 @@ class _Worker:
             if self.job is job:
                 self.job = None
                 return
-            old = int(flags[1])
-        if old != number and not _spin(flags, 1, old, self.turns):
+            old, finished = int(flags[1]), self.finished
+        if finished != number and not _spin(flags, 1, old, self.turns):
             with self.mutex:
-                wait = self.waiting = flags[1] != number
+                wait = self.waiting = self.finished != number
             if wait:
                 self.done.acquire()
         if self.error is not None:
