@@ -383,13 +383,14 @@ def leg_batched(prog, stats, parallel=False):
         Pp = P.to("parallel")
         Pp.block = 1
         from tapegrad.interpreters import replay_cpu  # a batch of any work spreads here
-        work, replay_cpu.PARALLEL_WORK = replay_cpu.PARALLEL_WORK, 0
+        saved = replay_cpu.PARALLEL_WORK, replay_cpu.ADAPT
+        replay_cpu.PARALLEL_WORK, replay_cpu.ADAPT = 0, False
         try:
             value_p, g_p = Pp.value_and_grad(*X)
             _, hv_p = Pp.hvp(X, V)
             jac_p = Pp.jacobian(*X)
         finally:
-            replay_cpu.PARALLEL_WORK = work
+            replay_cpu.PARALLEL_WORK, replay_cpu.ADAPT = saved
         why = _cmp(prog, [value_p] + _flat(g_p, n) + _flat(hv_p, n) +
                    _flat(jac_p, n), got + _flat(g, n), SAME_RTOL,
                    "parallel target vs serial batch")

@@ -30,9 +30,11 @@ def _torch_grad(fn, x):
 
 @pytest.fixture(autouse=True)
 def _any_work_spreads(monkeypatch):
-    """These small programs' batches run on the threads (``PARALLEL_WORK`` 0), but where a
-    test says otherwise."""
+    """These small programs' batches run on the threads (``PARALLEL_WORK`` 0, no pauses
+    after batches the threads did not speed up), but where a test says otherwise."""
     monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(replay_cpu, "ADAPT", False)
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
 
 
 @pytest.fixture(scope="module")
@@ -302,3 +304,39 @@ def test_a_batch_of_little_work_runs_serially(progs, monkeypatch):
         X = np.random.default_rng(B).normal(size=(B, 5))
         np.testing.assert_array_equal(par.value_and_grad(X)[1], prog.value_and_grad(X)[1])
     assert small > par.block and seen == [small + 2]
+
+
+def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, monkeypatch):
+    """A batch the threads did not make faster than the caller's own pace (a worker taken
+    off its core: here its blocks sleep) makes the next 1, then 2 ... batches run serially;
+    one they sped up (the caller's blocks sleep) resets the pause. The numbers never
+    change."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    X = np.random.default_rng(7).normal(size=(64, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # compiled, the workers started
+    real, main, slow = replay_cpu.run_block, threading.get_ident(), []
+
+    def blocks(*args):
+        if (threading.get_ident() == main) == (slow == ["caller"]):
+            time.sleep(0.02)
+        return real(*args)
+    monkeypatch.setattr(replay_cpu, "run_block", blocks)
+    serial = []
+    real_batch = replay_cpu.run_batch
+    monkeypatch.setattr(replay_cpu, "run_batch",
+                        lambda *a: serial.append(1) or real_batch(*a))
+
+    def call():
+        serial.clear()
+        np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+        return bool(serial)
+    replay_cpu._pause[:] = [0, 0]
+    slow.append("worker")
+    ran = [call() for _ in range(6)]  # threads, serial, threads, serial x 2, threads
+    assert ran == [False, True, False, True, True, False], ran
+    assert replay_cpu._pause == [4, 4]
+    slow[:] = ["caller"]
+    replay_cpu._pause[:] = [0, 4]
+    assert not call() and replay_cpu._pause == [0, 0]

@@ -215,7 +215,10 @@ def _publish_py(flags, done, turns):
 
 
 _turns = None  # turns of _spin a microsecond (0: no spinning, e.g. without the JIT)
-SPIN_US = 200  # how long a thread spins for the other's signal before it sleeps on a lock
+#: how long a thread spins for the other's signal before it sleeps on a lock: an optimization
+#: loop's next batch comes within it (20 to 30 us of Python between two calls), and a
+#: thread that spins longer on a busy machine takes the core from the one it waits for
+SPIN_US = 50
 
 
 def _spin_turns():
@@ -352,27 +355,47 @@ def _spans(B, threads, block):
     return [(b0, min(B, b0 + size)) for b0 in range(0, B, size)]
 
 
+#: the threads must make a batch at least this much faster than the caller's own pace
+#: would (its blocks' time a sample times the samples); a batch that missed it, on a machine
+#: whose other cores are busy, makes the next 1, 2, 4 ... up to ``PAUSE_MAX`` batches run
+#: serially (a worker taken off its core mid-block kept the caller waiting: 0.4x the serial
+#: time at 1,024 samples at a load of 4 on 2 cores), and a batch that met it resets that
+PAYOFF = 0.95
+PAUSE_MAX = 64
+ADAPT = True  # False: every batch above the cut runs on the threads (the tests)
+_pause = [0, 0]  # [batches still to run serially, the length of the next pause]
+
+
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     """``run_batch`` with the blocks spread over CPU cores: ``run_block`` releases the GIL,
     so threads run blocks at once (``numba.get_num_threads()`` of them, this one among them;
-    each block writes its own rows of the results)."""
+    each block writes its own rows of the results). While the threads do not pay
+    (``PAYOFF``), batches run serially for a while."""
     global _compiled
     B = X.shape[0]
     n = min(numba.get_num_threads(), B)
-    if n < 2 or not _busy.acquire(blocking=False):
-        # one thread, or another thread's batch has the workers (and the cores): serially
+    if n < 2 or (ADAPT and _pause[0] > 0) or not _busy.acquire(blocking=False):
+        # one thread, a pause, or another thread's batch has the workers (and the cores)
+        if _pause[0] > 0:
+            _pause[0] -= 1
         return run_batch(rows, X, out_slots, S, in_slots, grad, block)
     try:
+        t_start = time.perf_counter()
         status, outs, G = _outputs(X, out_slots, in_slots, grad)
         spans = _spans(B, n, block)
         size = spans[0][1] - spans[0][0]
         todo = iter(spans)
+        pace = [0, 0.0]  # the caller's samples and their time
 
-        def blocks():
+        def blocks(pace=None):
             W = _room(rows, size)
             for b0, b1 in todo:  # the threads take the next block in turn (under the GIL)
+                t0 = time.perf_counter()
                 run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
                           *W)
+                if pace is not None:
+                    pace[0] += b1 - b0
+                    pace[1] += time.perf_counter() - t0
 
         if not _compiled:  # one block here first: it compiles once, before threads call it
             b0, b1 = next(todo)
@@ -384,12 +407,17 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         helpers = _workers[:min(n, len(spans)) - 1]
         numbers = [w.post(blocks) for w in helpers]
         try:
-            blocks()
+            blocks(pace)
         finally:
             # a worker that has not started by now would find no block left: its job is
             # withdrawn, not waited for (on a busy machine a start can take milliseconds)
             for w, number in zip(helpers, numbers):
                 w.finish(blocks, number)
+        if pace[0] and time.perf_counter() - t_start > PAYOFF * pace[1] / pace[0] * B:
+            _pause[1] = min(PAUSE_MAX, max(1, 2 * _pause[1]))
+            _pause[0] = _pause[1]
+        else:
+            _pause[1] = 0
         return status, outs, G
     finally:
         _busy.release()
