@@ -338,5 +338,6 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
     assert ran == [False, True, False, True, True, False], ran
     assert replay_cpu._pause == [4, 4]
     slow[:] = ["caller"]
+    monkeypatch.setattr(replay_cpu, "_cpu_time", time.perf_counter)  # its sleep is work
     replay_cpu._pause[:] = [0, 4]
     assert not call() and replay_cpu._pause == [0, 0]
