@@ -169,24 +169,29 @@ BLOCK_END = '''    for i in range(in_slots.shape[0]):
             G[ub0 + j, i] = Aw[oi + j]
 '''
 
-#: a constant operand an op's expressions compare with a literal (``c0 == 2.0``: powc's
-#: square): the row's loop is emitted twice, under ``if c0 == 2.0:`` with the literal for
-#: ``c0`` (so the test folds away and the loop vectorizes) and else as it is; the
-#: expression is the same, so are the numbers
+#: a constant operand an op's expressions compare with nonzero literals (``c0 == 2.0``:
+#: powc's square): the row's loop is emitted once for each literal, under ``if c0 ==
+#: 2.0:`` with the literal for ``c0`` (so the tests fold away and the loop vectorizes), and
+#: else as it is; the expression is the same, so are the numbers (powc's reverse with the
+#: tests in its loop: n=100 Rosenbrock batch 1.07 ns a row and sample, 0.97 without)
 _SPECIAL = re.compile(r"\b(c0|c1) == (-?\d+\.\d+)")
 
 
 def _loops(head, inner, exprs):
-    """``head``, then the loop over the block's samples of ``inner``: twice when ``exprs``
-    test a constant operand for a value (``_SPECIAL``), specialized to it."""
-    found = sorted({m.groups() for e in exprs for m in _SPECIAL.finditer(e)})
+    """``head``, then the loop over the block's samples of ``inner``: one more for each
+    value ``exprs`` test a constant operand for (``_SPECIAL``), specialized to it."""
+    # not zero: c0 == 0.0 holds at -0.0 too, whose sign the literal would lose
+    found = sorted({m.groups() for e in exprs for m in _SPECIAL.finditer(e)
+                    if float(m.group(2)) != 0.0})
+    loop = ["for j in range(u):"] + ["    " + x for x in inner]
     if not found:
-        return head + ["for j in range(u):"] + ["    " + x for x in inner]
-    name, value = found[0]
-    fixed = [re.sub(rf"\b{name}\b", value, x) for x in inner]
-    return head + [f"if {name} == {value}:", "    for j in range(u):"] \
-        + ["        " + x for x in fixed] + ["else:", "    for j in range(u):"] \
-        + ["        " + x for x in inner]
+        return head + loop
+    name = found[0][0]
+    out = list(head)
+    for i, value in enumerate(v for n, v in found if n == name):
+        fixed = [re.sub(rf"\b{name}\b", value, x) for x in loop]
+        out += [f"{'if' if i == 0 else 'elif'} {name} == {value}:"] + ["    " + x for x in fixed]
+    return out + ["else:"] + ["    " + x for x in loop]
 
 
 def _offset(n):

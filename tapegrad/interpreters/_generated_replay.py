@@ -814,11 +814,11 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
         elif op == 31:  # powc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            if c0 == 0.0:
+            if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (0.0 == 0.0) else ((g * (2.0 * a)) if (0.0 == 2.0) else ((g * 0.0) * (a ** (0.0 - 1.0)))))
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
