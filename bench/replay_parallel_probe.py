@@ -81,7 +81,7 @@ def whole(out, i):
     for _ in range(50):
         for b0 in range(0, B, prog.block):
             real(code.rows, X, code.out_slots, S, code.in_slots, True, st, o, G, b0,
-                 min(B, b0 + prog.block), *W)
+                 min(B, b0 + prog.block), *W, R._NO_SIGNAL, 0)
     out[i] = time.perf_counter() - t0
 
 

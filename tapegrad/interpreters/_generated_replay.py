@@ -638,14 +638,22 @@ def reverse_multi(rows, v, A):
     return 0
 
 
+from . import _atomic  # noqa: E402  (run_block's signal to a worker thread)
+
+
 @njit_cached(error_model="numpy", nogil=True)
-def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw):
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw, signal,
+              number):
     """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (rows of ``X``:
     ``X[j, i]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
     into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``
     (a row a sample too). The block's values and adjoints (row ``k``, sample ``j`` at
     ``k * (b1 - b0) + j``: rows x samples) live in ``Vw`` and ``Aw``, flat buffers of at
-    least rows x samples reused from block to block."""
+    least rows x samples reused from block to block. A ``number`` above 0 is stored in
+    ``signal[0]`` first: a parallel batch's worker thread spins on it, and sees it once this
+    thread has let the GIL go (so it takes the GIL without waiting for it)."""
+    if number > 0:
+        _atomic.store_release(signal, 0, number)
     n = rows.shape[0]
     nb = b1 - b0
     u = np.uint64(nb)

@@ -9,10 +9,8 @@ import time
 
 import numba
 import numpy as np
-from numba.core import cgutils, types
-from numba.extending import intrinsic
-
 from .._jit import njit_cached
+from . import _atomic
 from ._generated_replay import forward, reverse, reverse_multi, run_block
 
 BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
@@ -147,54 +145,21 @@ def run_batch(rows, X, out_slots, S, in_slots, grad, block):
     W = _room(rows, min(B, block))
     for b0 in range(0, B, block):
         run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
-                  min(B, b0 + block), *W)
+                  min(B, b0 + block), *W, _NO_SIGNAL, 0)
     return status, outs, G
 
 
+_NO_SIGNAL = np.zeros(1, dtype=np.int64)  # run_block's signal where no worker waits
+
+
 _compiled = False  # run_block has run once in this process (compiled or loaded)
-
-
-@intrinsic
-def _load_acquire(typingctx, flags, i):
-    """``flags[i]`` (int64) read by an atomic load: a loop that waits for another thread's
-    store reads memory each turn (a plain load may be hoisted out of the loop)."""
-    if not (isinstance(flags, types.Array) and flags.dtype == types.int64
-            and isinstance(i, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
-                                       wraparound=False)
-        return builder.load_atomic(ptr, "acquire", 8)
-
-    return types.int64(flags, i), codegen
-
-
-@intrinsic
-def _store_release(typingctx, flags, i, value):
-    """``flags[i] = value`` (int64) by an atomic store: seen by a thread spinning on it after
-    what this thread wrote before (a plain store may be moved)."""
-    if not (isinstance(flags, types.Array) and flags.dtype == types.int64
-            and isinstance(i, types.Integer) and isinstance(value, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
-                                       wraparound=False)
-        v = context.cast(builder, args[2], sig.args[2], types.int64)
-        builder.store_atomic(v, ptr, "release", 8)
-        return context.get_dummy_value()
-
-    return types.none(flags, i, value), codegen
 
 
 @njit_cached(nogil=True)
 def _spin(flags, i, old, turns):
     """Whether ``flags[i]`` changed from ``old`` within ``turns`` reads, without the GIL."""
     for _ in range(turns):
-        if _load_acquire(flags, i) != old:
+        if _atomic.load_acquire(flags, i) != old:
             return True
     return False
 
@@ -204,7 +169,7 @@ def _publish_and_spin(flags, done, turns):
     """A worker's end of job ``done``: ``flags[1] = done`` stored once the GIL is released
     (a caller spinning for it then takes the GIL at once, not after this thread's Python),
     then ``_spin`` for the next job (``flags[0]`` past ``done``)."""
-    _store_release(flags, 1, done)
+    _atomic.store_release(flags, 1, done)
     return _spin(flags, 0, done, turns)
 
 
@@ -254,9 +219,10 @@ class _Worker:
         self.done = threading.Lock()  # released: the job a sleeping caller waits for ended
         self.done.acquire()
         self.mutex = threading.Lock()
-        # [jobs posted, the last job finished] (numbers, read by _spin without the GIL)
+        # [the last job posted, the last job finished] (numbers, read by _spin without the
+        # GIL); under ``mutex``, the same numbers as Python sees them (the flags come later)
         self.flags = np.zeros(2, dtype=np.int64)
-        self.finished = 0  # the last job finished, under ``mutex`` (flags[1] comes later)
+        self.posted = self.finished = 0
         self.job, self.error = None, None
         self.sleeping = self.waiting = False  # the thread, the caller: blocked on a lock
         self.turns = _spin_turns()
@@ -273,11 +239,11 @@ class _Worker:
             # spun: the spin after the last job saw a new one
             if not spun and not _spin(flags, 0, seen, self.turns):
                 with mutex:
-                    sleep = self.sleeping = flags[0] == seen
+                    sleep = self.sleeping = self.posted == seen
                 if sleep:
                     self.go.acquire()
             with mutex:
-                seen = int(flags[0])
+                seen = self.posted
                 job, self.job = self.job, None
             spun = False
             if job is None:  # withdrawn before this thread took it
@@ -293,13 +259,18 @@ class _Worker:
                 self.done.release()
             spun = publish(flags, seen, self.turns)
 
-    def post(self, job):
-        """Hand ``job`` to the thread; returns its number, for ``finish``."""
+    def post(self, job, later=False):
+        """Hand ``job`` to the thread; returns its number, for ``finish``. With ``later``,
+        a spinning thread sees it when the caller stores the number in ``flags[0]``
+        (``run_block``'s signal: once the caller has let the GIL go); a sleeping one is
+        woken now."""
         with self.mutex:
             self.job = job
-            self.flags[0] += 1
+            self.posted += 1
+            number = self.posted
             wake, self.sleeping = self.sleeping, False
-            number = int(self.flags[0])
+            if wake or not later:
+                self.flags[0] = number
         if wake:
             self.go.release()
         return number
@@ -390,12 +361,13 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         # its core, which a worker sharing that core took: a busy machine looked fast)
         pace = [0, 0.0]
 
-        def blocks(pace=None):
+        def blocks(pace=None, signal=_NO_SIGNAL, number=0):
             W = _room(rows, size)
             for b0, b1 in todo:  # the threads take the next block in turn (under the GIL)
                 t0 = _cpu_time()
                 run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
-                          *W)
+                          *W, signal, number)
+                number = 0
                 if pace is not None:
                     pace[0] += b1 - b0
                     pace[1] += _cpu_time() - t0
@@ -403,14 +375,15 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         if not _compiled:  # one block here first: it compiles once, before threads call it
             b0, b1 = next(todo)
             run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
-                      *_room(rows, size))
+                      *_room(rows, size), _NO_SIGNAL, 0)
             _compiled = True
         while len(_workers) < n - 1:
             _workers.append(_Worker())
         helpers = _workers[:min(n, len(spans)) - 1]
-        numbers = [w.post(blocks) for w in helpers]
+        # the first worker sees its job from the caller's first block, without the GIL
+        numbers = [w.post(blocks, later=i == 0) for i, w in enumerate(helpers)]
         try:
-            blocks(pace)
+            blocks(pace, helpers[0].flags, numbers[0])
         finally:
             # a worker that has not started by now would find no block left: its job is
             # withdrawn, not waited for (on a busy machine a start can take milliseconds)
