@@ -341,3 +341,37 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
     monkeypatch.setattr(replay_cpu, "_cpu_time", time.perf_counter)  # its sleep is work
     replay_cpu._pause[:] = [0, 4]
     assert not call() and replay_cpu._pause == [0, 0]
+
+
+def test_a_job_posted_for_later_is_seen_from_the_callers_block(progs):
+    """``post(later=True)``: a spinning thread takes the job only once the caller's
+    ``run_block`` (GIL let go) stores its number; a sleeping thread is woken at once."""
+    prog, _ = progs
+    code = prog._code
+    X = np.random.default_rng(8).normal(size=(4, 5))
+    st, o, G = replay_cpu._outputs(X, code.out_slots, code.in_slots, True)
+    W = replay_cpu._room(code.rows, 4)
+    w = replay_cpu._Worker(start=False)
+    w.turns = 1 << 40  # spins until a job comes
+    w.start()
+    ran = []
+    number = w.post(ran.clear, later=True)
+    time.sleep(0.05)
+    assert w.job is not None and w.flags[0] == 0  # not seen yet
+    replay_cpu.run_block(code.rows, X, code.out_slots, np.ones((4, 1)), code.in_slots, True,
+                         st, o, G, 0, 4, *W, w.flags, number)
+    _taken(w)
+    w.finish(ran.clear, number)
+    np.testing.assert_array_equal(G, prog.value_and_grad(X)[1])
+    w.turns = 0  # let the thread sleep
+    w.finish(ran.clear, w.post(ran.clear))
+    for _ in range(5000):
+        if w.sleeping:
+            break
+        time.sleep(0.001)
+    job = lambda: ran.append(1)  # noqa: E731
+    number = w.post(job, later=True)  # asleep: woken now, no block needed
+    assert w.flags[0] == number
+    _taken(w)
+    w.finish(job, number)
+    assert ran == [1]
