@@ -9,6 +9,7 @@ import time
 
 import numba
 import numpy as np
+
 from .._jit import njit_cached
 from . import _atomic
 from ._generated_replay import forward, reverse, reverse_multi, run_block
@@ -193,7 +194,8 @@ def _spin_turns():
         if not hasattr(_spin, "py_func"):  # NUMBA_DISABLE_JIT: a Python spin holds the GIL
             _turns = 0
         else:
-            flags, best = np.zeros(1, dtype=np.int64), 1.0
+            flags, best = np.zeros(2, dtype=np.int64), 1.0
+            _publish_and_spin(flags, 0, 0)  # (compiled here too, not on a worker)
             _spin(flags, 0, 0, 1)
             for _ in range(5):  # the fastest of 5: a run the thread was not taken off
                 t0 = time.perf_counter()
@@ -327,10 +329,11 @@ def _spans(B, threads, block):
 
 
 #: the threads must make a batch at least this much faster than the caller's own pace
-#: would (its blocks' CPU time a sample times the samples); a batch that missed it, on a machine
-#: whose other cores are busy, makes the next 1, 2, 4 ... up to ``PAUSE_MAX`` batches run
-#: serially (a worker taken off its core mid-block kept the caller waiting: 0.4x the serial
-#: time at 1,024 samples at a load of 4 on 2 cores), and a batch that met it resets that
+#: would (its blocks' CPU time a sample, times the samples); a batch that missed it, on a
+#: machine whose other cores are busy, makes the next 1, 2, 4 ... up to ``PAUSE_MAX``
+#: batches run serially (a worker taken off its core mid-block kept the caller waiting:
+#: 0.4x the serial speed at 1,024 samples and a load of 4 on 2 cores), and one that met it
+#: ends the pause
 PAYOFF = 0.95
 PAUSE_MAX = 64
 ADAPT = True  # False: every batch above the cut runs on the threads (the tests)
@@ -364,7 +367,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         def blocks(pace=None, signal=_NO_SIGNAL, number=0):
             W = _room(rows, size)
             for b0, b1 in todo:  # the threads take the next block in turn (under the GIL)
-                t0 = _cpu_time()
+                t0 = 0.0 if pace is None else _cpu_time()
                 run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
                           *W, signal, number)
                 number = 0
