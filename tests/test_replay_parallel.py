@@ -375,3 +375,31 @@ def test_a_job_posted_for_later_is_seen_from_the_callers_block(progs):
     _taken(w)
     w.finish(job, number)
     assert ran == [1]
+
+
+NO_JIT = """
+import numpy as np, tapegrad as tg
+from tapegrad.interpreters import replay_cpu as R
+R.PARALLEL_WORK, R.ADAPT = 0, False
+p = tg.trace(lambda x: (x.sin() * x).sum(), np.zeros(3), target="parallel")
+s = tg.trace(lambda x: (x.sin() * x).sum(), np.zeros(3))
+p.block = 2
+X = np.random.default_rng(0).normal(size=(9, 3))
+for _ in range(3):
+    assert np.array_equal(p.value_and_grad(X)[1], s.value_and_grad(X)[1])
+print(R._turns)
+"""
+
+
+def test_parallel_batches_without_the_jit():
+    """``NUMBA_DISABLE_JIT=1``: the handover runs without spinning (a Python spin would
+    hold the GIL) and without the atomic signal (run_block is Python there)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", TAPEGRAD_QUIET="1", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", NO_JIT], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "0"

@@ -384,9 +384,11 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             _workers.append(_Worker())
         helpers = _workers[:min(n, len(spans)) - 1]
         # the first worker sees its job from the caller's first block, without the GIL
-        numbers = [w.post(blocks, later=i == 0) for i, w in enumerate(helpers)]
+        # (compiled: without the JIT, run_block is Python, which cannot store atomically)
+        later = hasattr(run_block, "py_func")
+        numbers = [w.post(blocks, later=later and i == 0) for i, w in enumerate(helpers)]
         try:
-            blocks(pace, helpers[0].flags, numbers[0])
+            blocks(pace, helpers[0].flags, numbers[0] if later else 0)
         finally:
             # a worker that has not started by now would find no block left: its job is
             # withdrawn, not waited for (on a busy machine a start can take milliseconds)
