@@ -78,10 +78,11 @@ def interpreter_reads():
     reads = {}
     for part in re.split(r"\n\s+(?:el)?if op == ", src)[1:]:
         head, _, body = part.partition(":")
-        code = names[head] if head in names else int(head)
         body = body.split("\n        elif", 1)[0]
         cols = {int(c) for c in re.findall(r"int\(rows\[k, ([123])\]\)", body)}
-        reads.setdefault(code, set()).update(cols)
+        for h in head.split(" or op == "):  # (the batch's branches shared by two or three)
+            code = names[h] if h in names else int(h)
+            reads.setdefault(code, set()).update(cols)
     return reads
 
 
