@@ -1,10 +1,12 @@
 """Where target="parallel" spends a batch (issue 17): run from a repo root on an idle machine,
 ``python bench/replay_parallel_probe.py [n] [B]`` (n=100, B=256 by default).
 
-Prints: the serial and parallel batch's wall-clock medians; how far behind the calling
+Prints: the load, the serial and parallel batch's wall-clock medians (the serial one's CPU
+time too); how far behind the calling
 thread a worker starts its first block, and each side's block time; and what the hardware
 gives, two threads each running the whole batch's blocks at once against one (memory
 bandwidth and shared caches: 1.0 is perfect scaling)."""
+import os
 import sys
 import threading
 import time
@@ -25,24 +27,27 @@ def rosen(x):
     return s
 
 
+R.ADAPT = False  # every batch on the threads, even where they do not pay (a busy machine)
+print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 prog = tg.trace(lambda x: rosen([x[i] for i in range(n)]), np.zeros(n))
 par = prog.to("parallel")
 X = np.random.default_rng(0).uniform(-1.5, 1.5, (B, n))
 
 
-def median_us(f, k=300):
+def median_us(f, k=300, clock=time.perf_counter):
     for _ in range(20):
         f()
     ts = []
     for _ in range(k):
-        t0 = time.perf_counter()
+        t0 = clock()
         f()
-        ts.append(time.perf_counter() - t0)
+        ts.append(clock() - t0)
     return np.median(ts) * 1e6
 
 
 s, p = median_us(lambda: prog.value_and_grad(X)), median_us(lambda: par.value_and_grad(X))
-print(f"{len(prog)} rows, {B} samples, block {prog.block}: serial {s:.0f} us, "
+c = median_us(lambda: prog.value_and_grad(X), clock=time.thread_time)
+print(f"{len(prog)} rows, {B} samples, block {prog.block}: serial {s:.0f} us (CPU {c:.0f}), "
       f"parallel {p:.0f} us, {s / p:.2f}x")
 
 real, log = R.run_block, []
@@ -81,7 +86,7 @@ def whole(out, i):
     for _ in range(50):
         for b0 in range(0, B, prog.block):
             real(code.rows, X, code.out_slots, S, code.in_slots, True, st, o, G, b0,
-                 min(B, b0 + prog.block), *W)
+                 min(B, b0 + prog.block), *W, R._NO_SIGNAL, 0)
     out[i] = time.perf_counter() - t0
 
 

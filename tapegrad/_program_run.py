@@ -2,6 +2,8 @@
 interpreter chosen, and the variants tried when a guard fails."""
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 
 from . import _notice
@@ -79,7 +81,7 @@ class _Running:
         """Split flat results into arrays shaped by ``specs``."""
         out, i = [], 0
         for shape, dtype in specs:
-            m = int(np.prod(shape))
+            m = prod(shape)  # (np.prod of a tuple: 2 to 5 us, a fifth of a small batch)
             if not isinstance(flat, np.ndarray):  # results on the GPU stay there
                 out.append(self._cuda.unpack(flat, i, m, batch, shape, dtype))
                 i += m
@@ -106,8 +108,10 @@ class _Running:
                 _notice.announce(key)
             return code.run_fresh(x, seeds, grad)
         # one block has nothing to spread over the cores, and starting the threads costs
-        # more than the block (tens of ms on a busy machine): it runs serially
-        parallel = self.target == "parallel" and batch > self.block
+        # more than the block (tens of ms on a busy machine): it runs serially, as does a
+        # batch of less work than a worker's start can pay for (``PARALLEL_WORK``)
+        parallel = self.target == "parallel" and batch > self.block \
+            and batch * code.rows.shape[0] >= _cpu.PARALLEL_WORK
         if _notice.PENDING:
             _notice.announce("parallel" if parallel else "batch")
         fn = _cpu.run_parallel if parallel else _cpu.run_batch

@@ -385,10 +385,17 @@ def leg_batched(prog, stats, parallel=False):
         # batch above one default block does (one block runs serially)
         Pp = P.to("parallel")
         Pp.block = 1
-        value_p, g_p = Pp.value_and_grad(*X)
-        _, hv_p = Pp.hvp(X, V)
+        from tapegrad.interpreters import replay_cpu  # a batch of any work spreads here
+        saved = replay_cpu.PARALLEL_WORK, replay_cpu.ADAPT
+        replay_cpu.PARALLEL_WORK, replay_cpu.ADAPT = 0, False
+        try:
+            value_p, g_p = Pp.value_and_grad(*X)
+            _, hv_p = Pp.hvp(X, V)
+            jac_p = Pp.jacobian(*X)
+        finally:
+            replay_cpu.PARALLEL_WORK, replay_cpu.ADAPT = saved
         why = _cmp(prog, [value_p] + _flat(g_p, n) + _flat(hv_p, n) +
-                   _flat(Pp.jacobian(*X), n), got + _flat(g, n), SAME_RTOL,
+                   _flat(jac_p, n), got + _flat(g, n), SAME_RTOL,
                    "parallel target vs serial batch")
         if why:
             return why

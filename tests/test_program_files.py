@@ -79,12 +79,13 @@ def interpreter_reads():
     reads = {}
     for part in re.split(r"\n\s+(?:el)?if op == ", src)[1:]:
         head, _, body = part.partition(":")
-        code = names[head] if head in names else int(head)
-        if code >= fuse.BASE:  # superinstructions: made for the one-sample entry, never in files
-            continue
         body = body.split("\n        elif", 1)[0]
         cols = {int(c) for c in re.findall(r"int\(rows\[k, ([123])\]\)", body)}
-        reads.setdefault(code, set()).update(cols)
+        for h in head.split(" or op == "):  # (the batch's branches shared by two or three)
+            code = names[h] if h in names else int(h)
+            if code >= fuse.BASE:  # superinstructions: the one-sample entry's, never in files
+                continue
+            reads.setdefault(code, set()).update(cols)
     return reads
 
 

@@ -92,7 +92,8 @@ def test_every_replay_op_reaches_the_batch_block():
         if op.name in _codegen_batch.BATCH_LOOPED:
             assert not _generated_replay.SHARED[op.code], op.name
             if op.name in _codegen_batch.SIGNED:  # a loop with a sign, shared
-                assert re.search(rf"op in \([^)]*\b{op.code}\b", _block_source()), op.name
+                assert re.search(rf"op == {op.code}\b.*# .*\b{op.name}\b", _block_source()), \
+                    op.name
             else:
                 assert f"op == {op.code}:  # {op.name}" in _block_source(), op.name
         else:
@@ -111,7 +112,7 @@ def test_batch_block_stays_small():
     """Each loop over a block's samples costs about 0.1 s of a cold compile: the batch
     code has the looped ops' loops and one shared loop a sweep, not one per op (the 120
     loops of one per op made the first batched call compile 15 s cold on 2 cores)."""
-    loops = _block_source().count("for j in range(nb):")
+    loops = _block_source().count("for j in range(u):")
     assert loops <= 2 * len(_codegen_batch.BATCH_LOOPED) + 10, loops
 
 
@@ -141,3 +142,42 @@ def test_first_batched_call_compiles_in_seconds_cold():
                                     capture_output=True, text=True).stdout)
     assert cold < 8.0, cold
     assert warm < 0.5, warm
+
+
+def _mixed(x):
+    a, b, c = x[0], x[1], x[2]
+    return (a.sin() * b.exp() + (c * c + 1.0).sqrt().log() - a.tanh() / (b.sigmoid() + 1.0)
+            + a ** 2 + b ** 3.0 - (1.0 - c) * 2.0 - (-a) / 4.0 + c.atan() + b.abs()
+            + a.cos() * c ** 2)
+
+
+@pytest.mark.parametrize("target", ["cpu", "parallel"])
+@pytest.mark.parametrize("B", [1, 15, 16, 17, 31, 33, 37])
+def test_block_edges_give_single_calls_bit_for_bit(target, B):
+    """Blocks of 16: one sample, block - 1, block, block + 1, odd sizes; every sample's
+    value and gradient equal a single call's bit for bit (the block's values sit at flat
+    offsets ``row * samples + j``, so a block narrower than the others must use its own
+    width), over the looped ops, powc at 2 (its own loop) and at 3, and the shared loop."""
+    import tapegrad as tg
+    prog = tg.trace(_mixed, np.array([0.3, -0.2, 0.7]), target=target)
+    prog.block = 16
+    X = np.random.default_rng(B).normal(size=(B, 3))
+    X[0, 0] = -0.0
+    v, g = prog.value_and_grad(X)
+    single = tg.trace(_mixed, np.array([0.3, -0.2, 0.7]))
+    for j in range(B):
+        vj, gj = single.value_and_grad(X[j])
+        _same(np.array([v[j]]), np.array([vj]))
+        _same(g[j], gj)
+
+
+@pytest.mark.parametrize("c0", [2.0, -0.0, 0.0, 1.0, 3.0, -2.0])
+def test_powc_loops_give_single_calls(c0):
+    """powc's loops for c0 == 2.0 (the test folded away) and for the other exponents give
+    the one-sample numbers, at signed zeros, infinities and NaNs."""
+    op = next(op for op in OPS if op.name == "powc")
+    rows = _program(op, False)
+    rows[3:, 4] = c0
+    X = _samples()
+    S = np.ones((2, X.shape[1]))
+    _check(rows, X, S)

@@ -204,6 +204,9 @@ def test_small_batches_on_the_parallel_target_run_serially(monkeypatch):
     assert calls == []  # one block: nothing to spread over the cores
     np.testing.assert_array_equal(g[5], prog.value_and_grad(X[5])[1])
     prog.value_and_grad(np.concatenate([X, X]))
+    assert calls == []  # two blocks, but less work than a worker's start can pay for
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 2 * prog.block * len(prog))
+    prog.value_and_grad(np.concatenate([X, X]))
     assert calls == [2 * prog.block]
 
 
@@ -272,7 +275,8 @@ def test_run_block_room_reused_or_too_small_gives_the_same_numbers():
         status, outs, G = replay_cpu._outputs(X, code.out_slots, code.in_slots, True)
         for b0 in (0, 2, 4):  # blocks of 2, the last of 1
             replay_cpu.run_block(code.rows, X, code.out_slots, S, code.in_slots, True,
-                                 status, outs, G, b0, min(5, b0 + 2), W[:2 * n], W[2 * n:])
+                                 status, outs, G, b0, min(5, b0 + 2), W[:2 * n], W[2 * n:],
+                                 replay_cpu._NO_SIGNAL, 0)
         assert (status == 0).all()
         for j, (v, g) in enumerate(want):
             assert outs[j, 0] == v

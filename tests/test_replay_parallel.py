@@ -28,6 +28,15 @@ def _torch_grad(fn, x):
     return g.numpy()
 
 
+@pytest.fixture(autouse=True)
+def _any_work_spreads(monkeypatch):
+    """These small programs' batches run on the threads (``PARALLEL_WORK`` 0, no pauses
+    after batches the threads did not speed up), but where a test says otherwise."""
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(replay_cpu, "ADAPT", False)
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+
+
 @pytest.fixture(scope="module")
 def progs():
     prog = tg.trace(_rosen, np.zeros(5))
@@ -137,19 +146,19 @@ def test_a_job_not_taken_is_withdrawn_and_the_next_one_runs():
     the thread's pending wake-up then takes the next job."""
     w = replay_cpu._Worker(start=False)
     ran = []
-    w.post(lambda: ran.append(1))
+    n1 = w.post(lambda: ran.append(1))
     job1 = w.job
-    w.finish(job1)  # not started: withdrawn
+    w.finish(job1, n1)  # not started: withdrawn
     job2 = lambda: ran.append(2)  # noqa: E731
-    w.post(job2)  # the wake-up from job1's post is still pending: no second release
+    n2 = w.post(job2)  # the wake-up from job1's post is still pending: no second release
     w.start()
     _taken(w)
-    w.finish(job2)  # taken: waits for it to end
+    w.finish(job2, n2)  # taken: waits for it to end
     assert ran == [2]
     job3 = lambda: ran.append(3)  # noqa: E731
-    w.post(job3)
+    n3 = w.post(job3)
     _taken(w)
-    w.finish(job3)
+    w.finish(job3, n3)
     assert ran == [2, 3]
 
 
@@ -209,3 +218,188 @@ def test_a_forked_child_starts_its_own_workers(progs):
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+
+
+def test_a_spinning_worker_takes_the_next_job_without_its_lock():
+    """After a job the thread spins on the job counter (without the GIL) for a while: a
+    job posted then is taken without releasing its lock, and the caller's wait for it
+    spins too; with no spin (``turns`` 0) the thread sleeps on the lock and is woken."""
+    w = replay_cpu._Worker(start=False)
+    w.turns = 1 << 40  # spins until a job comes
+    w.start()
+    ran = []
+    for i in range(20):
+        job = lambda i=i: ran.append(i)  # noqa: E731
+        number = w.post(job)
+        _taken(w)
+        w.finish(job, number)
+        assert not w.sleeping and w.go.locked() and w.done.locked()
+    assert ran == list(range(20))
+    w.turns = 0  # let the thread sleep (it spins until the next job)
+    w.finish(ran.clear, w.post(ran.clear))
+    sleeper = replay_cpu._Worker(start=False)
+    sleeper.turns = 0
+    sleeper.start()
+    for i in range(5):
+        for _ in range(5000):  # the thread goes to sleep on its lock
+            if sleeper.sleeping:
+                break
+            time.sleep(0.001)
+        assert sleeper.sleeping
+        job = lambda i=i: ran.append(-i)  # noqa: E731
+        number = sleeper.post(job)
+        _taken(sleeper)
+        sleeper.finish(job, number)
+    assert ran == [0, -1, -2, -3, -4]
+
+
+@pytest.mark.parametrize("turns", [0, 1, 1 << 20])
+def test_handovers_by_lock_and_by_spin_give_the_serial_numbers(progs, monkeypatch, turns):
+    """Parallel batches called back to back and with pauses (the worker spinning, asleep,
+    or between the two), from two user threads at once: each result is the serial
+    batch's bit for bit."""
+    prog, par = progs
+    X = np.random.default_rng(5).normal(size=(100, 5))
+    want_v, want_g = prog.value_and_grad(X)
+    par.value_and_grad(X)
+    monkeypatch.setattr(replay_cpu, "_workers", [])  # fresh workers with these turns
+    monkeypatch.setattr(replay_cpu, "_turns", turns)
+    monkeypatch.setattr(replay_cpu, "SPIN_US", 1)  # turns a worker spins: ``turns``
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(30):
+                v, g = par.value_and_grad(X)
+                np.testing.assert_array_equal(v, want_v)
+                np.testing.assert_array_equal(g, want_g)
+                if rng.random() < 0.3:
+                    time.sleep(rng.random() * 0.002)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_batch_of_little_work_runs_serially(progs, monkeypatch):
+    """Below ``PARALLEL_WORK`` row-samples a batch of several blocks runs serially (a
+    worker's start costs more than it saves), above it in parallel; the same numbers."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 60_000)
+    seen = []
+    real = replay_cpu.run_parallel
+
+    def spy(*args):
+        seen.append(args[1].shape[0])
+        return real(*args)
+    monkeypatch.setattr(replay_cpu, "run_parallel", spy)
+    rows = par._code.rows.shape[0]
+    small = replay_cpu.PARALLEL_WORK // rows - 1
+    for B in (small, replay_cpu.PARALLEL_WORK // rows + 1):
+        X = np.random.default_rng(B).normal(size=(B, 5))
+        np.testing.assert_array_equal(par.value_and_grad(X)[1], prog.value_and_grad(X)[1])
+    assert small > par.block and seen == [small + 2]
+
+
+def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, monkeypatch):
+    """A batch the threads did not make faster than the caller's own pace (a worker taken
+    off its core: here its blocks sleep) makes the next 1, then 2 ... batches run serially;
+    one they sped up (the caller's blocks sleep) resets the pause. The numbers never
+    change."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    X = np.random.default_rng(7).normal(size=(64, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # compiled, the workers started
+    real, main, slow = replay_cpu.run_block, threading.get_ident(), []
+
+    def blocks(*args):
+        if (threading.get_ident() == main) == (slow == ["caller"]):
+            time.sleep(0.02)
+        return real(*args)
+    monkeypatch.setattr(replay_cpu, "run_block", blocks)
+    serial = []
+    real_batch = replay_cpu.run_batch
+    monkeypatch.setattr(replay_cpu, "run_batch",
+                        lambda *a: serial.append(1) or real_batch(*a))
+
+    def call():
+        serial.clear()
+        np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+        return bool(serial)
+    replay_cpu._pause[:] = [0, 0]
+    slow.append("worker")
+    ran = [call() for _ in range(6)]  # threads, serial, threads, serial x 2, threads
+    assert ran == [False, True, False, True, True, False], ran
+    assert replay_cpu._pause == [4, 4]
+    slow[:] = ["caller"]
+    monkeypatch.setattr(replay_cpu, "_cpu_time", time.perf_counter)  # its sleep is work
+    replay_cpu._pause[:] = [0, 4]
+    assert not call() and replay_cpu._pause == [0, 0]
+
+
+def test_a_job_posted_for_later_is_seen_from_the_callers_block(progs):
+    """``post(later=True)``: a spinning thread takes the job only once the caller's
+    ``run_block`` (GIL let go) stores its number; a sleeping thread is woken at once."""
+    prog, _ = progs
+    code = prog._code
+    X = np.random.default_rng(8).normal(size=(4, 5))
+    st, o, G = replay_cpu._outputs(X, code.out_slots, code.in_slots, True)
+    W = replay_cpu._room(code.rows, 4)
+    w = replay_cpu._Worker(start=False)
+    w.turns = 1 << 40  # spins until a job comes
+    w.start()
+    ran = []
+    number = w.post(ran.clear, later=True)
+    time.sleep(0.05)
+    assert w.job is not None and w.flags[0] == 0  # not seen yet
+    replay_cpu.run_block(code.rows, X, code.out_slots, np.ones((4, 1)), code.in_slots, True,
+                         st, o, G, 0, 4, *W, w.flags, number)
+    _taken(w)
+    w.finish(ran.clear, number)
+    np.testing.assert_array_equal(G, prog.value_and_grad(X)[1])
+    w.turns = 0  # let the thread sleep
+    w.finish(ran.clear, w.post(ran.clear))
+    for _ in range(5000):
+        if w.sleeping:
+            break
+        time.sleep(0.001)
+    job = lambda: ran.append(1)  # noqa: E731
+    number = w.post(job, later=True)  # asleep: woken now, no block needed
+    assert w.flags[0] == number
+    _taken(w)
+    w.finish(job, number)
+    assert ran == [1]
+
+
+NO_JIT = """
+import numpy as np, tapegrad as tg
+from tapegrad.interpreters import replay_cpu as R
+R.PARALLEL_WORK, R.ADAPT = 0, False
+p = tg.trace(lambda x: (x.sin() * x).sum(), np.zeros(3), target="parallel")
+s = tg.trace(lambda x: (x.sin() * x).sum(), np.zeros(3))
+p.block = 2
+X = np.random.default_rng(0).normal(size=(9, 3))
+for _ in range(3):
+    assert np.array_equal(p.value_and_grad(X)[1], s.value_and_grad(X)[1])
+print(R._turns)
+"""
+
+
+def test_parallel_batches_without_the_jit():
+    """``NUMBA_DISABLE_JIT=1``: the handover runs without spinning (a Python spin would
+    hold the GIL) and without the atomic signal (run_block is Python there)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", TAPEGRAD_QUIET="1", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", NO_JIT], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "0"

@@ -952,322 +952,292 @@ def reverse_multi(rows, v, A):
     return 0
 
 
+from . import _atomic  # noqa: E402  (run_block's signal to a worker thread)
+
+
 @njit_cached(error_model="numpy", nogil=True)
-def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw):
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw, signal,
+              number):
     """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (rows of ``X``:
     ``X[j, i]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
     into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``
-    (a row a sample too). The block's values and adjoints (``V[k, j]``, ``A[k, j]``: rows x
-    samples) live in ``Vw`` and ``Aw``, flat buffers of at least rows x samples reused from
-    block to block."""
+    (a row a sample too). The block's values and adjoints (row ``k``, sample ``j`` at
+    ``k * (b1 - b0) + j``: rows x samples) live in ``Vw`` and ``Aw``, flat buffers of at
+    least rows x samples reused from block to block. A ``number`` above 0 is stored in
+    ``signal[0]`` first: a parallel batch's worker thread spins on it, and sees it once this
+    thread has let the GIL go (so it takes the GIL without waiting for it)."""
+    if number > 0:
+        _atomic.store_release(signal, 0, number)
     n = rows.shape[0]
     nb = b1 - b0
-    V = Vw[:n * nb].reshape((n, nb))
+    u = np.uint64(nb)
+    ub0 = np.uint64(b0)
     st = status[b0:b1]
     for k in range(n):
         op = int(rows[k, 0])
-        vk = V[k]
-        if op == LEAF:
-            i = int(rows[k, 4])
-            for j in range(nb):
-                vk[j] = X[b0 + j, i]
-        elif op == CONST:
-            c0 = rows[k, 4]
-            for j in range(nb):
-                vk[j] = c0
-        elif op == GUARD:
-            va = V[int(rows[k, 1])]
-            e = rows[k, 4] != 0.0
-            for j in range(nb):
-                t = va[j]
-                vk[j] = t
-                if (t != 0.0) != e and st[j] == 0:
-                    st[j] = k + 1
-        elif op == 3:  # neg
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (-a)
-        elif op == 4:  # exp
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.exp(a)
-        elif op == 5:  # log
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.log(a)
-        elif op == 8:  # sqrt
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.sqrt(a)
-        elif op == 10:  # sin
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.sin(a)
-        elif op == 11:  # cos
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.cos(a)
-        elif op == 18:  # tanh
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = math.tanh(a)
-        elif op == 19:  # sigmoid
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
-        elif op == 24:  # square
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a * a)
-        elif op == 27:  # mulc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a * c0)
-        elif op == 29:  # divc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a / c0)
-        elif op == 31:  # powc
-            c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                a = va[j]
-                vk[j] = (a * a if c0 == 2.0 else a ** c0)
-        elif op == 37:  # mul
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a * b)
-        elif op == 38:  # div
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                vk[j] = (a / b)
-        elif op in (35, 36):  # add, sub: a + s * b with s = +-1.0
+        ok = np.uint64(k) * u
+        if op == 35 or op == 36:  # add, sub: a + s * b with s = +-1.0
             s = 1.0 if op == 35 else -1.0
-            va = V[int(rows[k, 1])]
-            vb = V[int(rows[k, 2])]
-            for j in range(nb):
-                vk[j] = va[j] + s * vb[j]
-        elif op in (26, 28):  # addc, rsubc: s * a + c0 with s = +-1.0
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                Vw[ok + j] = Vw[oa + j] + s * Vw[ob + j]
+        elif op == 26 or op == 28:  # addc, rsubc: s * a + c0 with s = +-1.0
             s = 1.0 if op == 26 else -1.0
             c0 = rows[k, 4]
-            va = V[int(rows[k, 1])]
-            for j in range(nb):
-                vk[j] = s * va[j] + c0
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                Vw[ok + j] = s * Vw[oa + j] + c0
+        elif op == 37:  # mul
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                Vw[ok + j] = (a * b)
+        elif op == 31:  # powc
+            c0 = rows[k, 4]
+            oa = np.uint64(int(rows[k, 1])) * u
+            if c0 == 2.0:
+                for j in range(u):
+                    a = Vw[oa + j]
+                    Vw[ok + j] = (a * a if 2.0 == 2.0 else a ** 2.0)
+            else:
+                for j in range(u):
+                    a = Vw[oa + j]
+                    Vw[ok + j] = (a * a if c0 == 2.0 else a ** c0)
+        elif op == 27:  # mulc
+            c0 = rows[k, 4]
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (a * c0)
+        elif op == 24:  # square
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (a * a)
+        elif op == 38:  # div
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                Vw[ok + j] = (a / b)
+        elif op == 3:  # neg
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (-a)
+        elif op == 29:  # divc
+            c0 = rows[k, 4]
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (a / c0)
+        elif op == 4:  # exp
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.exp(a)
+        elif op == 5:  # log
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.log(a)
+        elif op == 8:  # sqrt
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.sqrt(a)
+        elif op == 10:  # sin
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.sin(a)
+        elif op == 11:  # cos
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.cos(a)
+        elif op == 18:  # tanh
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.tanh(a)
+        elif op == 19:  # sigmoid
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
+        elif op == LEAF:
+            i = np.uint64(int(rows[k, 4]))
+            for j in range(u):
+                Vw[ok + j] = X[ub0 + j, i]
+        elif op == CONST:
+            c0 = rows[k, 4]
+            for j in range(u):
+                Vw[ok + j] = c0
+        elif op == GUARD:
+            oa = np.uint64(int(rows[k, 1])) * u
+            e = rows[k, 4] != 0.0
+            for j in range(u):
+                t = Vw[oa + j]
+                Vw[ok + j] = t
+                if (t != 0.0) != e and st[j] == 0:
+                    st[j] = k + 1
         elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            va = V[ia if ia >= 0 else k]
-            vb = V[ib if ib >= 0 else k]
-            vc = V[ic if ic >= 0 else k]
+            oa = np.uint64(ia if ia >= 0 else k) * u
+            ob = np.uint64(ib if ib >= 0 else k) * u
+            oc = np.uint64(ic if ic >= 0 else k) * u
             c0 = rows[k, 4]
             c1 = rows[k, 5]
-            for j in range(nb):
-                vk[j] = forward_value(op, va[j], vb[j], vc[j], c0, c1)
+            for j in range(u):
+                Vw[ok + j] = forward_value(op, Vw[oa + j], Vw[ob + j], Vw[oc + j], c0, c1)
     for i in range(out_slots.shape[0]):
-        vo = V[out_slots[i]]
-        for j in range(nb):
-            outs[b0 + j, i] = vo[j]
+        oo = np.uint64(out_slots[i]) * u
+        for j in range(u):
+            outs[ub0 + j, i] = Vw[oo + j]
     if not grad:
         return
-    A = Aw[:n * nb].reshape((n, nb))
-    A[:] = 0.0
+    Aw[:n * nb] = 0.0
     for i in range(out_slots.shape[0]):
-        ao = A[out_slots[i]]
-        for j in range(nb):
-            ao[j] += S[b0 + j, i]
+        oo = np.uint64(out_slots[i]) * u
+        for j in range(u):
+            Aw[oo + j] += S[ub0 + j, i]
     for k in range(n - 1, -1, -1):
         op = int(rows[k, 0])
-        if op == 4:  # exp
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g * out)
-        elif op == 5:  # log
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g / a)
-        elif op == 8:  # sqrt
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g / (2.0 * out))
-        elif op == 10:  # sin
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (g * math.cos(a))
-        elif op == 11:  # cos
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += ((-g) * math.sin(a))
-        elif op == 18:  # tanh
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += (g * (1.0 - (out * out)))
-        elif op == 19:  # sigmoid
-            ia = int(rows[k, 1])
-            vout = V[k]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                out = vout[j]
-                g = gk[j]
-                aa[j] += ((g * (1.0 - out)) * out)
-        elif op == 24:  # square
-            ia = int(rows[k, 1])
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += ((g * 2.0) * a)
-        elif op == 27:  # mulc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (g * c0)
-        elif op == 29:  # divc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += (g / c0)
-        elif op == 31:  # powc
-            ia = int(rows[k, 1])
-            c0 = rows[k, 4]
-            va = V[ia]
-            aa = A[ia]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                g = gk[j]
-                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
-        elif op == 37:  # mul
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g * b)
-                ab[j] += (g * a)
-        elif op == 38:  # div
-            ia = int(rows[k, 1])
-            ib = int(rows[k, 2])
-            va = V[ia]
-            vb = V[ib]
-            aa = A[ia]
-            ab = A[ib]
-            gk = A[k]
-            for j in range(nb):
-                a = va[j]
-                b = vb[j]
-                g = gk[j]
-                aa[j] += (g / b)
-                ab[j] += (((-g) * a) / (b * b))
-        elif op in (35, 36):  # add, sub: g to a, s * g to b
+        ok = np.uint64(k) * u
+        if op == 35 or op == 36:  # add, sub: g to a, s * g to b
             s = 1.0 if op == 35 else -1.0
-            aa = A[int(rows[k, 1])]
-            ab = A[int(rows[k, 2])]
-            gk = A[k]
-            for j in range(nb):
-                g = gk[j]
-                aa[j] += g
-                ab[j] += s * g
-        elif op in (3, 26, 28):  # neg, addc, rsubc: s * g to a
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                g = Aw[ok + j]
+                Aw[oa + j] += g
+                Aw[ob + j] += s * g
+        elif op == 3 or op == 26 or op == 28:  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == 26 else -1.0
-            aa = A[int(rows[k, 1])]
-            gk = A[k]
-            for j in range(nb):
-                aa[j] += s * gk[j]
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                Aw[oa + j] += s * Aw[ok + j]
+        elif op == 37:  # mul
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * b)
+                Aw[ob + j] += (g * a)
+        elif op == 31:  # powc
+            oa = np.uint64(int(rows[k, 1])) * u
+            c0 = rows[k, 4]
+            if c0 == 2.0:
+                for j in range(u):
+                    a = Vw[oa + j]
+                    g = Aw[ok + j]
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
+            else:
+                for j in range(u):
+                    a = Vw[oa + j]
+                    g = Aw[ok + j]
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 27:  # mulc
+            oa = np.uint64(int(rows[k, 1])) * u
+            c0 = rows[k, 4]
+            for j in range(u):
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * c0)
+        elif op == 24:  # square
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((g * 2.0) * a)
+        elif op == 38:  # div
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / b)
+                Aw[ob + j] += (((-g) * a) / (b * b))
+        elif op == 29:  # divc
+            oa = np.uint64(int(rows[k, 1])) * u
+            c0 = rows[k, 4]
+            for j in range(u):
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / c0)
+        elif op == 4:  # exp
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * out)
+        elif op == 5:  # log
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / a)
+        elif op == 8:  # sqrt
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / (2.0 * out))
+        elif op == 10:  # sin
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * math.cos(a))
+        elif op == 11:  # cos
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((-g) * math.sin(a))
+        elif op == 18:  # tanh
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((g * (1.0 - out)) * out)
         elif SHARED[op] and GRADS[op] != 0:
             m = GRADS[op]
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
             ic = int(rows[k, 3])
-            ia = ia if ia >= 0 else k
-            ib = ib if ib >= 0 else k
-            ic = ic if ic >= 0 else k
-            va = V[ia]
-            vb = V[ib]
-            vc = V[ic]
-            vout = V[k]
-            aa = A[ia]
-            ab = A[ib]
-            ac = A[ic]
-            gk = A[k]
+            oa = np.uint64(ia if ia >= 0 else k) * u
+            ob = np.uint64(ib if ib >= 0 else k) * u
+            oc = np.uint64(ic if ic >= 0 else k) * u
             c0 = rows[k, 4]
             c1 = rows[k, 5]
-            for j in range(nb):
-                ga, gb, gc = reverse_value(op, va[j], vb[j], vc[j], vout[j], gk[j], c0, c1)
+            for j in range(u):
+                ga, gb, gc = reverse_value(op, Vw[oa + j], Vw[ob + j], Vw[oc + j], Vw[ok + j],
+                                           Aw[ok + j], c0, c1)
                 if m & 1:
-                    aa[j] += ga
+                    Aw[oa + j] += ga
                 if m & 2:
-                    ab[j] += gb
+                    Aw[ob + j] += gb
                 if m & 4:
-                    ac[j] += gc
+                    Aw[oc + j] += gc
     for i in range(in_slots.shape[0]):
-        ai = A[in_slots[i]]
-        for j in range(nb):
-            G[b0 + j, i] = ai[j]
+        oi = np.uint64(in_slots[i]) * u
+        for j in range(u):
+            G[ub0 + j, i] = Aw[oi + j]
 
 
 @njit_cached(error_model="numpy", nogil=True)
