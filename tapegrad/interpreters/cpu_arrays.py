@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF, call_rule
+from ..ops._kernels import _MIN_SIZE as _ROWS_MIN, MUL, PAR_MIN as _PAR_MIN, par_ufunc, rows_op
 from ..ops._registry import Part
 from ..ops.arrays import sum_axes, sum_to
 from . import _generated_cpu
@@ -63,7 +64,14 @@ def _one_sided(code, g, a, b, value, wanted):
     fa, fb, symmetric = _SIDES[code]
     va, vb = value(a), value(b)
     if a == b:
-        ga = fa(g, va, vb)
+        ga = None
+        if code == _MUL and g.__class__ is np.ndarray and g.size >= _ROWS_MIN:
+            # x * x's g * x, large (gmm's Qxc * Qxc): a broadcast g (a sum's gradient) by the
+            # compiled rows pass (NumPy runs one loop per row), else NumPy's on threads;
+            # NumPy's bits either way
+            ga = rows_op(MUL, g, vb) if 0 in g.strides else par_ufunc(np.multiply, g, vb)
+        if ga is None:
+            ga = fa(g, va, vb)
         return ga, (ga if symmetric else fb(g, va, vb))
     if code == _SUB and wanted[b] and g.__class__ is np.ndarray and g.size >= 4096 \
             and g.flags.c_contiguous:
@@ -77,6 +85,7 @@ def _one_sided(code, g, a, b, value, wanted):
 
 
 _SUB = next(op.code for op in OPS if op.name == "sub")
+_MUL = next(op.code for op in OPS if op.name == "mul")
 
 
 def negated_sum_applies(g, v):
@@ -206,8 +215,9 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
                 # so not owned (a later gradient is added into a fresh array)
                 c = _compact(prev)
                 adjd[s] = np.broadcast_to(prev[c] + gr[c], prev.shape)
-            else:
-                adjd[s] = prev + gr
+            else:  # (a large sum on threads: gmm's x * x, g * x added to itself)
+                v = par_ufunc(np.add, prev, gr) if prev.size >= _PAR_MIN else None
+                adjd[s] = prev + gr if v is None else v
                 if owned is not None:
                     owned.add(s)
         elif gr.__class__ is float:

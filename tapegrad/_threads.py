@@ -1,0 +1,172 @@
+"""Intra-op threads: ``set_num_threads``/``get_num_threads`` and ``run_chunks``, which runs
+the chunks of one large pass on persistent worker threads beside the calling thread."""
+from __future__ import annotations
+
+import contextvars
+import functools
+import os
+import threading
+
+#: the default: every core this process may run on, at most 8 (the passes split are
+#: memory-bound: past a few threads they wait on memory, not on arithmetic)
+_CAP = 8
+
+
+def _cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (not on Linux)
+        return os.cpu_count() or 1
+
+
+_num = [max(1, min(_cores(), _CAP))]
+
+
+def set_num_threads(n):
+    """Set the number of threads tapegrad runs a large array pass on (as
+    ``torch.set_num_threads``). 1 runs every pass on the calling thread.
+
+    Passes over 65,536 numbers or more (gmm's ``(k, d, n)`` broadcasts, products and their
+    gradients) are split into contiguous chunks, each computed as on one thread: the
+    result is the same, bit for bit, whatever the number of threads.
+
+    Parameters
+    ----------
+    n : int
+        A positive number of threads; the default is the number of cores this process may
+        run on, at most 8.
+
+    Examples
+    --------
+    >>> import tapegrad
+    >>> tapegrad.set_num_threads(1)
+    >>> tapegrad.get_num_threads()
+    1
+    """
+    if n.__class__ is bool or not hasattr(n, "__index__"):
+        raise RuntimeError(f"set_num_threads expects an int, but got {type(n).__name__}")
+    n = n.__index__()
+    if n <= 0:
+        raise RuntimeError("set_num_threads expects a positive integer")
+    _num[0] = n
+
+
+def get_num_threads():
+    """The number of threads tapegrad runs a large array pass on (``set_num_threads``).
+
+    Examples
+    --------
+    >>> import tapegrad
+    >>> tapegrad.get_num_threads() >= 1
+    True
+    """
+    return _num[0]
+
+
+class _Worker:
+    """A persistent thread that runs one job at a time, handed over with locks (a released
+    lock wakes a thread in about 10 us on 2 cores, a ThreadPoolExecutor's future in 28). A
+    job not taken yet can be withdrawn (``finish``): on a busy machine the caller runs the
+    chunk itself rather than wait for a thread to be scheduled."""
+
+    def __init__(self):
+        self.go = threading.Lock()  # released: a job (or a withdrawn one) is waiting
+        self.go.acquire()
+        self.done = threading.Lock()  # released: the job taken has finished
+        self.done.acquire()
+        self.mutex = threading.Lock()
+        self.job, self.pending, self.error = None, False, None
+        threading.Thread(target=self._loop, name="tapegrad-intraop", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            self.go.acquire()
+            with self.mutex:
+                self.pending = False
+                job, self.job = self.job, None
+            if job is None:  # withdrawn before this thread woke up
+                continue
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001  raised in the caller by finish
+                self.error = e
+            self.done.release()
+
+    def post(self, job):
+        with self.mutex:
+            self.job = job
+            wake, self.pending = not self.pending, True
+        if wake:  # else the thread has a wake-up coming and takes this job with it
+            self.go.release()
+
+    def finish(self, job):
+        """True if ``job`` was withdrawn before the thread took it, else wait for it to end
+        (raising what it raised) and False."""
+        with self.mutex:
+            if self.job is job:
+                self.job = None
+                return True
+        self.done.acquire()
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+        return False
+
+
+_workers: list = []
+_busy = threading.Lock()  # held by the one run_chunks that uses the workers
+
+
+def _reset_after_fork():
+    global _busy
+    _workers.clear()  # the threads are not in the child
+    _busy = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def chunks_for(size, min_chunk):
+    """How many chunks a pass over ``size`` numbers is split into: one per thread, each of
+    ``min_chunk`` numbers or more (a smaller chunk costs more to hand over than it saves)."""
+    n = _num[0]
+    return 1 if n == 1 else max(1, min(n, size // min_chunk))
+
+
+def run_chunks(fn, m):
+    """``fn(i)`` for each ``i`` in ``range(m)``: chunks 1 to m-1 handed to persistent worker
+    threads while the calling thread runs chunk 0, then any chunk no worker has started
+    yet is run by the caller too. Each ``fn(i)`` must write its own part of the result
+    (a NumPy pass with ``out=`` or a compiled ``nogil`` kernel, which let the other threads
+    run), in a copy of the caller's context (NumPy's error state). Another pass already on
+    the workers (a second user thread, or a pass inside a
+    chunk) runs its chunks one after the other on its own thread: the same results."""
+    if m <= 1 or not _busy.acquire(False):
+        for i in range(m):
+            fn(i)
+        return
+    try:
+        while len(_workers) < m - 1:
+            _workers.append(_Worker())
+        # each chunk runs in a copy of the caller's context: NumPy's error state (quiet,
+        # as tapegrad's passes are, or raising) is a context variable
+        jobs = [functools.partial(contextvars.copy_context().run, fn, i) for i in range(1, m)]
+        for w, job in zip(_workers, jobs):
+            w.post(job)
+        error = None
+        try:
+            fn(0)
+        except BaseException as e:  # noqa: BLE001  the workers' jobs are collected first
+            error = e
+        for i, (w, job) in enumerate(zip(_workers, jobs), 1):
+            try:
+                if w.finish(job) and error is None:
+                    fn(i)
+            except BaseException as e:  # noqa: BLE001
+                if error is None:
+                    error = e
+        if error is not None:
+            raise error
+    finally:
+        _busy.release()
