@@ -26,7 +26,7 @@ def set_num_threads(n):
     """Set the number of threads tapegrad runs a large array pass on (as
     ``torch.set_num_threads``). 1 runs every pass on the calling thread.
 
-    Passes over 65,536 numbers or more (gmm's ``(k, d, n)`` broadcasts, products and their
+    Passes over 131,072 numbers or more (gmm's ``(k, d, n)`` broadcasts, products and their
     gradients) are split into contiguous chunks, each computed as on one thread: the
     result is the same, bit for bit, whatever the number of threads.
 
