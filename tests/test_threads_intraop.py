@@ -259,6 +259,30 @@ def test_square_gradient_of_a_broadcast_gradient():
         np.testing.assert_allclose(res[0][0], ref.numpy(), rtol=1e-12)
 
 
+def test_square_gradient_in_one_pass_is_the_sums_bits(monkeypatch):
+    # x * x under a broadcast g: g * x + g * x in one compiled pass (MUL2), the bits of the
+    # sweep's two additions of g * x; taken only for the first gradient of x (a later one
+    # adds to what is there, in the sweep's order)
+    from tapegrad.interpreters import cpu_arrays
+    x0 = _specials(np.random.default_rng(8), (6, 5, 3001))
+    c0 = np.random.default_rng(9).normal(size=(6, 5, 3001))
+    fs = (lambda x: tg.sum(tg.sum(x * x, 1) * tg.tensor(c0[:, 0])),
+          lambda x: tg.sum(tg.sum(x * x, 1)) + tg.sum(x * tg.tensor(c0)))
+    real = cpu_arrays.rows_op
+    for f in fs:
+        res = []
+        for fused in (True, False):
+            ops = []
+            monkeypatch.setattr(cpu_arrays, "rows_op", lambda op, x, y: (
+                None if op == K.MUL2 and not fused else ops.append(op) or real(op, x, y)))
+            for n in (1, 2):
+                tg.set_num_threads(n)
+                x = tg.tensor(x0, requires_grad=True)
+                res.append(tg.autograd.grad(f(x), x)[0].numpy())
+            assert (K.MUL2 in ops) == (fused and f is fs[0])  # (fs[1]: x * c's first)
+        assert all(_same_bits(res[0], r) for r in res[1:])
+
+
 def test_user_threads_at_once():
     # several user threads evaluating gmm's gradient at once while passes run on the
     # workers: each result is the one-thread result, bit for bit

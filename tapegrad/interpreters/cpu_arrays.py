@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF, call_rule
-from ..ops._kernels import _MIN_SIZE as _ROWS_MIN, MUL, PAR_MIN as _PAR_MIN, par_ufunc, rows_op
+from ..ops._kernels import _MIN_SIZE as _ROWS_MIN, MUL, MUL2, PAR_MIN as _PAR_MIN, par_ufunc, \
+    rows_op
 from ..ops._registry import Part
 from ..ops.arrays import sum_axes, sum_to
 from . import _generated_cpu
@@ -170,6 +171,12 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
+    elif (on_bad is None and a == b and op.code == _MUL and wanted[a] and a not in adjd
+          and g.__class__ is np.ndarray and g.size >= _ROWS_MIN and 0 in g.strides
+          and (twice := rows_op(MUL2, g, value(a))) is not None):
+        # x * x under a broadcast g (gmm's Qxc * Qxc under its sum over d): the sweep's
+        # g * x + g * x in one compiled pass, the same bits
+        inputs, grads = (a,), (twice,)
     elif on_bad is None and op.code in _SIDES and (
             a == b or not (wanted[a] and wanted[b]) or op.code == _SUB):
         inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, wanted)
