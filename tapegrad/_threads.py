@@ -19,7 +19,16 @@ def _cores():
         return os.cpu_count() or 1
 
 
-_num = [max(1, min(_cores(), _CAP))]
+def _default():
+    # OMP_NUM_THREADS, as torch reads it (``OMP_NUM_THREADS=1`` makes both one-threaded)
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        n = 0
+    return n if n > 0 else max(1, min(_cores(), _CAP))
+
+
+_num = [_default()]
 
 
 def set_num_threads(n):
@@ -33,8 +42,8 @@ def set_num_threads(n):
     Parameters
     ----------
     n : int
-        A positive number of threads; the default is the number of cores this process may
-        run on, at most 8.
+        A positive number of threads; the default is ``OMP_NUM_THREADS`` where it is set
+        (as torch's), else the number of cores this process may run on, at most 8.
 
     Examples
     --------
