@@ -2,10 +2,14 @@
 evaluation on 1 and on 2 threads, called in turn (``tapegrad.set_num_threads``), with the
 median and 10th percentile wall time and the CPU time per call. On a machine other
 processes load, a woken thread waits for a core: the CPU time and the low percentile say
-what the threads cost and save there. Run from the repository root::
+what the threads cost and save there, and ``--idle`` keeps only the rounds (10 calls of
+each) during which the machine's cores were idle at least 35% of the time (Linux: from
+/proc/stat; on 2 cores, about one core free beside this process). From the repository
+root::
 
-    python bench/threads_passes.py [repetitions]
+    python bench/threads_passes.py [--reps 400] [--idle]
 """
+import argparse
 import os
 import sys
 import time
@@ -45,25 +49,50 @@ def _cases():
     }
 
 
+def _idle():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return v[3], sum(v)
+
+
 def main():
-    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--reps", type=int, default=400, help="calls per thread count")
+    p.add_argument("--idle", action="store_true", help="keep the rounds of an idle machine")
+    args = p.parse_args()
     before = tg.get_num_threads()
-    print(f"{reps} calls per thread count, in turn; wall median / 10th percentile, CPU per call")
+    print(f"{args.reps} calls per thread count, in turn; wall median / 10th percentile, CPU "
+          "per call" + (" (rounds on an idle machine only)" if args.idle else ""))
     for name, f in _cases().items():
-        wall, cpu = {1: [], 2: []}, {1: 0.0, 2: 0.0}
+        wall, cpu, n = {1: [], 2: []}, {1: [], 2: []}, 0
         for th in (1, 2):
             tg.set_num_threads(th)
             f(), f()
-        for _ in range(reps):
+        tries = 0
+        while n < args.reps and tries < 50 * args.reps:
+            i0, a0 = _idle()
+            rw, rc = {1: [], 2: []}, {1: [], 2: []}
+            for _ in range(10):
+                for th in (1, 2):
+                    tg.set_num_threads(th)
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    f()
+                    rw[th].append(time.perf_counter() - t0)
+                    rc[th].append(time.process_time() - c0)
+            i1, a1 = _idle()
+            tries += 10
+            if args.idle and (a1 == a0 or (i1 - i0) / (a1 - a0) < 0.35):
+                continue
             for th in (1, 2):
-                tg.set_num_threads(th)
-                c0, t0 = time.process_time(), time.perf_counter()
-                f()
-                wall[th].append(time.perf_counter() - t0)
-                cpu[th] += time.process_time() - c0
+                wall[th] += rw[th]
+                cpu[th] += rc[th]
+            n += 10
+        if not n:
+            print(f"{name:28s} no idle round")
+            continue
         print(f"{name:28s}" + "   ".join(
             f"{th}T {np.median(wall[th]) * 1e6:7.1f} / {np.percentile(wall[th], 10) * 1e6:7.1f}"
-            f" cpu {cpu[th] / reps * 1e6:7.1f} us" for th in (1, 2)))
+            f" cpu {np.mean(cpu[th]) * 1e6:7.1f} us" for th in (1, 2)) + f"  ({n} calls)")
     tg.set_num_threads(before)
 
 

@@ -136,6 +136,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+#: passes run on the calling thread alone after a worker was late (``run_chunks``)
+BACKOFF = 16
+_backoff = [0]
+
+
 def chunks_for(size, min_chunk):
     """How many chunks a pass over ``size`` numbers is split into: one per thread, each of
     ``min_chunk`` numbers or more (a smaller chunk costs more to hand over than it saves)."""
@@ -150,8 +155,15 @@ def run_chunks(fn, m):
     (a NumPy pass with ``out=`` or a compiled ``nogil`` kernel, which let the other threads
     run), in a copy of the caller's context (NumPy's error state). Another pass already on
     the workers (a second user thread, or a pass inside a
-    chunk) runs its chunks one after the other on its own thread: the same results."""
-    if m <= 1 or not _busy.acquire(False):
+    chunk) runs its chunks one after the other on its own thread: the same results.
+
+    A worker that has not started its chunk by the time the caller ends its own waits for
+    a core other processes hold: the next ``BACKOFF`` passes run on the calling thread
+    alone (waking a thread that then shares the caller's core costs more than it saves),
+    and the one after tries the workers again."""
+    if m <= 1 or _backoff[0] > 0 or not _busy.acquire(False):
+        if _backoff[0] > 0:
+            _backoff[0] -= 1
         for i in range(m):
             fn(i)
         return
@@ -170,8 +182,10 @@ def run_chunks(fn, m):
             error = e
         for i, (w, job) in enumerate(zip(_workers, jobs), 1):
             try:
-                if w.finish(job) and error is None:
-                    fn(i)
+                if w.finish(job):  # withdrawn: no core for the worker just now
+                    _backoff[0] = BACKOFF
+                    if error is None:
+                        fn(i)
             except BaseException as e:  # noqa: BLE001
                 if error is None:
                     error = e

@@ -125,6 +125,41 @@ def test_run_chunks_raises_what_a_chunk_raised(where):
     assert sorted(seen) == [0, 1, 2]
 
 
+def test_late_worker_backs_off(monkeypatch):
+    # a chunk withdrawn (its worker busy: no core in time) runs on the caller, and the next
+    # BACKOFF passes run on the calling thread alone; the one after uses the workers again
+    import time
+    monkeypatch.setattr(_threads, "BACKOFF", 3)
+    monkeypatch.setattr(_threads, "_backoff", [0])
+    _threads.run_chunks(lambda i: None, 2)  # (the worker exists)
+    w = _threads._workers[0]
+    release = threading.Event()
+    blocker = release.wait
+    w.post(blocker)
+    while w.job is not None:  # until the worker is inside the blocker
+        time.sleep(0.001)
+    _threads._backoff[0] = 0  # (the first pass may have found its new worker late)
+    names = []
+
+    def fn(i):
+        names.append((i, threading.current_thread() is threading.main_thread()))
+    _threads.run_chunks(fn, 2)
+    release.set()
+    w.finish(blocker)
+    assert sorted(names) == [(0, True), (1, True)] and _threads._backoff[0] == 3
+    posted = []
+    real_post = _threads._Worker.post
+    monkeypatch.setattr(_threads._Worker, "post", lambda w, job: posted.append(1) or
+                        real_post(w, job))
+    for _ in range(3):
+        names.clear()
+        _threads.run_chunks(fn, 2)
+        assert sorted(names) == [(0, True), (1, True)]
+    assert not posted and _threads._backoff[0] == 0
+    _threads.run_chunks(fn, 2)
+    assert posted == [1]
+
+
 def test_run_chunks_nested_runs_inline():
     seen = []
 
