@@ -31,6 +31,7 @@ def _cases():
     k, d, n = 25, 10, 1000
     P, mu = rng.normal(size=(1, d, n)), rng.normal(size=(k, d, 1))
     x, Q = rng.normal(size=(k, d, n)), rng.normal(size=(k, d, d))
+    x2 = rng.normal(size=(k, d, n))  # (x @ x^T itself: NumPy's syrk, another cost)
     g = np.broadcast_to(rng.normal(size=(k, 1, n)), (k, d, n))
     from tapegrad.bench.cases import gradbench_input
     from tapegrad.bench.gradbench import gmm
@@ -40,7 +41,7 @@ def _cases():
         "Q @ xc (forward)": lambda: K.matmul(Q, x),
         "sum over d (sum_middle)": lambda: K.sum_middle(x, 1, False),
         "g*x + g*x (rows_op MUL2)": lambda: K.rows_op(K.MUL2, g, x),
-        "g @ xc^T (backward)": lambda: K.matmul(x, x.transpose(0, 2, 1)),
+        "g @ xc^T (backward)": lambda: K.matmul(x, x2.transpose(0, 2, 1)),
         # (declined on one thread: NumPy's one call, as the callers make it)
         "sum over n (sum_last)": lambda: _or(K.sum_last(x, True), np.sum, x, -1, None, None,
                                              True),
