@@ -6,6 +6,7 @@ import contextvars
 import functools
 import os
 import threading
+import time
 
 #: the default: every core this process may run on, at most 8 (the passes split are
 #: memory-bound: past a few threads they wait on memory, not on arithmetic)
@@ -136,8 +137,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-#: passes run on the calling thread alone after a worker was late (``run_chunks``)
+#: passes run on the calling thread alone after a worker was late (``run_chunks``): not
+#: started while the caller ran its own chunk for ``LATE`` seconds or more (a shorter
+#: chunk can end before an idle core has woken a thread)
 BACKOFF = 16
+LATE = 30e-6
 _backoff = [0]
 
 
@@ -157,10 +161,10 @@ def run_chunks(fn, m):
     the workers (a second user thread, or a pass inside a
     chunk) runs its chunks one after the other on its own thread: the same results.
 
-    A worker that has not started its chunk by the time the caller ends its own waits for
-    a core other processes hold: the next ``BACKOFF`` passes run on the calling thread
-    alone (waking a thread that then shares the caller's core costs more than it saves),
-    and the one after tries the workers again."""
+    A worker that has not started its chunk by the time the caller ends its own (``LATE``
+    seconds or more) waits for a core other processes hold: the next ``BACKOFF`` passes
+    run on the calling thread alone (waking a thread that then shares the caller's core
+    costs more than it saves), and the one after tries the workers again."""
     if m <= 1 or _backoff[0] > 0 or not _busy.acquire(False):
         if _backoff[0] > 0:
             _backoff[0] -= 1
@@ -176,14 +180,17 @@ def run_chunks(fn, m):
         for w, job in zip(_workers, jobs):
             w.post(job)
         error = None
+        t0 = time.perf_counter()
         try:
             fn(0)
         except BaseException as e:  # noqa: BLE001  the workers' jobs are collected first
             error = e
+        late = time.perf_counter() - t0 > LATE
         for i, (w, job) in enumerate(zip(_workers, jobs), 1):
             try:
                 if w.finish(job):  # withdrawn: no core for the worker just now
-                    _backoff[0] = BACKOFF
+                    if late:
+                        _backoff[0] = BACKOFF
                     if error is None:
                         fn(i)
             except BaseException as e:  # noqa: BLE001

@@ -143,6 +143,8 @@ def test_late_worker_backs_off(monkeypatch):
 
     def fn(i):
         names.append((i, threading.current_thread() is threading.main_thread()))
+        if i == 0:
+            time.sleep(2 * _threads.LATE)  # (a chunk of that length: the worker is late)
     _threads.run_chunks(fn, 2)
     release.set()
     w.finish(blocker)
@@ -158,6 +160,27 @@ def test_late_worker_backs_off(monkeypatch):
     assert not posted and _threads._backoff[0] == 0
     _threads.run_chunks(fn, 2)
     assert posted == [1]
+    _threads._backoff[0] = 0
+
+
+def test_short_chunk_withdrawn_without_back_off(monkeypatch):
+    # a caller's chunk shorter than LATE: a withdrawn chunk says nothing of the machine's
+    # load (an idle core takes about that long to wake a thread), no back-off
+    monkeypatch.setattr(_threads, "_backoff", [0])
+    _threads.run_chunks(lambda i: None, 2)
+    import time
+    w = _threads._workers[0]
+    release = threading.Event()
+    blocker = release.wait
+    w.post(blocker)
+    while w.job is not None:
+        time.sleep(0.001)
+    _threads._backoff[0] = 0
+    seen = []
+    _threads.run_chunks(seen.append, 2)
+    release.set()
+    w.finish(blocker)
+    assert sorted(seen) == [0, 1] and _threads._backoff[0] == 0
 
 
 def test_run_chunks_nested_runs_inline():
