@@ -355,7 +355,10 @@ def test_square_gradient_in_one_pass_is_the_sums_bits(monkeypatch):
 
 def test_user_threads_at_once():
     # several user threads evaluating gmm's gradient at once while passes run on the
-    # workers: each result is the one-thread result, bit for bit
+    # workers: each result is the one-thread result, bit for bit (the interpreter switching
+    # threads often, so that races show up)
+    import sys
+    old = sys.getswitchinterval()
     tg.set_num_threads(1)
     want = [_gmm_grad(tg, s, k=6, n=3000) for s in range(4)]
     tg.set_num_threads(2)
@@ -368,10 +371,14 @@ def test_user_threads_at_once():
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
     ts = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
     assert not errors, errors
     for s in range(4):
         for r in got[s]:
