@@ -89,6 +89,16 @@ _SUB = next(op.code for op in OPS if op.name == "sub")
 _MUL = next(op.code for op in OPS if op.name == "mul")
 
 
+def _square_twice(code, g, a, value, adjd, wanted):
+    """``x * x``'s gradient under a broadcast ``g`` (gmm's Qxc * Qxc under its sum over d),
+    x's first: the sweep's g * x + g * x in one compiled pass, the same bits; None where
+    that does not apply."""
+    if code == _MUL and wanted[a] and a not in adjd and g.__class__ is np.ndarray \
+            and g.size >= _ROWS_MIN and 0 in g.strides:
+        return rows_op(MUL2, g, value(a))
+    return None
+
+
 def negated_sum_applies(g, v):
     """Whether ``x - v``'s gradient ``-g`` broadcast over a smaller array ``v`` may be
     summed first and negated after (``neg_sum_to``): a C-contiguous g (so g and -g are
@@ -171,11 +181,8 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
-    elif (on_bad is None and a == b and op.code == _MUL and wanted[a] and a not in adjd
-          and g.__class__ is np.ndarray and g.size >= _ROWS_MIN and 0 in g.strides
-          and (twice := rows_op(MUL2, g, value(a))) is not None):
-        # x * x under a broadcast g (gmm's Qxc * Qxc under its sum over d): the sweep's
-        # g * x + g * x in one compiled pass, the same bits
+    elif on_bad is None and a == b and (twice := _square_twice(op.code, g, a, value, adjd,
+                                                                wanted)) is not None:
         inputs, grads = (a,), (twice,)
     elif on_bad is None and op.code in _SIDES and (
             a == b or not (wanted[a] and wanted[b]) or op.code == _SUB):
