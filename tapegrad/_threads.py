@@ -139,10 +139,14 @@ if hasattr(os, "register_at_fork"):
 
 #: passes run on the calling thread alone after a worker was late (``run_chunks``): not
 #: started while the caller ran its own chunk for ``LATE`` seconds or more (a shorter
-#: chunk can end before an idle core has woken a thread)
+#: chunk can end before an idle core has woken a thread), or ended ``STALL`` seconds or
+#: more after the caller's (taken off its core midway); doubled after each late pass that
+#: ends a back-off, up to ``BACKOFF_MAX``
 BACKOFF = 16
+BACKOFF_MAX = 1024
 LATE = 30e-6
-_backoff = [0]
+STALL = 200e-6
+_backoff = [0, BACKOFF]  # passes left on the calling thread alone, the next back-off
 
 
 def chunks_for(size, min_chunk):
@@ -162,9 +166,12 @@ def run_chunks(fn, m):
     chunk) runs its chunks one after the other on its own thread: the same results.
 
     A worker that has not started its chunk by the time the caller ends its own (``LATE``
-    seconds or more) waits for a core other processes hold: the next ``BACKOFF`` passes
-    run on the calling thread alone (waking a thread that then shares the caller's core
-    costs more than it saves), and the one after tries the workers again."""
+    seconds or more), or that ends it long after (``STALL``), waits for a core other
+    processes hold: the next ``BACKOFF`` passes run on the calling thread alone (waking a
+    thread that then shares the caller's core costs more than it saves, and a worker taken
+    off its core midway makes the caller wait a scheduler's time slice), and the one after
+    tries the workers again; each late pass after a back-off doubles the next one, up to
+    ``BACKOFF_MAX``, and a pass on time resets it."""
     if m <= 1 or _backoff[0] > 0 or not _busy.acquire(False):
         if _backoff[0] > 0:
             _backoff[0] -= 1
@@ -185,17 +192,25 @@ def run_chunks(fn, m):
             fn(0)
         except BaseException as e:  # noqa: BLE001  the workers' jobs are collected first
             error = e
-        late = time.perf_counter() - t0 > LATE
+        own = time.perf_counter() - t0
+        late, waited = False, 0.0
         for i, (w, job) in enumerate(zip(_workers, jobs), 1):
             try:
+                t1 = time.perf_counter()
                 if w.finish(job):  # withdrawn: no core for the worker just now
-                    if late:
-                        _backoff[0] = BACKOFF
+                    late = late or own > LATE
                     if error is None:
                         fn(i)
+                else:
+                    waited += time.perf_counter() - t1
             except BaseException as e:  # noqa: BLE001
                 if error is None:
                     error = e
+        if late or waited > STALL:
+            _backoff[0] = _backoff[1]
+            _backoff[1] = min(2 * _backoff[1], BACKOFF_MAX)
+        else:
+            _backoff[1] = BACKOFF
         if error is not None:
             raise error
     finally:

@@ -130,7 +130,7 @@ def test_late_worker_backs_off(monkeypatch):
     # BACKOFF passes run on the calling thread alone; the one after uses the workers again
     import time
     monkeypatch.setattr(_threads, "BACKOFF", 3)
-    monkeypatch.setattr(_threads, "_backoff", [0])
+    monkeypatch.setattr(_threads, "_backoff", [0, 3])
     _threads.run_chunks(lambda i: None, 2)  # (the worker exists)
     w = _threads._workers[0]
     release = threading.Event()
@@ -163,10 +163,48 @@ def test_late_worker_backs_off(monkeypatch):
     _threads._backoff[0] = 0
 
 
+def test_stalled_worker_backs_off_doubling(monkeypatch):
+    # a worker that took its chunk but ends it long after the caller (taken off its core
+    # midway) backs off too; each late pass after a back-off doubles the next one (up to
+    # BACKOFF_MAX), a pass on time resets it
+    import time
+    monkeypatch.setattr(_threads, "BACKOFF", 2)
+    monkeypatch.setattr(_threads, "BACKOFF_MAX", 5)
+    monkeypatch.setattr(_threads, "_backoff", [0, 2])
+    _threads.run_chunks(lambda i: None, 2)
+    taken = []
+    started = threading.Event()
+
+    def fn(i):
+        if i == 1:
+            taken.append(threading.current_thread() is not threading.main_thread())
+            started.set()
+            time.sleep(20 * _threads.STALL)
+        else:  # (the caller's chunk waits for the worker to start its own)
+            started.wait(1.0)
+    lengths = []
+    for _ in range(3):
+        _threads._backoff[0] = 0  # (each pass a probe)
+        started.clear()
+        _threads.run_chunks(fn, 2)
+        lengths.append(_threads._backoff[0])
+    assert taken == [True] * 3 and lengths == [2, 4, 5]
+    _threads._backoff[0] = 0
+    _threads.run_chunks(lambda i: None, 1)  # (one chunk: no workers, no change)
+    assert _threads._backoff == [0, 5]
+    ok = []
+    while not ok or ok[-1] != 2:  # a pass on time (the new worker may be late the first)
+        _threads._backoff[0] = 0
+        _threads.run_chunks(lambda i: time.sleep(0.0001 * (i == 0)), 2)
+        ok.append(_threads._backoff[1])
+        assert len(ok) < 50
+    _threads._backoff[0] = 0
+
+
 def test_short_chunk_withdrawn_without_back_off(monkeypatch):
     # a caller's chunk shorter than LATE: a withdrawn chunk says nothing of the machine's
     # load (an idle core takes about that long to wake a thread), no back-off
-    monkeypatch.setattr(_threads, "_backoff", [0])
+    monkeypatch.setattr(_threads, "_backoff", [0, _threads.BACKOFF])
     _threads.run_chunks(lambda i: None, 2)
     import time
     w = _threads._workers[0]
