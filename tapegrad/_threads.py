@@ -147,6 +147,24 @@ BACKOFF_MAX = 1024
 LATE = 30e-6
 STALL = 200e-6
 _backoff = [0, BACKOFF]  # passes left on the calling thread alone, the next back-off
+#: the machine's load is read at most this often (seconds)
+LOAD_EVERY = 0.25
+_load = [0.0, False]  # when to read the load again, whether it leaves no core free
+_CORES = _cores()
+
+
+def _loaded():
+    """Whether the 1-minute load average is the number of cores or more: no core free for
+    a worker (a worker then shares a core, and one taken off its core while it holds
+    Python's lock stalls the caller for a scheduler's time slice)."""
+    now = time.monotonic()
+    if now >= _load[0]:
+        _load[0] = now + LOAD_EVERY
+        try:
+            _load[1] = os.getloadavg()[0] >= _CORES
+        except (AttributeError, OSError):  # (no load average on this platform)
+            _load[1] = False
+    return _load[1]
 
 
 def chunks_for(size, min_chunk):
@@ -171,8 +189,9 @@ def run_chunks(fn, m):
     thread that then shares the caller's core costs more than it saves, and a worker taken
     off its core midway makes the caller wait a scheduler's time slice), and the one after
     tries the workers again; each late pass after a back-off doubles the next one, up to
-    ``BACKOFF_MAX``, and a pass on time resets it."""
-    if m <= 1 or _backoff[0] > 0 or not _busy.acquire(False):
+    ``BACKOFF_MAX``, and a pass on time resets it. While the machine's 1-minute load
+    average is its number of cores or more, every pass runs on the calling thread."""
+    if m <= 1 or _backoff[0] > 0 or _loaded() or not _busy.acquire(False):
         if _backoff[0] > 0:
             _backoff[0] -= 1
         for i in range(m):
