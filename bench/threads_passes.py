@@ -62,8 +62,6 @@ def main():
     p.add_argument("--idle", action="store_true", help="keep the rounds of an idle machine")
     args = p.parse_args()
     before = tg.get_num_threads()
-    from tapegrad import _threads
-    _threads._loaded = lambda: False  # (measured whatever the load average says)
     print(f"{args.reps} calls per thread count, in turn; wall median / 10th percentile, CPU "
           "per call" + (" (rounds on an idle machine only)" if args.idle else ""))
     for name, f in _cases().items():

@@ -140,33 +140,14 @@ if hasattr(os, "register_at_fork"):
 #: passes run on the calling thread alone after a worker was late (``run_chunks``): not
 #: started while the caller ran its own chunk for ``LATE`` seconds or more (a shorter
 #: chunk can end before an idle core has woken a thread), or ended ``STALL`` seconds or
-#: more after the caller's (taken off its core midway); doubled after each late pass that
-#: ends a back-off, up to ``BACKOFF_MAX``
+#: more after the caller's (taken off its core midway), or the pass took longer than its
+#: chunks one after the other; doubled after each late pass that ends a back-off, up to
+#: ``BACKOFF_MAX``
 BACKOFF = 16
 BACKOFF_MAX = 1024
 LATE = 30e-6
 STALL = 200e-6
 _backoff = [0, BACKOFF]  # passes left on the calling thread alone, the next back-off
-#: the machine's load is read at most this often (seconds)
-LOAD_EVERY = 0.25
-_load = [0.0, False]  # when to read the load again, whether it leaves no core free
-_CORES = _cores()
-
-
-def _loaded():
-    """Whether the 1-minute load average is the number of cores or more: no core free for
-    a worker (a worker then shares a core, and one taken off its core while it holds
-    Python's lock stalls the caller for a scheduler's time slice)."""
-    now = time.monotonic()
-    if now >= _load[0]:
-        _load[0] = now + LOAD_EVERY
-        try:
-            _load[1] = os.getloadavg()[0] >= _CORES
-        except (AttributeError, OSError):  # (no load average on this platform)
-            _load[1] = False
-    return _load[1]
-
-
 def chunks_for(size, min_chunk):
     """How many chunks a pass over ``size`` numbers is split into: one per thread, each of
     ``min_chunk`` numbers or more (a smaller chunk costs more to hand over than it saves)."""
@@ -189,9 +170,10 @@ def run_chunks(fn, m):
     thread that then shares the caller's core costs more than it saves, and a worker taken
     off its core midway makes the caller wait a scheduler's time slice), and the one after
     tries the workers again; each late pass after a back-off doubles the next one, up to
-    ``BACKOFF_MAX``, and a pass on time resets it. While the machine's 1-minute load
-    average is its number of cores or more, every pass runs on the calling thread."""
-    if m <= 1 or _backoff[0] > 0 or _loaded() or not _busy.acquire(False):
+    ``BACKOFF_MAX``, and a pass on time resets it. So does a pass that took longer than
+    its chunks on the calling thread alone would have (waits for Python's lock, held by a
+    worker taken off its core)."""
+    if m <= 1 or _backoff[0] > 0 or not _busy.acquire(False):
         if _backoff[0] > 0:
             _backoff[0] -= 1
         for i in range(m):
@@ -206,12 +188,12 @@ def run_chunks(fn, m):
         for w, job in zip(_workers, jobs):
             w.post(job)
         error = None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             fn(0)
         except BaseException as e:  # noqa: BLE001  the workers' jobs are collected first
             error = e
-        own = time.perf_counter() - t0
+        own, own_cpu = time.perf_counter() - t0, time.thread_time() - c0
         late, waited = False, 0.0
         for i, (w, job) in enumerate(zip(_workers, jobs), 1):
             try:
@@ -225,7 +207,9 @@ def run_chunks(fn, m):
             except BaseException as e:  # noqa: BLE001
                 if error is None:
                     error = e
-        if late or waited > STALL:
+        # slower than the caller alone would have been (its chunk's CPU time, m times):
+        # waits for Python's lock, held by a worker taken off its core
+        if late or waited > STALL or time.perf_counter() - t0 > m * own_cpu + LATE:
             _backoff[0] = _backoff[1]
             _backoff[1] = min(2 * _backoff[1], BACKOFF_MAX)
         else:
