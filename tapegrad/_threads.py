@@ -140,13 +140,14 @@ if hasattr(os, "register_at_fork"):
 #: passes run on the calling thread alone after a worker was late (``run_chunks``): not
 #: started while the caller ran its own chunk for ``LATE`` seconds or more (a shorter
 #: chunk can end before an idle core has woken a thread), or ended ``STALL`` seconds or
-#: more after the caller's (taken off its core midway), or the pass took longer than its
-#: chunks one after the other; doubled after each late pass that ends a back-off, up to
-#: ``BACKOFF_MAX``
+#: more after the caller's (taken off its core midway), or the pass saved less than half
+#: the time of its chunks one after the other (``PAY_SLACK`` aside); doubled after each
+#: late pass that ends a back-off, up to ``BACKOFF_MAX``
 BACKOFF = 16
 BACKOFF_MAX = 1024
 LATE = 30e-6
 STALL = 200e-6
+PAY_SLACK = 10e-6
 _backoff = [0, BACKOFF]  # passes left on the calling thread alone, the next back-off
 def chunks_for(size, min_chunk):
     """How many chunks a pass over ``size`` numbers is split into: one per thread, each of
@@ -170,9 +171,9 @@ def run_chunks(fn, m):
     thread that then shares the caller's core costs more than it saves, and a worker taken
     off its core midway makes the caller wait a scheduler's time slice), and the one after
     tries the workers again; each late pass after a back-off doubles the next one, up to
-    ``BACKOFF_MAX``, and a pass on time resets it. So does a pass that took longer than
-    its chunks on the calling thread alone would have (waits for Python's lock, held by a
-    worker taken off its core)."""
+    ``BACKOFF_MAX``, and a pass on time resets it. So does a pass that saved less than
+    half the time of its chunks one after the other (the workers sharing the caller's
+    core, or waits for Python's lock, held by a worker taken off its core)."""
     if m <= 1 or _backoff[0] > 0 or not _busy.acquire(False):
         if _backoff[0] > 0:
             _backoff[0] -= 1
@@ -207,9 +208,11 @@ def run_chunks(fn, m):
             except BaseException as e:  # noqa: BLE001
                 if error is None:
                     error = e
-        # slower than the caller alone would have been (its chunk's CPU time, m times):
-        # waits for Python's lock, held by a worker taken off its core
-        if late or waited > STALL or time.perf_counter() - t0 > m * own_cpu + LATE:
+        # a pass that saved less than half of what the threads could (the chunks one after
+        # the other: m times the caller's CPU time): the workers share the caller's core,
+        # or it waited for Python's lock, held by a worker taken off its core
+        if late or waited > STALL or \
+                time.perf_counter() - t0 > (m + 1) / 2 * own_cpu + PAY_SLACK:
             _backoff[0] = _backoff[1]
             _backoff[1] = min(2 * _backoff[1], BACKOFF_MAX)
         else:

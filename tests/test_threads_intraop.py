@@ -131,6 +131,7 @@ def test_late_worker_backs_off(monkeypatch):
     import time
     monkeypatch.setattr(_threads, "BACKOFF", 3)
     monkeypatch.setattr(_threads, "_backoff", [0, 3])
+    monkeypatch.setattr(_threads, "PAY_SLACK", 1.0)  # (the pass's time: the other test)
     _threads.run_chunks(lambda i: None, 2)  # (the worker exists)
     w = _threads._workers[0]
     release = threading.Event()
@@ -165,8 +166,8 @@ def test_late_worker_backs_off(monkeypatch):
 
 def test_stalled_worker_backs_off_doubling(monkeypatch):
     # a worker that took its chunk but ends it long after the caller (taken off its core
-    # midway) backs off too; each late pass after a back-off doubles the next one (up to
-    # BACKOFF_MAX), a pass on time resets it
+    # midway), a pass that saved little, backs off too; each late pass after a back-off
+    # doubles the next one (up to BACKOFF_MAX), a pass on time resets it
     import time
     monkeypatch.setattr(_threads, "BACKOFF", 2)
     monkeypatch.setattr(_threads, "BACKOFF_MAX", 5)
@@ -207,8 +208,10 @@ def test_stalled_worker_backs_off_doubling(monkeypatch):
 
 def test_short_chunk_withdrawn_without_back_off(monkeypatch):
     # a caller's chunk shorter than LATE: a withdrawn chunk says nothing of the machine's
-    # load (an idle core takes about that long to wake a thread), no back-off
+    # load (an idle core takes about that long to wake a thread), no back-off (the pass's
+    # time, the other test, aside)
     monkeypatch.setattr(_threads, "_backoff", [0, _threads.BACKOFF])
+    monkeypatch.setattr(_threads, "PAY_SLACK", 1.0)
     _threads.run_chunks(lambda i: None, 2)
     import time
     w = _threads._workers[0]
