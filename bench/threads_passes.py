@@ -2,7 +2,8 @@
 evaluation on 1 and on 2 threads, called in turn (``tapegrad.set_num_threads``), with the
 median and 10th percentile wall time and the CPU time per call. On a machine other
 processes load, a woken thread waits for a core: the CPU time and the low percentile say
-what the threads cost and save there, and ``--idle`` keeps only the rounds (10 calls of
+what the threads cost and save there (each pass measured without the back-off, the whole
+evaluation with it), and ``--idle`` keeps only the rounds (10 calls of
 each) during which the machine's cores were idle at least 35% of the time (Linux: from
 /proc/stat; on 2 cores, about one core free beside this process). From the repository
 root::
@@ -64,7 +65,13 @@ def main():
     before = tg.get_num_threads()
     print(f"{args.reps} calls per thread count, in turn; wall median / 10th percentile, CPU "
           "per call" + (" (rounds on an idle machine only)" if args.idle else ""))
+    from tapegrad import _threads
     for name, f in _cases().items():
+        # the passes as the threads run them (no back-off: each pass on the workers), the
+        # whole evaluation as shipped
+        whole = name.startswith("gmm")
+        _threads.BACKOFF = _threads.BACKOFF_MAX = 16 if whole else 0
+        _threads._backoff[:] = [0, _threads.BACKOFF]
         wall, cpu, n = {1: [], 2: []}, {1: [], 2: []}, 0
         for th in (1, 2):
             tg.set_num_threads(th)
