@@ -86,6 +86,9 @@ class _Worker:
         self.done.acquire()
         self.mutex = threading.Lock()
         self.job, self.pending, self.error = None, False, None
+        # a hand-over cut short (an exception, KeyboardInterrupt, inside post or finish):
+        # the locks may be out of step with the jobs, so the worker is never used again
+        self.broken = False
         threading.Thread(target=self._loop, name="tapegrad-intraop", daemon=True).start()
 
     def _loop(self):
@@ -103,20 +106,25 @@ class _Worker:
             self.done.release()
 
     def post(self, job):
+        self.broken = True  # (until the hand-over is complete)
         with self.mutex:
             self.job = job
             wake, self.pending = not self.pending, True
         if wake:  # else the thread has a wake-up coming and takes this job with it
             self.go.release()
+        self.broken = False
 
     def finish(self, job):
         """True if ``job`` was withdrawn before the thread took it, else wait for it to end
         (raising what it raised) and False."""
+        self.broken = True  # (until the job is withdrawn or its end is seen)
         with self.mutex:
             if self.job is job:
                 self.job = None
+                self.broken = False
                 return True
         self.done.acquire()
+        self.broken = False
         if self.error is not None:
             e, self.error = self.error, None
             raise e
@@ -220,4 +228,6 @@ def run_chunks(fn, m):
         if error is not None:
             raise error
     finally:
+        if any(w.broken for w in _workers):
+            _workers[:] = [w for w in _workers if not w.broken]
         _busy.release()
