@@ -3,8 +3,9 @@
 ``python -m tapegrad.bench`` runs each library for a turn of many iterations; on a machine
 other processes load, torch's thread pool and the turns' timing swing the ratios. Here each
 iteration of one library is followed by one of the other (the same ``prepare()`` of the
-eval module, the suite's seeded input), torch on ``--threads`` threads (1: as GradBench
-runs tools), and the medians of all iterations are compared. Run from the repository root::
+eval module, the suite's seeded input), torch and tapegrad on ``--threads`` threads (1: as
+GradBench runs tools), and the medians of all iterations are compared. Run from the
+repository root::
 
     python bench/gradbench_interleaved.py                      # gmm, lse, kmeans, lstm
     python bench/gradbench_interleaved.py kmeans --seconds 10 --threads 2
@@ -26,10 +27,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("evals", nargs="*", default=["gmm", "lse", "kmeans", "lstm"])
     p.add_argument("--seconds", type=float, default=5.0, help="per eval (default 5)")
-    p.add_argument("--threads", type=int, default=1, help="torch's threads (default 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch's and tapegrad's threads (default 1)")
     args = p.parse_args()
     import torch
     torch.set_num_threads(args.threads)
+    import tapegrad
+    tapegrad.set_num_threads(args.threads)
     from tapegrad.bench.cases import gradbench_input, load_library
     print(f"torch {torch.__version__} on {args.threads} thread(s); medians per iteration")
     for name in args.evals:

@@ -15,6 +15,7 @@ from .tensor import (Size, Tensor, arange, as_tensor, bool_, complex64, complex1
                      linspace, manual_seed, no_grad, ones, ones_like, rand, randn,
                      set_grad_enabled, tensor, uint8, zeros, zeros_like)
 from . import linalg, special  # noqa: E402  (torch's namespaces: linalg.cross, special.*)
+from ._threads import get_num_threads, set_num_threads  # noqa: E402
 
 # the functions: every registered op's public names (its register(..., api=, aliases=)), the
 # composites and the extras, as tapegrad/functions.py derives them from the registry

@@ -19,7 +19,10 @@ lists what tapegrad has and how far each op goes. What differs from torch is in
   `randn`, `from_numpy`, ...), the functions in the table below, dtypes (`float64` is the
   default), `no_grad`, `enable_grad`, `set_grad_enabled`, `inference_mode`,
   `trace` and `load` (traced programs, see [Fast optimization loops](fast-loops.md)),
-  `GuardError`, `TraceWarning`.
+  `GuardError`, `TraceWarning`, `set_num_threads` and `get_num_threads` (torch's: the
+  threads an eager pass over 131,072 numbers or more is split over, by default the cores
+  this process may use, at most 8; the result has the same bits on any number of
+  threads, see [GradBench](gradbench.md)).
 - `tapegrad.autograd`: `grad`, `backward`, `Function`, `once_differentiable`,
   `gradcheck`, `gradgradcheck`, `detect_anomaly`, `set_detect_anomaly`, `graph`, and
   `tapegrad.autograd.functional` (`jacobian`, `hessian`, `vjp`, `jvp`, `hvp`, `vhp`);

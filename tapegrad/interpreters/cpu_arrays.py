@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import ARRAY, ARRAY_OP, BINARY, OPS, UNARY, UNARY_C, NpF, call_rule
+from ..ops._kernels import _MIN_SIZE as _ROWS_MIN, MUL, MUL2, PAR_MIN as _PAR_MIN, par_ufunc, \
+    rows_op
 from ..ops._registry import Part
-from ..ops._kernels import MUL, rows_op
 from ..ops.arrays import sum_axes, sum_to
 from . import _generated_cpu
 from .cpu_fast import _AT_INDEX
@@ -108,7 +109,14 @@ def _one_sided(code, g, a, b, value, wanted):
     fa, fb, symmetric = _SIDES[code]
     va, vb = value(a), value(b)
     if a == b:
-        ga = fa(g, va, vb)
+        ga = None
+        if code == _MUL and g.__class__ is np.ndarray and g.size >= _ROWS_MIN:
+            # x * x's g * x, large (gmm's Qxc * Qxc): a broadcast g (a sum's gradient) by the
+            # compiled rows pass (NumPy runs one loop per row), else NumPy's on threads;
+            # NumPy's bits either way
+            ga = rows_op(MUL, g, vb) if 0 in g.strides else par_ufunc(np.multiply, g, vb)
+        if ga is None:
+            ga = fa(g, va, vb)
         return ga, (ga if symmetric else fb(g, va, vb))
     if code == _MUL and g.__class__ is np.ndarray and g.size >= _ROWS_MIN:
         # g * v with one operand broadcast along rows of n >= 64 (kmeans' g * diff, with
@@ -136,13 +144,22 @@ def _one_sided(code, g, a, b, value, wanted):
 
 _SUB = next(op.code for op in OPS if op.name == "sub")
 _MUL = next(op.code for op in OPS if op.name == "mul")
-_ROWS_MIN = 16384  # (rows_op's own least size: smaller products skip the call)
 
 
 def _rows_mul(g, v):
     """``g * v`` by ``rows_op`` where it applies (an operand broadcast along rows of n >=
     64: NumPy's bits), else None."""
     return rows_op(MUL, g, v) if v.__class__ is np.ndarray else None
+
+
+def _square_twice(code, g, a, value, adjd, wanted):
+    """``x * x``'s gradient under a broadcast ``g`` (gmm's Qxc * Qxc under its sum over d),
+    x's first: the sweep's g * x + g * x in one compiled pass, the same bits; None where
+    that does not apply."""
+    if code == _MUL and wanted[a] and a not in adjd and g.__class__ is np.ndarray \
+            and g.size >= _ROWS_MIN and 0 in g.strides:
+        return rows_op(MUL2, g, value(a))
+    return None
 
 
 def negated_sum_applies(g, v):
@@ -227,6 +244,9 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
     if op.kind is ARRAY_OP:
         inputs = graph.nary_inputs(k) if op.nary else ((a,) if b < 0 else (a, b))
         grads = op.vjp(NpF, g, [value(s) for s in inputs], out, graph.aux(k))
+    elif on_bad is None and a == b and (twice := _square_twice(op.code, g, a, value, adjd,
+                                                                wanted)) is not None:
+        inputs, grads = (a,), (twice,)
     elif on_bad is None and op.code in _SIDES and (
             a == b or not (wanted[a] and wanted[b]) or op.code == _SUB):
         inputs, grads = (a, b), _one_sided(op.code, g, a, b, value, wanted)
@@ -272,8 +292,9 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
                 # so not owned (a later gradient is added into a fresh array)
                 c = _compact(prev)
                 adjd[s] = np.broadcast_to(prev[c] + gr[c], prev.shape)
-            else:
-                adjd[s] = prev + gr
+            else:  # (a large sum on threads: gmm's x * x, g * x added to itself)
+                v = par_ufunc(np.add, prev, gr) if prev.size >= _PAR_MIN else None
+                adjd[s] = prev + gr if v is None else v
                 if owned is not None:
                     owned.add(s)
         elif gr.__class__ is float:

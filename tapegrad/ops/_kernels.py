@@ -1,19 +1,42 @@
 """Forward-only compiled passes NumPy runs slowly on (k, d, n) work: a float64 ``+ - *``
 of broadcast operands, and a sum over the middle axis.
 Each gives NumPy's result bit for bit (one correctly rounded operation per element, the
-sum in NumPy's order) or None where it does not apply, for the NumPy path."""
+sum in NumPy's order) or None where it does not apply, for the NumPy path. Large passes
+run on ``get_num_threads()`` threads (``_threads.run_chunks``), each thread on its own
+contiguous chunk computed as one thread would: the same bits."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import _notice
 from .._jit import njit_cached
+from .._threads import chunks_for, run_chunks
 
 _F64 = np.dtype(np.float64)
 #: below this many result elements the call costs more than NumPy's slow loop
 _MIN_SIZE = 16384
-#: opcodes of the broadcast pass
-ADD, SUB, MUL = 0, 1, 2
+#: opcodes of the broadcast pass (MUL2: ``x * y`` added to itself, x * x's gradient
+#: ``g * x + g * x`` in one pass)
+ADD, SUB, MUL, MUL2 = 0, 1, 2, 3
+#: the fewest numbers a thread's chunk holds: below, handing a chunk to a thread (about
+#: 10 us on 2 cores, a woken thread's wait for a core on a loaded machine) costs about what
+#: the thread saves on a memory-bound pass (65,536 additions take about 20 us)
+MIN_CHUNK = 65536
+#: the smallest pass split over threads
+PAR_MIN = 2 * MIN_CHUNK
+
+
+def _bounds(n, m):
+    """``m`` contiguous spans of ``range(n)``, as even as they go."""
+    return [n * i // m for i in range(m + 1)]
+
+
+def _span(v, s, axis=0):
+    """``v``'s part of the result's span ``s`` along ``axis`` (an operand broadcast along
+    that axis, length 1 there, is read whole)."""
+    if v.shape[axis] == 1:
+        return v
+    return v[s] if axis == 0 else v[:, s]
 
 
 @njit_cached(nogil=True)
@@ -37,9 +60,13 @@ def _rows_op(x, y, op, out):  # pragma: no cover (compiled)
                 elif op == SUB:
                     for q in range(n):
                         o[q] = xr[q] - yr[q]
-                else:
+                elif op == MUL:
                     for q in range(n):
                         o[q] = xr[q] * yr[q]
+                else:
+                    for q in range(n):
+                        t = xr[q] * yr[q]
+                        o[q] = t + t
             elif xr.shape[0] == n:
                 s = yr[0]
                 if op == ADD:
@@ -48,9 +75,13 @@ def _rows_op(x, y, op, out):  # pragma: no cover (compiled)
                 elif op == SUB:
                     for q in range(n):
                         o[q] = xr[q] - s
-                else:
+                elif op == MUL:
                     for q in range(n):
                         o[q] = xr[q] * s
+                else:
+                    for q in range(n):
+                        t = xr[q] * s
+                        o[q] = t + t
             else:
                 s = xr[0]
                 if op == ADD:
@@ -59,9 +90,13 @@ def _rows_op(x, y, op, out):  # pragma: no cover (compiled)
                 elif op == SUB:
                     for q in range(n):
                         o[q] = s - yr[q]
-                else:
+                elif op == MUL:
                     for q in range(n):
                         o[q] = s * yr[q]
+                else:
+                    for q in range(n):
+                        t = s * yr[q]
+                        o[q] = t + t
 
 
 def _as3(v):
@@ -86,7 +121,8 @@ def _readonly(v):
 
 
 def rows_op(op, x, y):
-    """``x op y`` (op: ``ADD``, ``SUB`` or ``MUL``; x, y float64 arrays of 1 to 3 dims),
+    """``x op y`` (op: ``ADD``, ``SUB``, ``MUL`` or ``MUL2``: ``x * y + x * y``; x, y float64
+    arrays of 1 to 3 dims),
     NumPy's result bit for bit, where they broadcast to a result of rows of n >= 64
     (16384 elements or more): kmeans' ``P[None] - C[:, :, None]`` and ``g * diff`` with
     g an expanded (k, 1, n), gmm's ``P[None] - mu[:, :, None]``, 1.5 to 2x NumPy's time.
@@ -114,7 +150,20 @@ def rows_op(op, x, y):
     out = np.empty((1,) * (3 - len(shape)) + shape, dtype=_F64)
     if "kernels" in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
         _notice.announce("kernels")
-    _rows_op(_readonly(x3), _readonly(y3), op, out)
+    x3, y3 = _readonly(x3), _readonly(y3)
+    # threads split the outer axis (gmm's and kmeans' k components), else the rows
+    axis = 0 if out.shape[0] > 1 else 1
+    m = min(chunks_for(out.size, MIN_CHUNK), out.shape[axis])
+    if m == 1:
+        _rows_op(x3, y3, op, out)
+    else:
+        b = _bounds(out.shape[axis], m)
+
+        def chunk(i):
+            s = slice(b[i], b[i + 1])
+            _rows_op(_span(x3, s, axis), _span(y3, s, axis), op, out[s] if axis == 0
+                     else out[:, s])
+        run_chunks(chunk, m)
     return out.reshape(shape)
 
 
@@ -153,6 +202,84 @@ def sum_middle(a, axis, keepdims):
     out = np.empty((a3.shape[0], n), dtype=_F64)
     if "kernels" in _notice.PENDING:
         _notice.announce("kernels")
-    _sum_middle(a3, out)
+    m = min(chunks_for(a.size, MIN_CHUNK), a3.shape[0])
+    if m == 1:
+        _sum_middle(a3, out)
+    else:  # each output row summed by one thread, in the same order
+        b = _bounds(a3.shape[0], m)
+        run_chunks(lambda i: _sum_middle(a3[b[i]:b[i + 1]], out[b[i]:b[i + 1]]), m)
     shape = a.shape[:-2] + ((1,) if keepdims else ()) + (n,)
     return out.reshape(shape)
+
+
+# --- NumPy passes on threads -------------------------------------------------------------
+
+
+def par_ufunc(ufunc, x, y):
+    """``ufunc(x, y)`` (a NumPy binary ufunc on float64 arrays) on ``get_num_threads()``
+    threads, each its own span of the result's first axis (NumPy releases the GIL for the
+    loop); the same bits as one call. None where the result is small, for the caller's
+    one call."""
+    if x.__class__ is not np.ndarray or y.__class__ is not np.ndarray \
+            or x.dtype is not _F64 or y.dtype is not _F64 or x.ndim != y.ndim or not x.ndim:
+        return None
+    try:
+        shape = np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        return None
+    size = 1
+    for k in shape:
+        size *= k
+    m = min(chunks_for(size, MIN_CHUNK), shape[0])
+    if m == 1:
+        return None
+    out = np.empty(shape, dtype=_F64)
+    b = _bounds(shape[0], m)
+
+    def chunk(i):
+        s = slice(b[i], b[i + 1])
+        ufunc(_span(x, s), _span(y, s), out=out[s])
+    run_chunks(chunk, m)
+    return out
+
+
+def matmul(a, b):
+    """``np.matmul(a, b)``; a batch of products (3 dims each, gmm's ``Q @ (x - mu)`` and its
+    gradients) over ``PAR_MIN`` numbers or more split over ``get_num_threads()`` threads, each
+    its own span of the batch: the same products (one BLAS call per matrix), the same
+    bits."""
+    if a.__class__ is np.ndarray and b.__class__ is np.ndarray and a.ndim == 3 == b.ndim \
+            and a.dtype is _F64 and b.dtype is _F64 and a.shape[2] == b.shape[1]:
+        batch = max(a.shape[0], b.shape[0])
+        size = max(a.size, b.size, batch * a.shape[1] * b.shape[2])
+        m = min(chunks_for(size, MIN_CHUNK), batch)
+        if m > 1 and (a.shape[0] == 1 or b.shape[0] == 1 or a.shape[0] == b.shape[0]):
+            out = np.empty((batch, a.shape[1], b.shape[2]), dtype=_F64)
+            bd = _bounds(batch, m)
+
+            def chunk(i):
+                s = slice(bd[i], bd[i + 1])
+                np.matmul(_span(a, s), _span(b, s), out=out[s])
+            run_chunks(chunk, m)
+            return out
+    return np.matmul(a, b)
+
+
+def sum_last(a, keepdims):
+    """``np.sum(a, axis=-1, keepdims=keepdims)`` for a C-contiguous float64 ``a`` of 2 dims or
+    more and ``PAR_MIN`` numbers or more, over ``get_num_threads()`` threads, each summing its
+    own rows as NumPy does (one reduction per row): the same bits. None otherwise (one
+    thread, small)."""
+    if a.__class__ is not np.ndarray or a.dtype is not _F64 or a.ndim < 2 \
+            or not a.flags.c_contiguous:
+        return None
+    n = a.shape[-1]
+    rows = a.size // n if n else 0
+    m = min(chunks_for(a.size, MIN_CHUNK), rows)
+    if m <= 1:
+        return None
+    a2 = a.reshape(rows, n)
+    out = np.empty(rows, dtype=_F64)
+    b = _bounds(rows, m)
+    run_chunks(lambda i: np.add.reduce(a2[b[i]:b[i + 1]], axis=1, out=out[b[i]:b[i + 1]]), m)
+    return out.reshape(a.shape[:-1] + ((1,) if keepdims else ()))

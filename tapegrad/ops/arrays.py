@@ -12,6 +12,7 @@ import numpy as np
 
 from . import lowering as lw
 from ._extreme import picked
+from ._kernels import PAR_MIN as _PAR_MIN, matmul as _matmul, sum_last as _sum_last_par
 from ._registry import ARRAY_OP, UNARY, Part, register
 
 A = ARRAY_OP
@@ -577,7 +578,7 @@ def _matmul_vjp(F, g, v, out, aux):
     return grad_a, grad_b
 
 
-register("matmul", A, np=lambda a, b, aux: np.matmul(a, b), torch="matmul", vjp=_matmul_vjp,
+register("matmul", A, np=lambda a, b, aux: _matmul(a, b), torch="matmul", vjp=_matmul_vjp,
          batch=_matmul_batch, lower=lw.lower_matmul, api=("matmul",), method=True,
          torch_saves={"a": ("b",), "b": ("a",)})  # a's gradient reads b, b's reads a
 register("outer", A, np=lambda a, b, aux: np.multiply.outer(a, b), torch="outer",
@@ -626,6 +627,10 @@ def fast_sum(a, axis, keepdims=False):
                 and a.size >= 256 * n and a.flags.c_contiguous):
             s = _sum_last(a, n)
             return s[..., None] if keepdims else s
+        if ax is not None and ax % a.ndim == a.ndim - 1 and a.size >= _PAR_MIN:
+            s = _sum_last_par(a, keepdims)  # (gmm's sum over the points: on threads)
+            if s is not None:
+                return s
     return np.sum(a, axis=axis, keepdims=keepdims)
 
 
