@@ -42,13 +42,14 @@ def sum_to_shape(g, shape):
     """``sum_to(g, shape)`` for an array ``g`` larger than ``shape``: the same
     ``add.reduce`` call ``np.sum`` makes (the same bits) without np.sum's wrapper and
     reshape steps (4 us of a small sweep's sub rule); ``sum_to`` itself where its
-    short-last-axis sum (``fast_sum``, its own order) may apply, or for other dtypes."""
+    short-last-axis sum (``fast_sum``, its own order) may apply, for large arrays (its
+    threads), or for other dtypes."""
     gs = g.shape
     if len(shape) > len(gs) or g.dtype is not _F64:
         return sum_to(g, shape)
     axes = sum_axes(gs, shape)
-    if not axes or gs[-1] <= 8 and len(gs) - 1 in axes:
-        return sum_to(g, shape)
+    if not axes or gs[-1] <= 8 and len(gs) - 1 in axes or g.size >= _PAR_MIN:
+        return sum_to(g, shape)  # (a large one: fast_sum may split it over threads)
     r = _add_reduce(g, axes, None, None, True)
     return r.reshape(shape) if len(gs) != len(shape) else r
 
