@@ -19,13 +19,13 @@ torch = pytest.importorskip("torch")
 @contextlib.contextmanager
 def fusion(on):
     """Programs whose first call runs in here get superinstructions (every pair, however
-    few), or not."""
-    saved = fuse.ENABLED, fuse.MIN_PAIRED
-    fuse.ENABLED, fuse.MIN_PAIRED = on, 0.0
+    few; at that call: no tiering), or not."""
+    saved = fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER
+    fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER = on, 0.0, 0
     try:
         yield
     finally:
-        fuse.ENABLED, fuse.MIN_PAIRED = saved
+        fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER = saved
 
 
 #: a function of two scalars per pair of ``fuse.PAIRS`` (and the commutative tails with the
@@ -156,7 +156,8 @@ def test_other_interpreters_and_files_get_the_rows_as_traced(rosen, tmp_path):
     with np.load(path) as f:
         assert (f["rows0"][:, 0] < fuse.BASE).all()
     Q = tg.load(path)
-    v, g = Q.value_and_grad(X[1])
+    for _ in range(fuse.TIER + 1):  # the call after TIER of them switches
+        v, g = Q.value_and_grad(X[1])
     assert (Q._code.frows[:, 0] >= fuse.BASE).any()  # fused again for its own entry
     assert v == rosen.value_and_grad(X[1])[0] and np.array_equal(g, rosen.grad(X[1]))
 
