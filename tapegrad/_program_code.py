@@ -199,9 +199,9 @@ class _Code:
             and self.grad_keys is not None) else None
         self._free = []
         self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
-        # the rows ``run`` runs, set with it: scalar rows with superinstructions
-        # (``interpreters/fuse.py``: ``run`` is then ``replay_cpu.run_fused``, the only
-        # interpreter that knows them), or ``arows``
+        # the rows ``run`` runs, set with it: ``arows``, and after ``fuse.TIER`` one-sample
+        # calls (``tier_up``) scalar rows with superinstructions (``interpreters/fuse.py``:
+        # ``run`` is then ``replay_cpu.run_fused``, the only interpreter that knows them)
         self.frows = None
 
     @property
