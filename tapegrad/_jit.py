@@ -204,6 +204,7 @@ def _load_all(disp):
             continue
         if cres is None or cres.objectmode:
             continue
+        disp._cache_hits[sig] += 1  # (as Dispatcher.compile counts a load)
         disp.targetctx.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
         disp.add_overload(cres)
 
