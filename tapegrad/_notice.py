@@ -13,8 +13,10 @@ _WHAT = {
                   ("tapegrad.interpreters._generated_cpu", "sweep"),
                   ("tapegrad.tape", "_decode_rows")]),
     "replay": ("the replay interpreter of traced programs", 5,
-               [("tapegrad.interpreters.replay_cpu", "run_into"),
-                ("tapegrad.interpreters.replay_cpu", "run_fused")]),
+               [("tapegrad.interpreters.replay_cpu", "run_into")]),
+    # (a program's superinstructions, after fuse.TIER one-sample calls of it)
+    "fused": ("the replay interpreter's superinstructions, for a program called many times",
+              2, [("tapegrad.interpreters.replay_cpu", "run_fused")]),
     "arrays": ("the replay interpreter of traced array programs", 5,
                [("tapegrad.interpreters._generated_arrays", "forward"),
                 ("tapegrad.interpreters._generated_arrays", "reverse")]),

@@ -2,6 +2,7 @@
 programs built from it, and the rule of a ``program`` entry on the eager tape."""
 from __future__ import annotations
 
+import threading
 from functools import partial
 from operator import itemgetter
 
@@ -11,6 +12,7 @@ from . import _notice
 from .interpreters import program as _prog
 from .interpreters import program_arrays as _arr
 from .interpreters import replay_cpu as _cpu
+from .interpreters import fuse as _fusion
 from .interpreters.fuse import fuse as _fuse
 from .tensor import Tensor, _plain, tensor
 
@@ -197,9 +199,9 @@ class _Code:
             and self.grad_keys is not None) else None
         self._free = []
         self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
-        # the rows ``run`` runs, set with it: scalar rows with superinstructions
-        # (``interpreters/fuse.py``: ``run`` is then ``replay_cpu.run_fused``, the only
-        # interpreter that knows them), or ``arows``
+        # the rows ``run`` runs, set with it: ``arows``, and after ``fuse.TIER`` one-sample
+        # calls (``tier_up``) scalar rows with superinstructions (``interpreters/fuse.py``:
+        # ``run`` is then ``replay_cpu.run_fused``, the only interpreter that knows them)
         self.frows = None
 
     @property
@@ -230,16 +232,40 @@ class _Code:
             _notice.announce(key)
         work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
         if self.run is None:  # (array instructions: their interpreter, on ``arows``)
-            self.frows = self.arows if self.arrays else _fuse(self.arows)
             if self.arrays:
+                self.frows = self.arows
                 self.run = _arr.entry(self.frows, work)
-            else:  # superinstructions run in their own entry
-                self.run = _cpu.entry(self.frows, work, None if self.frows is self.arows
-                                      else _cpu.run_fused)
+            elif _fusion.TIER <= 0:
+                self.tier_up(work)
+            else:  # the rows as traced until ``fuse.TIER`` calls: then superinstructions
+                self.frows = self.arows
+                self.run = _tiered(self, _cpu.entry(self.arows, work))
         start = _cpu.HEADER + 2 * len(self.out_slots) + len(self.in_slots)
         flat = work[start:start + self.n_in]
         views = tuple(flat[o:o + k].reshape(sh) for sh, o, k, _ in self.in_layout)
         return work, flat, views
+
+    def tier_up(self, work=None):
+        """Form the superinstructions of the scalar rows now (``fuse.fuse``) and set ``run``
+        to the entry that runs them (``replay_cpu.run_fused``, compiled or loaded from the
+        cache now), or to ``run_into`` when too few rows pair up: what a program's one-sample
+        calls switch to after ``fuse.TIER`` calls of the rows as traced. ``run`` is set
+        before ``frows``, so a thread that reads both between the two sees ``run_fused`` with
+        the rows as traced (which it runs too: the same numbers), never ``run_into`` with
+        fused rows (which it does not know)."""
+        if self.arrays or self.frows is not None and self.frows is not self.arows:
+            return
+        if work is None:
+            work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
+        frows = _fuse(self.arows)
+        if frows is self.arows:
+            run = _cpu.entry(self.arows, work)
+        else:  # superinstructions run in their own entry
+            if "fused" in _notice.PENDING:  # a cold cache compiles it for seconds: say so
+                _notice.announce("fused")
+            run = _cpu.entry(frows, work, _cpu.run_fused)
+        self.run = run
+        self.frows = frows
 
     def run1(self, x, grad):
         """(status, fresh results: outputs then gradient) of one sample ``x``."""
@@ -261,6 +287,30 @@ class _Code:
         if c is None:
             c = self._derived[key] = build()
         return c
+
+
+def _tiered(code, plain):
+    """``code.run`` for its first ``fuse.TIER`` one-sample calls: ``plain`` (``run_into``
+    for ``code.arows``) on the rows as traced, whatever rows it is given (a caller may have
+    read ``code.frows`` after the switch); the call after them switches ``code`` to its
+    superinstructions (``code.tier_up``) and runs them. One thread switches while the others
+    go on with ``plain`` (they do not wait for the compile); a caller that read this
+    function before the switch is sent to the new entry."""
+    rows, calls, lock = code.arows, [0], threading.Lock()
+
+    def run(_rows, work, res):
+        if code.run is not run:  # switched since the caller read ``code.run``
+            return code.run(code.frows, work, res)
+        calls[0] += 1
+        if calls[0] > _fusion.TIER and lock.acquire(False):
+            try:
+                if code.run is run:
+                    code.tier_up(work)
+            finally:
+                lock.release()
+            return code.run(code.frows, work, res)
+        return plain(rows, work, res)
+    return run
 
 
 def _grad_code(code, seeds=None):

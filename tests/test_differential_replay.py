@@ -670,8 +670,8 @@ def _fused_results(prog, cases, dirs, fused):
     on or off (tapegrad/interpreters/fuse.py): value, gradient, hvp, the gradient program's
     outputs per case ("guard" where a guard fails), and whether any row pair was fused."""
     from tapegrad.interpreters import fuse
-    saved = fuse.ENABLED, fuse.MIN_PAIRED
-    fuse.ENABLED, fuse.MIN_PAIRED = fused, 0.0  # every pair, however few
+    saved = fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER
+    fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER = fused, 0.0, 0  # every pair, at the first call
     try:
         Q = do_trace(traced_fn(prog, tg), prog)
         n, out = len(dirs), []
@@ -687,7 +687,7 @@ def _fused_results(prog, cases, dirs, fused):
                         for c in Q._variants)
         return out, any_fused
     finally:
-        fuse.ENABLED, fuse.MIN_PAIRED = saved
+        fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER = saved
 
 
 def leg_fused(prog, stats):

@@ -19,13 +19,13 @@ torch = pytest.importorskip("torch")
 @contextlib.contextmanager
 def fusion(on):
     """Programs whose first call runs in here get superinstructions (every pair, however
-    few), or not."""
-    saved = fuse.ENABLED, fuse.MIN_PAIRED
-    fuse.ENABLED, fuse.MIN_PAIRED = on, 0.0
+    few; at that call: no tiering), or not."""
+    saved = fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER
+    fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER = on, 0.0, 0
     try:
         yield
     finally:
-        fuse.ENABLED, fuse.MIN_PAIRED = saved
+        fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER = saved
 
 
 #: a function of two scalars per pair of ``fuse.PAIRS`` (and the commutative tails with the
@@ -156,7 +156,8 @@ def test_other_interpreters_and_files_get_the_rows_as_traced(rosen, tmp_path):
     with np.load(path) as f:
         assert (f["rows0"][:, 0] < fuse.BASE).all()
     Q = tg.load(path)
-    v, g = Q.value_and_grad(X[1])
+    for _ in range(fuse.TIER + 1):  # the call after TIER of them switches
+        v, g = Q.value_and_grad(X[1])
     assert (Q._code.frows[:, 0] >= fuse.BASE).any()  # fused again for its own entry
     assert v == rosen.value_and_grad(X[1])[0] and np.array_equal(g, rosen.grad(X[1]))
 
@@ -255,3 +256,105 @@ def test_a_pickle_without_the_new_attributes_still_runs(rosen):
     x = np.linspace(-1.0, 1.0, 12)
     v, g = P.value_and_grad(x)
     assert v == rosen.value_and_grad(x)[0] and np.array_equal(g, rosen.grad(x))
+
+
+# --- tiering: the rows as traced for fuse.TIER calls, then the superinstructions ----------
+
+
+@pytest.fixture
+def tier(monkeypatch):
+    """Every pair fuses (however few), after ``fuse.TIER`` = 5 one-sample calls."""
+    monkeypatch.setattr(fuse, "ENABLED", True)
+    monkeypatch.setattr(fuse, "MIN_PAIRED", 0.0)
+    monkeypatch.setattr(fuse, "TIER", 5)
+    return 5
+
+
+def _fused(P):
+    return P._code.frows is not None and (P._code.frows[:, 0] >= fuse.BASE).any()
+
+
+def test_the_switch_comes_exactly_after_tier_calls_with_the_same_numbers(tier, monkeypatch):
+    from tapegrad import _notice
+    said = []
+    monkeypatch.setattr(_notice, "announce", lambda key, stream=None: said.append(key))
+    monkeypatch.setattr(_notice, "PENDING", {"fused"})
+    P = tg.trace(lambda x: _rosenbrock(tg, x), np.zeros(12))
+    x = np.linspace(-1.2, 0.9, 12)
+    first = P.value_and_grad(x)
+    for i in range(2, tier + 1):  # calls 2 .. TIER: the rows as traced, forward-only ones too
+        got = P(x) if i % 2 else P.value_and_grad(x)
+        assert not _fused(P) and P._code.frows is P._code.arows, i
+    assert said == []
+    v, g = P.value_and_grad(x)  # the call after TIER switches, and runs fused
+    assert _fused(P) and said == ["fused"]
+    assert v == first[0] and np.array_equal(g, first[1])  # to the bit
+    assert P(x) == first[0] and got is not None
+    entry = P._code.run
+    P.value_and_grad(x)
+    assert P._code.run is entry  # switched once
+
+
+def test_few_pairs_switch_to_the_rows_as_traced(tier, monkeypatch):
+    monkeypatch.setattr(fuse, "MIN_PAIRED", 0.99)
+    P = tg.trace(lambda x: _rosenbrock(tg, x), np.zeros(12))
+    x = np.linspace(-1.2, 0.9, 12)
+    want = P.value_and_grad(x)
+    for _ in range(tier + 2):
+        v, g = P.value_and_grad(x)
+        assert v == want[0] and np.array_equal(g, want[1])
+    assert P._code.frows is P._code.arows
+    assert P._code.run is replay_cpu.entry(P._code.arows, P._code._free[0][0])
+
+
+def test_threads_calling_a_program_while_it_switches(tier, monkeypatch):
+    """Two and four threads call the same program across its switch: every result is the
+    rows' own (to the bit), whichever entry ran it."""
+    monkeypatch.setattr(fuse, "TIER", 40)
+    rng = np.random.default_rng(11)
+    xs = [rng.normal(size=12) for _ in range(6)]
+    with fusion(False):
+        U = tg.trace(lambda x: _rosenbrock(tg, x), np.zeros(12))
+        want = [U.value_and_grad(x) for x in xs]
+    for nthreads in (2, 4):
+        P = tg.trace(lambda x: _rosenbrock(tg, x), np.zeros(12))
+        errors, start = [], threading.Barrier(nthreads)
+
+        def work(i, P=P, errors=errors, start=start):
+            try:
+                start.wait()
+                for k in range(60):
+                    j = (i + k) % len(xs)
+                    v, g = P.value_and_grad(xs[j])
+                    if not (v == want[j][0] and np.array_equal(g, want[j][1])):
+                        errors.append((i, k, j))
+                        return
+            except Exception as e:  # noqa: BLE001  reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(nthreads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert _fused(P)
+
+
+def test_a_caller_that_read_the_entry_before_the_switch(tier):
+    """A thread may read ``code.run`` before the switch and ``code.frows`` after it (or the
+    new entry with the old rows): every such pair gives the rows' numbers."""
+    P = tg.trace(lambda x: _rosenbrock(tg, x), np.zeros(12))
+    x = np.linspace(-1.2, 0.9, 12)
+    want = P.value_and_grad(x)
+    code = P._code
+    stale, rows = code.run, code.frows
+    code.tier_up()
+    assert _fused(P) and code.run is not stale
+    work, flat, _ = code.buffers()
+    flat[...] = x
+    for run, r in ((stale, code.frows), (stale, rows), (code.run, rows),
+                   (code.run, code.frows)):
+        res = np.empty(code.res_size[True])
+        assert run(r, work, res) == 0
+        assert res[0] == want[0] and np.array_equal(res[1:], want[1])

@@ -50,6 +50,8 @@ def _pendulum_fn(tg):
 def _trace(name, fn, x):
     tg = load_library("tapegrad")
     prog = tg.trace(fn, x)
+    # the rows time a loop's steady state: superinstructions now, not after fuse.TIER calls
+    prog._code.tier_up()
     _BUILT[name] = {"prog": prog, "x": x}
     return prog
 
@@ -218,6 +220,7 @@ def _make_call_overhead(name):
         tg = load_library("tapegrad")
         a, b, c = _three_x()
         prog = tg.trace(_three_inputs, a, b, c)
+        prog._code.tier_up()  # the entry a loop's calls reach (``code.run`` below)
         _BUILT[name] = {"prog": prog}
         last = _Last()
         checked = (last,)

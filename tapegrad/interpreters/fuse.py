@@ -31,6 +31,16 @@ ENABLED = True
 #: (66% of the rows) bring it to 2.85 us: it pays from about 30%
 MIN_PAIRED = 0.3
 
+#: one-sample calls a program runs its rows as traced (``replay_cpu.run_into``, compiled for
+#: any program) before it forms its pairs and switches to ``run_fused`` (``_Code.tier_up``):
+#: ``run_fused``'s first compile costs 0.5 to 2.3 s of CPU with a cold Numba cache (once per
+#: machine: cached on disk afterwards) and a few ms to load from a warm one, against 0.55 us
+#: a call saved at n=100 (7 us at n=1000, 0.12 ms for the pendulum). A script or a test that
+#: calls a program a handful of times never pays it (a cold trace and first gradient stays at
+#: ``run_into``'s cost, issue 17 goal 5); an optimization loop passes 64 calls in its first
+#: milliseconds (0.3 ms at n=100) and runs fused for the rest. 0: the first call fuses
+TIER = 64
+
 
 def fuse(rows):
     """A copy of a traced program's scalar ``rows`` with the pairs of ``PAIRS`` marked as
