@@ -456,7 +456,8 @@ def _needed(rows, at, nslots, roots, guard, leaf, size, span, kept):
 # --- running: one sample ------------------------------------------------------------------
 
 # generated from this format; GRAD_BITS: by opcode, the inputs its rule gives gradients to
-from ._generated_arrays import GRAD_BITS, forward, reverse  # noqa: E402, F401
+from ._generated_arrays import (  # noqa: E402, F401
+    GRAD_BITS, forward, red_forward, red_reverse, reverse)
 
 
 def run_into(rows, work, res):
@@ -475,13 +476,16 @@ def entry(rows, work):
     Python over the two compiled sweeps, not a compiled driver: a compiled caller links them
     in and LLVM optimizes them all again (0.8 s of a cold first gradient on 2 cores), for
     about 2 us per call saved."""
-    fw, rv = forward, reverse
+    fw, rv, rfw, rrv = forward, reverse, red_forward, red_reverse
+    plan = _plan(rows)
     if hasattr(forward, "compile"):
         mat, vec, i64 = numba.typeof(rows), numba.typeof(work), numba.int64
         fw = forward.compile((mat, vec, vec, i64, i64, i64))
         rv = reverse.compile((mat, vec, vec, i64, i64, i64))
-    plan = _plan(rows)
-    nr = rows.shape[0]
+        if any(op is RED for *_, op in plan):  # (only then: they cost cold compile time)
+            rfw = red_forward.compile((mat, vec, i64, i64, i64))
+            rrv = red_reverse.compile((mat, vec, vec, i64, i64, i64))
+    back = _reverse_plan(rows, plan)
     m, p, nx = int(work[0]), int(work[1]), int(work[2])
     s = _cpu.HEADER + m
     o = s + m + p
@@ -506,6 +510,8 @@ def entry(rows, work):
                 status = int(fw(rows, x, v, r0, r1, k0))
                 if status:
                     break
+            elif op is RED:
+                rfw(rows, v, r0, r1, k0)
             else:
                 # (quiet, as the compiled loops: a log of 0 is -inf, not a warning)
                 with np.errstate(all="ignore"):
@@ -522,7 +528,8 @@ def entry(rows, work):
                 np.add.at(adj, out, work[_cpu.HEADER:s])
             else:
                 adj[out] += work[_cpu.HEADER:s]
-            rv(rows, v, adj, nr - 1, n - 1, 0)
+            for r, k, lo, kind in back:
+                (rv if kind is None else rrv)(rows, v, adj, r, k, lo)
             res[m:] = adj[ins]
         return status
     return run
@@ -556,22 +563,45 @@ def _numpyable(rows, h):
 
 def _plan(rows):
     """The forward's steps: (first row, row after, first slot, slot after, None) for rows
-    the compiled sweep runs, (.., op) for an instruction run in NumPy (``NUMPY_MIN``)."""
+    the compiled sweep runs, (.., op) for an instruction run in NumPy (``NUMPY_MIN``), (..,
+    RED) for a run of reduction instructions (``red_forward``)."""
     at, nslots = row_slots(rows)
     nr = rows.shape[0]
     slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
     plan, r0 = [], 0
-    for h in np.nonzero(rows[:, 0] == ARR)[0].tolist():
-        op = _numpyable(rows, h)
+    for h in heads_of(rows).tolist():
+        op = RED if rows[h, 0] == RED else _numpyable(rows, h)
         if op is None:
             continue
-        if h > r0:
-            plan.append((r0, h, slot(r0), slot(h), None))
-        plan.append((h, h + META + 1, slot(h), slot(h + META + 1), op))
+        if op is RED and plan and plan[-1][4] is RED and plan[-1][1] == h:
+            plan[-1] = plan[-1][:1] + (h + META + 1,) + plan[-1][2:3] + (
+                slot(h + META + 1), RED)  # one call for consecutive reductions
+        else:
+            if h > r0:
+                plan.append((r0, h, slot(r0), slot(h), None))
+            plan.append((h, h + META + 1, slot(h), slot(h + META + 1), op))
         r0 = h + META + 1
     if r0 < nr or not plan:
         plan.append((r0, nr, slot(r0), nslots, None))
     return plan
+
+
+def _reverse_plan(rows, plan):
+    """The reverse sweep's steps, last first: (last row, its last slot, first row, RED or
+    None for ``reverse``), from the forward's; a run of reductions none of which has a
+    gradient to pass on (a max's shift: ``mark_inactive`` flags them) is left out."""
+    out = []
+    for r0, r1, k0, k1, op in reversed(plan):
+        if r1 == r0:
+            continue
+        kind = RED if op is RED else None
+        if kind is RED and all(rows[h + META, 5] == 1.0 for h in range(r0, r1, META + 1)):
+            continue
+        if kind is None and out and out[-1][3] is None and out[-1][2] == r1:
+            out[-1] = out[-1][:2] + (r0, None)  # (a NumPy step's reverse is compiled)
+        else:
+            out.append((r1 - 1, k1 - 1, r0, kind))
+    return out
 
 
 def _operands(rows, h, n, v):
