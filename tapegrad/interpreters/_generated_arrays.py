@@ -470,12 +470,12 @@ def reverse(rows, v, adj, r, k, lo):
             ia = ia if ia >= 0 else k
             ib = ib if ib >= 0 else k
             ic = ic if ic >= 0 else k
-            wa = ia if not sk & 1 else k + m - 1
-            za = sa if not sk & 1 else 0
-            wb = ib if not sk & 2 else k + m - 1
-            zb = sb if not sk & 2 else 0
-            wc = ic if not sk & 4 else k + m - 1
-            zc = sc if not sk & 4 else 0
+            wa = ia if not sk & 1 else k
+            za = sa if not sk & 1 else 1
+            wb = ib if not sk & 2 else k
+            zb = sb if not sk & 2 else 1
+            wc = ic if not sk & 4 else k
+            zc = sc if not sk & 4 else 1
             if op == 4:  # exp
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
