@@ -341,3 +341,27 @@ def test_numpy_steps_are_quiet_as_the_compiled_loops(monkeypatch):
         value, grad = P.value_and_grad(x1)
     assert np.isnan(value) or np.isinf(value)
     assert np.isinf(grad[3]) and np.isinf(grad[5])
+
+
+def test_a_long_sums_blocks_and_their_adds_are_one_step_of_the_driver():
+    # a sum of 1,000 terms: blocks of 128 (a reduction), the last block (another) and the
+    # scalar adds of the blocks' sums between them run in one ``red_forward`` call (and one
+    # ``red_reverse``), with the expansion's numbers
+    x0 = np.random.default_rng(11).normal(size=1000)
+
+    def f(M, x):
+        return M.sum(M.exp(x) * 0.5) + M.sum(x * x)
+    P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    plan = PA._plan(rows)
+    steps = [(r0, r1) for r0, r1, _, _, op in plan if op is PA.RED]
+    assert any((rows[r0:r1, 0] == PA.ADD).any() and (rows[r0:r1, 0] == PA.RED).sum() >= 2
+               for r0, r1 in steps), steps
+    back = PA._reverse_plan(rows, plan)
+    assert sum(kind is PA.RED for *_, kind in back) == len(steps)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: f(tg, x), x0)
+    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
+        np.testing.assert_array_equal(a, b)
+    y, g, _ = torch_derivs(f, x0, x0)
+    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)

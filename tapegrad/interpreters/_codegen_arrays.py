@@ -28,6 +28,7 @@ GUARD = {guard}
 ARR = {arr}
 TAIL = {tail}
 RED = {red}
+ADD = {add}
 MUL = {mul}
 MAX = {max_}
 MIN = {min_}
@@ -266,7 +267,8 @@ def generate_arrays():
     src = [HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
                          guard=BY_NAME["guard"].code, arr=BY_NAME["array_ew"].code,
                          tail=BY_NAME["array_tail"].code, red=BY_NAME["array_red"].code,
-                         mul=BY_NAME["mul"].code, max_=BY_NAME["maximum"].code,
+                         mul=BY_NAME["mul"].code, add=BY_NAME["add"].code,
+                         max_=BY_NAME["maximum"].code,
                          min_=BY_NAME["minimum"].code)]
     src.append("\n#: by opcode: the inputs its rule gives gradients to (bits a, b, c)\n"
                f"GRAD_BITS = np.array({_grad_bits(ops)}, dtype=np.int64)\n")
@@ -278,9 +280,17 @@ def red_forward(rows, v, r, nr, k):
     """Run the reduction instructions at rows ``r .. nr - 1`` (their first slot ``k``) into
     ``v``. A function of its own, that the driver calls between stretches of ``forward``:
     programs without reductions never compile it, and ``forward``'s loop stays as small as
-    it was before them (ode's gradient 428 -> 395 us)."""
+    it was before them (ode's gradient 428 -> 395 us). Scalar ``add`` rows among them too (a
+    long sum's blocks' sums, between its reductions): one call of the driver, not three."""
     while r < nr:
-''')
+        if rows[r, 0] == ADD:
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
+            v[k] = {add}
+            k += 1
+            r += 1
+            continue
+'''.replace("{add}", _red_exprs()[0]))
     src.append(_red_forward())
     src.append('''        k += m * w
         r += 4
@@ -328,8 +338,15 @@ def forward(rows, x, v, r, nr, k):
 @njit_cached(error_model="numpy", nogil=True)
 def red_reverse(rows, v, adj, r, k, lo):
     """The reverse sweep of the reduction instructions at rows ``r`` down to ``lo`` (``k``:
-    row ``r``'s last slot; ``red_forward``'s)."""
+    row ``r``'s last slot; ``red_forward``'s, and its scalar ``add`` rows)."""
     while r >= lo:
+        if rows[r, 0] == ADD:  # (add's rule: ``g`` to both, a first)
+            g = adj[k]
+            adj[int(rows[r, 1])] += g
+            adj[int(rows[r, 2])] += g
+            k -= 1
+            r -= 1
+            continue
         r -= 3
 ''')
     src.append(_red_reverse())

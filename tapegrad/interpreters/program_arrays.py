@@ -564,7 +564,8 @@ def _numpyable(rows, h):
 def _plan(rows):
     """The forward's steps: (first row, row after, first slot, slot after, None) for rows
     the compiled sweep runs, (.., op) for an instruction run in NumPy (``NUMPY_MIN``), (..,
-    RED) for a run of reduction instructions (``red_forward``)."""
+    RED) for a run of reduction instructions and the scalar ``add`` rows after each
+    (``red_forward``)."""
     at, nslots = row_slots(rows)
     nr = rows.shape[0]
     slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
@@ -573,14 +574,16 @@ def _plan(rows):
         op = RED if rows[h, 0] == RED else _numpyable(rows, h)
         if op is None:
             continue
+        e = h + META + 1
+        while op is RED and e < nr and rows[e, 0] == ADD:  # (``red_forward`` runs them too)
+            e += 1
         if op is RED and plan and plan[-1][4] is RED and plan[-1][1] == h:
-            plan[-1] = plan[-1][:1] + (h + META + 1,) + plan[-1][2:3] + (
-                slot(h + META + 1), RED)  # one call for consecutive reductions
+            plan[-1] = plan[-1][:1] + (e,) + plan[-1][2:3] + (slot(e), RED)  # one call
         else:
             if h > r0:
                 plan.append((r0, h, slot(r0), slot(h), None))
-            plan.append((h, h + META + 1, slot(h), slot(h + META + 1), op))
-        r0 = h + META + 1
+            plan.append((h, e, slot(h), slot(e), op))
+        r0 = e
     if r0 < nr or not plan:
         plan.append((r0, nr, slot(r0), nslots, None))
     return plan
@@ -588,14 +591,16 @@ def _plan(rows):
 
 def _reverse_plan(rows, plan):
     """The reverse sweep's steps, last first: (last row, its last slot, first row, RED or
-    None for ``reverse``), from the forward's; a run of reductions none of which has a
-    gradient to pass on (a max's shift: ``mark_inactive`` flags them) is left out."""
+    None for ``reverse``), from the forward's; a run of reductions (no scalar row) none of
+    which has a gradient to pass on (a max's shift: ``mark_inactive`` flags them) is left
+    out."""
     out = []
     for r0, r1, k0, k1, op in reversed(plan):
         if r1 == r0:
             continue
         kind = RED if op is RED else None
-        if kind is RED and all(rows[h + META, 5] == 1.0 for h in range(r0, r1, META + 1)):
+        if kind is RED and all(rows[h + META, 5] == 1.0 for h in range(r0, r1, META + 1)) \
+                and (r1 - r0) % (META + 1) == 0 and (rows[r0:r1:META + 1, 0] == RED).all():
             continue
         if kind is None and out and out[-1][3] is None and out[-1][2] == r1:
             out[-1] = out[-1][:2] + (r0, None)  # (a NumPy step's reverse is compiled)
