@@ -365,3 +365,33 @@ def test_a_long_sums_blocks_and_their_adds_are_one_step_of_the_driver():
         np.testing.assert_array_equal(a, b)
     y, g, _ = torch_derivs(f, x0, x0)
     np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+
+
+def test_marks_what_passes_no_gradient_to_an_input():
+    # mark_inactive: instructions whose values reach no input through a gradient are
+    # flagged 1.0 (the reverse sweep skips them), an active one's operands without a
+    # gradient ``-(bits)`` (their gradients go to the instruction's own adjoints, already
+    # read), with the expansion's numbers
+    x0 = np.random.default_rng(3).normal(size=200)
+    Wc = np.random.default_rng(4).normal(size=200)
+
+    def f(M, x):
+        return (M.max(x) + M.sum(M.exp(x - M.max(x).detach()))
+                + M.sum(x * M.tensor(Wc, dtype=M.float64)))
+    P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    flags = {}
+    for h in PA.heads_of(rows).tolist():
+        name = OPS[int(rows[h + 1, 5])].name
+        flags.setdefault(("red " if rows[h, 0] == PA.RED else "") + name, set()).add(
+            float(rows[h + 3, 5]))
+    assert flags["leaf"] == {1.0} and flags["detach"] == {1.0}, flags
+    assert flags["ne"] == flags["eq"] == flags["select"] == {1.0}, flags
+    assert 1.0 in flags["red maximum"] and 0.0 in flags["red add"], flags
+    assert flags["sub"] == {-2.0} and flags["mul"] == {-2.0}, flags  # (b: the shift, W)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: f(tg, x), x0)
+    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
+        np.testing.assert_array_equal(a, b)
+    y, g, _ = torch_derivs(f, x0, x0)
+    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)

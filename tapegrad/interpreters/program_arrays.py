@@ -266,10 +266,22 @@ def mark_inactive(rows, nslots, bits, leaf):
     """``_mark_inactive``; an extreme's reduction of values with a gradient (it has no rule:
     ``Builder.reduce_terms`` makes them of detached values only) is refused."""
     heads = heads_of(rows)
-    size = np.zeros(rows.shape[0], dtype=np.int64)  # by row, as ``_needed`` takes them
-    span = np.full((rows.shape[0], 3, 2), -1, dtype=np.int64)
-    size[heads], span[heads], _ = spans(rows, heads)
-    act = _mark_inactive(rows, nslots, bits, leaf, size, span)
+    nr = rows.shape[0]
+    size = np.zeros(nr, dtype=np.int64)  # by row, as ``_needed`` takes them
+    size[heads] = _sizes(rows, heads)
+    # by row: each operand's (first slot or -1, stride per value, stride per term) and the
+    # terms of each value (1 but for a reduction's)
+    red = rows[heads, 0] == RED
+    geo = np.zeros((nr, 3, 3), dtype=np.int64)
+    geo[heads, :, 0] = rows[heads, 1:4]
+    geo[heads, 0, 1] = rows[heads + 2, 4]
+    geo[heads, 1, 1] = rows[heads + 2, 5]
+    geo[heads, 2, 1] = np.where(red, 0, rows[heads + 3, 4])
+    geo[heads, 0, 2] = np.where(red, rows[heads, 5], 0)
+    geo[heads, 1, 2] = np.where(red, rows[heads + 3, 4], 0)
+    terms = np.ones(nr, dtype=np.int64)
+    terms[heads] = np.where(red, rows[heads, 4], 1)
+    act = _mark_inactive(rows, nslots, bits, leaf, size, geo, terms)
     h = np.nonzero((rows[:, 0] == RED) & ((np.roll(rows[:, 5], -1) == MAX)
                                           | (np.roll(rows[:, 5], -1) == MIN)))[0]
     if len(h) and (rows[h + 3, 5] != 1.0).any():
@@ -279,65 +291,53 @@ def mark_inactive(rows, nslots, bits, leaf):
 
 
 @njit_cached(nogil=True)
-def _mark_inactive(rows, nslots, bits, leaf, size, span):
+def _mark_inactive(rows, nslots, bits, leaf, size, geo, terms):
     """Flag (1.0 in the constant column of an instruction's last row) the array
     instructions whose values depend on no input through a gradient: their reverse adds
     only to adjoints that reach no input, so the reverse sweep skips them (the max of
     detached values, the counts of tied elements...); an elementwise instruction's
     operands whose gradient reaches no input, ``-(bits a, b, c)`` there (lse's shift by
     its max: a sum in order of 640,000 gradients that went nowhere). Returns whether each
-    slot's value depends on an input through a gradient. ``size``, ``span``: ``spans``'
-    by row."""
+    slot's value depends on an input through a gradient. ``size``, ``geo``, ``terms``:
+    ``mark_inactive``'s, by row."""
     act = np.zeros(nslots, dtype=np.bool_)
     r = 0
     k = 0
     while r < rows.shape[0]:
         op = int(rows[r, 0])
-        if op == leaf:
-            act[k] = True
-        elif op == RED or (op == ARR and int(rows[r + 1, 5]) == leaf):
-            # a reduction's outputs are active when any slot its terms span is (add's and
-            # mul's rules give every term a gradient; a slot between them too: one loop,
-            # ``spans``' bounds), its chains' other slots are never read; inputs are active
-            # and have no rule to run back
+        if op == RED or op == ARR:
+            # all its values active where any element an operand reads is (one loop nest
+            # for every kind of instruction: each loop of its own cost compile time); a
+            # reduction's outputs only (its chains' other slots are never read); inputs
+            # are active and have no rule
             m = int(rows[r + 1, 4])
-            any_ = op == ARR
-            for c in range(3):
-                for t in range(span[r, c, 0], span[r, c, 1] + 1):
-                    any_ = any_ or act[t]
-            for i in range(size[r] - m, size[r]):
-                act[k + i] = any_
-            rows[r + 3, 5] = 0.0 if any_ and op == RED else 1.0
-            r += META + 1
-            k += size[r - META - 1]
-            continue
-        elif op == ARR:
-            m = int(rows[r + 1, 4])
-            b = bits[int(rows[r + 1, 5])]
-            st = (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4]))
-            any_ = False
+            code = int(rows[r + 1, 5])
+            b = 7 if op == RED else 0 if code == leaf else bits[code]
+            any_ = op == ARR and code == leaf
             skip = 0  # the operands whose gradient reaches no input (bits a, b, c)
             for c in range(3):
-                s = int(rows[r, 1 + c])
+                s = geo[r, c, 0]
                 if s >= 0 and (b >> c) & 1:
                     need = False
                     for i in range(m):
-                        if act[s + i * st[c]]:
-                            act[k + i] = True
-                            need = True
+                        for t in range(terms[r]):
+                            need = need or act[s + i * geo[r, c, 1] + t * geo[r, c, 2]]
                     any_ = any_ or need
                     if not need:
                         skip |= 1 << c
-            rows[r + 3, 5] = -float(skip) if any_ else 1.0
+            for i in range(size[r] - m, size[r]):
+                act[k + i] = any_
+            rows[r + 3, 5] = 1.0 if not any_ or b == 0 else 0.0 if op == RED else -float(skip)
+            k += size[r]
             r += META + 1
-            k += m
             continue
-        else:
-            b = bits[op] if op < bits.shape[0] else 0
-            for c in range(3):
-                s = int(rows[r, 1 + c])
-                if s >= 0 and (b >> c) & 1 and act[s]:
-                    act[k] = True
+        b = bits[op] if op < bits.shape[0] else 0
+        if op == leaf:
+            act[k] = True
+        for c in range(3):
+            s = int(rows[r, 1 + c])
+            if s >= 0 and (b >> c) & 1 and act[s]:
+                act[k] = True
         r += 1
         k += 1
     return act
