@@ -55,8 +55,8 @@ def _array_reverse(op):
     body = ["for i in range(m - 1, -1, -1):", "    g = adj[np.uint64(k + i)]"]
     body += [f"    {n} = v[np.uint64(k + i)]" if n == "out"
              else f"    {n} = v[np.uint64(i{n} + i * s{n})]" for n in reads]
-    # (``w``, ``z``: where an operand's gradients go, ``_SKIPS``)
-    body += [f"    adj[np.uint64(w{n} + i * z{n})] += {e}" for n, e in exprs.items()]
+    # (every operand's, those whose gradient reaches no input too: ``_SKIPS``)
+    body += [f"    adj[np.uint64(i{n} + i * s{n})] += {e}" for n, e in exprs.items()]
     return body
 
 
@@ -105,19 +105,15 @@ ia = ia if ia >= 0 else k
 ib = ib if ib >= 0 else k
 ic = ic if ic >= 0 else k'''.splitlines())
 
-#: where the reverse adds an operand's gradients: its slots, or for an operand whose
-#: gradient reaches no input (``sk``'s bits, ``mark_inactive``'s) the instruction's own
-#: adjoints, element ``i``'s to its own, which the loop has read before and never reads
-#: again (nor does anything after it): no branch in the loops (a branch each doubled their
-#: compile time). Not one slot for every element: its adds then wait on each other, a
-#: chain through memory (kmeans' Hessian-vector program, whose products by the points'
-#: constants went there: its reverse sweep 1460 -> 1090 us)
-_SKIPS = ''.join(" " * 12 + x + "\n" for x in '''wa = ia if not sk & 1 else k
-za = sa if not sk & 1 else 1
-wb = ib if not sk & 2 else k
-zb = sb if not sk & 2 else 1
-wc = ic if not sk & 4 else k
-zc = sc if not sk & 4 else 1'''.splitlines())
+#: an instruction's own loop adds every operand's gradients, also those of an operand whose
+#: gradient reaches no input (``sk``'s bits, ``mark_inactive``'s: their adjoints are never
+#: read), but one of a broadcast operand (stride 0) runs the shared loop, which adds none to
+#: it: those adds to one slot would each wait on the last (lse's shift by its max, 640,000
+#: of them). Not a branch in the loops, nor the gradients sent elsewhere (a target of their
+#: own per operand: ode's reverse sweep 233 -> 284 us, its loops' slots no longer shared
+#: with their reads); a branch each doubled their compile time
+_SKIPS = " " * 12 + ("lop = -1 if sk & ((1 if sa == 0 else 0) | (2 if sb == 0 else 0)\n"
+                     + " " * 28 + "| (4 if sc == 0 else 0)) else op\n")
 
 _GENERIC_FORWARD = '''            else:
                 for i in range(m):
@@ -374,7 +370,8 @@ def reverse(rows, v, adj, r, k, lo):
 ''')
     src.append(_OPERANDS)
     src.append(_SKIPS)
-    src += _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)
+    src += [x.replace(" op == ", " lop == ", 1) for x in
+            _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)]
     src.append(_GENERIC_REVERSE)
     src.append('''            k -= 1
             r -= 1

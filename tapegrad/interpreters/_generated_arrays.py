@@ -486,61 +486,57 @@ def reverse(rows, v, adj, r, k, lo):
             ia = ia if ia >= 0 else k
             ib = ib if ib >= 0 else k
             ic = ic if ic >= 0 else k
-            wa = ia if not sk & 1 else k
-            za = sa if not sk & 1 else 1
-            wb = ib if not sk & 2 else k
-            zb = sb if not sk & 2 else 1
-            wc = ic if not sk & 4 else k
-            zc = sc if not sk & 4 else 1
-            if op == 4:  # exp
+            lop = -1 if sk & ((1 if sa == 0 else 0) | (2 if sb == 0 else 0)
+                            | (4 if sc == 0 else 0)) else op
+            if lop == 4:  # exp
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     out = v[np.uint64(k + i)]
-                    adj[np.uint64(wa + i * za)] += (g * out)
-            elif op == 5:  # log
+                    adj[np.uint64(ia + i * sa)] += (g * out)
+            elif lop == 5:  # log
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
-                    adj[np.uint64(wa + i * za)] += (g / a)
-            elif op == 27:  # mulc
+                    adj[np.uint64(ia + i * sa)] += (g / a)
+            elif lop == 27:  # mulc
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    adj[np.uint64(wa + i * za)] += (g * c0)
-            elif op == 35:  # add
+                    adj[np.uint64(ia + i * sa)] += (g * c0)
+            elif lop == 35:  # add
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    adj[np.uint64(wa + i * za)] += g
-                    adj[np.uint64(wb + i * zb)] += g
-            elif op == 36:  # sub
+                    adj[np.uint64(ia + i * sa)] += g
+                    adj[np.uint64(ib + i * sb)] += g
+            elif lop == 36:  # sub
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    adj[np.uint64(wa + i * za)] += g
-                    adj[np.uint64(wb + i * zb)] += (-g)
-            elif op == 37:  # mul
-                for i in range(m - 1, -1, -1):
-                    g = adj[np.uint64(k + i)]
-                    a = v[np.uint64(ia + i * sa)]
-                    b = v[np.uint64(ib + i * sb)]
-                    adj[np.uint64(wa + i * za)] += (g * b)
-                    adj[np.uint64(wb + i * zb)] += (g * a)
-            elif op == 41:  # maximum
+                    adj[np.uint64(ia + i * sa)] += g
+                    adj[np.uint64(ib + i * sb)] += (-g)
+            elif lop == 37:  # mul
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
-                    adj[np.uint64(wa + i * za)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
-                    adj[np.uint64(wb + i * zb)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
-            elif op == 85:  # select
+                    adj[np.uint64(ia + i * sa)] += (g * b)
+                    adj[np.uint64(ib + i * sb)] += (g * a)
+            elif lop == 41:  # maximum
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     a = v[np.uint64(ia + i * sa)]
-                    adj[np.uint64(wb + i * zb)] += (g if (a != 0.0) else 0.0)
-                    adj[np.uint64(wc + i * zc)] += (0.0 if (a != 0.0) else g)
-            elif op == 86:  # pick
+                    b = v[np.uint64(ib + i * sb)]
+                    adj[np.uint64(ia + i * sa)] += ((g / 2.0) if (a == b) else (0.0 if (a < b) else g))
+                    adj[np.uint64(ib + i * sb)] += ((g / 2.0) if (a == b) else (0.0 if (b < a) else g))
+            elif lop == 85:  # select
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    a = v[np.uint64(ia + i * sa)]
+                    adj[np.uint64(ib + i * sb)] += (g if (a != 0.0) else 0.0)
+                    adj[np.uint64(ic + i * sc)] += (0.0 if (a != 0.0) else g)
+            elif lop == 86:  # pick
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     b = v[np.uint64(ib + i * sb)]
-                    adj[np.uint64(wa + i * za)] += (g * b)
+                    adj[np.uint64(ia + i * sa)] += (g * b)
             else:
                 bits = GRAD_BITS[op] & ~sk
                 if bits != 0:
