@@ -473,9 +473,10 @@ def entry(rows, work):
     are of its type), called without Numba's typing of each argument; the dispatchers
     themselves without the JIT.
 
-    Python over the two compiled sweeps, not a compiled driver: a compiled caller links them
-    in and LLVM optimizes them all again (0.8 s of a cold first gradient on 2 cores), for
-    about 2 us per call saved."""
+    Python over the compiled sweeps (and ``red_forward``, ``red_reverse`` for the
+    reductions, ``_plan`` and ``_reverse_plan``'s steps), not a compiled driver: a compiled
+    caller links them in and LLVM optimizes them all again (0.8 s of a cold first gradient
+    on 2 cores), for about 2 us per call saved."""
     fw, rv, rfw, rrv = forward, reverse, red_forward, red_reverse
     plan = _plan(rows)
     if hasattr(forward, "compile"):
