@@ -213,7 +213,8 @@ def test_large_instructions_run_in_numpy_deterministically(monkeypatch, tmp_path
         return a + M.log(M.sum(M.exp(x - a))) + M.sum(M.log(x * x + 1.0))
     P = tg.trace(lambda x: lse(tg, x), x0)
     plan = PA._plan(P._code.arows)
-    assert {op.name for *_, op in plan if op is not None} >= {"exp", "log", "sub", "mul"}
+    assert {op.name for *_, op in plan if op not in (None, PA.RED)} >= {"exp", "log", "sub",
+                                                                     "mul"}
     with RF.array_instructions(SCALAR):
         S = tg.trace(lambda x: lse(tg, x), x0)
     a, b = P.value_and_grad(x0), P.value_and_grad(x0)
@@ -260,7 +261,7 @@ def test_exact_ops_in_numpy_give_the_compiled_loops_numbers(monkeypatch):
         a = M.max(x)
         return a + M.log(M.sum(M.exp(x - a))) + M.sum((x * x) * 0.5 - x)
     P = tg.trace(lambda x: f(tg, x), x0)
-    ran = {op.name for *_, op in PA._plan(P._code.arows) if op is not None}
+    ran = {op.name for *_, op in PA._plan(P._code.arows) if op not in (None, PA.RED)}
     assert ran >= {"leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul"}, ran
     with RF.array_instructions(SCALAR):
         S = tg.trace(lambda x: f(tg, x), x0)
@@ -279,22 +280,46 @@ def test_sweeps_over_row_ranges_compose():
         P = tg.trace(lambda x: lse(tg, x) + tg.sum(tg.matmul(x.reshape(10, 20), x[:20])), x0)
     rows, n = P._code.arows, P._code.nslots
     at = PA.row_slots(rows)[0]
+    nr = rows.shape[0]
+    heads = PA.heads_of(rows).tolist()
+
+    def pieces(r0, r1):  # [a, b) stretches of rows: each reduction alone (its own sweeps)
+        cuts = sorted({r0, r1} | {c for h in heads if rows[h, 0] == PA.RED
+                                  for c in (h, h + 4) if r0 < c < r1})
+        return list(zip(cuts, cuts[1:]))
+
+    def fw(v, r0, r1):
+        for a, b in pieces(r0, r1):
+            f = PA.red_forward if rows[a, 0] == PA.RED else \
+                lambda *s: PA.forward(s[0], x0, *s[1:])
+            assert f(rows, v, a, b, int(at[a])) == 0
+
+    def rv(adj, r0, r1):
+        for a, b in reversed(pieces(r0, r1)):
+            f = PA.red_reverse if rows[a, 0] == PA.RED else PA.reverse
+            f(rows, v, adj, b - 1, (int(at[b]) if b < nr else n) - 1, a)
     v = np.zeros(n)
-    assert PA.forward(rows, x0, v, 0, rows.shape[0], 0) == 0
+    fw(v, 0, nr)
     whole = np.zeros(n)
     whole[P._code.out_slots] = 1.0
-    PA.reverse(rows, v, whole, rows.shape[0] - 1, n - 1, 0)
-    for cut in PA.heads_of(rows).tolist()[1:]:
+    rv(whole, 0, nr)
+    assert any(rows[h, 0] == PA.RED for h in heads)
+    for cut in heads[1:]:
         w = np.zeros(n)
-        PA.forward(rows, x0, w, 0, cut, 0)
-        PA.forward(rows, x0, w, cut, rows.shape[0], int(at[cut]))
+        fw(w, 0, cut)
+        fw(w, cut, nr)
         np.testing.assert_array_equal(w[P._code.out_slots], v[P._code.out_slots])
         adj = np.zeros(n)
         adj[P._code.out_slots] = 1.0
-        PA.reverse(rows, v, adj, rows.shape[0] - 1, n - 1, cut)
-        PA.reverse(rows, v, adj, cut - 1, int(at[cut]) - 1, 0)
+        rv(adj, cut, nr)
+        rv(adj, 0, cut)
         np.testing.assert_array_equal(adj[P._code.in_slots], whole[P._code.in_slots])
-
+    # the driver's steps: consecutive reductions one call, an inactive one (the max's
+    # shift) left out of the reverse sweep
+    plan = PA._plan(rows)
+    back = PA._reverse_plan(rows, plan)
+    assert sum(op is PA.RED for *_, op in plan) >= 2
+    assert sum(kind is PA.RED for *_, kind in back) < sum(op is PA.RED for *_, op in plan)
 
 def lse(M, x):
     a = M.max(x)
@@ -307,7 +332,8 @@ def test_numpy_steps_are_quiet_as_the_compiled_loops(monkeypatch):
     monkeypatch.setattr(PA, "NUMPY_MIN", dict.fromkeys(("exp", "log", "mul", "divc"), 16))
     x0 = np.abs(np.random.default_rng(1).normal(size=64)) + 0.5
     P = tg.trace(lambda x: tg.sum(tg.log(x * 2.0) + tg.exp(x / 3.0)), x0)
-    assert {op.name for *_, op in PA._plan(P._code.arows) if op is not None} >= {"exp", "log"}
+    plan = PA._plan(P._code.arows)
+    assert {op.name for *_, op in plan if op not in (None, PA.RED)} >= {"exp", "log"}
     x1 = x0.copy()
     x1[3], x1[5] = 0.0, 3000.0
     with warnings.catch_warnings():
@@ -315,3 +341,57 @@ def test_numpy_steps_are_quiet_as_the_compiled_loops(monkeypatch):
         value, grad = P.value_and_grad(x1)
     assert np.isnan(value) or np.isinf(value)
     assert np.isinf(grad[3]) and np.isinf(grad[5])
+
+
+def test_a_long_sums_blocks_and_their_adds_are_one_step_of_the_driver():
+    # a sum of 1,000 terms: blocks of 128 (a reduction), the last block (another) and the
+    # scalar adds of the blocks' sums between them run in one ``red_forward`` call (and one
+    # ``red_reverse``), with the expansion's numbers
+    x0 = np.random.default_rng(11).normal(size=1000)
+
+    def f(M, x):
+        return M.sum(M.exp(x) * 0.5) + M.sum(x * x)
+    P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    plan = PA._plan(rows)
+    steps = [(r0, r1) for r0, r1, _, _, op in plan if op is PA.RED]
+    assert any((rows[r0:r1, 0] == PA.ADD).any() and (rows[r0:r1, 0] == PA.RED).sum() >= 2
+               for r0, r1 in steps), steps
+    back = PA._reverse_plan(rows, plan)
+    assert sum(kind is PA.RED for *_, kind in back) == len(steps)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: f(tg, x), x0)
+    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
+        np.testing.assert_array_equal(a, b)
+    y, g, _ = torch_derivs(f, x0, x0)
+    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+
+
+def test_marks_what_passes_no_gradient_to_an_input():
+    # mark_inactive: instructions whose values reach no input through a gradient are
+    # flagged 1.0 (the reverse sweep skips them), an active one's operands without a
+    # gradient ``-(bits)`` (their gradients go to the instruction's own adjoints, already
+    # read), with the expansion's numbers
+    x0 = np.random.default_rng(3).normal(size=200)
+    Wc = np.random.default_rng(4).normal(size=200)
+
+    def f(M, x):
+        return (M.max(x) + M.sum(M.exp(x - M.max(x).detach()))
+                + M.sum(x * M.tensor(Wc, dtype=M.float64)))
+    P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    flags = {}
+    for h in PA.heads_of(rows).tolist():
+        name = OPS[int(rows[h + 1, 5])].name
+        flags.setdefault(("red " if rows[h, 0] == PA.RED else "") + name, set()).add(
+            float(rows[h + 3, 5]))
+    assert flags["leaf"] == {1.0} and flags["detach"] == {1.0}, flags
+    assert flags["ne"] == flags["eq"] == flags["select"] == {1.0}, flags
+    assert 1.0 in flags["red maximum"] and 0.0 in flags["red add"], flags
+    assert flags["sub"] == {-2.0} and flags["mul"] == {-2.0}, flags  # (b: the shift, W)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: f(tg, x), x0)
+    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
+        np.testing.assert_array_equal(a, b)
+    y, g, _ = torch_derivs(f, x0, x0)
+    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)

@@ -28,6 +28,7 @@ GUARD = {guard}
 ARR = {arr}
 TAIL = {tail}
 RED = {red}
+ADD = {add}
 MUL = {mul}
 MAX = {max_}
 MIN = {min_}
@@ -54,8 +55,8 @@ def _array_reverse(op):
     body = ["for i in range(m - 1, -1, -1):", "    g = adj[np.uint64(k + i)]"]
     body += [f"    {n} = v[np.uint64(k + i)]" if n == "out"
              else f"    {n} = v[np.uint64(i{n} + i * s{n})]" for n in reads]
-    # (``w``, ``z``: where an operand's gradients go, ``_SKIPS``)
-    body += [f"    adj[np.uint64(w{n} + i * z{n})] += {e}" for n, e in exprs.items()]
+    # (every operand's, those whose gradient reaches no input too: ``_SKIPS``)
+    body += [f"    adj[np.uint64(i{n} + i * s{n})] += {e}" for n, e in exprs.items()]
     return body
 
 
@@ -104,16 +105,15 @@ ia = ia if ia >= 0 else k
 ib = ib if ib >= 0 else k
 ic = ic if ic >= 0 else k'''.splitlines())
 
-#: where the reverse adds an operand's gradients: its slots, or for an operand whose
-#: gradient reaches no input (``sk``'s bits, ``mark_inactive``'s) the instruction's own last
-#: adjoint, again and again (read before, at its first element, and never after): no branch
-#: in the loops (a branch each doubled their compile time)
-_SKIPS = ''.join(" " * 12 + x + "\n" for x in '''wa = ia if not sk & 1 else k + m - 1
-za = sa if not sk & 1 else 0
-wb = ib if not sk & 2 else k + m - 1
-zb = sb if not sk & 2 else 0
-wc = ic if not sk & 4 else k + m - 1
-zc = sc if not sk & 4 else 0'''.splitlines())
+#: an instruction's own loop adds every operand's gradients, also those of an operand whose
+#: gradient reaches no input (``sk``'s bits, ``mark_inactive``'s: their adjoints are never
+#: read), but one of a broadcast operand (stride 0) runs the shared loop, which adds none to
+#: it: those adds to one slot would each wait on the last (lse's shift by its max, 640,000
+#: of them). Not a branch in the loops, nor the gradients sent elsewhere (a target of their
+#: own per operand: ode's reverse sweep 233 -> 284 us, its loops' slots no longer shared
+#: with their reads); a branch each doubled their compile time
+_SKIPS = " " * 12 + ("lop = -1 if sk & ((1 if sa == 0 else 0) | (2 if sb == 0 else 0)\n"
+                     + " " * 28 + "| (4 if sc == 0 else 0)) else op\n")
 
 _GENERIC_FORWARD = '''            else:
                 for i in range(m):
@@ -191,7 +191,7 @@ for i0 in range(0, m, 64):
                 b = a
                 a = v[np.uint64(o + i)]
                 v[np.uint64(o + i)] = {mx} if st == MAX else {mn} if st == MIN else {add}'''
-    return "".join(" " * 12 + x + "\n" for x in src.splitlines())
+    return "".join(" " * 8 + x + "\n" for x in src.splitlines())
 
 
 def _red_reverse():
@@ -253,7 +253,7 @@ if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
                         adj[jb] += {rm["b"]}
                     else:
                         adj[ja] += g'''
-    return "".join(" " * 12 + x + "\n" for x in src.splitlines())
+    return "".join(" " * 8 + x + "\n" for x in src.splitlines())
 
 
 def generate_arrays():
@@ -263,7 +263,8 @@ def generate_arrays():
     src = [HEADER.format(leaf=BY_NAME["leaf"].code, const=BY_NAME["const"].code,
                          guard=BY_NAME["guard"].code, arr=BY_NAME["array_ew"].code,
                          tail=BY_NAME["array_tail"].code, red=BY_NAME["array_red"].code,
-                         mul=BY_NAME["mul"].code, max_=BY_NAME["maximum"].code,
+                         mul=BY_NAME["mul"].code, add=BY_NAME["add"].code,
+                         max_=BY_NAME["maximum"].code,
                          min_=BY_NAME["minimum"].code)]
     src.append("\n#: by opcode: the inputs its rule gives gradients to (bits a, b, c)\n"
                f"GRAD_BITS = np.array({_grad_bits(ops)}, dtype=np.int64)\n")
@@ -271,19 +272,35 @@ def generate_arrays():
     src.append('''
 
 @njit_cached(error_model="numpy", nogil=True)
+def red_forward(rows, v, r, nr, k):
+    """Run the reduction instructions at rows ``r .. nr - 1`` (their first slot ``k``) into
+    ``v``. A function of its own, that the driver calls between stretches of ``forward``:
+    programs without reductions never compile it, and ``forward``'s loop stays as small as
+    it was before them (ode's gradient 428 -> 395 us). Scalar ``add`` rows among them too (a
+    long sum's blocks' sums, between its reductions): one call of the driver, not three."""
+    while r < nr:
+        if rows[r, 0] == ADD:
+            a = v[int(rows[r, 1])]
+            b = v[int(rows[r, 2])]
+            v[k] = {add}
+            k += 1
+            r += 1
+            continue
+'''.replace("{add}", _red_exprs()[0]))
+    src.append(_red_forward())
+    src.append('''        k += m * w
+        r += 4
+    return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
 def forward(rows, x, v, r, nr, k):
-    """Run rows ``r .. nr - 1`` of the program (their first slot ``k``) at inputs ``x`` into
-    ``v`` (one value per slot: row ``r`` computes slot ``k``, an array instruction slots
-    ``k .. k + m - 1``); 0, or 1 + the slot of a failed guard (its row in the expanded
-    program)."""
+    """Run rows ``r .. nr - 1`` of the program (their first slot ``k``; no reduction
+    instruction among them: ``red_forward`` runs those) at inputs ``x`` into ``v`` (one value
+    per slot: row ``r`` computes slot ``k``, an array instruction slots ``k .. k + m - 1``);
+    0, or 1 + the slot of a failed guard (its row in the expanded program)."""
     while r < nr:
         op = int(rows[r, 0])
-        if op == RED:
-''')
-    src.append(_red_forward())
-    src.append('''            k += m * w
-            r += 4
-            continue
         if op == ARR:
             m = int(rows[r + 1, 4])
             op = int(rows[r + 1, 5])
@@ -315,18 +332,31 @@ def forward(rows, x, v, r, nr, k):
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def reverse(rows, v, adj, r, k, lo):
-    """The reverse sweep of one sample over rows ``r`` down to ``lo`` (``k``: row ``r``'s
-    last slot): ``adj`` seeded at the outputs."""
+def red_reverse(rows, v, adj, r, k, lo):
+    """The reverse sweep of the reduction instructions at rows ``r`` down to ``lo`` (``k``:
+    row ``r``'s last slot; ``red_forward``'s, and its scalar ``add`` rows)."""
     while r >= lo:
-        op = int(rows[r, 0])
-        if op == TAIL and rows[r - 3, 0] == RED:  # a reduction's last row
-            r -= 3
-''')
-    src.append(_red_reverse())
-    src.append('''            k -= 1
+        if rows[r, 0] == ADD:  # (add's rule: ``g`` to both, a first)
+            g = adj[k]
+            adj[int(rows[r, 1])] += g
+            adj[int(rows[r, 2])] += g
+            k -= 1
             r -= 1
             continue
+        r -= 3
+''')
+    src.append(_red_reverse())
+    src.append('''        k -= 1
+        r -= 1
+    return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def reverse(rows, v, adj, r, k, lo):
+    """The reverse sweep of one sample over rows ``r`` down to ``lo`` (``k``: row ``r``'s
+    last slot; no reduction instruction among them): ``adj`` seeded at the outputs."""
+    while r >= lo:
+        op = int(rows[r, 0])
         if op == TAIL:  # an instruction's last row
             r -= 3
             m = int(rows[r + 1, 4])
@@ -340,7 +370,8 @@ def reverse(rows, v, adj, r, k, lo):
 ''')
     src.append(_OPERANDS)
     src.append(_SKIPS)
-    src += _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)
+    src += [x.replace(" op == ", " lop == ", 1) for x in
+            _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)]
     src.append(_GENERIC_REVERSE)
     src.append('''            k -= 1
             r -= 1

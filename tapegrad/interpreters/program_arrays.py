@@ -266,10 +266,22 @@ def mark_inactive(rows, nslots, bits, leaf):
     """``_mark_inactive``; an extreme's reduction of values with a gradient (it has no rule:
     ``Builder.reduce_terms`` makes them of detached values only) is refused."""
     heads = heads_of(rows)
-    size = np.zeros(rows.shape[0], dtype=np.int64)  # by row, as ``_needed`` takes them
-    span = np.full((rows.shape[0], 3, 2), -1, dtype=np.int64)
-    size[heads], span[heads], _ = spans(rows, heads)
-    act = _mark_inactive(rows, nslots, bits, leaf, size, span)
+    nr = rows.shape[0]
+    size = np.zeros(nr, dtype=np.int64)  # by row, as ``_needed`` takes them
+    size[heads] = _sizes(rows, heads)
+    # by row: each operand's (first slot or -1, stride per value, stride per term) and the
+    # terms of each value (1 but for a reduction's)
+    red = rows[heads, 0] == RED
+    geo = np.zeros((nr, 3, 3), dtype=np.int64)
+    geo[heads, :, 0] = rows[heads, 1:4]
+    geo[heads, 0, 1] = rows[heads + 2, 4]
+    geo[heads, 1, 1] = rows[heads + 2, 5]
+    geo[heads, 2, 1] = np.where(red, 0, rows[heads + 3, 4])
+    geo[heads, 0, 2] = np.where(red, rows[heads, 5], 0)
+    geo[heads, 1, 2] = np.where(red, rows[heads + 3, 4], 0)
+    terms = np.ones(nr, dtype=np.int64)
+    terms[heads] = np.where(red, rows[heads, 4], 1)
+    act = _mark_inactive(rows, nslots, bits, leaf, size, geo, terms)
     h = np.nonzero((rows[:, 0] == RED) & ((np.roll(rows[:, 5], -1) == MAX)
                                           | (np.roll(rows[:, 5], -1) == MIN)))[0]
     if len(h) and (rows[h + 3, 5] != 1.0).any():
@@ -279,65 +291,53 @@ def mark_inactive(rows, nslots, bits, leaf):
 
 
 @njit_cached(nogil=True)
-def _mark_inactive(rows, nslots, bits, leaf, size, span):
+def _mark_inactive(rows, nslots, bits, leaf, size, geo, terms):
     """Flag (1.0 in the constant column of an instruction's last row) the array
     instructions whose values depend on no input through a gradient: their reverse adds
     only to adjoints that reach no input, so the reverse sweep skips them (the max of
     detached values, the counts of tied elements...); an elementwise instruction's
     operands whose gradient reaches no input, ``-(bits a, b, c)`` there (lse's shift by
     its max: a sum in order of 640,000 gradients that went nowhere). Returns whether each
-    slot's value depends on an input through a gradient. ``size``, ``span``: ``spans``'
-    by row."""
+    slot's value depends on an input through a gradient. ``size``, ``geo``, ``terms``:
+    ``mark_inactive``'s, by row."""
     act = np.zeros(nslots, dtype=np.bool_)
     r = 0
     k = 0
     while r < rows.shape[0]:
         op = int(rows[r, 0])
-        if op == leaf:
-            act[k] = True
-        elif op == RED or (op == ARR and int(rows[r + 1, 5]) == leaf):
-            # a reduction's outputs are active when any slot its terms span is (add's and
-            # mul's rules give every term a gradient; a slot between them too: one loop,
-            # ``spans``' bounds), its chains' other slots are never read; inputs are active
-            # and have no rule to run back
+        if op == RED or op == ARR:
+            # all its values active where any element an operand reads is (one loop nest
+            # for every kind of instruction: each loop of its own cost compile time); a
+            # reduction's outputs only (its chains' other slots are never read); inputs
+            # are active and have no rule
             m = int(rows[r + 1, 4])
-            any_ = op == ARR
-            for c in range(3):
-                for t in range(span[r, c, 0], span[r, c, 1] + 1):
-                    any_ = any_ or act[t]
-            for i in range(size[r] - m, size[r]):
-                act[k + i] = any_
-            rows[r + 3, 5] = 0.0 if any_ and op == RED else 1.0
-            r += META + 1
-            k += size[r - META - 1]
-            continue
-        elif op == ARR:
-            m = int(rows[r + 1, 4])
-            b = bits[int(rows[r + 1, 5])]
-            st = (int(rows[r + 2, 4]), int(rows[r + 2, 5]), int(rows[r + 3, 4]))
-            any_ = False
+            code = int(rows[r + 1, 5])
+            b = 7 if op == RED else 0 if code == leaf else bits[code]
+            any_ = op == ARR and code == leaf
             skip = 0  # the operands whose gradient reaches no input (bits a, b, c)
             for c in range(3):
-                s = int(rows[r, 1 + c])
+                s = geo[r, c, 0]
                 if s >= 0 and (b >> c) & 1:
                     need = False
                     for i in range(m):
-                        if act[s + i * st[c]]:
-                            act[k + i] = True
-                            need = True
+                        for t in range(terms[r]):
+                            need = need or act[s + i * geo[r, c, 1] + t * geo[r, c, 2]]
                     any_ = any_ or need
                     if not need:
                         skip |= 1 << c
-            rows[r + 3, 5] = -float(skip) if any_ else 1.0
+            for i in range(size[r] - m, size[r]):
+                act[k + i] = any_
+            rows[r + 3, 5] = 1.0 if not any_ or b == 0 else 0.0 if op == RED else -float(skip)
+            k += size[r]
             r += META + 1
-            k += m
             continue
-        else:
-            b = bits[op] if op < bits.shape[0] else 0
-            for c in range(3):
-                s = int(rows[r, 1 + c])
-                if s >= 0 and (b >> c) & 1 and act[s]:
-                    act[k] = True
+        b = bits[op] if op < bits.shape[0] else 0
+        if op == leaf:
+            act[k] = True
+        for c in range(3):
+            s = int(rows[r, 1 + c])
+            if s >= 0 and (b >> c) & 1 and act[s]:
+                act[k] = True
         r += 1
         k += 1
     return act
@@ -456,7 +456,8 @@ def _needed(rows, at, nslots, roots, guard, leaf, size, span, kept):
 # --- running: one sample ------------------------------------------------------------------
 
 # generated from this format; GRAD_BITS: by opcode, the inputs its rule gives gradients to
-from ._generated_arrays import GRAD_BITS, forward, reverse  # noqa: E402, F401
+from ._generated_arrays import (  # noqa: E402, F401
+    GRAD_BITS, forward, red_forward, red_reverse, reverse)
 
 
 def run_into(rows, work, res):
@@ -472,16 +473,20 @@ def entry(rows, work):
     are of its type), called without Numba's typing of each argument; the dispatchers
     themselves without the JIT.
 
-    Python over the two compiled sweeps, not a compiled driver: a compiled caller links them
-    in and LLVM optimizes them all again (0.8 s of a cold first gradient on 2 cores), for
-    about 2 us per call saved."""
-    fw, rv = forward, reverse
+    Python over the compiled sweeps (and ``red_forward``, ``red_reverse`` for the
+    reductions, ``_plan`` and ``_reverse_plan``'s steps), not a compiled driver: a compiled
+    caller links them in and LLVM optimizes them all again (0.8 s of a cold first gradient
+    on 2 cores), for about 2 us per call saved."""
+    fw, rv, rfw, rrv = forward, reverse, red_forward, red_reverse
+    plan = _plan(rows)
     if hasattr(forward, "compile"):
         mat, vec, i64 = numba.typeof(rows), numba.typeof(work), numba.int64
         fw = forward.compile((mat, vec, vec, i64, i64, i64))
         rv = reverse.compile((mat, vec, vec, i64, i64, i64))
-    plan = _plan(rows)
-    nr = rows.shape[0]
+        if any(op is RED for *_, op in plan):  # (only then: they cost cold compile time)
+            rfw = red_forward.compile((mat, vec, i64, i64, i64))
+            rrv = red_reverse.compile((mat, vec, vec, i64, i64, i64))
+    back = _reverse_plan(rows, plan)
     m, p, nx = int(work[0]), int(work[1]), int(work[2])
     s = _cpu.HEADER + m
     o = s + m + p
@@ -506,6 +511,8 @@ def entry(rows, work):
                 status = int(fw(rows, x, v, r0, r1, k0))
                 if status:
                     break
+            elif op is RED:
+                rfw(rows, v, r0, r1, k0)
             else:
                 # (quiet, as the compiled loops: a log of 0 is -inf, not a warning)
                 with np.errstate(all="ignore"):
@@ -522,7 +529,8 @@ def entry(rows, work):
                 np.add.at(adj, out, work[_cpu.HEADER:s])
             else:
                 adj[out] += work[_cpu.HEADER:s]
-            rv(rows, v, adj, nr - 1, n - 1, 0)
+            for r, k, lo, kind in back:
+                (rv if kind is None else rrv)(rows, v, adj, r, k, lo)
             res[m:] = adj[ins]
         return status
     return run
@@ -556,22 +564,50 @@ def _numpyable(rows, h):
 
 def _plan(rows):
     """The forward's steps: (first row, row after, first slot, slot after, None) for rows
-    the compiled sweep runs, (.., op) for an instruction run in NumPy (``NUMPY_MIN``)."""
+    the compiled sweep runs, (.., op) for an instruction run in NumPy (``NUMPY_MIN``), (..,
+    RED) for a run of reduction instructions and the scalar ``add`` rows after each
+    (``red_forward``)."""
     at, nslots = row_slots(rows)
     nr = rows.shape[0]
     slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
     plan, r0 = [], 0
-    for h in np.nonzero(rows[:, 0] == ARR)[0].tolist():
-        op = _numpyable(rows, h)
+    for h in heads_of(rows).tolist():
+        op = RED if rows[h, 0] == RED else _numpyable(rows, h)
         if op is None:
             continue
-        if h > r0:
-            plan.append((r0, h, slot(r0), slot(h), None))
-        plan.append((h, h + META + 1, slot(h), slot(h + META + 1), op))
-        r0 = h + META + 1
+        e = h + META + 1
+        while op is RED and e < nr and rows[e, 0] == ADD:  # (``red_forward`` runs them too)
+            e += 1
+        if op is RED and plan and plan[-1][4] is RED and plan[-1][1] == h:
+            plan[-1] = plan[-1][:1] + (e,) + plan[-1][2:3] + (slot(e), RED)  # one call
+        else:
+            if h > r0:
+                plan.append((r0, h, slot(r0), slot(h), None))
+            plan.append((h, e, slot(h), slot(e), op))
+        r0 = e
     if r0 < nr or not plan:
         plan.append((r0, nr, slot(r0), nslots, None))
     return plan
+
+
+def _reverse_plan(rows, plan):
+    """The reverse sweep's steps, last first: (last row, its last slot, first row, RED or
+    None for ``reverse``), from the forward's; a run of reductions (no scalar row) none of
+    which has a gradient to pass on (a max's shift: ``mark_inactive`` flags them) is left
+    out."""
+    out = []
+    for r0, r1, k0, k1, op in reversed(plan):
+        if r1 == r0:
+            continue
+        kind = RED if op is RED else None
+        if kind is RED and all(rows[h + META, 5] == 1.0 for h in range(r0, r1, META + 1)) \
+                and (r1 - r0) % (META + 1) == 0 and (rows[r0:r1:META + 1, 0] == RED).all():
+            continue
+        if kind is None and out and out[-1][3] is None and out[-1][2] == r1:
+            out[-1] = out[-1][:2] + (r0, None)  # (a NumPy step's reverse is compiled)
+        else:
+            out.append((r1 - 1, k1 - 1, r0, kind))
+    return out
 
 
 def _operands(rows, h, n, v):
