@@ -13,6 +13,13 @@ from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain
 
 _ND, _empty, _count_nonzero = np.ndarray, np.empty, np.count_nonzero
+
+
+def _same_code(code):
+    """``_run``'s ``select`` of the code itself."""
+    return code
+
+
 ONES_KEPT = 1 << 16  # seeds a program keeps for its batches (``_batch``): 512 KB at most
 
 
@@ -197,10 +204,9 @@ class _Running:
         """``_one`` of a batch on the CPU: what the general path (``_run``, ``_wrap``) gives
         for float64 ndarrays that all have one leading batch axis of the same size ``B`` over
         the traced shapes, without its one-sample attempts (``_run_one``: 1.5 us), input
-        checks (1.7 us) and seeds (0.9 us) on each call; None for other inputs, and when a
-        sample failed a guard of the first variant (``_run`` runs the batch again then, and
-        tries the other variants on the samples that failed). ``code`` is
-        ``self._variants[0]`` and takes ``len(xs)`` inputs (``_one`` checked both)."""
+        checks (1.7 us) and seeds (0.9 us) on each call; None for other inputs. Samples that
+        fail a guard go on as in ``_run`` (``_patch``). ``code`` is ``self._variants[0]``
+        and takes ``len(xs)`` inputs (``_one`` checked both)."""
         if code.single_in:  # (one input: no loop, 0.3 us of a call)
             x, shape = xs[0], code.in_shapes[0]
             if x.__class__ is not _ND or x.dtype is not _F64 or x.ndim != len(shape) + 1 \
@@ -232,8 +238,11 @@ class _Running:
                 code._ones = S
         fn = _cpu.run_parallel if parallel else _cpu.run_batch
         status, outs, G = fn(rows, X, code.out_slots, S[:B], code.in_slots, grad, self.block)
-        if _count_nonzero(status):  # (np.any: 1.1 us, this 0.2)
-            return None
+        if _count_nonzero(status):  # (np.any: 1.1 us, this 0.2) the samples that failed a
+            # guard: the other variants, as ``_run`` does (results in samples x values)
+            code, outs, G, _, _ = self._patch(code, xs, X.T, S[:B].T, status, outs.T, G.T,
+                                              B, False, grad, _same_code)
+            outs, G = outs.T, G.T
         # as ``_wrap`` splits them: fresh C-contiguous arrays, views of ``outs`` and ``G``
         # where a result is all of their columns
         if code.single_out:
@@ -299,6 +308,14 @@ class _Running:
             return self._run(xs, seeds, grad, select)
         code = base
         status, outs, grads = self._execute(code, x, batch, seeds, grad)
+        return self._patch(code, xs, x, seeds, status, outs, grads, batch, as_tensor, grad,
+                           select)
+
+    def _patch(self, code, xs, x, seeds, status, outs, grads, batch, as_tensor, grad, select):
+        """``_run``'s end for a batch that ran with the first variant ``code``: the samples
+        whose guards failed run in the other variants (into ``outs`` and ``grads``, inputs x
+        samples like ``x`` and ``seeds``), or ``_no_variant`` raises or adds one and the
+        batch runs again."""
         failed = np.nonzero(status)[0].tolist()
         if failed and not isinstance(x, np.ndarray):  # GPU results: patched on the host
             x, seeds = _host(x), _host(seeds)

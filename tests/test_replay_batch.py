@@ -302,7 +302,9 @@ def _branchy(x):
     return x[0] * 2.0 if x[1] > 0 else x[0] * 3.0
 
 
-def test_batch_samples_that_fail_a_guard_take_the_other_variants():
+def test_batch_samples_that_fail_a_guard_take_the_other_variants(monkeypatch):
+    """Samples that fail the first variant's guards run in the others (or raise, or
+    re-trace), and the batch itself runs once."""
     import tapegrad as tg
     from tapegrad import GuardError
     X = np.array([[1.0, 1.0], [1.0, -1.0], [2.0, 1.0]])
@@ -312,5 +314,10 @@ def test_batch_samples_that_fail_a_guard_take_the_other_variants():
     v, g = prog.value_and_grad(X)
     _same(v, np.array([2.0, 3.0, 4.0]))
     _same(g.ravel(), np.array([2.0, 0.0, 3.0, 0.0, 2.0, 0.0]))
+    runs, run_batch = [], replay_cpu.run_batch
+    monkeypatch.setattr(replay_cpu, "run_batch", lambda *a: runs.append(1) or run_batch(*a))
     v, g = prog.value_and_grad(X)  # both variants now
     _same(v, np.array([2.0, 3.0, 4.0]))
+    _same(g.ravel(), np.array([2.0, 0.0, 3.0, 0.0, 2.0, 0.0]))
+    _same(prog(X[::-1]), np.array([4.0, 3.0, 2.0]))
+    assert len(runs) == 2 and g.flags.c_contiguous
