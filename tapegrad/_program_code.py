@@ -142,6 +142,9 @@ class _Code:
     # worked out with ``run``)
     frows = None
     get_vg = None
+    # the seeds (ones, B x outputs) of ``Program._batch``'s largest batch so far, up to
+    # ``_program_run.ONES_KEPT`` elements: a batch reads its first rows, never writes them
+    _ones = None
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
         # ``arows``: the rows as traced, with array instructions (interpreters/
@@ -280,6 +283,7 @@ class _Code:
         state = self.__dict__.copy()
         # the one-sample calls' buffers and entry (compiled code) are made again when needed
         state["_free"], state["run"], state["frows"] = [], None, None
+        state.pop("_ones", None)
         return state
 
     def derived(self, key, build):

@@ -181,3 +181,143 @@ def test_powc_loops_give_single_calls(c0):
     X = _samples()
     S = np.ones((2, X.shape[1]))
     _check(rows, X, S)
+
+
+# --- the call of a batch (``Program._batch``): the general path's results, without its steps
+
+
+def _two_in(a, b):
+    return (a * b[0, 1] + b.sum() * a.sin()) ** 2
+
+
+def _two_out(a, b):
+    return (a * b).sum(), b * a.sum()
+
+
+def _general(prog, xs, grad):
+    """What ``_run`` and ``_wrap`` give for ``xs`` (the path batches took before)."""
+    code, outs, grads, batch, _ = prog._run(xs, grad=grad)
+    value = prog._wrap(outs, code.outputs, batch, False, code.kind)
+    if not grad:
+        return value
+    return value, prog._wrap(grads, code.inputs, batch, False,
+                             "single" if len(code.inputs) == 1 else "tuple")
+
+
+def _same_results(got, want):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if isinstance(w, tuple):
+            _same_results(g, w)
+            continue
+        assert type(g) is type(w) and g.shape == w.shape and g.dtype == w.dtype
+        assert g.flags.c_contiguous
+        _same(g.ravel(), w.ravel())
+
+
+@pytest.mark.parametrize("target", ["cpu", "parallel"])
+@pytest.mark.parametrize("B", [1, 3, 40])
+def test_batched_calls_skip_the_one_sample_paths_and_give_the_general_path(target, B,
+                                                                         monkeypatch):
+    """A batch of float64 ndarrays goes from ``_one`` straight to the batch interpreter (not
+    through ``_run_one`` and ``_inputs``: 3 to 4 us of a small batch's call) and gives what
+    the general path gives, bit for bit, shapes and layout too: one input and several,
+    several outputs, C-ordered, Fortran-ordered and strided inputs, a batch of one."""
+    import tapegrad as tg
+    rng = np.random.default_rng(B)
+    p1 = tg.trace(_mixed, np.array([0.3, -0.2, 0.7]), target=target)
+    p1.block = 16
+    p2 = tg.trace(_two_in, np.array(0.5), np.ones((2, 3)), target=target)
+    p3 = tg.trace(_two_out, np.ones(4), np.ones(4), target=target)
+    X = rng.normal(size=(B, 3))
+    A, Bm = rng.normal(size=B), rng.normal(size=(B, 2, 3))
+    P, Q = rng.normal(size=(B, 8))[:, ::2], np.asfortranarray(rng.normal(size=(B, 4)))
+    cases = [(p1, (X,), True), (p1, (np.asfortranarray(X),), True), (p1, (X,), False),
+             (p2, (A, Bm), True), (p2, (A, Bm), False), (p3, (P, Q), False)]
+    want = [_general(p, xs, grad) for p, xs, grad in cases]
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a batch went through the one-sample or the general path")
+    for p, _, _ in cases:
+        monkeypatch.setattr(p, "_run_one", boom)
+        monkeypatch.setattr(p, "_inputs", boom)
+    for (p, xs, grad), w in zip(cases, want):
+        _same_results(p.value_and_grad(*xs) if grad else p(*xs), w)
+
+
+def test_batch_results_do_not_alias_the_kept_seeds_or_the_inputs():
+    """The seeds a program keeps for its batches are never a result: writing into one
+    call's results changes neither the next call's nor the seeds; results are fresh."""
+    import tapegrad as tg
+    prog = tg.trace(_mixed, np.array([0.3, -0.2, 0.7]))
+    X = np.random.default_rng(0).normal(size=(8, 3))
+    v0, g0 = (a.copy() for a in prog.value_and_grad(X))
+    v, g = prog.value_and_grad(X)
+    ones = prog._code._ones
+    assert ones is not None and not any(np.shares_memory(a, b) for a in (v, g)
+                                        for b in (ones, X))
+    v[...], g[...] = 7.0, 7.0
+    v2, g2 = prog.value_and_grad(X[:5])
+    _same(v2, v0[:5])
+    _same(g2.ravel(), g0[:5].ravel())
+    assert (prog._code._ones == 1.0).all()
+    v3, _ = prog.value_and_grad(np.concatenate([X, X, X]))  # a larger batch: more seeds
+    _same(v3, np.concatenate([v0, v0, v0]))
+
+
+def test_a_batch_of_one_is_a_batch_and_one_sample_is_not():
+    import tapegrad as tg
+    prog = tg.trace(_mixed, np.array([0.3, -0.2, 0.7]))
+    x = np.array([0.1, -1.5, 2.0])
+    v, g = prog.value_and_grad(x)
+    vb, gb = prog.value_and_grad(x[None])
+    assert isinstance(v, float) and g.shape == (3,)
+    assert vb.shape == (1,) and gb.shape == (1, 3)
+    _same(vb, np.array([v]))
+    _same(gb[0], g)
+    assert prog(x[None]).shape == (1,) and isinstance(prog(x), float)
+
+
+def test_wrong_batches_raise_as_before():
+    """Inputs the batch path does not take fall to the general path, which says what is
+    wrong: batches that disagree, wrong trailing shapes, another dtype, an empty batch."""
+    import tapegrad as tg
+    prog = tg.trace(_two_in, np.array(0.5), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="inputs disagree on the batch"):
+        prog.value_and_grad(np.ones(3), np.ones((4, 2, 3)))
+    with pytest.raises(ValueError, match=r"input 1 has shape \[3, 3, 2\]"):
+        prog.value_and_grad(np.ones(3), np.ones((3, 3, 2)))
+    with pytest.raises(TypeError, match="has dtype float32"):
+        prog(np.ones(3), np.ones((3, 2, 3), dtype=np.float32))
+    # an empty batch: the general path's ValueError (NumPy's, from a reshape), as before
+    for p in (prog, tg.trace(_mixed, np.array([0.3, -0.2, 0.7]))):
+        xs = (np.ones(0), np.ones((0, 2, 3))) if p is prog else (np.ones((0, 3)),)
+        with pytest.raises(ValueError, match="cannot reshape"):
+            p.value_and_grad(*xs)
+
+
+def _branchy(x):
+    return x[0] * 2.0 if x[1] > 0 else x[0] * 3.0
+
+
+def test_batch_samples_that_fail_a_guard_take_the_other_variants(monkeypatch):
+    """Samples that fail the first variant's guards run in the others (or raise, or
+    re-trace), and the batch itself runs once."""
+    import tapegrad as tg
+    from tapegrad import GuardError
+    X = np.array([[1.0, 1.0], [1.0, -1.0], [2.0, 1.0]])
+    with pytest.raises(GuardError, match="for sample 1 of the batch"):
+        tg.trace(_branchy, np.array([1.0, 1.0])).value_and_grad(X)
+    prog = tg.trace(_branchy, np.array([1.0, 1.0]), retrace=True)
+    v, g = prog.value_and_grad(X)
+    _same(v, np.array([2.0, 3.0, 4.0]))
+    _same(g.ravel(), np.array([2.0, 0.0, 3.0, 0.0, 2.0, 0.0]))
+    runs, run_batch = [], replay_cpu.run_batch
+    monkeypatch.setattr(replay_cpu, "run_batch", lambda *a: runs.append(1) or run_batch(*a))
+    v, g = prog.value_and_grad(X)  # both variants now
+    _same(v, np.array([2.0, 3.0, 4.0]))
+    _same(g.ravel(), np.array([2.0, 0.0, 3.0, 0.0, 2.0, 0.0]))
+    _same(prog(X[::-1]), np.array([4.0, 3.0, 2.0]))
+    assert len(runs) == 2 and g.flags.c_contiguous
