@@ -58,6 +58,9 @@ class _Running:
                 b = None
             elif x.shape[1:] == shape and x.ndim == len(shape) + 1:
                 b = x.shape[0]
+                if b == 0:
+                    raise ValueError(f"input {i} is an empty batch (shape {list(x.shape)}): "
+                                     f"pass at least one sample")
             else:
                 raise ValueError(f"input {i} has shape {list(x.shape)}, but the program was "
                                  f"traced with shape {list(shape)} (or pass a batch of shape "
