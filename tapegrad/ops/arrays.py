@@ -188,6 +188,23 @@ register("reshape", A, np=lambda a, aux: np.reshape(a, aux[0]), torch="reshape",
          batch=_plain_batch(_shapes_aux), lower=lw.lower_reshape, api=("reshape",))
 def _expand(a, aux):
     shape = aux[0]
+    if a.__class__ is np.ndarray and a.ndim and a.flags.c_contiguous and a.size:
+        # (a sum's gradient broadcast back in an array sweep): the zero-stride view
+        # broadcast_to makes, built directly at half its cost
+        pad = len(shape) - a.ndim
+        if pad >= 0:
+            strides = [0] * pad
+            for n, st, want in zip(a.shape, a.strides, shape[pad:]):
+                if n == want:
+                    strides.append(st)
+                elif n == 1:
+                    strides.append(0)
+                else:
+                    break  # not broadcastable: broadcast_to's error below
+            else:
+                v = np.ndarray(shape, a.dtype, a, 0, strides)
+                v.flags.writeable = False
+                return v
     if _ndim(a) == 0:  # the common case (a full reduction's gradient): a zero-stride view
         a = np.asarray(a)
         return np.ndarray(shape, a.dtype, buffer=a.reshape(1), strides=(0,) * len(shape))
