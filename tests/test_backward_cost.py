@@ -260,3 +260,35 @@ def test_release_of_a_wholly_freed_short_tape_is_droppables(monkeypatch, make):
     assert fast[:3] == slow[:3] and slow[3]
     assert fast[3] == (make is _partial)
     assert fast[0]
+
+
+def test_expand_forward_is_broadcast_to():
+    """expand's forward builds a C-contiguous array's zero-stride view directly (a sum's
+    gradient broadcast back in the array sweep, half broadcast_to's cost): broadcast_to's
+    shape, strides, values and read-only flag, and its error where shapes do not fit."""
+    from tapegrad.ops import BY_NAME
+    expand = BY_NAME["expand"].np
+    rng = np.random.default_rng(0)
+    for a, shape in [(rng.normal(size=(10, 1, 16)), (10, 8, 16)),
+                     (rng.normal(size=(3,)), (4, 2, 3)), (rng.normal(size=(1, 1)), (5, 6)),
+                     (rng.normal(size=(2, 3)), (2, 3)), (rng.normal(size=(4, 1)), (2, 4, 0)),
+                     (rng.normal(size=(6, 4))[:, :2], (3, 6, 2)), (np.array(2.5), (2, 2))]:
+        got, want = expand(a, (shape,)), np.broadcast_to(a, shape)
+        assert got.shape == want.shape and got.strides == want.strides
+        np.testing.assert_array_equal(got, want)
+        if a.ndim:
+            assert not got.flags.writeable
+    with pytest.raises(ValueError, match="could not be broadcast"):
+        expand(np.ones((2, 3)), ((4, 3),))
+
+
+def test_expand_forward_skips_broadcast_to(monkeypatch):
+    """The C-contiguous case does not go through np.broadcast_to (the cost it cuts)."""
+    from tapegrad.ops import BY_NAME
+    a = np.arange(20.0).reshape(10, 1, 2)
+    want = np.broadcast_to(a, (10, 8, 2)).copy()
+
+    def boom(*args, **kwargs):
+        raise AssertionError("np.broadcast_to called")
+    monkeypatch.setattr(np, "broadcast_to", boom)
+    np.testing.assert_array_equal(BY_NAME["expand"].np(a, ((10, 8, 2),)), want)
