@@ -103,6 +103,7 @@ class _Worker:
                 job()
             except BaseException as e:  # noqa: BLE001  raised in the caller by finish
                 self.error = e
+            job = None  # (the pass's arrays are not kept alive until the next job)
             self.done.release()
 
     def post(self, job):

@@ -477,3 +477,35 @@ def test_user_threads_at_once():
     for s in range(4):
         for r in got[s]:
             assert all(_same_bits(a, b) for a, b in zip(r, want[s]))
+
+
+def _last_job_released(worker, post, finish):
+    """Run one job on ``worker`` (taken by its thread, not withdrawn), then check that the
+    idle thread keeps nothing the job referenced alive."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+    held, ran = Held(), threading.Event()
+    ref = weakref.ref(held)
+
+    def job(h=held):
+        ran.set()
+    token = post(job)
+    assert ran.wait(30), "the worker never took the job"
+    finish(job, token)
+    del job, held
+    gc.collect()
+    return ref() is None
+
+
+def test_an_idle_worker_keeps_no_reference_to_its_last_job():
+    # a worker's last job (its arrays: a pass's output, a batch's results) must not live
+    # until the next one: after a backward, the tape's saved arrays were held by it
+    from tapegrad import _threads
+    from tapegrad.interpreters import replay_cpu
+    w = _threads._Worker()
+    assert _last_job_released(w, lambda job: w.post(job), lambda job, _: w.finish(job))
+    r = replay_cpu._Worker()
+    assert _last_job_released(r, r.post, r.finish)

@@ -254,6 +254,7 @@ class _Worker:
                 job()
             except BaseException as e:  # noqa: BLE001  raised in the caller by finish
                 self.error = e
+            job = None  # (the batch's arrays are not kept alive until the next job)
             with mutex:
                 self.finished = seen  # for a caller that stopped spinning (flags[1] below)
                 wake, self.waiting = self.waiting, False
