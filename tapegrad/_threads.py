@@ -8,28 +8,11 @@ import os
 import threading
 import time
 
-#: the default: every core this process may run on, at most 8 (the passes split are
-#: memory-bound: past a few threads they wait on memory, not on arithmetic)
-_CAP = 8
-
-
-def _cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # (not on Linux)
-        return os.cpu_count() or 1
-
-
-def _default():
-    # OMP_NUM_THREADS, as torch reads it (``OMP_NUM_THREADS=1`` makes both one-threaded)
-    try:
-        n = int(os.environ.get("OMP_NUM_THREADS", ""))
-    except ValueError:
-        n = 0
-    return n if n > 0 else max(1, min(_cores(), _CAP))
-
-
-_num = [_default()]
+# one thread unless the user asks for more: on the 2-core machines measured, splitting a
+# pass never paid (idle: gmm's gradient 1.49 ms on one thread, 1.55 on two; the batched
+# 64-row Jacobian 206 us, 232 on two), because the caller waits for Python's lock around
+# each compiled call while a worker holds it (docs/gradbench.md)
+_num = [1]
 
 
 def set_num_threads(n):
@@ -43,8 +26,9 @@ def set_num_threads(n):
     Parameters
     ----------
     n : int
-        A positive number of threads; the default is ``OMP_NUM_THREADS`` where it is set
-        (as torch's), else the number of cores this process may run on, at most 8.
+        A positive number of threads; the default is 1 (unlike torch's, which is the
+        number of cores: on the 2-core machines measured the threads did not pay, see
+        docs/gradbench.md).
 
     Examples
     --------

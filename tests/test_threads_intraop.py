@@ -78,16 +78,18 @@ def test_default_and_round_trip():
     assert tg.get_num_threads() == 1 and type(tg.get_num_threads()) is int
 
 
-@pytest.mark.parametrize("env, want", [("1", "1"), ("3", "3"), ("x", None), ("0", None)])
-def test_default_from_omp_num_threads(env, want):
+@pytest.mark.parametrize("env", ["", "1", "4"])
+def test_default_is_one_thread(env):
+    # one thread whatever OMP_NUM_THREADS says (torch's default is the cores: ours did not
+    # pay on the machines measured, so more threads are asked for, never assumed)
     import os
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", "from tapegrad import _threads as t; "
-                          "print(t.get_num_threads(), min(t._cores(), 8))"],
+                          "print(t.get_num_threads())"],
                          env=dict(os.environ, OMP_NUM_THREADS=env), capture_output=True,
                          text=True, check=True).stdout.split()
-    assert out[0] == (want or out[1])  # (unset or not a positive int: the cores, at most 8)
+    assert out == ["1"]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None, 2.0])
