@@ -292,3 +292,18 @@ def test_expand_forward_skips_broadcast_to(monkeypatch):
         raise AssertionError("np.broadcast_to called")
     monkeypatch.setattr(np, "broadcast_to", boom)
     np.testing.assert_array_equal(BY_NAME["expand"].np(a, ((10, 8, 2),)), want)
+
+
+def test_create_graph_expand_is_broadcast_to():
+    # the create_graph sweep's expand forward (``_tensor_backend._expand_np``) gives what
+    # np.broadcast_to gives (values, shape; read-only for an array: a view of it) for
+    # floats, 0-d and other arrays
+    from tapegrad.autograd._tensor_backend import _expand_np
+    cases = [(2.5, (3, 2)), (np.array(1.5), (4,)), (np.arange(3.0), (2, 3)),
+             (np.arange(6.0).reshape(2, 3)[:, ::2], (4, 2, 2)), (np.ones((1, 3)), (5, 3))]
+    for d, shape in cases:
+        got, want = _expand_np(d, (shape, np.shape(d))), np.broadcast_to(d, shape)
+        assert got.shape == want.shape and np.array_equal(got, want)
+        assert isinstance(d, float) or not got.flags.writeable
+    with pytest.raises(ValueError):
+        _expand_np(np.arange(3.0), ((2, 4), (3,)))

@@ -103,28 +103,16 @@ def _shape_op(op):
 
 
 def _expand_np(d, aux):
-    """expand's forward (``np.broadcast_to``, read-only) for a C-contiguous array: the
-    zero-stride view built directly, at half broadcast_to's cost (a reduction's gradient
-    broadcast back in every create_graph sweep)."""
+    """expand's forward: the registry's (``arrays._expand``: a C-contiguous array's
+    zero-stride view built directly), read-only for an array as ``np.broadcast_to``'s view
+    is, and a float (a full reduction's gradient) viewed without an array first."""
     shape = aux[0]
     if d.__class__ is _pyfloat:  # a full reduction's gradient, as expand's own forward
         return np.ndarray(shape, _F64, np.array((d,)), 0, (0,) * len(shape))
-    if d.__class__ is np.ndarray and d.flags.c_contiguous and d.size:
-        pad = len(shape) - d.ndim
-        if pad >= 0:
-            strides = [0] * pad
-            for n, st, want in zip(d.shape, d.strides, shape[pad:]):
-                if n == want:
-                    strides.append(st)
-                elif n == 1:
-                    strides.append(0)
-                else:
-                    break  # not broadcastable: NumPy's error below
-            else:
-                v = np.ndarray(shape, d.dtype, d, 0, strides)
-                v.flags.writeable = False
-                return v
-    return _EXPAND.np(d, aux)
+    v = _EXPAND.np(d, aux)
+    if d.__class__ is np.ndarray and v is not d and v.flags.writeable:
+        v.flags.writeable = False  # (a 0-d array's view)
+    return v
 
 
 def _where_rule(c, x, y):
