@@ -885,6 +885,13 @@ def test_replay_leg_arrays():
     assert_ran(stats, {"arrays": 20})
 
 
+def test_replay_leg_arrays_found_by_the_slow_tier():
+    # seed 44074: the reverse plan tested a step of reductions and the scalar adds after
+    # them for inactive reductions before checking it held reductions only, reading a
+    # head past the rows' end (IndexError)
+    run_legs([44074], ["arrays"])
+
+
 @pytest.mark.slow
 def test_replay_leg_arrays_slow():
     stats = run_legs(range(44_000, 44_500), ["arrays"])

@@ -600,8 +600,10 @@ def _reverse_plan(rows, plan):
         if r1 == r0:
             continue
         kind = RED if op is RED else None
-        if kind is RED and all(rows[h + META, 5] == 1.0 for h in range(r0, r1, META + 1)) \
-                and (r1 - r0) % (META + 1) == 0 and (rows[r0:r1:META + 1, 0] == RED).all():
+        # (reductions only: a scalar add row among them puts a head past the rows' end)
+        if kind is RED and (r1 - r0) % (META + 1) == 0 \
+                and (rows[r0:r1:META + 1, 0] == RED).all() \
+                and all(rows[h + META, 5] == 1.0 for h in range(r0, r1, META + 1)):
             continue
         if kind is None and out and out[-1][3] is None and out[-1][2] == r1:
             out[-1] = out[-1][:2] + (r0, None)  # (a NumPy step's reverse is compiled)
