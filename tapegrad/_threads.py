@@ -116,18 +116,30 @@ class _Worker:
         return False
 
 
-_workers: list = []
-_busy = threading.Lock()  # held by the one run_chunks that uses the workers
+class Pool:
+    """Persistent workers of one kind and the lock held by the one call that uses them
+    (another call meanwhile runs on its own thread): ``run_chunks``' and
+    ``target="parallel"``'s (``replay_cpu``). A forked child starts with none: the parent's
+    threads are not in it."""
+
+    def __init__(self):
+        self.workers, self.busy = [], threading.Lock()
+        _pools.append(self)
+
+
+_pools: list = []
 
 
 def _reset_after_fork():
-    global _busy
-    _workers.clear()  # the threads are not in the child
-    _busy = threading.Lock()
+    for pool in _pools:
+        pool.workers.clear()
+        pool.busy = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+
+_pool = Pool()
 
 
 #: passes run on the calling thread alone after a worker was late (``run_chunks``): not
@@ -167,19 +179,20 @@ def run_chunks(fn, m):
     ``BACKOFF_MAX``, and a pass on time resets it. So does a pass that saved less than
     half the time of its chunks one after the other (the workers sharing the caller's
     core, or waits for Python's lock, held by a worker taken off its core)."""
-    if m <= 1 or _backoff[0] > 0 or not _busy.acquire(False):
+    if m <= 1 or _backoff[0] > 0 or not _pool.busy.acquire(False):
         if _backoff[0] > 0:
             _backoff[0] -= 1
         for i in range(m):
             fn(i)
         return
     try:
-        while len(_workers) < m - 1:
-            _workers.append(_Worker())
+        workers = _pool.workers
+        while len(workers) < m - 1:
+            workers.append(_Worker())
         # each chunk runs in a copy of the caller's context: NumPy's error state (quiet,
         # as tapegrad's passes are, or raising) is a context variable
         jobs = [functools.partial(contextvars.copy_context().run, fn, i) for i in range(1, m)]
-        for w, job in zip(_workers, jobs):
+        for w, job in zip(workers, jobs):
             w.post(job)
         error = None
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -189,7 +202,7 @@ def run_chunks(fn, m):
             error = e
         own, own_cpu = time.perf_counter() - t0, time.thread_time() - c0
         late, waited = False, 0.0
-        for i, (w, job) in enumerate(zip(_workers, jobs), 1):
+        for i, (w, job) in enumerate(zip(workers, jobs), 1):
             try:
                 t1 = time.perf_counter()
                 if w.finish(job):  # withdrawn: no core for the worker just now
@@ -213,6 +226,7 @@ def run_chunks(fn, m):
         if error is not None:
             raise error
     finally:
-        if any(w.broken for w in _workers):
-            _workers[:] = [w for w in _workers if not w.broken]
-        _busy.release()
+        workers = _pool.workers
+        if any(w.broken for w in workers):
+            workers[:] = [w for w in workers if not w.broken]
+        _pool.busy.release()

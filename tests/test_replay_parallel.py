@@ -262,7 +262,7 @@ def test_handovers_by_lock_and_by_spin_give_the_serial_numbers(progs, monkeypatc
     X = np.random.default_rng(5).normal(size=(100, 5))
     want_v, want_g = prog.value_and_grad(X)
     par.value_and_grad(X)
-    monkeypatch.setattr(replay_cpu, "_workers", [])  # fresh workers with these turns
+    monkeypatch.setattr(replay_cpu._pool, "workers", [])  # fresh workers with these turns
     monkeypatch.setattr(replay_cpu, "_turns", turns)
     monkeypatch.setattr(replay_cpu, "SPIN_US", 1)  # turns a worker spins: ``turns``
     errors = []

@@ -139,7 +139,7 @@ def test_late_worker_backs_off(monkeypatch):
     monkeypatch.setattr(_threads, "PAY_SLACK", 1.0)  # (the pass's time: the other test)
     monkeypatch.setattr(_threads, "LATE", 0.005)  # (the caller's chunk sleeps twice that)
     _threads.run_chunks(lambda i: None, 2)  # (the worker exists)
-    w = _threads._workers[0]
+    w = _threads._pool.workers[0]
     release = threading.Event()
     blocker = release.wait
     w.post(blocker)
@@ -218,7 +218,7 @@ def test_short_chunk_withdrawn_without_back_off(monkeypatch):
     monkeypatch.setattr(_threads, "LATE", 0.5)  # (a loaded machine cannot make it late)
     _threads.run_chunks(lambda i: None, 2)
     import time
-    w = _threads._workers[0]
+    w = _threads._pool.workers[0]
     release = threading.Event()
     blocker = release.wait
     w.post(blocker)
@@ -238,7 +238,7 @@ def test_interrupted_wait_drops_the_worker():
     # waits for every chunk it hands out (no result read before it is written)
     import time
     _threads.run_chunks(lambda i: None, 2)
-    w = _threads._workers[0]
+    w = _threads._pool.workers[0]
     real = w.done
 
     class Interrupting:
@@ -260,11 +260,11 @@ def test_interrupted_wait_drops_the_worker():
     try:
         with pytest.raises(KeyboardInterrupt):
             _threads.run_chunks(fn, 2)
-        assert w not in _threads._workers
+        assert w not in _threads._pool.workers
     finally:
         release.set()
-        if w in _threads._workers:  # (a failed check: not left to the other tests)
-            _threads._workers.remove(w)
+        if w in _threads._pool.workers:  # (a failed check: not left to the other tests)
+            _threads._pool.workers.remove(w)
     _threads._backoff[0] = 0
     out = np.zeros(2)
 

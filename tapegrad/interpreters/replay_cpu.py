@@ -3,7 +3,6 @@ or spread over cores by threads), and one sample with many seeds (Jacobians)."""
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 
@@ -11,6 +10,7 @@ import numba
 import numpy as np
 
 from .._jit import njit_cached
+from .._threads import Pool
 from . import _atomic
 from ._generated_replay import (  # noqa: F401  (run_fused: the entry of fused rows)
     HEADER, forward, reverse, reverse_multi, run_block, run_fused)
@@ -297,18 +297,7 @@ class _Worker:
             raise e
 
 
-_workers: list = []
-_busy = threading.Lock()  # held by the one run_parallel that uses the workers
-
-
-def _reset_after_fork():
-    global _busy
-    _workers.clear()  # the threads are not in the child
-    _busy = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
+_pool = Pool()  # the workers of run_parallel
 
 
 #: row-samples (rows x samples) a batch needs for ``target="parallel"`` to spread it over
@@ -351,7 +340,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     global _compiled
     B = X.shape[0]
     n = min(numba.get_num_threads(), B)
-    if n < 2 or (ADAPT and _pause[0] > 0) or not _busy.acquire(blocking=False):
+    if n < 2 or (ADAPT and _pause[0] > 0) or not _pool.busy.acquire(blocking=False):
         # one thread, a pause, or another thread's batch has the workers (and the cores)
         if _pause[0] > 0:
             _pause[0] -= 1
@@ -382,9 +371,10 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
                       *_room(rows, size), _NO_SIGNAL, 0)
             _compiled = True
-        while len(_workers) < n - 1:
-            _workers.append(_Worker())
-        helpers = _workers[:min(n, len(spans)) - 1]
+        workers = _pool.workers
+        while len(workers) < n - 1:
+            workers.append(_Worker())
+        helpers = workers[:min(n, len(spans)) - 1]
         # the first worker sees its job from the caller's first block, without the GIL
         # (compiled: without the JIT, run_block is Python, which cannot store atomically)
         later = hasattr(run_block, "py_func")
@@ -403,7 +393,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             _pause[1] = 0
         return status, outs, G
     finally:
-        _busy.release()
+        _pool.busy.release()
 
 
 @njit_cached(error_model="numpy", nogil=True)
