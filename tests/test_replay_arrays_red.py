@@ -59,6 +59,17 @@ def torch_derivs(f, x, v):
     return y.item(), g.detach().numpy(), hv.numpy()
 
 
+def assert_as_scalar_rows_and_torch(P, f, x0):
+    """``P`` (f traced with instructions) gives the scalar rows' numbers to the bit, and
+    torch's gradient."""
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: f(tg, x), x0)
+    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
+        np.testing.assert_array_equal(a, b)
+    y, g, _ = torch_derivs(f, x0, x0)
+    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+
+
 def results(P, x, v):
     value, g = P.value_and_grad(x)
     return [value, g, P.hvp((x,), (v,))[1], P.grad_program()(x), P.hessian(x) @ v,
@@ -263,12 +274,7 @@ def test_exact_ops_in_numpy_give_the_compiled_loops_numbers(monkeypatch):
     P = tg.trace(lambda x: f(tg, x), x0)
     ran = {op.name for *_, op in PA._plan(P._code.arows) if op not in (None, PA.RED)}
     assert ran >= {"leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul"}, ran
-    with RF.array_instructions(SCALAR):
-        S = tg.trace(lambda x: f(tg, x), x0)
-    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
-        np.testing.assert_array_equal(a, b)
-    y, g, _ = torch_derivs(f, x0, x0)
-    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+    assert_as_scalar_rows_and_torch(P, f, x0)
 
 
 def test_sweeps_over_row_ranges_compose():
@@ -359,12 +365,7 @@ def test_a_long_sums_blocks_and_their_adds_are_one_step_of_the_driver():
                for r0, r1 in steps), steps
     back = PA._reverse_plan(rows, plan)
     assert sum(kind is PA.RED for *_, kind in back) == len(steps)
-    with RF.array_instructions(SCALAR):
-        S = tg.trace(lambda x: f(tg, x), x0)
-    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
-        np.testing.assert_array_equal(a, b)
-    y, g, _ = torch_derivs(f, x0, x0)
-    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+    assert_as_scalar_rows_and_torch(P, f, x0)
 
 
 def test_marks_what_passes_no_gradient_to_an_input():
@@ -389,9 +390,4 @@ def test_marks_what_passes_no_gradient_to_an_input():
     assert flags["ne"] == flags["eq"] == flags["select"] == {1.0}, flags
     assert 1.0 in flags["red maximum"] and 0.0 in flags["red add"], flags
     assert flags["sub"] == {-2.0} and flags["mul"] == {-2.0}, flags  # (b: the shift, W)
-    with RF.array_instructions(SCALAR):
-        S = tg.trace(lambda x: f(tg, x), x0)
-    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
-        np.testing.assert_array_equal(a, b)
-    y, g, _ = torch_derivs(f, x0, x0)
-    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+    assert_as_scalar_rows_and_torch(P, f, x0)
