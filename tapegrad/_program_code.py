@@ -145,6 +145,8 @@ class _Code:
     # the seeds (ones, B x outputs) of ``Program._batch``'s largest batch so far, up to
     # ``_program_run.ONES_KEPT`` elements: a batch reads its first rows, never writes them
     _ones = None
+    # a Hessian-vector program's (``_hvp_code``) getter of H v in its results
+    get_hv = None
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
         # ``arows``: the rows as traced, with array instructions (interpreters/
@@ -201,6 +203,7 @@ class _Code:
             self.single_out and self.single_in and self.out_keys is not None
             and self.grad_keys is not None) else None
         self._free = []
+        self._pairs = []  # a Hessian-vector program's: ``_program_run._hvp_buffers``
         self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
         # the rows ``run`` runs, set with it: ``arows``, and after ``fuse.TIER`` one-sample
         # calls (``tier_up``) scalar rows with superinstructions (``interpreters/fuse.py``:
@@ -282,9 +285,13 @@ class _Code:
     def __getstate__(self):
         state = self.__dict__.copy()
         # the one-sample calls' buffers and entry (compiled code) are made again when needed
-        state["_free"], state["run"], state["frows"] = [], None, None
+        state["_free"], state["_pairs"], state["run"], state["frows"] = [], [], None, None
         state.pop("_ones", None)
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_pairs", [])  # (pickles made before it)
 
     def derived(self, key, build):
         c = self._derived.get(key)
@@ -345,9 +352,12 @@ def _hvp_code(code):
     dot = int(np.asarray(reduce(L2, "add", prods, None, False, 0.0)))
     rows = L2.rows()
     pruned, new = _prog.prune(rows, np.array([dot], dtype=np.int64))
-    return _Code(pruned, new[np.concatenate([code.in_slots, vs])], new[[dot]],
-                 code.inputs + code.inputs, [((), np.dtype(np.float64))], "single",
-                 code.sites)
+    h = _Code(pruned, new[np.concatenate([code.in_slots, vs])], new[[dot]],
+              code.inputs + code.inputs, [((), np.dtype(np.float64))], "single", code.sites)
+    nin = len(code.inputs)
+    layout = h.grad_layout[:nin]
+    h.get_hv = _getter(_keys(layout), layout, nin == 1)
+    return h
 
 
 def _hvp_of(code):
