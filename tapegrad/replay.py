@@ -133,13 +133,13 @@ class Program(_Running, _Derivatives):
         """The traced function's outputs at ``xs``. Called on tensors that require grad
         (with grad mode on), the call is recorded on their tape as one entry: gradients,
         batched gradients and create_graph flow through it like through any op."""
+        r = self._one(xs, False)  # plain ndarrays only: never a tensor to record on
+        if r is not None:
+            return r
         if STATE.grad_enabled:
             for x in xs:
                 if isinstance(x, Tensor) and x._rg:
                     return self._call_recorded(xs)
-        r = self._one(xs, False)
-        if r is not None:
-            return r
         r = self._run_one(xs, False)
         if r is not None:
             code, res, _, as_tensor = r
