@@ -23,15 +23,6 @@ def _same_code(code):
 ONES_KEPT = 1 << 16  # seeds a program keeps for its batches (``_batch``): 512 KB at most
 
 
-def _hvp_buffers(code, h):
-    """``Program._hvp_one``'s buffers: (the program's work, views of its inputs, its value
-    (one float, never returned as it is), the Hessian-vector program's work, views of its
-    inputs v, of its inputs x flat, the program's inputs flat)."""
-    work, flat, views = code.buffers()
-    hwork, hflat, hviews = h.buffers()
-    return (work, views, _empty(1), hwork, hviews[len(views):], hflat[:code.n_in], flat)
-
-
 class _Running:
     """``Program``'s methods that run its code (a base class of ``replay.Program``)."""
 
@@ -215,44 +206,36 @@ class _Running:
     def _hvp_one(self, xs, vs):
         """``hvp``'s optimization-loop call: (value, H v) of one sample of float64 ndarrays
         of exactly the traced shapes on the CPU, as the general path gives them (a fresh
-        H v): the program's forward for the value, then the Hessian-vector program's
-        entry with its gradient, on a pair of their buffers kept together (``_hvp_buffers``).
-        (Kept in the Hessian-vector program, the rows that only the value reads, 495 of
-        2,280 at n=100 Rosenbrock, cost its sweeps more than the program's forward.) None for
-        other inputs or a failed guard (the general path then tries the variants, raises or
-        re-traces); the first call builds the Hessian-vector program."""
+        H v), from one run of the Hessian-vector program that keeps the value
+        (``_program_code._with_value``; 13.2 us at n=100 Rosenbrock, CPU time, where a
+        second run of the program gave the value and ``_run_one`` took the inputs, 10.4 us
+        with that run on a fast path, now 9.4). None for other inputs, a failed guard (the
+        general path then tries the variants, raises or re-traces), or a Hessian-vector
+        program with array instructions; the first call builds it."""
         code = self._variants[0]
         n = len(code.in_shapes)
         if len(xs) != n or len(vs) != n or code.n_fast[1] < 0 or self._cuda is not None:
             return None
-        h = code._derived.get("hvp") or _hvp_of(code)
-        pairs = h._pairs
-        b = pairs.pop() if pairs else _hvp_buffers(code, h)
+        h = (code._derived.get("hvp") or _hvp_of(code)).with_value
+        if h is None:
+            return None
+        free = h._free
+        buf = free.pop() if free else h.buffers()
         try:
-            shapes, views, i = code.in_shapes, b[1], 0
-            for x in xs:
-                if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[i]:
+            shapes, views, i = code.in_shapes, buf[2], 0
+            for x in xs + vs:  # (v's shapes are x's)
+                if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[i % n]:
                     return None
                 views[i][...] = x
                 i += 1
-            views, i = b[4], 0
-            for v in vs:  # (v's shapes are x's)
-                if v.__class__ is not _ND or v.dtype is not _F64 or v.shape != shapes[i]:
-                    return None
-                views[i][...] = v
-                i += 1
-            if code.run(code.frows, b[0], b[2]):
-                return None
-            b[5][...] = b[6]  # x, flat, into the Hessian-vector program's inputs
             res = _empty(h.res_size[True])
-            if h.run(h.frows, b[3], res):
+            if h.run(h.frows, buf[0], res):
                 return None
-            value = code.get_out(b[2])
-            if value.__class__ is _ND:  # an output of shape (1,): not a view of the buffer
-                value = value.copy()
+            value = buf[0][h.value_at]  # (a NumPy float: a copy)
         finally:
-            pairs.append(b)
-        return value, h.get_hv(res)
+            free.append(buf)
+        return value if code.outputs[0][0] == () else np.full(code.outputs[0][0], value), \
+            h.get_hv(res)
 
     def _batch(self, code, xs, grad):
         """``_one`` of a batch on the CPU: what the general path (``_run``, ``_wrap``) gives

@@ -278,3 +278,45 @@ def test_one_sample_hvp_leaves_other_inputs_to_the_checked_paths(prog):
     t = tuple(tg.tensor(x) for x in xs)
     value, hv = prog.hvp(t, vs)
     assert value == prog.hvp(xs, vs)[0]
+
+
+def test_hvps_program_keeps_the_value_after_the_product_and_the_sweep_skips_it():
+    from tapegrad._program_code import _hvp_of
+    from tapegrad.bench.cases import rosenbrock_scalar
+    n = 8
+    x, v = np.linspace(-1.0, 1.2, n), np.linspace(0.5, -0.5, n)
+    prog = tg.trace(lambda x: rosenbrock_scalar([x[i] for i in range(n)]), x)
+    value, hv = prog.hvp(x, v)
+    h = _hvp_of(prog._code)
+    w = h.with_value
+    # the value's own rows (the sum of the terms) come after the product, the output
+    assert len(w.arows) > len(h.arows) and w.out_slots[0] < len(w.arows) - 1
+    assert value == prog(x)
+    H = prog.hessian(x)
+    np.testing.assert_allclose(hv, H @ v, rtol=1e-12)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_reverse_sweep_starts_at_the_last_output(fused, monkeypatch):
+    # rows past the output read no output: their adjoints are zero, and their rules are
+    # not run (a log of 0 there would add 0 / 0 = NaN to the gradient)
+    from tapegrad.ops import BY_NAME
+    from tapegrad.replay import _Code
+    monkeypatch.setattr(fuse, "ENABLED", fused)
+    monkeypatch.setattr(fuse, "TIER", 0)
+    monkeypatch.setattr(fuse, "MIN_PAIRED", 0.0)
+    op = {k: BY_NAME[k].code for k in ("leaf", "sub", "powc", "mulc", "log")}
+    rows = np.array([
+        [op["leaf"], -1, -1, -1, 0, 0],
+        [op["leaf"], -1, -1, -1, 1, 0],
+        [op["sub"], 0, 1, -1, 0, 0],      # x0 - x1
+        [op["powc"], 2, -1, -1, 2.0, 0],  # (x0 - x1) ** 2: the output
+        [op["mulc"], 0, -1, -1, 0.0, 0],  # 0 * x0, read by no output
+        [op["log"], 4, -1, -1, 0, 0],     # log(0)
+    ], dtype=np.float64)
+    f64 = np.dtype(np.float64)
+    code = _Code(rows, [0, 1], [3], [((), f64), ((), f64)], [((), f64)], "single", [])
+    prog = replay.Program([code])
+    value, (g0, g1) = prog.value_and_grad(np.array(3.0), np.array(1.0))
+    assert (prog._code.frows is not prog._code.arows) == fused
+    assert value == 4.0 and g0 == 4.0 and g1 == -4.0

@@ -141,9 +141,13 @@ def run_fused(rows, work, res):
         return status
     adj = work[xo + nx + n:end]
     adj[:] = 0.0
+    kk = 0  # the sweep starts at the last output (``replay_cpu.run_into`` says why)
     for i in range(nout):
-        adj[int(work[slots + i])] += work[HEADER + i]
-    kk = n - 1
+        t = int(work[slots + i])
+        adj[t] += work[HEADER + i]
+        kk = max(kk, t)
+    if kk + 1 < n and rows[kk, 0] >= {base} and (int(rows[kk, 0]) - {base}) % 2 == 0:
+        kk += 1  # a pair's head (never, in a pruned program): from its tail
     while kk >= 0:
         k = np.uint64(kk)
         op = int(rows[k, 0])
@@ -184,7 +188,8 @@ def _replay_source():
     fwd, rev = _one_sweeps(looped, (), "k", "return k + 1")
     src.append(SWEEPS.format(forward=fwd, reverse=rev))
     fwd, rev = _one_sweeps(looped, PAIRS, "kk", "status = kk + 1\n                break")
-    src.append(RUN_FUSED.format(header=HEADER, forward=fwd, reverse=rev))
+    from .fuse import BASE
+    src.append(RUN_FUSED.format(header=HEADER, forward=fwd, reverse=rev, base=BASE))
     # one sample with many seeds (Jacobians): rows as traced
     src.append('''
 

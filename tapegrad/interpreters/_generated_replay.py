@@ -373,9 +373,13 @@ def run_fused(rows, work, res):
         return status
     adj = work[xo + nx + n:end]
     adj[:] = 0.0
+    kk = 0  # the sweep starts at the last output (``replay_cpu.run_into`` says why)
     for i in range(nout):
-        adj[int(work[slots + i])] += work[HEADER + i]
-    kk = n - 1
+        t = int(work[slots + i])
+        adj[t] += work[HEADER + i]
+        kk = max(kk, t)
+    if kk + 1 < n and rows[kk, 0] >= 1000 and (int(rows[kk, 0]) - 1000) % 2 == 0:
+        kk += 1  # a pair's head (never, in a pruned program): from its tail
     while kk >= 0:
         k = np.uint64(kk)
         op = int(rows[k, 0])

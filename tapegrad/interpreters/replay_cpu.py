@@ -50,9 +50,15 @@ def run_into(rows, work, res):
     if res.shape[0] > m and status == 0:
         adj = work[o + nx + n:end]
         adj[:] = 0.0
+        top = 0
         for i in range(m):
-            adj[int(work[s + i])] += work[HEADER + i]
-        reverse(rows, v, adj)
+            t = int(work[s + i])
+            adj[t] += work[HEADER + i]
+            top = max(top, t)
+        # from the last output: the rows after it read no output, so their adjoints stay
+        # zero (a pruned program has only guards and leaves there; a one-sample hvp's
+        # program keeps the function's value there, ``_program_code._hvp_code``)
+        reverse(rows[:top + 1], v, adj)
         for i in range(p):
             res[m + i] = adj[int(work[s + m + i])]
     if work.shape[0] > end and status == 0:
