@@ -33,8 +33,9 @@ def _check(a, shape, what, writable):
         raise TypeError(f"buffer: {what} has dtype {a.dtype}, but a bound array must be "
                         f"float64 in native byte order: bind np.empty({list(shape)})")
     if a.shape != tuple(shape):
-        raise ValueError(f"buffer: {what} has shape {list(a.shape)}, but the program was "
-                         f"traced with shape {list(shape)}")
+        raise ValueError(f"buffer: {what} has shape {list(a.shape)}, but the program's "
+                         f"{'input' if what.startswith('input') else 'result'} has shape "
+                         f"{list(shape)} (np.empty({tuple(shape)}) is one)")
     if not (a.flags.c_contiguous and a.flags.aligned):
         raise ValueError(f"buffer: {what} is not C-contiguous (a strided view?): bind "
                          f"np.ascontiguousarray(...) of it, and read or write that one")

@@ -209,7 +209,7 @@ class _Running:
         H v), from one run of the Hessian-vector program that keeps the value
         (``_program_code._with_value``; 13.2 us at n=100 Rosenbrock, CPU time, where a
         second run of the program gave the value and ``_run_one`` took the inputs, 10.4 us
-        with that run on a fast path, now 9.4). None for other inputs, a failed guard (the
+        with that run on a fast path, now 9.8 to 10). None for other inputs, a failed guard (the
         general path then tries the variants, raises or re-traces), or a Hessian-vector
         program with array instructions; the first call builds it."""
         code = self._variants[0]

@@ -320,3 +320,18 @@ def test_the_reverse_sweep_starts_at_the_last_output(fused, monkeypatch):
     value, (g0, g1) = prog.value_and_grad(np.array(3.0), np.array(1.0))
     assert (prog._code.frows is not prog._code.arows) == fused
     assert value == 4.0 and g0 == 4.0 and g1 == -4.0
+
+
+def test_the_buffer_rows_note_gives_the_bound_calls_python_side():
+    pytest.importorskip("casadi")
+    from tapegrad.bench import __main__ as cli, cases, vm
+    name = "replay_rosenbrock_scalar_n100_buffer_vs_casadi"
+    case = cases.SPEED_CASES[name]
+    case.make("tapegrad")()
+    case.make("casadi")()
+    row = cli.Row(name, "speed", "s", ">= 1x", tapegrad=3e-6, torch=5e-6, ratio=1.67,
+                  passed=True)
+    vm.finish(name, row)
+    note = row.extra["note"]
+    assert "CasADi 1589 instructions" in note and "the bound call" in note
+    assert "Python side" in note and "its compiled entry" in note
