@@ -375,9 +375,9 @@ def run_fused(rows, work, res):
     adj[:] = 0.0
     kk = 0  # the sweep starts at the last output (``replay_cpu.run_into`` says why)
     for i in range(nout):
-        t = int(work[slots + i])
-        adj[t] += work[HEADER + i]
-        kk = max(kk, t)
+        oslot = int(work[slots + i])
+        adj[oslot] += work[HEADER + i]
+        kk = max(kk, oslot)
     if kk + 1 < n and rows[kk, 0] >= 1000 and (int(rows[kk, 0]) - 1000) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
     while kk >= 0:
