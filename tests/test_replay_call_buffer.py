@@ -335,3 +335,29 @@ def test_the_buffer_rows_note_gives_the_bound_calls_python_side():
     note = row.extra["note"]
     assert "CasADi 1589 instructions" in note and "the bound call" in note
     assert "Python side" in note and "its compiled entry" in note
+
+
+def test_one_sample_hvp_from_threads_at_once(prog):
+    cases = [(three(s), three(s + 50)) for s in (20, 21, 22)]
+    prog.hvp(*cases[0])
+    want = [prog.hvp(xs, vs) for xs, vs in cases]
+    errors = []
+
+    def loop(i):
+        try:
+            for k in range(200):
+                xs, vs = cases[(i + k) % 3]
+                value, hv = prog.hvp(xs, vs)
+                w = want[(i + k) % 3]
+                assert value == w[0]
+                for h, ww in zip(hv, w[1]):
+                    np.testing.assert_array_equal(h, ww)
+        except Exception as e:  # (reported by the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
