@@ -29,7 +29,8 @@ lists what tapegrad has and how far each op goes. What differs from torch is in
   see [Higher-order derivatives](higher-order.md).
 - `tapegrad.optim`: `SGD`, `Adam`, `LBFGS`, and `run(program, steps)` inside Numba.
 - `tapegrad.scipy`: `objective` and `minimize` for `scipy.optimize`.
-- `Program` (from `tapegrad.trace`): `__call__`, `value_and_grad`, `grad`, `hvp`,
+- `Program` (from `tapegrad.trace`): `__call__`, `value_and_grad`, `grad`, `buffer` (a
+  call bound once to arrays you own, see [Fast optimization loops](fast-loops.md)), `hvp`,
   `hessian`, `jacobian`, `vjp`, `grad_program`, `to(target)`, `save`;
   targets `"cpu"`, `"parallel"` and `"cuda"` (see [The CUDA target](cuda.md)).
 - `python -m tapegrad.bench`: the benchmarks (`--help`).

@@ -145,6 +145,12 @@ class _Code:
     # the seeds (ones, B x outputs) of ``Program._batch``'s largest batch so far, up to
     # ``_program_run.ONES_KEPT`` elements: a batch reads its first rows, never writes them
     _ones = None
+    # a Hessian-vector program's (``_hvp_code``): the getter of H v in its results, the
+    # program that also keeps the value (``_with_value``) and, in that one, the value's
+    # place in its ``work``
+    get_hv = None
+    with_value = None
+    value_at = None
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
         # ``arows``: the rows as traced, with array instructions (interpreters/
@@ -345,9 +351,42 @@ def _hvp_code(code):
     dot = int(np.asarray(reduce(L2, "add", prods, None, False, 0.0)))
     rows = L2.rows()
     pruned, new = _prog.prune(rows, np.array([dot], dtype=np.int64))
-    return _Code(pruned, new[np.concatenate([code.in_slots, vs])], new[[dot]],
-                 code.inputs + code.inputs, [((), np.dtype(np.float64))], "single",
-                 code.sites)
+    ins = np.concatenate([code.in_slots, vs])
+    h = _Code(pruned, new[ins], new[[dot]], code.inputs + code.inputs,
+              [((), np.dtype(np.float64))], "single", code.sites)
+    nin = len(code.inputs)
+    layout = h.grad_layout[:nin]
+    h.get_hv = _getter(_keys(layout), layout, nin == 1)
+    h.with_value = _with_value(rows, dot, int(code.out_slots[0]), ins, h)
+    return h
+
+
+def _with_value(rows, dot, f, ins, h):
+    """``h``, the Hessian-vector program, keeping the function's value too, for one-sample
+    calls (``Program._hvp_one``): the rows that only the value reads (the sum of
+    Rosenbrock's terms: 495 rows at n=100, 2,280 in all) moved after the product, where
+    the reverse sweep, which starts at the last output, never runs them; ``value_at``: the
+    value's place in its ``work``. None where it has array instructions (their entry
+    sweeps every row). Measured at n=100, CPU time: one run of it 7.8 us, against 8.5 for
+    ``h`` and a forward of the program for the value."""
+    pruned, new = _prog.prune(rows, np.array([dot, f], dtype=np.int64))
+    c = _Code(pruned, new[ins], new[[dot]], h.inputs, h.outputs, "single", h.sites)
+    if c.arrays or h.arrays:
+        return None
+    r = c.arows
+    keep = _prog.prune(r, c.out_slots)[1] >= 0  # the product's rows (and guards, leaves)
+    order = np.concatenate([np.nonzero(keep)[0], np.nonzero(~keep)[0]])
+    at = np.empty(r.shape[0], dtype=np.int64)
+    at[order] = np.arange(r.shape[0])
+    moved = r[order]  # (a copy) the value's rows last, both parts in their order
+    operands = moved[:, 1:4]
+    used = operands >= 0
+    operands[used] = at[operands[used].astype(np.int64)]
+    w = _Code(moved, at[c.in_slots], at[c.out_slots], h.inputs, h.outputs, "single", h.sites)
+    w.get_hv = h.get_hv
+    m = len(w.out_slots)
+    w.value_at = _cpu.HEADER + 2 * m + len(w.in_slots) + w.n_in + int(at[new[f]])
+    return w
 
 
 def _hvp_of(code):

@@ -173,9 +173,12 @@ class _Derivatives:
         """(value, Hessian-vector product) at ``xs`` with ``v`` (shaped like the inputs;
         tuples for several inputs), as ``torch.autograd.functional.hvp``; batched when the
         inputs carry a batch axis."""
-        self._scalar_check("hvp")
         xs = tuple(xs) if isinstance(xs, (tuple, list)) else (xs,)
         vs = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+        r = self._hvp_one(xs, vs)  # optimization loops: one sample, on the CPU
+        if r is not None:
+            return r
+        self._scalar_check("hvp")
         nin = len(self._code.inputs)
         if len(xs) == len(vs) == nin:  # one sample on the CPU: exact shapes are checked
             r = self._run_one(xs + vs, True, _hvp_of)

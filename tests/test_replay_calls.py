@@ -217,6 +217,7 @@ def test_vm_rows_are_registered_and_their_peers_compute_the_same():
     pytest.importorskip("casadi")
     from tapegrad.bench import cases, vm
     for name in ("replay_rosenbrock_scalar_n100_vs_casadi",
+                 "replay_rosenbrock_scalar_n100_buffer_vs_casadi",
                  "replay_hvp_rosenbrock_scalar_n100_vs_casadi_jtimes",
                  "replay_call_overhead_3_inputs_vs_compiled_entry"):
         case = cases.SPEED_CASES[name]

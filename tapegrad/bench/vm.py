@@ -78,15 +78,25 @@ def _casadi_buffer(outputs_of, n, *args):
     return F, buf, call, keep, res
 
 
-def _make_vs_casadi(name, n, fn_of, x0):
-    """tapegrad: ``program.value_and_grad(x)`` on an ndarray; casadi: the (value, gradient)
-    SX Function of the same scalar ops through its buffer."""
+def _make_vs_casadi(name, n, fn_of, x0, buffer=False):
+    """tapegrad: ``program.value_and_grad(x)`` on an ndarray, or with ``buffer`` the call
+    ``program.buffer(x, out=f, grad=g)`` bound once, as CasADi's is; casadi: the (value,
+    gradient) SX Function of the same scalar ops through its buffer."""
     def make(library):
         last = _Last()
         checked = (last,)
         if library == "tapegrad":
             x = np.array(x0, dtype=np.float64)
             prog = _trace(name, fn_of(load_library("tapegrad")), x)
+            if buffer:
+                f, g = np.empty(()), np.empty(x.shape)
+                call = prog.buffer(x, out=f, grad=g)
+                last.a = g  # the bound array is the result
+
+                def iteration():
+                    call()
+                    return checked
+                return iteration
             vg = prog.value_and_grad
 
             def iteration():
@@ -298,6 +308,15 @@ def _cases():
             _make_vs_casadi("replay_pendulum_euler_10k_vs_casadi", 4, _pendulum_fn, p),
             lambda: pendulum_grad_reference(PENDULUM_PARAMS, PENDULUM_STEPS),
             target_speedup=1.0, rtol=1e-8, tags=("replay", "vm"), peer="casadi"),
+        *[SpeedCase(
+            f"replay_rosenbrock_scalar_n{n}_buffer_vs_casadi",
+            f"traced scalar Rosenbrock (n={n}), program.buffer(x, out=f, grad=g) called with "
+            f"no arguments vs CasADi's SX Function through Function.buffer() (both bound "
+            f"once to arrays)",
+            _make_vs_casadi(f"replay_rosenbrock_scalar_n{n}_buffer_vs_casadi", n,
+                            _rosenbrock_fn_of(n), _rosenbrock_x0(n), buffer=True),
+            lambda n=n: rosenbrock_grad_reference(_rosenbrock_x0(n)),
+            target_speedup=1.0, tags=("replay", "vm"), peer="casadi") for n in (100, 1000)],
         SpeedCase(
             "replay_hvp_rosenbrock_scalar_n100_vs_casadi_jtimes",
             "traced scalar Rosenbrock (n=100), program.hvp vs CasADi jtimes through "
@@ -396,6 +415,27 @@ def _cpu_rows(prog, x, ca):
     return line
 
 
+def _cpu_buffer(prog, x, ca):
+    """The bound call (``program.buffer``), its compiled entry alone and CasADi's buffer
+    call, by CPU time in turns: the bound call's Python side."""
+    code = prog._code
+    f, g = np.empty(()), np.empty(x.shape)
+    call = prog.buffer(x.copy(), out=f, grad=g)
+    buf = code.buffers()
+    buf[1][:] = x
+    both = np.empty(code.res_size[True])
+    fns = [call, lambda: code.run(code.frows, buf[0], both)]
+    if ca:
+        fns.append(ca["call"])
+    t = _interleaved_s(fns, turns=9, clock=time.thread_time)
+    code._free.append(buf)
+    line = (f"by CPU time: the bound call {_us(t[0])}, its compiled entry {_us(t[1])} (Python "
+            f"side {_us(max(t[0] - t[1], 0.0))})")
+    if ca:
+        line += f", CasADi {_us(t[2])} ({t[2] / t[0]:.2f}x)"
+    return line
+
+
 def _cpu_overhead(prog):
     """The call-overhead row's Python side again by CPU time, the call and its compiled entry
     in turns (on a shared machine the wall-clock difference grows with the load)."""
@@ -428,7 +468,14 @@ def finish(name: str, row) -> None:
     built = _BUILT.get(name, {})
     prog = built.get("prog")
     parts = []
-    if name.endswith("_vs_casadi"):
+    if name.endswith("_buffer_vs_casadi"):
+        ca = _BUILT.get(name + ":casadi")
+        if ca and row.torch:
+            parts.append(f"CasADi {ca['instructions']} instructions, "
+                         f"{_ns(row.torch / ca['instructions'])}/instruction; both bound once "
+                         f"to arrays (program.buffer, CasADi Function.buffer())")
+        parts.append(_cpu_buffer(prog, built["x"], ca))
+    elif name.endswith("_vs_casadi"):
         x = built["x"]
         rows = len(prog)
         fwd, both = _interleaved_s([lambda: prog(x), lambda: prog.value_and_grad(x)])
@@ -445,10 +492,16 @@ def finish(name: str, row) -> None:
         grad_rows = len(prog.grad_program())
         from tapegrad.replay import _hvp_code
         code = prog._code
-        hvp_rows = code.derived("hvp", lambda: _hvp_code(code)).rows.shape[0]
-        ratio = hvp_rows / grad_rows
-        parts.append(f"Hessian-vector program {hvp_rows} rows, gradient program {grad_rows} "
-                     f"rows ({ratio:.2f}x; target <= 4x)")
+        h = code.derived("hvp", lambda: _hvp_code(code))
+        hvp_rows = h.rows.shape[0]
+        # one-sample calls run the program that keeps the value too (its rows after the
+        # product: the reverse sweep skips them)
+        one = "" if h.with_value is None else \
+            f" ({h.with_value.rows.shape[0]} with the value, for one-sample calls)"
+        ratio = max(hvp_rows, 0 if h.with_value is None else h.with_value.rows.shape[0]) \
+            / grad_rows
+        parts.append(f"Hessian-vector program {hvp_rows} rows{one}, gradient program "
+                     f"{grad_rows} rows ({ratio:.2f}x; target <= 4x)")
         if ratio > 4:
             row.passed = False
         parts.append("peer = CasADi jtimes through Function.buffer(), buffers set once")

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from .._jit import njit_cached
+from ._bound import bound_in, bound_out
 
 LEAF = {leaf}
 CONST = {const}
@@ -122,6 +123,10 @@ def run_fused(rows, work, res):
     xo = slots + nout + nin  # the inputs, then the values, then the adjoints
     x = work[xo:xo + nx]
     v = work[xo + nx:xo + nx + n]
+    end = xo + nx + 2 * n  # a bound call's arrays past it (``_bound``, ``Program.buffer``)
+    bound = work.shape[0] > end
+    if bound:
+        bound_in(work, end, x)
     status = 0
     kk = 0
     while kk < n:
@@ -131,18 +136,26 @@ def run_fused(rows, work, res):
     for i in range(nout):
         res[i] = v[int(work[slots + i])]
     if res.shape[0] == nout or status != 0:
+        if bound and status == 0:
+            bound_out(work, end, res)
         return status
-    adj = work[xo + nx + n:xo + nx + 2 * n]
+    adj = work[xo + nx + n:end]
     adj[:] = 0.0
+    kk = 0  # the sweep starts at the last output (``replay_cpu.run_into`` says why)
     for i in range(nout):
-        adj[int(work[slots + i])] += work[HEADER + i]
-    kk = n - 1
+        oslot = int(work[slots + i])
+        adj[oslot] += work[HEADER + i]
+        kk = max(kk, oslot)
+    if kk + 1 < n and rows[kk, 0] >= {base} and (int(rows[kk, 0]) - {base}) % 2 == 0:
+        kk += 1  # a pair's head (never, in a pruned program): from its tail
     while kk >= 0:
         k = np.uint64(kk)
         op = int(rows[k, 0])
 {reverse}        kk -= 1
     for i in range(nin):
         res[nout + i] = adj[int(work[slots + nout + i])]
+    if bound:
+        bound_out(work, end, res)
     return 0
 '''
 
@@ -175,7 +188,8 @@ def _replay_source():
     fwd, rev = _one_sweeps(looped, (), "k", "return k + 1")
     src.append(SWEEPS.format(forward=fwd, reverse=rev))
     fwd, rev = _one_sweeps(looped, PAIRS, "kk", "status = kk + 1\n                break")
-    src.append(RUN_FUSED.format(header=HEADER, forward=fwd, reverse=rev))
+    from .fuse import BASE
+    src.append(RUN_FUSED.format(header=HEADER, forward=fwd, reverse=rev, base=BASE))
     # one sample with many seeds (Jacobians): rows as traced
     src.append('''
 

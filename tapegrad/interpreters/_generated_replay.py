@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from .._jit import njit_cached
+from ._bound import bound_in, bound_out
 
 LEAF = 0
 CONST = 1
@@ -239,6 +240,10 @@ def run_fused(rows, work, res):
     xo = slots + nout + nin  # the inputs, then the values, then the adjoints
     x = work[xo:xo + nx]
     v = work[xo + nx:xo + nx + n]
+    end = xo + nx + 2 * n  # a bound call's arrays past it (``_bound``, ``Program.buffer``)
+    bound = work.shape[0] > end
+    if bound:
+        bound_in(work, end, x)
     status = 0
     kk = 0
     while kk < n:
@@ -363,12 +368,18 @@ def run_fused(rows, work, res):
     for i in range(nout):
         res[i] = v[int(work[slots + i])]
     if res.shape[0] == nout or status != 0:
+        if bound and status == 0:
+            bound_out(work, end, res)
         return status
-    adj = work[xo + nx + n:xo + nx + 2 * n]
+    adj = work[xo + nx + n:end]
     adj[:] = 0.0
+    kk = 0  # the sweep starts at the last output (``replay_cpu.run_into`` says why)
     for i in range(nout):
-        adj[int(work[slots + i])] += work[HEADER + i]
-    kk = n - 1
+        oslot = int(work[slots + i])
+        adj[oslot] += work[HEADER + i]
+        kk = max(kk, oslot)
+    if kk + 1 < n and rows[kk, 0] >= 1000 and (int(rows[kk, 0]) - 1000) % 2 == 0:
+        kk += 1  # a pair's head (never, in a pruned program): from its tail
     while kk >= 0:
         k = np.uint64(kk)
         op = int(rows[k, 0])
@@ -534,6 +545,8 @@ def run_fused(rows, work, res):
         kk -= 1
     for i in range(nin):
         res[nout + i] = adj[int(work[slots + nout + i])]
+    if bound:
+        bound_out(work, end, res)
     return 0
 
 

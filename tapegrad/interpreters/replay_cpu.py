@@ -12,6 +12,7 @@ import numpy as np
 from .._jit import njit_cached
 from .._threads import Pool
 from . import _atomic
+from ._bound import bound_in, bound_out
 from ._generated_replay import (  # noqa: F401  (run_fused: the entry of fused rows)
     HEADER, forward, reverse, reverse_multi, run_block, run_fused)
 
@@ -40,17 +41,28 @@ def run_into(rows, work, res):
     s = HEADER + m  # the output slots, then the input slots
     o = s + m + p  # the inputs, then the values, then the adjoints
     v = work[o + nx:o + nx + n]
+    end = o + nx + 2 * n  # a bound call's arrays past it (``_bound``, ``Program.buffer``)
+    if work.shape[0] > end:
+        bound_in(work, end, work[o:o + nx])
     status = forward(rows, work[o:o + nx], v)
     for i in range(m):
         res[i] = v[int(work[s + i])]
     if res.shape[0] > m and status == 0:
-        adj = work[o + nx + n:o + nx + 2 * n]
+        adj = work[o + nx + n:end]
         adj[:] = 0.0
+        top = 0
         for i in range(m):
-            adj[int(work[s + i])] += work[HEADER + i]
-        reverse(rows, v, adj)
+            t = int(work[s + i])
+            adj[t] += work[HEADER + i]
+            top = max(top, t)
+        # from the last output: the rows after it read no output, so their adjoints stay
+        # zero (a pruned program has only guards and leaves there; a one-sample hvp's
+        # program keeps the function's value there, ``_program_code._hvp_code``)
+        reverse(rows[:top + 1], v, adj)
         for i in range(p):
             res[m + i] = adj[int(work[s + m + i])]
+    if work.shape[0] > end and status == 0:
+        bound_out(work, end, res)
     return status
 
 
