@@ -520,6 +520,7 @@ def finish(name: str, row) -> None:
                          f" minus the compiled entry {_us(row.torch)}: the sweeps into "
                          f"buffers set once)")
             row.passed = over <= OVERHEAD_TARGET_S and row.error is None
-        parts.append(_cpu_overhead(prog))
+        if prog is not None:  # (a row finished without its case run here has no program)
+            parts.append(_cpu_overhead(prog))
     if parts:
         row.extra["note"] = "; ".join(parts)
