@@ -307,3 +307,43 @@ def test_create_graph_expand_is_broadcast_to():
         assert isinstance(d, float) or not got.flags.writeable
     with pytest.raises(ValueError):
         _expand_np(np.arange(3.0), ((2, 4), (3,)))
+
+
+@pytest.mark.parametrize("ma,mb", [((1024, 16), (16,)), ((16,), (16, 7)), ((3, 5), (5,)),
+                                   ((1, 4), (4,)), ((6,), (6, 1))])
+def test_matmul_matrix_vector_rule_is_the_reshaped_products_bits(ma, mb):
+    """A matrix times a vector (llsq's P @ x): each gradient is the one matrix-vector
+    product (no reshapes, no sum_to), with the bits of the general rule's reshaped 2-d
+    products (the same gemv), on NumPy values and recorded; derivatives are torch's."""
+    torch = pytest.importorskip("torch")
+    from tapegrad.ops import NpF
+    from tapegrad.ops.arrays import _matmul_general, _matmul_vjp
+    rng = np.random.default_rng(sum(ma) + sum(mb))
+    a, b = rng.normal(size=ma), rng.normal(size=mb)
+    g = rng.normal(size=np.matmul(a, b).shape)
+    fast = _matmul_vjp(NpF, g, [a, b], None, None)
+    general = _matmul_general(NpF, g, a, b, a.ndim, b.ndim)
+    vec = 1 if b.ndim == 1 else 0
+
+    def boom(*args):
+        raise AssertionError("the vector's gradient reshaped")
+    for i, (f, w) in enumerate(zip(fast, general)):
+        want = w()
+        if i == vec:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(NpF, "reshape", boom)
+                mp.setattr(NpF, "sum_to", boom)
+                got = f()
+        else:
+            got = f()
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    res = []
+    for M in (tg, torch):
+        A, B = M.tensor(a, requires_grad=True), M.tensor(b, requires_grad=True)
+        y = M.sin(M.matmul(A, B)).sum()
+        gA, gB = M.autograd.grad(y, (A, B), create_graph=True)
+        hA, hB = M.autograd.grad((gA * gA).sum() + (gB * gB).sum(), (A, B))
+        res.append([t.detach().numpy() for t in (gA, gB, hA, hB)])
+    for got, want in zip(*res):  # (hA sums 1024 products that cancel: 1e-11 apart)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)

@@ -592,6 +592,20 @@ def _matmul_vjp(F, g, v, out, aux):
     na, nb = _ndim(a), _ndim(b)
     if na == 1 and nb == 1:
         return (lambda: g * b), (lambda: g * a)
+    if na == 2 and nb == 1 or na == 1 and nb == 2:
+        # a matrix and a vector (llsq's P @ x): the vector's gradient is a matrix-vector
+        # product, a.T @ g or g @ b.T, the same BLAS call (gemv) the reshaped product
+        # below makes, so the same bits, without its three reshapes and its sum_to
+        if na == 2:
+            return (lambda: _matmul_general(F, g, a, b, na, nb)[0]()), \
+                (lambda: F.matmul(F.transpose(a, (-1, -2)), g, None))
+        return (lambda: F.matmul(g, F.transpose(b, (-1, -2)), None)), \
+            (lambda: _matmul_general(F, g, a, b, na, nb)[1]())
+    return _matmul_general(F, g, a, b, na, nb)
+
+
+def _matmul_general(F, g, a, b, na, nb):
+    """matmul's gradients as thunks, through 2-d (or batched) products."""
     a2 = a if na > 1 else F.reshape(a, ((1,) + _shape(a), _shape(a)))
     b2 = b if nb > 1 else F.reshape(b, (_shape(b) + (1,), _shape(b)))
     g2 = g
