@@ -272,11 +272,14 @@ def test_expand_forward_is_broadcast_to():
     for a, shape in [(rng.normal(size=(10, 1, 16)), (10, 8, 16)),
                      (rng.normal(size=(3,)), (4, 2, 3)), (rng.normal(size=(1, 1)), (5, 6)),
                      (rng.normal(size=(2, 3)), (2, 3)), (rng.normal(size=(4, 1)), (2, 4, 0)),
-                     (rng.normal(size=(6, 4))[:, :2], (3, 6, 2)), (np.array(2.5), (2, 2))]:
+                     (rng.normal(size=(6, 4))[:, :2], (3, 6, 2)), (np.array(2.5), (2, 2)),
+                     (2.5, (3, 2)), (-0.0, (4,)), (np.float64(1.5), (2, 1)), (1.5, ())]:
         got, want = expand(a, (shape,)), np.broadcast_to(a, shape)
         assert got.shape == want.shape and got.strides == want.strides
+        assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
-        if a.ndim:
+        assert np.array_equal(np.signbit(got), np.signbit(want))
+        if np.ndim(a):
             assert not got.flags.writeable
     with pytest.raises(ValueError, match="could not be broadcast"):
         expand(np.ones((2, 3)), ((4, 3),))
