@@ -371,8 +371,9 @@ def _release(tape, freed, rows=None):
         drop = drop.tolist()
     arrays, aux, ph = tape.arrays, tape.aux, _PLACEHOLDERS
     consts = False
+    every = drop is _ALL  # (then no lookup per array: _All's __getitem__ is Python's)
     for k, v in arrays.items():
-        if drop[k]:
+        if every or drop[k]:
             p = ph.get((v.shape, v.dtype))
             if p is v:  # released by an earlier backward
                 continue
