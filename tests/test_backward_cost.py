@@ -350,3 +350,43 @@ def test_matmul_matrix_vector_rule_is_the_reshaped_products_bits(ma, mb):
         res.append([t.detach().numpy() for t in (gA, gB, hA, hB)])
     for got, want in zip(*res):  # (hA sums 1024 products that cancel: 1e-11 apart)
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_release_stand_ins_by_shape_and_dtype(monkeypatch):
+    """The release finds a float64 array's stand-in by its shape alone and others' by
+    shape and dtype: each released array is a read-only zero-stride array of its own shape
+    and dtype, a constant's tensor goes with its array (a leaf's stays, scalar constants
+    are kept), the version list keeps the rest, and a second backward through entries that
+    save nothing still reads the shapes (torch's gradient); the two lookups stay in step
+    when the cache is emptied."""
+    monkeypatch.setattr(cpu, "_PLACEHOLDERS", {})
+    monkeypatch.setattr(cpu, "_PLACEHOLDERS_F64", {})
+    for rounds in range(2):
+        x = tg.tensor(np.linspace(0.1, 1.0, 600), requires_grad=True)
+        c64 = tg.tensor(np.linspace(1.0, 2.0, 600))
+        c32 = tg.tensor(np.linspace(1.0, 2.0, 600), dtype=tg.float32)
+        s = tg.tensor(3.0)
+        e = tg.exp(x) * c64 + c32 * s
+        y = (e.reshape(20, 30).sum(0) + x.reshape(20, 30).sum(0)).sum()
+        tape = y._tape
+        (g,) = tg.autograd.grad(y, x)
+        for k, v in tape.arrays.items():
+            if k == x._slot:
+                continue
+            assert not v.flags.writeable and 0 in v.strides or v.size <= 1
+            assert v is cpu._PLACEHOLDERS[(v.shape, v.dtype)]
+            if v.dtype == np.float64:
+                assert v is cpu._PLACEHOLDERS_F64[v.shape]
+        consts = [k for k in tape.aux if tape.code[k * 5] & ~tg.ops.ARRAY == cpu.CONST_CODE]
+        dropped = [k for k in consts if tape.aux[k][0] is None]
+        assert sorted(dropped) == sorted(k for k in consts if k in tape.arrays)
+        assert set(tape.versioned) == {k for k in consts if k not in dropped} | {x._slot}
+        want = np.exp(np.linspace(0.1, 1.0, 600)) * np.linspace(1.0, 2.0, 600) + 1.0
+        np.testing.assert_allclose(g.numpy(), want, rtol=1e-15)
+        cpu._PLACEHOLDERS.clear()  # (as _placeholder does past 256 entries)
+        cpu._PLACEHOLDERS_F64.clear()
+    x = tg.tensor(np.ones(6), requires_grad=True)
+    y = x.reshape(2, 3).sum(0).sum()
+    tg.autograd.grad(y, x)
+    (g,) = tg.autograd.grad(y, x)  # nothing saved: a second backward reads shapes only
+    np.testing.assert_array_equal(g.numpy(), np.ones(6))

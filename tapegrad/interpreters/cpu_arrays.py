@@ -202,6 +202,9 @@ def sweep_checked(graph, need, adj, adjd, on_bad):
 
 # entries whose outputs are separate ``function_out`` entries: their rule gets {index: grad}
 MULTI_OUTPUT = frozenset(("function", "program"))
+_MULTI_CODES = frozenset(op.code for op in OPS if op.nary and op.name in MULTI_OUTPUT)
+#: per opcode, whether its rule reads the entry's output (the registry's ``uses``)
+_READS_OUT = [("out" in op.uses) for op in OPS]
 
 
 def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=None):
@@ -218,17 +221,21 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
         code, a, b, c0, c1 = row
         code, a, b = int(code), int(a), int(b)
     op = OPS[code & ~ARRAY]
+    opc = op.code
     value, is_array = graph.value, graph.is_array
-    out = value(k)
-    if op.nary and op.name in MULTI_OUTPUT:
+    # the output only for a rule that reads it (a value lookup per entry saved: ode's and
+    # ba's sweeps run thousands of small rules); a rule that does not gets None, as the
+    # re-recording sweep gives it
+    out = value(k) if _READS_OUT[opc] else None
+    if opc in _MULTI_CODES:
         g = adjd.get(k)  # {output index: gradient}, gathered from its function_out entries
     elif is_array(k):
         g = adjd.get(k)
         if g is None:
-            g = np.zeros_like(out)
+            g = np.zeros_like(value(k))
     else:
         g = adj[k]
-    aux = graph.aux(k) if op.code in _AT_INDEX and owned is not None else None
+    aux = graph.aux(k) if opc in _AT_INDEX and owned is not None else None
     if aux is not None and len(aux) > 2 and aux[2] and is_array(a):
         # a basic index (a view): the op's scatter form, added into that part of the base's
         # adjoint in place (no input-sized gradient built)
@@ -266,6 +273,7 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
             if gr is not None and gr.__class__ is not Part and \
                     not np.all(np.isfinite(gr)):
                 raise on_bad(k, i)
+    arrays = graph.arrays  # (one tape's: one lookup says array or not and gives it)
     for s, gr in zip(inputs, grads):
         if gr is None or not wanted[s]:  # nobody reads that adjoint (a constant input):
             continue  # no broadcast to undo, no sum (torch skips it too)
@@ -273,8 +281,9 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
             gr = gr()
         if gr.__class__ is Part:
             _gather(adjd, s, gr)
-        elif is_array(s):
-            v = value(s)
+            continue
+        v = arrays.get(s) if arrays is not None else value(s) if is_array(s) else None
+        if v is not None:
             if gr.__class__ is not np.ndarray:
                 gr = np.broadcast_to(np.asarray(gr, dtype=v.dtype), v.shape)
             elif gr.shape != v.shape:
