@@ -299,7 +299,6 @@ _PLACEHOLDERS = {}
 
 #: the float64 ones again, by shape alone (the release's lookup per array)
 _PLACEHOLDERS_F64 = {}
-_F64 = np.dtype(np.float64)
 _CONST_ARRAY = CONST_CODE | ARRAY
 
 
