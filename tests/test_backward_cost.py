@@ -390,3 +390,41 @@ def test_release_stand_ins_by_shape_and_dtype(monkeypatch):
     tg.autograd.grad(y, x)
     (g,) = tg.autograd.grad(y, x)  # nothing saved: a second backward reads shapes only
     np.testing.assert_array_equal(g.numpy(), np.ones(6))
+
+
+def test_flat_path_declines_a_marking_it_declined_before(monkeypatch):
+    """A call the flat path declined after marking (a matmul on the path: llsq's) is
+    declined again without marking when its program, inputs and output are the same (the
+    tape's rows are the same matrix); a program with the same input and output slots that
+    the flat path takes is still taken, and every gradient is the direct one."""
+    from tapegrad.autograd import paths
+    calls = []
+    real = cpu._mark_scalar
+    monkeypatch.setattr(cpu, "_mark_scalar", lambda *a: calls.append(1) or real(*a))
+    P = tg.tensor(np.linspace(-1.0, 1.0, 12).reshape(4, 3))
+    c = tg.tensor(np.array([2.0, -0.5, 1.5]))
+
+    def llsq(x):  # P (0), x (1), matmul, rsubc, mul, sum, divc (6)
+        r = 1.0 - tg.matmul(P, x)
+        return (r * r).sum() / 2
+
+    def flat(x):  # c (0), x (1), mul, rsubc, mul, sum, divc (6): all the flat path's
+        r = 1.0 - c * x
+        return (r * r).sum() / 2
+    x0 = np.array([0.5, -1.0, 2.0])
+    Pn, cn = P.numpy(), c.numpy()
+    for i in range(2):  # (the flat program then takes seen_rows' place for 7 entries)
+        calls.clear()
+        for j in range(3):
+            x = tg.tensor(x0, requires_grad=True)
+            y = llsq(x)
+            assert (x._slot, y._slot) == (1, 6)
+            (g,) = tg.autograd.grad(y, x)
+            assert paths.last() == "sweep" and len(calls) == 1  # marked the first time
+            np.testing.assert_allclose(g.numpy(), Pn.T @ (Pn @ x0 - 1.0), rtol=1e-15)
+        x = tg.tensor(x0, requires_grad=True)
+        y = flat(x)
+        assert (x._slot, y._slot) == (1, 6)
+        (g,) = tg.autograd.grad(y, x)
+        assert paths.last() == "flat"
+        np.testing.assert_allclose(g.numpy(), -(1.0 - cn * x0) * cn, rtol=1e-15)
