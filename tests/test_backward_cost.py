@@ -428,3 +428,27 @@ def test_flat_path_declines_a_marking_it_declined_before(monkeypatch):
         (g,) = tg.autograd.grad(y, x)
         assert paths.last() == "flat"
         np.testing.assert_allclose(g.numpy(), -(1.0 - cn * x0) * cn, rtol=1e-15)
+
+
+def test_result_copy_is_the_general_conversions():
+    """grad()'s copy of an adjoint the sweep does not own: for an array of the input's
+    dtype and shape a plain copy (no dtype or Size object built), the general conversion's
+    values, dtype, layout and writability; other cases converted as before."""
+    from tapegrad.autograd._leaves import _as_tensor
+    x64 = tg.tensor(np.ones((3, 4)), requires_grad=True)
+    x32 = tg.tensor(np.ones((3, 4)), dtype=tg.float32, requires_grad=True)
+    for x in (x64, x32):
+        for r in (np.arange(12.0).reshape(3, 4), np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+                  np.broadcast_to(np.arange(4.0), (3, 4)), np.arange(12.0),
+                  np.arange(12.0, dtype=np.float32).reshape(3, 4)):
+            got = _as_tensor(r, x)._d
+            want = np.array(r, dtype=x.dtype.np, copy=True).reshape(x.shape)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert got.strides == want.strides and got.flags.writeable
+            np.testing.assert_array_equal(got, want)
+            assert not np.shares_memory(got, r)
+    rng = np.random.default_rng(0)
+    P = tg.tensor(rng.normal(size=(5, 3)))
+    x = tg.tensor(rng.normal(size=3), requires_grad=True)
+    (g,) = tg.autograd.grad(tg.matmul(P, x).sum(), x)  # (gemv's fresh array, copied)
+    np.testing.assert_array_equal(g.numpy(), P.numpy().T @ np.ones(5))
