@@ -270,8 +270,9 @@ def _recorded(sw, sweep, rollback=True):
     rejected first, and (with ``rollback``) a sweep that fails part way leaves nothing
     recorded."""
     if not sw.allow_unused:  # raise before recording anything
+        reach = sw.reach
         for i, sl in enumerate(sw.slot_lists):
-            if not any(sw.reach[s] for s in sl) and id(sw.ins[i]) not in sw.direct:
+            if not any([reach.item(s) for s in sl]) and id(sw.ins[i]) not in sw.direct:
                 _check_unused(i, False)
     prev = STATE.grad_enabled
     set_grad_mode(True)  # create_graph wins over an enclosing no_grad, as in torch

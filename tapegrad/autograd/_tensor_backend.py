@@ -208,8 +208,9 @@ def _fit(gr, like):
             if v is None:
                 v = sum_to(np.asarray(d), like.shape)
             gr = array_op(_SUM_TO, [gr], v, (like.shape, gr.shape))
-        if gr.dtype.np != like.dtype:
-            gr = gr.to(like.dtype)
+        d = gr._d
+        if (d.dtype if d.__class__ is np.ndarray else gr.dtype.np) != like.dtype:
+            gr = gr.to(like.dtype)  # (an array's dtype read directly: no dtype object)
         return gr
     if like.__class__ is _pyfloat:
         return _plain(float(np.sum(gr)))
