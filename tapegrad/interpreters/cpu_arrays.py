@@ -203,8 +203,12 @@ def sweep_checked(graph, need, adj, adjd, on_bad):
 # entries whose outputs are separate ``function_out`` entries: their rule gets {index: grad}
 MULTI_OUTPUT = frozenset(("function", "program"))
 _MULTI_CODES = frozenset(op.code for op in OPS if op.nary and op.name in MULTI_OUTPUT)
-#: per opcode, whether its rule reads the entry's output (the registry's ``uses``)
+#: per opcode, whether its rule reads the entry's output, first and second input (the
+#: registry's ``uses``: a value it does not read is not looked up, and is None, as the
+#: re-recording sweep gives it)
 _READS_OUT = [("out" in op.uses) for op in OPS]
+_READS_A = [("a" in op.uses) for op in OPS]
+_READS_B = [("b" in op.uses) for op in OPS]
 
 
 def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=None):
@@ -265,6 +269,13 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
         inputs, grads = elementwise_rule(op, NpF, g[_compact(g)], out, a, b, c0, c1, value)
         grads = [np.broadcast_to(gr, g.shape) if gr.__class__ is np.ndarray else gr
                  for gr in grads]
+    elif op.kind is BINARY:  # (elementwise_rule's call, inline: ode's thousands of rules)
+        inputs = (a, b)
+        grads = op.vjp(NpF, g, value(a) if _READS_A[opc] else None,
+                       value(b) if _READS_B[opc] else None, out)
+    elif op.kind is UNARY_C:
+        inputs = (a,)
+        grads = op.vjp(NpF, g, value(a) if _READS_A[opc] else None, out, c0, c1)
     else:
         inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
     if on_bad is not None:
