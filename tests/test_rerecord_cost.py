@@ -300,3 +300,31 @@ def test_array_rules_read_shapes_without_numpy_dispatch(monkeypatch):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_allclose(got[0], Jt, rtol=1e-13, atol=1e-12)
     np.testing.assert_array_equal(got[1], Ht)
+
+
+def test_node_hooks_see_every_gradient_of_the_fused_rules():
+    """A node post-hook (grad_inputs, grad_outputs) on x * x and on x * w (w a constant)
+    under create_graph sees one gradient per input, as torch's: the one-entry forms (x * x
+    under a constant gradient, the read side only) stay out of the hooked sweep."""
+    x0, w0 = np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -3.0]]), np.array([2.0, -0.5, 3.0])
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(w0)
+        sq, xw = x * x, x * w
+        seen = []
+        for node in (sq.grad_fn, xw.grad_fn):
+            node.register_hook(lambda gi, go: seen.append(
+                [None if t is None else t.detach().numpy().copy() for t in gi]))
+        (J,) = M.autograd.grad((sq + xw).sum(), x, create_graph=True)
+        (H,) = M.autograd.grad((J * J).sum(), x)
+        res.append((seen, J.detach().numpy(), H.numpy()))
+    (seen, J, H), (seen_t, Jt, Ht) = res
+    assert [len(s) for s in seen] == [len(s) for s in seen_t] == [2, 2]
+    for s, st in zip(seen, seen_t):
+        for a, b in zip(s, st):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(J, Jt)
+    np.testing.assert_allclose(H, Ht, rtol=1e-15)
