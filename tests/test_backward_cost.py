@@ -452,3 +452,21 @@ def test_result_copy_is_the_general_conversions():
     x = tg.tensor(rng.normal(size=3), requires_grad=True)
     (g,) = tg.autograd.grad(tg.matmul(P, x).sum(), x)  # (gemv's fresh array, copied)
     np.testing.assert_array_equal(g.numpy(), P.numpy().T @ np.ones(5))
+
+
+def test_general_path_shortcut_is_the_loops_choice():
+    """The common call's general path (no create_graph, batch, hooks, anomaly mode or
+    forced path) is found without the loop over the strategies: the loop's own answer, and
+    each other case still takes its own strategy."""
+    from tapegrad.autograd import _sweep
+    for call in [(False, None), (True, None), (False, 3), (True, 3)]:
+        for hooked in (False, True):
+            got = _sweep._general_path(*call, hooked=hooked)
+            want = next(p for p in _sweep._GENERAL if p.applies(call + (hooked,)))
+            assert got is want
+    assert _sweep._general_path(False, None) is _sweep.SWEEP
+    x = tg.tensor(np.array([1.0, 0.0]), requires_grad=True)
+    with pytest.warns(UserWarning, match="Anomaly Detection"), tg.autograd.detect_anomaly():
+        assert _sweep._general_path(False, None) is _sweep.CHECKED
+        with pytest.raises(RuntimeError, match="nan|NaN"):
+            tg.autograd.grad(tg.sqrt(x * 0.0 - x).sum(), x)

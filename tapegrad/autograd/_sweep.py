@@ -228,6 +228,8 @@ def _general_path(record, batch, hooked=False):
     """The general strategy for a sweep's options: the first of ``_GENERAL`` whose
     ``applies`` takes them. Under ``paths.force``/``disable`` it must be allowed: a forced
     ``checked`` takes whatever ``sweep`` takes; otherwise ``PathDeclined``."""
+    if not (record or batch or hooked or ANOMALY.enabled) and _PATHS.ctl is None:
+        return SWEEP  # (the common call: what the loop below finds, without its five tests)
     call = (record, batch, hooked)
     for p in _GENERAL:
         if p.applies(call):
