@@ -284,6 +284,12 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
             if gr is not None and gr.__class__ is not Part and \
                     not np.all(np.isfinite(gr)):
                 raise on_bad(k, i)
+    _accumulate(graph, inputs, grads, adj, adjd, owned, wanted, value, is_array)
+
+
+def _accumulate(graph, inputs, grads, adj, adjd, owned, wanted, value, is_array):
+    """Add a rule's gradients into its inputs' adjoints (broadcasting summed away, the
+    input's dtype); ``owned`` as ``array_vjp``'s."""
     arrays = graph.arrays  # (one tape's: one lookup says array or not and gives it)
     for s, gr in zip(inputs, grads):
         if gr is None or not wanted[s]:  # nobody reads that adjoint (a constant input):
