@@ -151,7 +151,8 @@ def _square_grad(g, x):
         return None
     d, xd = g._d, x._d
     if d.__class__ is not np.ndarray or xd.__class__ is not np.ndarray \
-            or d.dtype is not _F64 or xd.dtype is not _F64 or d.shape != xd.shape:
+            or d.dtype is not _F64 or xd.dtype is not _F64 or d.shape != xd.shape \
+            or not d.ndim:  # (a 0-d array's products are NumPy scalars: the two entries)
         return None
     if d.size >= _ROWS_MIN and 0 in d.strides:  # a large expanded g: its one copy doubled
         c = d[_compact_index(d)]
