@@ -272,11 +272,14 @@ def test_expand_forward_is_broadcast_to():
     for a, shape in [(rng.normal(size=(10, 1, 16)), (10, 8, 16)),
                      (rng.normal(size=(3,)), (4, 2, 3)), (rng.normal(size=(1, 1)), (5, 6)),
                      (rng.normal(size=(2, 3)), (2, 3)), (rng.normal(size=(4, 1)), (2, 4, 0)),
-                     (rng.normal(size=(6, 4))[:, :2], (3, 6, 2)), (np.array(2.5), (2, 2))]:
+                     (rng.normal(size=(6, 4))[:, :2], (3, 6, 2)), (np.array(2.5), (2, 2)),
+                     (2.5, (3, 2)), (-0.0, (4,)), (np.float64(1.5), (2, 1)), (1.5, ())]:
         got, want = expand(a, (shape,)), np.broadcast_to(a, shape)
         assert got.shape == want.shape and got.strides == want.strides
+        assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
-        if a.ndim:
+        assert np.array_equal(np.signbit(got), np.signbit(want))
+        if np.ndim(a):
             assert not got.flags.writeable
     with pytest.raises(ValueError, match="could not be broadcast"):
         expand(np.ones((2, 3)), ((4, 3),))
@@ -307,3 +310,163 @@ def test_create_graph_expand_is_broadcast_to():
         assert isinstance(d, float) or not got.flags.writeable
     with pytest.raises(ValueError):
         _expand_np(np.arange(3.0), ((2, 4), (3,)))
+
+
+@pytest.mark.parametrize("ma,mb", [((1024, 16), (16,)), ((16,), (16, 7)), ((3, 5), (5,)),
+                                   ((1, 4), (4,)), ((6,), (6, 1))])
+def test_matmul_matrix_vector_rule_is_the_reshaped_products_bits(ma, mb):
+    """A matrix times a vector (llsq's P @ x): each gradient is the one matrix-vector
+    product (no reshapes, no sum_to), with the bits of the general rule's reshaped 2-d
+    products (the same gemv), on NumPy values and recorded; derivatives are torch's."""
+    torch = pytest.importorskip("torch")
+    from tapegrad.ops import NpF
+    from tapegrad.ops.arrays import _matmul_general, _matmul_vjp
+    rng = np.random.default_rng(sum(ma) + sum(mb))
+    a, b = rng.normal(size=ma), rng.normal(size=mb)
+    g = rng.normal(size=np.matmul(a, b).shape)
+    fast = _matmul_vjp(NpF, g, [a, b], None, None)
+    general = _matmul_general(NpF, g, a, b, a.ndim, b.ndim)
+    vec = 1 if b.ndim == 1 else 0
+
+    def boom(*args):
+        raise AssertionError("the vector's gradient reshaped")
+    for i, (f, w) in enumerate(zip(fast, general)):
+        want = w()
+        if i == vec:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(NpF, "reshape", boom)
+                mp.setattr(NpF, "sum_to", boom)
+                got = f()
+        else:
+            got = f()
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    res = []
+    for M in (tg, torch):
+        A, B = M.tensor(a, requires_grad=True), M.tensor(b, requires_grad=True)
+        y = M.sin(M.matmul(A, B)).sum()
+        gA, gB = M.autograd.grad(y, (A, B), create_graph=True)
+        hA, hB = M.autograd.grad((gA * gA).sum() + (gB * gB).sum(), (A, B))
+        res.append([t.detach().numpy() for t in (gA, gB, hA, hB)])
+    for got, want in zip(*res):  # (hA sums 1024 products that cancel: 1e-11 apart)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_release_stand_ins_by_shape_and_dtype(monkeypatch):
+    """The release finds a float64 array's stand-in by its shape alone and others' by
+    shape and dtype: each released array is a read-only zero-stride array of its own shape
+    and dtype, a constant's tensor goes with its array (a leaf's stays, scalar constants
+    are kept), the version list keeps the rest, and a second backward through entries that
+    save nothing still reads the shapes (torch's gradient); the two lookups stay in step
+    when the cache is emptied."""
+    monkeypatch.setattr(cpu, "_PLACEHOLDERS", {})
+    monkeypatch.setattr(cpu, "_PLACEHOLDERS_F64", {})
+    for rounds in range(2):
+        x = tg.tensor(np.linspace(0.1, 1.0, 600), requires_grad=True)
+        c64 = tg.tensor(np.linspace(1.0, 2.0, 600))
+        c32 = tg.tensor(np.linspace(1.0, 2.0, 600), dtype=tg.float32)
+        s = tg.tensor(3.0)
+        e = tg.exp(x) * c64 + c32 * s
+        y = (e.reshape(20, 30).sum(0) + x.reshape(20, 30).sum(0)).sum()
+        tape = y._tape
+        (g,) = tg.autograd.grad(y, x)
+        for k, v in tape.arrays.items():
+            if k == x._slot:
+                continue
+            assert not v.flags.writeable and 0 in v.strides or v.size <= 1
+            assert v is cpu._PLACEHOLDERS[(v.shape, v.dtype)]
+            if v.dtype == np.float64:
+                assert v is cpu._PLACEHOLDERS_F64[v.shape]
+        consts = [k for k in tape.aux if tape.code[k * 5] & ~tg.ops.ARRAY == cpu.CONST_CODE]
+        dropped = [k for k in consts if tape.aux[k][0] is None]
+        assert sorted(dropped) == sorted(k for k in consts if k in tape.arrays)
+        assert set(tape.versioned) == {k for k in consts if k not in dropped} | {x._slot}
+        want = np.exp(np.linspace(0.1, 1.0, 600)) * np.linspace(1.0, 2.0, 600) + 1.0
+        np.testing.assert_allclose(g.numpy(), want, rtol=1e-15)
+        cpu._PLACEHOLDERS.clear()  # (as _placeholder does past 256 entries)
+        cpu._PLACEHOLDERS_F64.clear()
+    x = tg.tensor(np.ones(6), requires_grad=True)
+    y = x.reshape(2, 3).sum(0).sum()
+    tg.autograd.grad(y, x)
+    (g,) = tg.autograd.grad(y, x)  # nothing saved: a second backward reads shapes only
+    np.testing.assert_array_equal(g.numpy(), np.ones(6))
+
+
+def test_flat_path_declines_a_marking_it_declined_before(monkeypatch):
+    """A call the flat path declined after marking (a matmul on the path: llsq's) is
+    declined again without marking when its program, inputs and output are the same (the
+    tape's rows are the same matrix); a program with the same input and output slots that
+    the flat path takes is still taken, and every gradient is the direct one."""
+    from tapegrad.autograd import paths
+    calls = []
+    real = cpu._mark_scalar
+    monkeypatch.setattr(cpu, "_mark_scalar", lambda *a: calls.append(1) or real(*a))
+    P = tg.tensor(np.linspace(-1.0, 1.0, 12).reshape(4, 3))
+    c = tg.tensor(np.array([2.0, -0.5, 1.5]))
+
+    def llsq(x):  # P (0), x (1), matmul, rsubc, mul, sum, divc (6)
+        r = 1.0 - tg.matmul(P, x)
+        return (r * r).sum() / 2
+
+    def flat(x):  # c (0), x (1), mul, rsubc, mul, sum, divc (6): all the flat path's
+        r = 1.0 - c * x
+        return (r * r).sum() / 2
+    x0 = np.array([0.5, -1.0, 2.0])
+    Pn, cn = P.numpy(), c.numpy()
+    for i in range(2):  # (the flat program then takes seen_rows' place for 7 entries)
+        calls.clear()
+        for j in range(3):
+            x = tg.tensor(x0, requires_grad=True)
+            y = llsq(x)
+            assert (x._slot, y._slot) == (1, 6)
+            (g,) = tg.autograd.grad(y, x)
+            assert paths.last() == "sweep" and len(calls) == 1  # marked the first time
+            np.testing.assert_allclose(g.numpy(), Pn.T @ (Pn @ x0 - 1.0), rtol=1e-15)
+        x = tg.tensor(x0, requires_grad=True)
+        y = flat(x)
+        assert (x._slot, y._slot) == (1, 6)
+        (g,) = tg.autograd.grad(y, x)
+        assert paths.last() == "flat"
+        np.testing.assert_allclose(g.numpy(), -(1.0 - cn * x0) * cn, rtol=1e-15)
+
+
+def test_result_copy_is_the_general_conversions():
+    """grad()'s copy of an adjoint the sweep does not own: for an array of the input's
+    dtype and shape a plain copy (no dtype or Size object built), the general conversion's
+    values, dtype, layout and writability; other cases converted as before."""
+    from tapegrad.autograd._leaves import _as_tensor
+    x64 = tg.tensor(np.ones((3, 4)), requires_grad=True)
+    x32 = tg.tensor(np.ones((3, 4)), dtype=tg.float32, requires_grad=True)
+    for x in (x64, x32):
+        for r in (np.arange(12.0).reshape(3, 4), np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+                  np.broadcast_to(np.arange(4.0), (3, 4)), np.arange(12.0),
+                  np.arange(12.0, dtype=np.float32).reshape(3, 4)):
+            got = _as_tensor(r, x)._d
+            want = np.array(r, dtype=x.dtype.np, copy=True).reshape(x.shape)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert got.strides == want.strides and got.flags.writeable
+            np.testing.assert_array_equal(got, want)
+            assert not np.shares_memory(got, r)
+    rng = np.random.default_rng(0)
+    P = tg.tensor(rng.normal(size=(5, 3)))
+    x = tg.tensor(rng.normal(size=3), requires_grad=True)
+    (g,) = tg.autograd.grad(tg.matmul(P, x).sum(), x)  # (gemv's fresh array, copied)
+    np.testing.assert_array_equal(g.numpy(), P.numpy().T @ np.ones(5))
+
+
+def test_general_path_shortcut_is_the_loops_choice():
+    """The common call's general path (no create_graph, batch, hooks, anomaly mode or
+    forced path) is found without the loop over the strategies: the loop's own answer, and
+    each other case still takes its own strategy."""
+    from tapegrad.autograd import _sweep
+    for call in [(False, None), (True, None), (False, 3), (True, 3)]:
+        for hooked in (False, True):
+            got = _sweep._general_path(*call, hooked=hooked)
+            want = next(p for p in _sweep._GENERAL if p.applies(call + (hooked,)))
+            assert got is want
+    assert _sweep._general_path(False, None) is _sweep.SWEEP
+    x = tg.tensor(np.array([1.0, 0.0]), requires_grad=True)
+    with pytest.warns(UserWarning, match="Anomaly Detection"), tg.autograd.detect_anomaly():
+        assert _sweep._general_path(False, None) is _sweep.CHECKED
+        with pytest.raises(RuntimeError, match="nan|NaN"):
+            tg.autograd.grad(tg.sqrt(x * 0.0 - x).sum(), x)

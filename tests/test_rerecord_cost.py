@@ -132,23 +132,122 @@ def test_grown_tape_rows_are_its_own(monkeypatch):
 
 
 def test_square_rule_takes_the_rows_pass(monkeypatch):
-    """x * x's recorded rule g * x, with g a large expanded gradient, goes through the
-    recorder's binary path and its compiled rows pass (NumPy's bits): torch's values."""
-    from tapegrad import _recorder
+    """x * x's recorded rule under a large expanded constant gradient (kmeans' g * diff)
+    computes g*x + g*x by the compiled rows pass's MUL2 (NumPy's bits): torch's values."""
+    from tapegrad.autograd import _tensor_backend
+    from tapegrad.ops._kernels import MUL2
     calls = []
-    real = _recorder.rows_op
-    monkeypatch.setattr(_recorder, "rows_op", lambda *a: calls.append(a) or real(*a))
+    real = _tensor_backend._rows_op
+    monkeypatch.setattr(_tensor_backend, "_rows_op",
+                        lambda *a: calls.append(a[0]) or real(*a))
     rng = np.random.default_rng(5)
     P0, C0 = rng.normal(size=(8, 400)), rng.normal(size=(10, 8))
     C = tg.tensor(C0, requires_grad=True)
     y = _kmeans(tg, C, tg.tensor(P0))
-    before = len(calls)
     (J,) = tg.autograd.grad(y, C, create_graph=True)
-    assert len(calls) > before  # the rule's g * diff
+    assert calls == [MUL2]  # the rule's g * diff, doubled in the pass
     (H,) = tg.autograd.grad(J, C, grad_outputs=tg.ones_like(J))
     Jt, Ht = _direction(torch, C0, P0)
     np.testing.assert_allclose(J.detach().numpy(), Jt, rtol=1e-13, atol=1e-12)
     np.testing.assert_array_equal(H.numpy(), Ht)
+
+
+def _entries(tape):
+    return [tg.ops.OPS[int(c) & ~tg.ops.ARRAY].name for c in tape.code[0::5]]
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (6, 4, 700)])
+def test_square_under_a_constant_gradient_is_one_entry(shape):
+    """x * x under a constant gradient g records one entry, mul(2g, x), not g * x and an
+    add: its value has the bits of g*x + g*x (the sweep's, torch's), and its derivatives
+    of every order are torch's (the second backward's h * 2g rounds 2hg as (h + h) * g)."""
+    rng = np.random.default_rng(len(shape))
+    x0 = rng.normal(size=shape)
+    w0 = rng.normal(size=shape[:-2] + (1,) + shape[-1:])  # (broadcast: g expanded)
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(w0)
+        (J,) = M.autograd.grad((w * (x * x)).sum(), x, create_graph=True)
+        if M is tg:
+            names = _entries(J._tape)
+            assert names.count("add") == 0 and names.count("mul") == 3, names
+        z = (M.sin(J) * J).sum()
+        (H,) = M.autograd.grad(z, x, create_graph=True)
+        (T3,) = M.autograd.grad((H * H).sum(), x)
+        res.append([J.detach().numpy(), H.detach().numpy(), T3.numpy()])
+    g = np.broadcast_to(w0, shape)
+    np.testing.assert_array_equal(res[0][0], g * x0 + g * x0)
+    np.testing.assert_array_equal(res[0][0], res[1][0])
+    np.testing.assert_allclose(res[0][1], res[1][1], rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(res[0][2], res[1][2], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("big", [1e308, np.inf, np.nan])
+def test_square_under_a_gradient_whose_double_overflows_is_torchs(big):
+    """A constant gradient with a number whose double overflows (or is inf or NaN) takes
+    the two entries: g*0 + g*0 is 0 where 2g * 0 would be NaN. Torch's numbers, second
+    derivative too."""
+    x0 = np.array([0.0, 1.5, -2.0, 0.0])
+    w0 = np.array([big, 1.0, 2.0, -3.0])
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        (J,) = M.autograd.grad((M.tensor(w0) * (x * x)).sum(), x, create_graph=True)
+        (H,) = M.autograd.grad(J, x, grad_outputs=M.tensor(np.array([0.0, 1.0, 2.0, 0.5])))
+        res.append((J.detach().numpy(), H.numpy()))
+    np.testing.assert_array_equal(res[0][0], res[1][0])
+    np.testing.assert_array_equal(res[0][1], res[1][1])
+
+
+def test_square_under_a_gradient_that_requires_grad_is_differentiable_in_it():
+    """A gradient that requires grad (grad_outputs a leaf: a Hessian-vector product's
+    vector) keeps g * x recorded with g an input: derivatives in g are torch's."""
+    x0, v0 = np.array([0.5, -1.0, 2.0]), np.array([1.0, 3.0, -0.5])
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        v = M.tensor(v0, requires_grad=True)
+        (J,) = M.autograd.grad(x * x, x, grad_outputs=v, create_graph=True)
+        gx, gv = M.autograd.grad((J * J).sum(), (x, v))
+        res.append((J.detach().numpy(), gx.numpy(), gv.numpy()))
+    for a, b in zip(*res):
+        np.testing.assert_array_equal(a, b)
+
+
+#: what x op w's create_graph rule records (w a constant), by (op, x on the left): only
+#: x's side (before: w's too, as neg, mul or neg/mul/div entries nobody read)
+_ONE_SIDE = {("add", True): [], ("add", False): [], ("sub", True): [],
+             ("sub", False): ["neg"], ("mul", True): ["const", "mul"],
+             ("mul", False): ["const", "mul"], ("div", True): ["const", "div"],
+             ("div", False): ["neg", "const", "mul", "mul", "div"]}
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_binary_rule_with_a_constant_records_only_the_read_side(op):
+    """x op w with w a constant: the create_graph rule records x's side only (w's side, a
+    product or quotient nobody reads, was an entry and a pass); every order is torch's."""
+    import operator
+    f = getattr(operator, "truediv" if op == "div" else op)
+    x0, w0 = np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -3.0]]), np.array([2.0, -0.5, 3.0])
+    res = []
+    for M in (tg, torch):
+        for left in (True, False):
+            x = M.tensor(x0, requires_grad=True)
+            w = M.tensor(w0)
+            y = M.sin(x)
+            (J,) = M.autograd.grad((f(y, w) if left else f(w, y)).sum() ** 2, x,
+                                   create_graph=True)
+            if M is tg:
+                names = _entries(J._tape)
+                names = names[len(names) - names[::-1].index("leaf") - 1:]  # this call's
+                rule = names[names.index("expand") + 1:names.index("cos")]
+                assert rule == _ONE_SIDE[op, left], names
+            (H,) = M.autograd.grad((J * J).sum(), x)
+            res.append((J.detach().numpy(), H.numpy()))
+    for a, b in zip(res[:2], res[2:]):
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-15)
+        np.testing.assert_allclose(a[1], b[1], rtol=1e-14)
 
 
 def test_max_min_over_a_dim_rule_gets_values(monkeypatch):
@@ -201,3 +300,31 @@ def test_array_rules_read_shapes_without_numpy_dispatch(monkeypatch):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_allclose(got[0], Jt, rtol=1e-13, atol=1e-12)
     np.testing.assert_array_equal(got[1], Ht)
+
+
+def test_node_hooks_see_every_gradient_of_the_fused_rules():
+    """A node post-hook (grad_inputs, grad_outputs) on x * x and on x * w (w a constant)
+    under create_graph sees one gradient per input, as torch's: the one-entry forms (x * x
+    under a constant gradient, the read side only) stay out of the hooked sweep."""
+    x0, w0 = np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -3.0]]), np.array([2.0, -0.5, 3.0])
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(x0, requires_grad=True)
+        w = M.tensor(w0)
+        sq, xw = x * x, x * w
+        seen = []
+        for node in (sq.grad_fn, xw.grad_fn):
+            node.register_hook(lambda gi, go: seen.append(
+                [None if t is None else t.detach().numpy().copy() for t in gi]))
+        (J,) = M.autograd.grad((sq + xw).sum(), x, create_graph=True)
+        (H,) = M.autograd.grad((J * J).sum(), x)
+        res.append((seen, J.detach().numpy(), H.numpy()))
+    (seen, J, H), (seen_t, Jt, Ht) = res
+    assert [len(s) for s in seen] == [len(s) for s in seen_t] == [2, 2]
+    for s, st in zip(seen, seen_t):
+        for a, b in zip(s, st):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(J, Jt)
+    np.testing.assert_allclose(H, Ht, rtol=1e-15)

@@ -76,11 +76,40 @@ def _flat_mark(y, inputs, case=None):
             return None
     tape, ins = case
     rows = tape.rows()
-    need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT,
-                                           tape.imports[0] if tape.imports else y._slot)
+    lo0 = tape.imports[0] if tape.imports else y._slot
+    need, reach, lo, ok = cpu._mark_scalar(rows, ins, y._slot, cpu.FLAT, lo0)
     if not ok or not reach[ins].all():
+        _DECLINED.v = (rows, ins.tolist(), y._slot, lo0)
         return None
     return tape, rows, need, lo, ins
+
+
+class _Declined(threading.local):
+    """The last marking ``_flat_mark`` declined: (rows, input slots, output slot, lowest
+    entry). The marking is a function of these alone, and a tape's rows are never written
+    to (``seen_rows`` hands the same matrix to every tape of the same program), so the same
+    call again (an optimization loop's, llsq's) declines without marking: 5 us a backward."""
+    v = None
+
+
+_DECLINED = _Declined()
+
+
+def _declined_before(y, inputs, tape):
+    """Whether ``_flat_mark`` declined this very marking last time (see ``_Declined``).
+    Declining then is what the full test would do: with these rows, slots and output the
+    marking declines, and any other reason to decline (``_scalar_case``) declines too."""
+    d = _DECLINED.v
+    if d is None or d[2] != y._slot:
+        return False
+    if inputs.__class__ is Tensor:
+        slots = [inputs._slot]
+    elif inputs.__class__ is tuple or inputs.__class__ is list:
+        slots = [x._slot if x.__class__ is Tensor else None for x in inputs]
+    else:
+        return False
+    return (d[1] == slots and tape.rows() is d[0]
+            and d[3] == (tape.imports[0] if tape.imports else y._slot))
 
 
 def _past_flat_limit(tape, ins):
@@ -121,6 +150,8 @@ def _flat_applies(y, inputs, retain_graph):
     tape = y._tape
     if tape is None or not tape.arrays:
         return None
+    if _declined_before(y, inputs, tape):
+        return _marked(y, inputs, None)
     case = _scalar_case(y, inputs, arrays=True)
     if case is None or _past_flat_limit(*case):  # (a large array's backward: no marking)
         return None

@@ -24,8 +24,11 @@ def _zeros_for(x):
 
 
 def _as_tensor(r, x):
-    if x._d.__class__ is _pyfloat:
+    d = x._d
+    if d.__class__ is _pyfloat:
         return _plain_s(float(r))
+    if r.__class__ is np.ndarray and r.dtype is d.dtype and r.shape == d.shape:
+        return _plain(r.copy("K"))  # (the common case: no dtype or Size object built)
     return _plain(np.array(r, dtype=x.dtype.np, copy=True).reshape(x.shape))
 
 

@@ -228,6 +228,8 @@ def _general_path(record, batch, hooked=False):
     """The general strategy for a sweep's options: the first of ``_GENERAL`` whose
     ``applies`` takes them. Under ``paths.force``/``disable`` it must be allowed: a forced
     ``checked`` takes whatever ``sweep`` takes; otherwise ``PathDeclined``."""
+    if not (record or batch or hooked or ANOMALY.enabled) and _PATHS.ctl is None:
+        return SWEEP  # (the common call: what the loop below finds, without its five tests)
     call = (record, batch, hooked)
     for p in _GENERAL:
         if p.applies(call):
@@ -270,8 +272,9 @@ def _recorded(sw, sweep, rollback=True):
     rejected first, and (with ``rollback``) a sweep that fails part way leaves nothing
     recorded."""
     if not sw.allow_unused:  # raise before recording anything
+        reach = sw.reach
         for i, sl in enumerate(sw.slot_lists):
-            if not any(sw.reach[s] for s in sl) and id(sw.ins[i]) not in sw.direct:
+            if not any([reach.item(s) for s in sl]) and id(sw.ins[i]) not in sw.direct:
                 _check_unused(i, False)
     prev = STATE.grad_enabled
     set_grad_mode(True)  # create_graph wins over an enclosing no_grad, as in torch

@@ -7,6 +7,7 @@ import numpy as np
 from .. import _generated_eager as _eager
 from ..functions import where as _where
 from ..ops import ARRAY, ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
+from ..ops._kernels import _MIN_SIZE as _ROWS_MIN, MUL2 as _MUL2, rows_op as _rows_op
 from ..ops.arrays import sum_axes, sum_to
 from ..tape import STATE
 from ..tensor import Tensor, _norm_value, _plain, _pyfloat, _record, array_op, binary, quiet, unary
@@ -14,6 +15,8 @@ from ..tensor import Tensor, _norm_value, _plain, _pyfloat, _record, array_op, b
 _WHERE = BY_NAME["where"]
 _SUM_TO = BY_NAME["sum_to"]
 _EXPAND = BY_NAME["expand"]
+_MUL = BY_NAME["mul"].code | ARRAY
+_isfinite = np.isfinite
 # ops whose forward only moves values (a view or a copy): no arithmetic, no floating-point
 # warning to silence, so their rule calls skip quiet() and the generic list building
 _SHAPE_OPS = frozenset(("reshape", "expand", "getitem", "transpose", "permute"))
@@ -135,6 +138,59 @@ def _where_rule(c, x, y):
     return _where(c, _operand(x), _operand(y))
 
 
+def _square_grad(g, x):
+    """``x * x``'s gradient for an array ``x`` under a constant float64 ``g`` (a seed's
+    gradient reaching the square: kmeans' first backward, any Hessian diagonal's) as one
+    entry, ``mul(2g, x)``; None where that does not apply. Its value is the sweep's
+    ``g*x + g*x`` (rows_op's MUL2 pass, or the two NumPy calls): the same bits. Its own
+    gradient, ``h * 2g``, rounds the same product ``2hg`` as ``(h + h) * g`` (doubling is
+    exact), so the next backward makes no ``h + h`` pass and runs no add rule. A ``g``
+    not finite everywhere, or whose double overflows, takes the two entries (``inf * 0``
+    would give NaN where ``g * 0 + g * 0`` gives 0)."""
+    if g.__class__ is not Tensor or g._rg or STATE.trace is not None:
+        return None
+    d, xd = g._d, x._d
+    if d.__class__ is not np.ndarray or xd.__class__ is not np.ndarray \
+            or d.dtype is not _F64 or xd.dtype is not _F64 or d.shape != xd.shape \
+            or not d.ndim:  # (a 0-d array's products are NumPy scalars: the two entries)
+        return None
+    if d.size >= _ROWS_MIN and 0 in d.strides:  # a large expanded g: its one copy doubled
+        c = d[_compact_index(d)]
+        h, t = quiet(_double, c)
+        h = np.ndarray(d.shape, _F64, h, 0, tuple([0 if st == 0 else hs for st, hs in
+                                                   zip(d.strides, h.strides)]))
+        h.flags.writeable = False  # (as expand's view)
+        v = _rows_op(_MUL2, d, xd)
+        if v is None:
+            v = quiet(_twice_product, d, xd)
+    else:
+        h, t, v = quiet(_double_and_square, d, xd)
+    if not t - t == 0.0:  # an inf or NaN in 2g (or a sum of it that overflows): the two
+        return None
+    return _record(_MUL, _plain(h), x, 0.0, 0.0, v)
+
+
+def _double(c):
+    h = c + c
+    return h, float(_add_reduce(h, None))
+
+
+def _twice_product(d, x):
+    v = np.multiply(d, x)
+    return np.add(v, v, out=v)
+
+
+def _double_and_square(d, x):
+    h = d + d
+    v = np.multiply(d, x)
+    return h, float(_add_reduce(h, None)), np.add(v, v, out=v)
+
+
+def _compact_index(d):
+    """An index of ``d`` that keeps one copy along each zero-stride axis."""
+    return tuple(slice(0, 1) if st == 0 else slice(None) for st in d.strides)
+
+
 def _fit(gr, like):
     """A gradient for a value shaped like ``like``: broadcasting summed away, same dtype."""
     if gr.__class__ is Tensor:
@@ -153,8 +209,9 @@ def _fit(gr, like):
             if v is None:
                 v = sum_to(np.asarray(d), like.shape)
             gr = array_op(_SUM_TO, [gr], v, (like.shape, gr.shape))
-        if gr.dtype.np != like.dtype:
-            gr = gr.to(like.dtype)
+        d = gr._d
+        if (d.dtype if d.__class__ is np.ndarray else gr.dtype.np) != like.dtype:
+            gr = gr.to(like.dtype)  # (an array's dtype read directly: no dtype object)
         return gr
     if like.__class__ is _pyfloat:
         return _plain(float(np.sum(gr)))
@@ -213,6 +270,7 @@ def build():
     F.zeros_like = lambda x: 0.0
     F.raw = lambda x: x._d if isinstance(x, Tensor) else x
     F.fit = _fit
+    F.square_grad = _square_grad
     F.fit_batched = _fit_batched
     return F
 

@@ -202,6 +202,13 @@ def sweep_checked(graph, need, adj, adjd, on_bad):
 
 # entries whose outputs are separate ``function_out`` entries: their rule gets {index: grad}
 MULTI_OUTPUT = frozenset(("function", "program"))
+_MULTI_CODES = frozenset(op.code for op in OPS if op.nary and op.name in MULTI_OUTPUT)
+#: per opcode, whether its rule reads the entry's output, first and second input (the
+#: registry's ``uses``: a value it does not read is not looked up, and is None, as the
+#: re-recording sweep gives it)
+_READS_OUT = [("out" in op.uses) for op in OPS]
+_READS_A = [("a" in op.uses) for op in OPS]
+_READS_B = [("b" in op.uses) for op in OPS]
 
 
 def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=None):
@@ -218,17 +225,21 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
         code, a, b, c0, c1 = row
         code, a, b = int(code), int(a), int(b)
     op = OPS[code & ~ARRAY]
+    opc = op.code
     value, is_array = graph.value, graph.is_array
-    out = value(k)
-    if op.nary and op.name in MULTI_OUTPUT:
+    # the output only for a rule that reads it (a value lookup per entry saved: ode's and
+    # ba's sweeps run thousands of small rules); a rule that does not gets None, as the
+    # re-recording sweep gives it
+    out = value(k) if _READS_OUT[opc] else None
+    if opc in _MULTI_CODES:
         g = adjd.get(k)  # {output index: gradient}, gathered from its function_out entries
     elif is_array(k):
         g = adjd.get(k)
         if g is None:
-            g = np.zeros_like(out)
+            g = np.zeros_like(value(k))
     else:
         g = adj[k]
-    aux = graph.aux(k) if op.code in _AT_INDEX and owned is not None else None
+    aux = graph.aux(k) if opc in _AT_INDEX and owned is not None else None
     if aux is not None and len(aux) > 2 and aux[2] and is_array(a):
         # a basic index (a view): the op's scatter form, added into that part of the base's
         # adjoint in place (no input-sized gradient built)
@@ -258,6 +269,13 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
         inputs, grads = elementwise_rule(op, NpF, g[_compact(g)], out, a, b, c0, c1, value)
         grads = [np.broadcast_to(gr, g.shape) if gr.__class__ is np.ndarray else gr
                  for gr in grads]
+    elif op.kind is BINARY:  # (elementwise_rule's call, inline: ode's thousands of rules)
+        inputs = (a, b)
+        grads = op.vjp(NpF, g, value(a) if _READS_A[opc] else None,
+                       value(b) if _READS_B[opc] else None, out)
+    elif op.kind is UNARY_C:
+        inputs = (a,)
+        grads = op.vjp(NpF, g, value(a) if _READS_A[opc] else None, out, c0, c1)
     else:
         inputs, grads = elementwise_rule(op, NpF, g, out, a, b, c0, c1, value)
     if on_bad is not None:
@@ -266,6 +284,13 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
             if gr is not None and gr.__class__ is not Part and \
                     not np.all(np.isfinite(gr)):
                 raise on_bad(k, i)
+    _accumulate(graph, inputs, grads, adj, adjd, owned, wanted, value, is_array)
+
+
+def _accumulate(graph, inputs, grads, adj, adjd, owned, wanted, value, is_array):
+    """Add a rule's gradients into its inputs' adjoints (broadcasting summed away, the
+    input's dtype); ``owned`` as ``array_vjp``'s."""
+    arrays = graph.arrays  # (one tape's: one lookup says array or not and gives it)
     for s, gr in zip(inputs, grads):
         if gr is None or not wanted[s]:  # nobody reads that adjoint (a constant input):
             continue  # no broadcast to undo, no sum (torch skips it too)
@@ -273,8 +298,9 @@ def array_vjp(graph, k, adj, adjd, on_bad=None, row=None, owned=None, wanted=Non
             gr = gr()
         if gr.__class__ is Part:
             _gather(adjd, s, gr)
-        elif is_array(s):
-            v = value(s)
+            continue
+        v = arrays.get(s) if arrays is not None else value(s) if is_array(s) else None
+        if v is not None:
             if gr.__class__ is not np.ndarray:
                 gr = np.broadcast_to(np.asarray(gr, dtype=v.dtype), v.shape)
             elif gr.shape != v.shape:

@@ -102,6 +102,20 @@ def rule(graph, k, g, F, as_tensor, batch=None, every=False):
                 gb = F.neg(s)
         if gb is not None:
             inputs, grads = (a, b), (g, gb)
+        elif a == b and code == _MUL_ARRAY and not batch and not every and (
+                gx := F.square_grad(g, as_tensor(a))) is not None:
+            # x * x under a constant g (a seed's gradient): one entry, mul(2g, x), with
+            # g*x + g*x's bits (F.square_grad says why)
+            inputs, grads = (a,), (gx,)
+        elif a != b and not batch and not every and (sides := _SIDES.get(code & ~ARRAY)) \
+                is not None and not (graph.wanted[a] and graph.wanted[b]):
+            # one input read (x * w with w a constant): only its side is computed and
+            # recorded (the other one, g * x, was an entry and a pass nobody read); a hook's
+            # grad_inputs (``every``) take the rule's every gradient, as below
+            wa = graph.wanted[a]
+            ta, tb = as_tensor(a) if ua else None, as_tensor(b) if ub else None
+            inputs, grads = ((a,), (sides[0](g, ta, tb),)) if wa else \
+                ((b,), (sides[1](g, ta, tb),))
         elif a == b and code in _SYMMETRIC_ARRAY:
             # x * x (an array): the rule's g * x recorded once and added to itself, the
             # bits of g*x + g*x with one product less to record and differentiate
