@@ -164,7 +164,8 @@ def test_the_thresholds_at_and_around(monkeypatch, n):
     with RF.array_instructions(4):
         P = tg.trace(lambda x: f(tg, x), x0)
     rows = P._code.arows
-    big = [int(rows[h + 1, 4]) * int(rows[h, 4]) for h in PA.heads_of(rows).tolist() if rows[h, 0] == PA.RED]
+    big = [int(rows[h + 1, 4]) * int(rows[h, 4]) for h in PA.heads_of(rows).tolist()
+           if rows[h, 0] == PA.RED]
     assert max(big) == n  # (one block of n terms: under 128)
     red, rev = steps(P._code)
     assert (red == {"add"}) == (n >= 48) and (rev == {"mul"}) == (n >= 48), (red, rev)
