@@ -268,20 +268,44 @@ def red_forward(rows, v, r, nr, k):
         tb = int(rows[r + 3, 4]) if dot else 0
         w = 2 * L - 1 if dot else L - 1
         o = k + m * (w - 1)
-        for i0 in range(0, m, 64):
-            i1 = min(i0 + 64, m)
+        row = dot and sa == 0 and sb == 1
+        tile = 256 if row else 64
+        for i0 in range(0, m, tile):
+            i1 = min(i0 + tile, m)
             for t in range(L):
-                for i in range(i0, i1):
-                    a = v[np.uint64(ia + i * sa + t * ta)]
-                    if dot:
-                        b = v[np.uint64(ib + i * sb + t * tb)]
-                        a = (a * b)
-                    if t == 0:
-                        v[np.uint64(o + i)] = a
-                    else:
-                        b = a
+                if row and t > 0:
+                    at = v[np.uint64(ia + t * ta)]
+                    jb = ib + t * tb
+                    for i in range(i0, i1):
+                        a = at
+                        b = v[np.uint64(jb + i)]
+                        b = (a * b)
                         a = v[np.uint64(o + i)]
-                        v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if st == MAX else (a if (a < b or a != a) else b) if st == MIN else (a + b)
+                        v[np.uint64(o + i)] = (a + b)
+                elif dot and t > 0:
+                    for i in range(i0, i1):
+                        a = v[np.uint64(ia + i * sa + t * ta)]
+                        b = v[np.uint64(ib + i * sb + t * tb)]
+                        b = (a * b)
+                        a = v[np.uint64(o + i)]
+                        v[np.uint64(o + i)] = (a + b)
+                elif st == ADD and t > 0:
+                    for i in range(i0, i1):
+                        b = v[np.uint64(ia + i * sa + t * ta)]
+                        a = v[np.uint64(o + i)]
+                        v[np.uint64(o + i)] = (a + b)
+                else:
+                    for i in range(i0, i1):
+                        a = v[np.uint64(ia + i * sa + t * ta)]
+                        if dot:
+                            b = v[np.uint64(ib + i * sb + t * tb)]
+                            a = (a * b)
+                        if t == 0:
+                            v[np.uint64(o + i)] = a
+                        else:
+                            b = a
+                            a = v[np.uint64(o + i)]
+                            v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if st == MAX else (a if (a < b or a != a) else b)
         k += m * w
         r += 4
     return 0
@@ -425,7 +449,52 @@ def red_reverse(rows, v, adj, r, k, lo):
             ahi = ia + max(0, (L - 1) * ta)
             if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
                     and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
-                for t in range(L - 1, -1, -1):
+                t = L - 1
+                while t >= 3:
+                    ja0 = np.uint64(ia + t * ta)
+                    ja1 = np.uint64(ia + (t - 1) * ta)
+                    ja2 = np.uint64(ia + (t - 2) * ta)
+                    ja3 = np.uint64(ia + (t - 3) * ta)
+                    a0 = v[ja0]
+                    a1 = v[ja1]
+                    a2 = v[ja2]
+                    a3 = v[ja3]
+                    g0 = adj[ja0]
+                    g1 = adj[ja1]
+                    g2 = adj[ja2]
+                    g3 = adj[ja3]
+                    b0 = ib + t * tb
+                    b1 = ib + (t - 1) * tb
+                    b2 = ib + (t - 2) * tb
+                    b3 = ib + (t - 3) * tb
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(o + i)]
+                        a = a0
+                        jb = np.uint64(b0 + i * sb)
+                        b = v[jb]
+                        g0 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a1
+                        jb = np.uint64(b1 + i * sb)
+                        b = v[jb]
+                        g1 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a2
+                        jb = np.uint64(b2 + i * sb)
+                        b = v[jb]
+                        g2 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a3
+                        jb = np.uint64(b3 + i * sb)
+                        b = v[jb]
+                        g3 += (g * b)
+                        adj[jb] += (g * a)
+                    adj[ja0] = g0
+                    adj[ja1] = g1
+                    adj[ja2] = g2
+                    adj[ja3] = g3
+                    t -= 4
+                while t >= 0:
                     ja = np.uint64(ia + t * ta)
                     a = v[ja]
                     ga = adj[ja]
@@ -436,6 +505,7 @@ def red_reverse(rows, v, adj, r, k, lo):
                         ga += (g * b)
                         adj[jb] += (g * a)
                     adj[ja] = ga
+                    t -= 1
             else:
                 # (a sum's outputs' own rows hold terms ``last ..``: those first)
                 last = 0 if dot or L == 2 else L - 1
