@@ -16,6 +16,7 @@ ARR = 89
 TAIL = 90
 RED = 91
 ADD = 35
+SUB = 36
 MUL = 37
 MAX = 41
 MIN = 42
@@ -558,7 +559,41 @@ def reverse(rows, v, adj, r, k, lo):
             ic = ic if ic >= 0 else k
             lop = -1 if sk & ((1 if sa == 0 else 0) | (2 if sb == 0 else 0)
                             | (4 if sc == 0 else 0)) else op
-            if lop == 4:  # exp
+            wa = (GRAD_BITS[op] & ~sk & 1) != 0
+            wb = (GRAD_BITS[op] & ~sk & 2) != 0
+            if (lop == ADD or lop == SUB or lop == MUL) and ((wa and sa == 0) or (wb and sb == 0)):
+                alo = min(ia, ia + (m - 1) * sa)
+                ahi = max(ia, ia + (m - 1) * sa)
+                blo = min(ib, ib + (m - 1) * sb)
+                bhi = max(ib, ib + (m - 1) * sb)
+                if not wa or not wb or ahi < blo or bhi < alo:
+                    lop = -2
+            if lop == -2:
+                ra = adj[np.uint64(ia)]
+                rb = adj[np.uint64(ib)]
+                mul = op == MUL
+                fb = 1.0 if op == ADD else -1.0
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    ea = g * (b if mul else 1.0)
+                    eb = g * (a if mul else fb)
+                    if wa:
+                        if sa == 0:
+                            ra += ea
+                        else:
+                            adj[np.uint64(ia + i * sa)] += ea
+                    if wb:
+                        if sb == 0:
+                            rb += eb
+                        else:
+                            adj[np.uint64(ib + i * sb)] += eb
+                if wa and sa == 0:
+                    adj[np.uint64(ia)] = ra
+                if wb and sb == 0:
+                    adj[np.uint64(ib)] = rb
+            elif lop == 4:  # exp
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     out = v[np.uint64(k + i)]
