@@ -393,11 +393,11 @@ def test_marks_what_passes_no_gradient_to_an_input():
     assert_as_scalar_rows_and_torch(P, f, x0)
 
 
-@pytest.mark.parametrize("d", [3, 4, 5, 8, 9])
-def test_matmul_rows_four_terms_at_a_time_give_the_expansions_bits(d):
+@pytest.mark.parametrize("d", [3, 4, 5, 8, 9, 10, 17])
+def test_matmul_rows_terms_summed_together_give_the_expansions_bits(d):
     # a matmul's row against contiguous columns (gmm's): its forward vectorized, its
-    # reverse summing four terms' gradients at a time (and the rest one by one), each in
-    # the expansion's order; both operands take gradients
+    # reverse summing eight terms' gradients at a time, then two, then one, each in the
+    # expansion's order; both operands take gradients
     rng = np.random.default_rng(d)
     k, n = 2, 24
 

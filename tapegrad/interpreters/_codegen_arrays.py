@@ -271,6 +271,24 @@ for i0 in range(0, m, tile):
     return "".join(" " * 8 + x + "\n" for x in src.splitlines())
 
 
+def _lanes(n):
+    """The reverse of a matmul row's terms ``t, t - 1, .., t - n + 1`` while there are
+    ``n`` left: their gradients summed in ``n`` registers, each over the outputs last to
+    first (the expansion's order), so that the sums' adds do not wait on each other."""
+    _, _, rm = _red_exprs()
+    src = [f"while t >= {n - 1}:"]
+    for j in range(n):
+        src += [f"    ja{j} = np.uint64(ia + (t - {j}) * ta)", f"    a{j} = v[ja{j}]",
+                f"    g{j} = adj[ja{j}]", f"    b{j} = ib + (t - {j}) * tb"]
+    src += ["    for i in range(m - 1, -1, -1):", "        g = adj[np.uint64(o + i)]"]
+    for j in range(n):
+        src += [f"        a = a{j}", f"        jb = np.uint64(b{j} + i * sb)",
+                "        b = v[jb]", f"        g{j} += {rm['a']}",
+                f"        adj[jb] += {rm['b']}"]
+    src += [f"    adj[ja{j}] = g{j}" for j in range(n)] + [f"    t -= {n}"]
+    return "".join(" " * 8 + x + "\n" for x in src)
+
+
 def _red_reverse():
     # the order the expansion's reverse sweep adds each term's gradient, so that a slot
     # that several terms read gets them in the same order: a sum's last terms (the outputs'
@@ -279,11 +297,11 @@ def _red_reverse():
     # every output reads the same ``a`` terms (sa == 0: a matmul's row), a term's gradient
     # is summed over the outputs in a register, in that order, when no other slot of the
     # instruction is that term's (distinct a terms, b's distinct and apart from them): it
-    # does not wait on the adjoints' stores (gmm's gradient 1.3 ms faster); four terms'
-    # sums at a time, each in its own order, so that a sum's adds do not wait on each
-    # other's latency (gmm's matmuls' reverse 2.1 -> 1.0 ms)
+    # does not wait on the adjoints' stores (gmm's gradient 1.3 ms faster); eight terms'
+    # sums at a time, then two, then one (``_lanes``), each in its own order, so that a
+    # sum's adds do not wait on each other's (gmm's matmuls' reverse 2.1 -> 1.1 ms)
     _, _, rm = _red_exprs()
-    src = f'''L = int(rows[r, 4])
+    src = '''L = int(rows[r, 4])
 m = int(rows[r + 1, 4])
 st = int(rows[r + 1, 5])
 dot = st == MUL
@@ -304,63 +322,7 @@ if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
     if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
             and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
         t = L - 1
-        while t >= 3:
-            ja0 = np.uint64(ia + t * ta)
-            ja1 = np.uint64(ia + (t - 1) * ta)
-            ja2 = np.uint64(ia + (t - 2) * ta)
-            ja3 = np.uint64(ia + (t - 3) * ta)
-            a0 = v[ja0]
-            a1 = v[ja1]
-            a2 = v[ja2]
-            a3 = v[ja3]
-            g0 = adj[ja0]
-            g1 = adj[ja1]
-            g2 = adj[ja2]
-            g3 = adj[ja3]
-            b0 = ib + t * tb
-            b1 = ib + (t - 1) * tb
-            b2 = ib + (t - 2) * tb
-            b3 = ib + (t - 3) * tb
-            for i in range(m - 1, -1, -1):
-                g = adj[np.uint64(o + i)]
-                a = a0
-                jb = np.uint64(b0 + i * sb)
-                b = v[jb]
-                g0 += {rm["a"]}
-                adj[jb] += {rm["b"]}
-                a = a1
-                jb = np.uint64(b1 + i * sb)
-                b = v[jb]
-                g1 += {rm["a"]}
-                adj[jb] += {rm["b"]}
-                a = a2
-                jb = np.uint64(b2 + i * sb)
-                b = v[jb]
-                g2 += {rm["a"]}
-                adj[jb] += {rm["b"]}
-                a = a3
-                jb = np.uint64(b3 + i * sb)
-                b = v[jb]
-                g3 += {rm["a"]}
-                adj[jb] += {rm["b"]}
-            adj[ja0] = g0
-            adj[ja1] = g1
-            adj[ja2] = g2
-            adj[ja3] = g3
-            t -= 4
-        while t >= 0:
-            ja = np.uint64(ia + t * ta)
-            a = v[ja]
-            ga = adj[ja]
-            for i in range(m - 1, -1, -1):
-                g = adj[np.uint64(o + i)]
-                jb = np.uint64(ib + i * sb + t * tb)
-                b = v[jb]
-                ga += {rm["a"]}
-                adj[jb] += {rm["b"]}
-            adj[ja] = ga
-            t -= 1
-    else:
+''' + _lanes(8) + _lanes(2) + _lanes(1) + f'''    else:
         # (a sum's outputs' own rows hold terms ``last ..``: those first)
         last = 0 if dot or L == 2 else L - 1
         for ph in range(2):
