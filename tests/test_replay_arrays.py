@@ -267,9 +267,9 @@ def test_array_interpreters_loop_per_common_op_only():
     from tapegrad.interpreters import _codegen_arrays
     src = pathlib.Path(PA.__file__).with_name("_generated_arrays.py").read_text()
     loops = src.count("for i in range(")
-    # (+ 7: the reductions' loops: forward's first term and extremes, sum, sum of products
-    # and a matmul's row; reverse's general one, a matmul row's terms eight, two and one
-    # at a time; + 1: add, sub and mul with a broadcast operand's gradients in a register)
+    # (+ 9: the reductions' loops, forward's four, red_reverse's two and red_reverse_mm's
+    # four, and add and sub's with a broadcast operand's gradients in a register, less
+    # the reverse loops of the looped ops with no rule: eq, ne, detach)
     assert loops <= 2 * len(_codegen_arrays.LOOPED) + 2 + 9, loops
     assert src == _codegen_arrays.generate_arrays(), (
         "_generated_arrays.py is stale: run python -m tapegrad.interpreters._codegen")
@@ -373,9 +373,10 @@ def test_a_program_mostly_of_scalar_rows_runs_its_expansion():
 
 
 def bcasts(M, x):
-    """add, sub and mul with a broadcast operand that takes gradients, on either side and
-    both; a broadcast slot that is one of the other operand's (the loop of every element's
-    add to the slot then) and the same slot on both sides."""
+    """add, sub and mul with a broadcast operand that takes gradients, on either side (a
+    sub's or add's right one: summed in a register) and both; a broadcast slot that is one
+    of the other operand's (the loop of every element's add to the slot then) and the
+    same slot on both sides."""
     X = x[:40].reshape(5, 8)
     s = M.sum(x[40:])
     mu = M.mean(X, 1, keepdim=True)

@@ -112,58 +112,38 @@ ic = ic if ic >= 0 else k'''.splitlines())
 _SKIPS = " " * 12 + ("lop = -1 if sk & ((1 if sa == 0 else 0) | (2 if sb == 0 else 0)\n"
                      + " " * 28 + "| (4 if sc == 0 else 0)) else op\n")
 
-#: an add, sub or mul whose broadcast operand (stride 0) takes gradients runs a loop that
-#: sums them in a register, in the same order (the other loops add each to the slot in
-#: memory, each add waiting on the last one's store: gmm's 250 ``x - mu`` of 1,000
-#: points, 1.1 ms; 0.3 ms so), when that slot is apart from the other operand's: ``lop``
-#: -2. One loop for the three ops (their rules ``g``, ``-g``, ``g * b`` and ``g * a``:
-#: ``_bcast_exprs`` checks them), whose factors are 1.0 or -1.0 (exact) for add and sub
+#: an add or sub whose broadcast operand (stride 0) takes gradients runs a loop that sums
+#: them in a register, in the same order (the other loops add each to the slot in memory,
+#: each add waiting on the last one's store: gmm's 250 ``x - mu`` of 1,000 points, 1.1 ms;
+#: 0.3 ms so), when that slot is apart from the other operand's and the other is not
+#: broadcast too: ``lop`` -2. One loop for both, with one branch (their rules ``g`` and
+#: ``g`` or ``-g``: ``_bcast_exprs`` checks them); one for mul too, and a branch for each
+#: operand's stride, cost 0.25 s more of cold compile
 _BCAST = " " * 12 + '''wa = (GRAD_BITS[op] & ~sk & 1) != 0
-            wb = (GRAD_BITS[op] & ~sk & 2) != 0
-            if (lop == ADD or lop == SUB or lop == MUL) and ((wa and sa == 0) or (wb and sb == 0)):
-                alo = min(ia, ia + (m - 1) * sa)
-                ahi = max(ia, ia + (m - 1) * sa)
-                blo = min(ib, ib + (m - 1) * sb)
-                bhi = max(ib, ib + (m - 1) * sb)
-                if not wa or not wb or ahi < blo or bhi < alo:
-                    lop = -2
+            if ((lop == ADD or lop == SUB) and sb == 0 and (GRAD_BITS[op] & ~sk & 2) != 0
+                    and sa != 0 and (not wa or ib < min(ia, ia + (m - 1) * sa)
+                                     or ib > max(ia, ia + (m - 1) * sa))):
+                lop = -2
 '''
 
+# (``g * -1.0`` is ``-g``, the rule's, bit for bit but for a NaN's sign)
 _BCAST_REVERSE = '''            if lop == -2:
-                ra = adj[np.uint64(ia)]
-                rb = adj[np.uint64(ib)]
-                mul = op == MUL
                 fb = 1.0 if op == ADD else -1.0
+                rb = adj[np.uint64(ib)]
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    a = v[np.uint64(ia + i * sa)]
-                    b = v[np.uint64(ib + i * sb)]
-                    ea = g * (b if mul else 1.0)
-                    eb = g * (a if mul else fb)
+                    rb += g * fb
                     if wa:
-                        if sa == 0:
-                            ra += ea
-                        else:
-                            adj[np.uint64(ia + i * sa)] += ea
-                    if wb:
-                        if sb == 0:
-                            rb += eb
-                        else:
-                            adj[np.uint64(ib + i * sb)] += eb
-                if wa and sa == 0:
-                    adj[np.uint64(ia)] = ra
-                if wb and sb == 0:
-                    adj[np.uint64(ib)] = rb
+                        adj[np.uint64(ia + i * sa)] += g
+                adj[np.uint64(ib)] = rb
 '''
 
 
 def _bcast_exprs():
-    """Check the rules ``_BCAST_REVERSE`` writes out: add's ``g, g``, sub's ``g, -g``, mul's
-    ``g * b, g * a`` (``g * 1.0`` is ``g`` and ``g * -1.0`` is ``-g``, bit for bit)."""
+    """Check the rules ``_BCAST_REVERSE`` writes out: add's ``g, g``, sub's ``g, -g``."""
     from ..ops import BY_NAME
-    rules = {n: rule_exprs(BY_NAME[n]) for n in ("add", "sub", "mul")}
-    assert rules == {"add": {"a": "g", "b": "g"}, "sub": {"a": "g", "b": "(-g)"},
-                     "mul": {"a": "(g * b)", "b": "(g * a)"}}, rules
+    rules = {n: rule_exprs(BY_NAME[n]) for n in ("add", "sub")}
+    assert rules == {"add": {"a": "g", "b": "g"}, "sub": {"a": "g", "b": "(-g)"}}, rules
 
 _GENERIC_FORWARD = '''            else:
                 for i in range(m):
@@ -271,6 +251,24 @@ for i0 in range(0, m, tile):
     return "".join(" " * 8 + x + "\n" for x in src.splitlines())
 
 
+_RED_REVERSE_HEAD = '''
+
+@njit_cached(error_model="numpy", nogil=True)
+def NAME(rows, v, adj, r, k, lo):
+    """The reverse sweep of the reduction instructions at rows ``r`` down to ``lo`` (``k``:
+    row ``r``'s last slot; ``red_forward``'s, and its scalar ``add`` rows).DOC"""
+    while r >= lo:
+        if rows[r, 0] == ADD:  # (add's rule: ``g`` to both, a first)
+            g = adj[k]
+            adj[int(rows[r, 1])] += g
+            adj[int(rows[r, 2])] += g
+            k -= 1
+            r -= 1
+            continue
+        r -= 3
+'''
+
+
 def _lanes(n):
     """The reverse of a matmul row's terms ``t, t - 1, .., t - n + 1`` while there are
     ``n`` left: their gradients summed in ``n`` registers, each over the outputs last to
@@ -289,7 +287,7 @@ def _lanes(n):
     return "".join(" " * 8 + x + "\n" for x in src)
 
 
-def _red_reverse():
+def _red_reverse(lanes):
     # the order the expansion's reverse sweep adds each term's gradient, so that a slot
     # that several terms read gets them in the same order: a sum's last terms (the outputs'
     # rows, after the chains') for every output, then the other terms of each; a sum of
@@ -297,9 +295,11 @@ def _red_reverse():
     # every output reads the same ``a`` terms (sa == 0: a matmul's row), a term's gradient
     # is summed over the outputs in a register, in that order, when no other slot of the
     # instruction is that term's (distinct a terms, b's distinct and apart from them): it
-    # does not wait on the adjoints' stores (gmm's gradient 1.3 ms faster); eight terms'
-    # sums at a time, then two, then one (``_lanes``), each in its own order, so that a
-    # sum's adds do not wait on each other's (gmm's matmuls' reverse 2.1 -> 1.1 ms)
+    # does not wait on the adjoints' stores (gmm's gradient 1.3 ms faster); ``red_reverse_mm``
+    # sums eight terms' gradients at a time, then two, then one (``_lanes``), each in its
+    # own order, so that a sum's adds do not wait on each other's (gmm's matmuls' reverse
+    # 2.1 -> 1.1 ms), a function of its own: those loops cost 0.5 s of cold compile, which
+    # programs without a matmul's row (lse) do not pay
     _, _, rm = _red_exprs()
     src = '''L = int(rows[r, 4])
 m = int(rows[r + 1, 4])
@@ -322,7 +322,7 @@ if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
     if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
             and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
         t = L - 1
-''' + _lanes(8) + _lanes(2) + _lanes(1) + f'''    else:
+''' + ''.join(_lanes(n) for n in lanes) + f'''    else:
         # (a sum's outputs' own rows hold terms ``last ..``: those first)
         last = 0 if dot or L == 2 else L - 1
         for ph in range(2):
@@ -417,27 +417,16 @@ def forward(rows, x, v, r, nr, k):
         k += 1
         r += 1
     return 0
-
-
-@njit_cached(error_model="numpy", nogil=True)
-def red_reverse(rows, v, adj, r, k, lo):
-    """The reverse sweep of the reduction instructions at rows ``r`` down to ``lo`` (``k``:
-    row ``r``'s last slot; ``red_forward``'s, and its scalar ``add`` rows)."""
-    while r >= lo:
-        if rows[r, 0] == ADD:  # (add's rule: ``g`` to both, a first)
-            g = adj[k]
-            adj[int(rows[r, 1])] += g
-            adj[int(rows[r, 2])] += g
-            k -= 1
-            r -= 1
-            continue
-        r -= 3
 ''')
-    src.append(_red_reverse())
-    src.append('''        k -= 1
+    for name, lanes, doc in (("red_reverse", (1,), ""), ("red_reverse_mm", (8, 2, 1), (
+            "\n    A matmul's row's terms eight at a time (``red_reverse``: one at a time)."))):
+        src.append(_RED_REVERSE_HEAD.replace("NAME", name).replace("DOC", doc))
+        src.append(_red_reverse(lanes))
+        src.append('''        k -= 1
         r -= 1
     return 0
-
+''')
+    src.append('''
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj, r, k, lo):

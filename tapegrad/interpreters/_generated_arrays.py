@@ -451,6 +451,78 @@ def red_reverse(rows, v, adj, r, k, lo):
             if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
                     and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
                 t = L - 1
+                while t >= 0:
+                    ja0 = np.uint64(ia + (t - 0) * ta)
+                    a0 = v[ja0]
+                    g0 = adj[ja0]
+                    b0 = ib + (t - 0) * tb
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(o + i)]
+                        a = a0
+                        jb = np.uint64(b0 + i * sb)
+                        b = v[jb]
+                        g0 += (g * b)
+                        adj[jb] += (g * a)
+                    adj[ja0] = g0
+                    t -= 1
+            else:
+                # (a sum's outputs' own rows hold terms ``last ..``: those first)
+                last = 0 if dot or L == 2 else L - 1
+                for ph in range(2):
+                    thi = L - 1 if ph == 0 else last - 1
+                    tlo = last if ph == 0 else 0
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(o + i)]
+                        for t in range(thi, tlo - 1, -1):
+                            ja = np.uint64(ia + i * sa + t * ta)
+                            if dot:
+                                jb = np.uint64(ib + i * sb + t * tb)
+                                a = v[ja]
+                                b = v[jb]
+                                adj[ja] += (g * b)
+                                adj[jb] += (g * a)
+                            else:
+                                adj[ja] += g
+        k -= 1
+        r -= 1
+    return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def red_reverse_mm(rows, v, adj, r, k, lo):
+    """The reverse sweep of the reduction instructions at rows ``r`` down to ``lo`` (``k``:
+    row ``r``'s last slot; ``red_forward``'s, and its scalar ``add`` rows).
+    A matmul's row's terms eight at a time (``red_reverse``: one at a time)."""
+    while r >= lo:
+        if rows[r, 0] == ADD:  # (add's rule: ``g`` to both, a first)
+            g = adj[k]
+            adj[int(rows[r, 1])] += g
+            adj[int(rows[r, 2])] += g
+            k -= 1
+            r -= 1
+            continue
+        r -= 3
+        L = int(rows[r, 4])
+        m = int(rows[r + 1, 4])
+        st = int(rows[r + 1, 5])
+        dot = st == MUL
+        w = 2 * L - 1 if dot else L - 1
+        k -= m * w - 1
+        o = k + m * (w - 1)
+        if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
+            ta = int(rows[r, 5])
+            ia = int(rows[r, 1])
+            sa = int(rows[r + 2, 4])
+            ib = int(rows[r, 2]) if dot else ia
+            sb = int(rows[r + 2, 5]) if dot else 0
+            tb = int(rows[r + 3, 4]) if dot else 0
+            blo = ib + min(0, (m - 1) * sb) + min(0, (L - 1) * tb)
+            bhi = ib + max(0, (m - 1) * sb) + max(0, (L - 1) * tb)
+            alo = ia + min(0, (L - 1) * ta)
+            ahi = ia + max(0, (L - 1) * ta)
+            if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
+                    and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
+                t = L - 1
                 while t >= 7:
                     ja0 = np.uint64(ia + (t - 0) * ta)
                     a0 = v[ja0]
@@ -626,39 +698,19 @@ def reverse(rows, v, adj, r, k, lo):
             lop = -1 if sk & ((1 if sa == 0 else 0) | (2 if sb == 0 else 0)
                             | (4 if sc == 0 else 0)) else op
             wa = (GRAD_BITS[op] & ~sk & 1) != 0
-            wb = (GRAD_BITS[op] & ~sk & 2) != 0
-            if (lop == ADD or lop == SUB or lop == MUL) and ((wa and sa == 0) or (wb and sb == 0)):
-                alo = min(ia, ia + (m - 1) * sa)
-                ahi = max(ia, ia + (m - 1) * sa)
-                blo = min(ib, ib + (m - 1) * sb)
-                bhi = max(ib, ib + (m - 1) * sb)
-                if not wa or not wb or ahi < blo or bhi < alo:
-                    lop = -2
+            if ((lop == ADD or lop == SUB) and sb == 0 and (GRAD_BITS[op] & ~sk & 2) != 0
+                    and sa != 0 and (not wa or ib < min(ia, ia + (m - 1) * sa)
+                                     or ib > max(ia, ia + (m - 1) * sa))):
+                lop = -2
             if lop == -2:
-                ra = adj[np.uint64(ia)]
-                rb = adj[np.uint64(ib)]
-                mul = op == MUL
                 fb = 1.0 if op == ADD else -1.0
+                rb = adj[np.uint64(ib)]
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
-                    a = v[np.uint64(ia + i * sa)]
-                    b = v[np.uint64(ib + i * sb)]
-                    ea = g * (b if mul else 1.0)
-                    eb = g * (a if mul else fb)
+                    rb += g * fb
                     if wa:
-                        if sa == 0:
-                            ra += ea
-                        else:
-                            adj[np.uint64(ia + i * sa)] += ea
-                    if wb:
-                        if sb == 0:
-                            rb += eb
-                        else:
-                            adj[np.uint64(ib + i * sb)] += eb
-                if wa and sa == 0:
-                    adj[np.uint64(ia)] = ra
-                if wb and sb == 0:
-                    adj[np.uint64(ib)] = rb
+                        adj[np.uint64(ia + i * sa)] += g
+                adj[np.uint64(ib)] = rb
             elif lop == 4:  # exp
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
