@@ -196,3 +196,47 @@ def test_lse_at_the_real_thresholds_against_eager_and_torch():
     np.testing.assert_allclose(g, ge.numpy(), rtol=1e-11, atol=1e-20)
     np.testing.assert_allclose(g, gt.numpy(), rtol=1e-11, atol=1e-20)
     np.testing.assert_array_equal(P.value_and_grad(x0)[1], g)
+
+
+def products(M, x):
+    """Batched products: (k, d, d) @ (k, d, n) with both operands taking gradients (gmm's
+    ``Q @ xc``), a constant (3, 5, 6) times (3, 6, 4), and one matrix over every batch
+    (its terms the same slots for each: not a batched product of distinct slots)."""
+    k, d, n = 2, 5, 8
+    A = x[:k * d * d].reshape(k, d, d)
+    B = x[k * d * d:k * d * (d + n)].reshape(k, d, n)
+    X = x[:72].reshape(3, 6, 4)
+    WX = M.matmul(M.tensor(W, dtype=M.float64), X)
+    return (M.sum(M.matmul(A, B) ** 2) + M.sum(M.tanh(WX))
+            + M.sum(M.matmul(x[:30].reshape(5, 6), X) ** 2) * 0.1)
+
+
+def test_batched_products_by_matmul(monkeypatch):
+    monkeypatch.setattr(PA, "NUMPY_MM_MIN", 4)
+    rng = np.random.default_rng(9)
+    x0, v = rng.normal(size=130), rng.normal(size=130)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: products(tg, x), x0)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: products(tg, x), x0)
+    plan = PA._plan(P._code.arows)
+    groups = [op[1] for *_, op in plan if type(op) is tuple]
+    # (C batches, g rows, n outputs, L terms): W @ X's rows are X's columns (b's terms the
+    # same for every output); the shared matrix's product, a batch at a time (its slots
+    # the same in every batch: no slot twice in one view)
+    assert (2, 5, 8, 5) in groups and (3, 4, 5, 6) in groups, groups
+    assert all(C == 1 for C, g, n, L in groups if (g, n, L) == (4, 5, 6) and C != 3), groups
+    assert sum(type(k) is tuple for *_, k in PA._reverse_plan(P._code.arows, plan)) >= 2
+    a, s = P.value_and_grad(x0), S.value_and_grad(x0)
+    np.testing.assert_allclose(a[0], s[0], rtol=1e-14)
+    np.testing.assert_allclose(a[1], s[1], rtol=1e-13, atol=1e-14)
+    y, g, hv = torch_derivs(products, x0, v)
+    np.testing.assert_allclose(a[0], y, rtol=1e-13)
+    np.testing.assert_allclose(a[1], g, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(P.hvp((x0,), (v,))[1], hv, rtol=1e-10, atol=1e-11)
+    xs = [x0 * (1 + 0.1 * i) for i in range(6)]
+    want = [P.value_and_grad(x) for x in xs]
+    with ThreadPoolExecutor(3) as pool:
+        for (va, ga), (vb, gb) in zip(want, pool.map(P.value_and_grad, xs)):
+            assert va == vb
+            np.testing.assert_array_equal(ga, gb)
