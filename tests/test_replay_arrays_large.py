@@ -240,3 +240,27 @@ def test_batched_products_by_matmul(monkeypatch):
         for (va, ga), (vb, gb) in zip(want, pool.map(P.value_and_grad, xs)):
             assert va == vb
             np.testing.assert_array_equal(ga, gb)
+
+
+def test_a_run_that_is_no_batched_product_is_looked_at_once(monkeypatch):
+    # matmul rows of one shared matrix (its slots in every batch: no batched product):
+    # the plan looks at the run once, not from each of its rows (quadratic in its length)
+    monkeypatch.setattr(PA, "NUMPY_MM_MIN", 4)
+    x0 = np.random.default_rng(10).normal(size=320)
+
+    def f(M, x):
+        return M.sum(M.matmul(x[:30].reshape(5, 6), x[:300].reshape(10, 6, 5)) ** 2)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    heads = [h for h in PA.heads_of(rows).tolist() if rows[h, 0] == PA.RED
+             and rows[h + 1, 5] == PA.MUL]
+    calls = []
+    real = PA._mm_group
+    monkeypatch.setattr(PA, "_mm_group", lambda *a: calls.append(a[1]) or real(*a))
+    plan = PA._plan(rows)
+    assert len(heads) >= 20 and len(calls) <= len(heads) // 5, (len(heads), calls)
+    xt = torch.tensor(x0, requires_grad=True)
+    gt, = torch.autograd.grad(f(torch, xt), xt)
+    np.testing.assert_allclose(P.grad(x0), gt.numpy(), rtol=1e-12, atol=1e-13)
+    assert plan

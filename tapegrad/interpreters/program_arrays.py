@@ -608,11 +608,15 @@ def _plan(rows):
     at, nslots = row_slots(rows)
     nr = rows.shape[0]
     slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
-    plan, r0, after = [], 0, 0
+    plan, r0, after, tried = [], 0, 0, 0
     for h in heads_of(rows).tolist():
         if h < after:  # (in a batched product)
             continue
-        mm = _mm_group(rows, h) if rows[h, 0] == RED else None
+        mm = None
+        if rows[h, 0] == RED and h >= tried:
+            # (a run that is no batched product is not tried again from each of its rows:
+            # quadratic in its length)
+            mm, tried = _mm_group(rows, h, at)
         if mm is not None:
             after = mm[0]
             if h > r0:
@@ -824,15 +828,16 @@ def _affine(x, C, g):
     return (int(X[0, 0]), dc, dj) if ok else None
 
 
-def _mm_group(rows, h):
-    """(row after, (C, g, n, L), A's (first slot, strides), B's, the outputs') of the batched
-    product whose first matmul row is the reduction instruction at row ``h``, or None:
+def _mm_group(rows, h, at):
+    """((row after, (C, g, n, L), A's (first slot, strides), B's, the outputs') of the batched
+    product whose first matmul row is the reduction instruction at row ``h``, or None; the
+    row after the run of instructions it looked at). ``at``: ``row_slots``'. A product is
     consecutive instructions of the same shape and strides (one operand's terms the same
-    for every output, all other strides positive), ``B`` the same for ``g`` of them in a row, every
-    start affine in (batch, row), each operand's grid with no slot twice (its gradients
-    are added through a view), at least ``NUMPY_MM_MIN`` products."""
+    for every output, all other strides positive), ``B`` the same for ``g`` of them in a
+    row, every start affine in (batch, row), each operand's grid with no slot twice (its
+    gradients are added through a view), at least ``NUMPY_MM_MIN`` products."""
     if rows[h + 1, 5] != MUL:
-        return None
+        return None, h
     n, _, (sa, sb, ta, tb, L) = info(rows, h)
     # the operand whose terms are the same for every output is ``A``'s row (a's, or b's:
     # a product's factors commute, bit for bit)
@@ -840,9 +845,9 @@ def _mm_group(rows, h):
     if sa != 0 and sb == 0:
         sa, sb, ta, tb = sb, sa, tb, ta
     elif sa != 0:
-        return None
+        return None, h
     if min(sb, ta, tb) < 1:
-        return None
+        return None, h
     nr = rows.shape[0]
     hs = [h]
     while hs[-1] + 2 * (META + 1) <= nr and rows[hs[-1] + META + 1, 0] == RED:
@@ -852,21 +857,22 @@ def _mm_group(rows, h):
             break
         hs.append(e)
     hs = np.array(hs)
+    seen = int(hs[-1]) + META + 1
     B = rows[hs, cb]
     g = int(np.argmax(B != B[0])) if (B != B[0]).any() else len(hs)
     C = len(hs) // g
     if C * g * n * L < NUMPY_MM_MIN:
-        return None
-    at = row_slots(rows)[0]
+        return None, seen
     W = red_width(MUL, L)
     a, b, o = _affine(rows[hs, ca], C, g), _affine(B, C, g), \
         _affine(at[hs] + n * (W - 1), C, g)
     if a is None or b is None or o is None or b[2] != 0 or min(a[1:] + b[1:2]) < 0:
-        return None
+        return None, seen
     if not (_injective((a[1], a[2], ta), (C, g, L)) and _injective((b[1], tb, sb), (C, L, n))):
-        return None
-    return (int(hs[C * g - 1]) + META + 1, (C, g, n, L), (a[0], a[1], a[2], ta),
-            (b[0], b[1], tb, sb), (o[0], o[1], o[2], 1))
+        return None, seen
+    after = int(hs[C * g - 1]) + META + 1
+    return (after, (C, g, n, L), (a[0], a[1], a[2], ta), (b[0], b[1], tb, sb),
+            (o[0], o[1], o[2], 1)), after
 
 
 def _mm_views(step, v):
