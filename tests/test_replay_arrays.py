@@ -267,8 +267,10 @@ def test_array_interpreters_loop_per_common_op_only():
     from tapegrad.interpreters import _codegen_arrays
     src = pathlib.Path(PA.__file__).with_name("_generated_arrays.py").read_text()
     loops = src.count("for i in range(")
-    # (+ 4: the reductions' loops, forward and reverse)
-    assert loops <= 2 * len(_codegen_arrays.LOOPED) + 2 + 4, loops
+    # (+ 9: the reductions' loops, forward's four, red_reverse's two and red_reverse_mm's
+    # four, and add and sub's with a broadcast operand's gradients in a register, less
+    # the reverse loops of the looped ops with no rule: eq, ne, detach)
+    assert loops <= 2 * len(_codegen_arrays.LOOPED) + 2 + 9, loops
     assert src == _codegen_arrays.generate_arrays(), (
         "_generated_arrays.py is stale: run python -m tapegrad.interpreters._codegen")
 
@@ -368,3 +370,37 @@ def test_a_program_mostly_of_scalar_rows_runs_its_expansion():
         s = s + torch.sin(xt[i]) * xt[i - 1]
     (s + big).backward()
     np.testing.assert_allclose(g1, xt.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def bcasts(M, x):
+    """add, sub and mul with a broadcast operand that takes gradients, on either side (a
+    sub's or add's right one: summed in a register) and both; a broadcast slot that is one
+    of the other operand's (the loop of every element's add to the slot then) and the
+    same slot on both sides."""
+    X = x[:40].reshape(5, 8)
+    s = M.sum(x[40:])
+    mu = M.mean(X, 1, keepdim=True)
+    Z = (X - mu) * (s - X) + (mu + X) * X[:, :1] - X[:, 2:3] * X + (s * X)
+    return M.sum(Z * Z) + M.sum(M.exp(X - X[:, :1])) + M.sum(X[:, :1] * X[:, :1] - X)
+
+
+def test_broadcast_operands_gradients_summed_in_a_register_give_the_expansions_bits():
+    rng = np.random.default_rng(12)
+    x0 = rng.normal(size=44)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: bcasts(tg, x), x0)
+    rows = P._code.arows
+    kinds = set()
+    for h in np.nonzero(rows[:, 0] == PA.ARR)[0].tolist():
+        n, code, st = PA.info(rows, h)
+        if OPS[code].name in ("add", "sub", "mul") and 0 in st[:2]:
+            kinds.add((OPS[code].name, st[:2]))
+    assert {("sub", (1, 0)), ("sub", (0, 1)), ("add", (0, 1)), ("mul", (1, 0)),
+            ("mul", (0, 1))} <= kinds, kinds
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: bcasts(tg, x), x0)
+    for a, b in zip(P.value_and_grad(x0), S.value_and_grad(x0)):
+        np.testing.assert_array_equal(a, b)
+    xt = torch.tensor(x0, requires_grad=True)
+    g, = torch.autograd.grad(bcasts(torch, xt), xt)
+    np.testing.assert_allclose(P.grad(x0), g.numpy(), rtol=1e-12, atol=1e-14)

@@ -391,3 +391,25 @@ def test_marks_what_passes_no_gradient_to_an_input():
     assert 1.0 in flags["red maximum"] and 0.0 in flags["red add"], flags
     assert flags["sub"] == {-2.0} and flags["mul"] == {-2.0}, flags  # (b: the shift, W)
     assert_as_scalar_rows_and_torch(P, f, x0)
+
+
+@pytest.mark.parametrize("d", [3, 4, 5, 8, 9, 10, 17])
+def test_matmul_rows_terms_summed_together_give_the_expansions_bits(d):
+    # a matmul's row against contiguous columns (gmm's): its forward vectorized, its
+    # reverse summing eight terms' gradients at a time, then two, then one, each in the
+    # expansion's order; both operands take gradients
+    rng = np.random.default_rng(d)
+    k, n = 2, 24
+
+    def f(M, x):
+        A = x[:k * d * d].reshape(k, d, d)
+        B = x[k * d * d:].reshape(k, d, n)
+        return M.sum(M.matmul(A, B) ** 2)
+    x0 = rng.normal(size=k * d * (d + n))
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    heads = [h for h in PA.heads_of(rows).tolist() if rows[h, 0] == PA.RED
+             and rows[h + 1, 5] == PA.MUL]
+    assert heads and all(PA.info(rows, h)[2][:2] == (0, 1) for h in heads)
+    assert_as_scalar_rows_and_torch(P, f, x0)

@@ -29,6 +29,7 @@ ARR = {arr}
 TAIL = {tail}
 RED = {red}
 ADD = {add}
+SUB = {sub}
 MUL = {mul}
 MAX = {max_}
 MIN = {min_}
@@ -58,10 +59,6 @@ def _array_reverse(op):
     # (every operand's, those whose gradient reaches no input too: ``_SKIPS``)
     body += [f"    adj[np.uint64(i{n} + i * s{n})] += {e}" for n, e in exprs.items()]
     return body
-
-
-def _array_dispatch(ops, render, indent):
-    return chain(ops, render, indent)
 
 
 #: the ops an array instruction runs as a loop of its own: those of the benchmarks' array
@@ -115,6 +112,39 @@ ic = ic if ic >= 0 else k'''.splitlines())
 _SKIPS = " " * 12 + ("lop = -1 if sk & ((1 if sa == 0 else 0) | (2 if sb == 0 else 0)\n"
                      + " " * 28 + "| (4 if sc == 0 else 0)) else op\n")
 
+#: an add or sub whose broadcast operand (stride 0) takes gradients runs a loop that sums
+#: them in a register, in the same order (the other loops add each to the slot in memory,
+#: each add waiting on the last one's store: gmm's 250 ``x - mu`` of 1,000 points, 1.1 ms;
+#: 0.3 ms so), when that slot is apart from the other operand's and the other is not
+#: broadcast too: ``lop`` -2. One loop for both, with one branch (their rules ``g`` and
+#: ``g`` or ``-g``: ``_bcast_exprs`` checks them); one for mul too, and a branch for each
+#: operand's stride, cost 0.25 s more of cold compile
+_BCAST = " " * 12 + '''wa = (GRAD_BITS[op] & ~sk & 1) != 0
+            if ((lop == ADD or lop == SUB) and sb == 0 and (GRAD_BITS[op] & ~sk & 2) != 0
+                    and sa != 0 and (not wa or ib < min(ia, ia + (m - 1) * sa)
+                                     or ib > max(ia, ia + (m - 1) * sa))):
+                lop = -2
+'''
+
+# (``g * -1.0`` is ``-g``, the rule's, bit for bit but for a NaN's sign)
+_BCAST_REVERSE = '''            if lop == -2:
+                fb = 1.0 if op == ADD else -1.0
+                rb = adj[np.uint64(ib)]
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    rb += g * fb
+                    if wa:
+                        adj[np.uint64(ia + i * sa)] += g
+                adj[np.uint64(ib)] = rb
+'''
+
+
+def _bcast_exprs():
+    """Check the rules ``_BCAST_REVERSE`` writes out: add's ``g, g``, sub's ``g, -g``."""
+    from ..ops import BY_NAME
+    rules = {n: rule_exprs(BY_NAME[n]) for n in ("add", "sub")}
+    assert rules == {"add": {"a": "g", "b": "g"}, "sub": {"a": "g", "b": "(-g)"}}, rules
+
 _GENERIC_FORWARD = '''            else:
                 for i in range(m):
                     v[np.uint64(k + i)] = value(op, v[np.uint64(ia + i * sa)],
@@ -160,8 +190,11 @@ def _red_forward():
     # whose terms stay in cache between passes (a long sum's blocks: 128 passes over the
     # whole input, 4x slower). The first term starts the output, the step adds each next
     # (``acc + a0`` is ``a0 + a1``'s row, the max's ``maximum(a0, a1)``). The outputs are
-    # contiguous, after their chains' other slots (never written here). One loop for every
-    # step: a loop each cost 0.3 s of a cold first gradient
+    # contiguous, after their chains' other slots (never written here). A pass's loop
+    # for a sum, one for a sum of products and one for a matmul's row (a term of ``a``
+    # for every output, ``b``'s contiguous: LLVM vectorizes it, gmm's matmuls 1.2 ->
+    # 0.4 ms, in tiles of 256: 0.6 ms in tiles of 64), with no branch inside; one for the
+    # first term and the extremes: a loop each cost about 0.1 s of a cold first gradient
     add, mul, _ = _red_exprs()
     from ..ops import BY_NAME
     mx, mn = _forward_expr(BY_NAME["maximum"]), _forward_expr(BY_NAME["minimum"])
@@ -177,24 +210,84 @@ sb = int(rows[r + 2, 5]) if dot else 0
 tb = int(rows[r + 3, 4]) if dot else 0
 w = 2 * L - 1 if dot else L - 1
 o = k + m * (w - 1)
-for i0 in range(0, m, 64):
-    i1 = min(i0 + 64, m)
+row = dot and sa == 0 and sb == 1
+tile = 256 if row else 64
+for i0 in range(0, m, tile):
+    i1 = min(i0 + tile, m)
     for t in range(L):
-        for i in range(i0, i1):
-            a = v[np.uint64(ia + i * sa + t * ta)]
-            if dot:
-                b = v[np.uint64(ib + i * sb + t * tb)]
-                a = {mul}
-            if t == 0:
-                v[np.uint64(o + i)] = a
-            else:
-                b = a
+        if row and t > 0:
+            at = v[np.uint64(ia + t * ta)]
+            jb = ib + t * tb
+            for i in range(i0, i1):
+                a = at
+                b = v[np.uint64(jb + i)]
+                b = {mul}
                 a = v[np.uint64(o + i)]
-                v[np.uint64(o + i)] = {mx} if st == MAX else {mn} if st == MIN else {add}'''
+                v[np.uint64(o + i)] = {add}
+        elif dot and t > 0:
+            for i in range(i0, i1):
+                a = v[np.uint64(ia + i * sa + t * ta)]
+                b = v[np.uint64(ib + i * sb + t * tb)]
+                b = {mul}
+                a = v[np.uint64(o + i)]
+                v[np.uint64(o + i)] = {add}
+        elif st == ADD and t > 0:
+            for i in range(i0, i1):
+                b = v[np.uint64(ia + i * sa + t * ta)]
+                a = v[np.uint64(o + i)]
+                v[np.uint64(o + i)] = {add}
+        else:
+            for i in range(i0, i1):
+                a = v[np.uint64(ia + i * sa + t * ta)]
+                if dot:
+                    b = v[np.uint64(ib + i * sb + t * tb)]
+                    a = {mul}
+                if t == 0:
+                    v[np.uint64(o + i)] = a
+                else:
+                    b = a
+                    a = v[np.uint64(o + i)]
+                    v[np.uint64(o + i)] = {mx} if st == MAX else {mn}'''
     return "".join(" " * 8 + x + "\n" for x in src.splitlines())
 
 
-def _red_reverse():
+_RED_REVERSE_HEAD = '''
+
+@njit_cached(error_model="numpy", nogil=True)
+def NAME(rows, v, adj, r, k, lo):
+    """The reverse sweep of the reduction instructions at rows ``r`` down to ``lo`` (``k``:
+    row ``r``'s last slot; ``red_forward``'s, and its scalar ``add`` rows).DOC"""
+    while r >= lo:
+        if rows[r, 0] == ADD:  # (add's rule: ``g`` to both, a first)
+            g = adj[k]
+            adj[int(rows[r, 1])] += g
+            adj[int(rows[r, 2])] += g
+            k -= 1
+            r -= 1
+            continue
+        r -= 3
+'''
+
+
+def _lanes(n):
+    """The reverse of a matmul row's terms ``t, t - 1, .., t - n + 1`` while there are
+    ``n`` left: their gradients summed in ``n`` registers, each over the outputs last to
+    first (the expansion's order), so that the sums' adds do not wait on each other."""
+    _, _, rm = _red_exprs()
+    src = [f"while t >= {n - 1}:"]
+    for j in range(n):
+        src += [f"    ja{j} = np.uint64(ia + (t - {j}) * ta)", f"    a{j} = v[ja{j}]",
+                f"    g{j} = adj[ja{j}]", f"    b{j} = ib + (t - {j}) * tb"]
+    src += ["    for i in range(m - 1, -1, -1):", "        g = adj[np.uint64(o + i)]"]
+    for j in range(n):
+        src += [f"        a = a{j}", f"        jb = np.uint64(b{j} + i * sb)",
+                "        b = v[jb]", f"        g{j} += {rm['a']}",
+                f"        adj[jb] += {rm['b']}"]
+    src += [f"    adj[ja{j}] = g{j}" for j in range(n)] + [f"    t -= {n}"]
+    return "".join(" " * 8 + x + "\n" for x in src)
+
+
+def _red_reverse(lanes):
     # the order the expansion's reverse sweep adds each term's gradient, so that a slot
     # that several terms read gets them in the same order: a sum's last terms (the outputs'
     # rows, after the chains') for every output, then the other terms of each; a sum of
@@ -202,9 +295,13 @@ def _red_reverse():
     # every output reads the same ``a`` terms (sa == 0: a matmul's row), a term's gradient
     # is summed over the outputs in a register, in that order, when no other slot of the
     # instruction is that term's (distinct a terms, b's distinct and apart from them): it
-    # does not wait on the adjoints' stores (gmm's gradient 1.3 ms faster)
+    # does not wait on the adjoints' stores (gmm's gradient 1.3 ms faster); ``red_reverse_mm``
+    # sums eight terms' gradients at a time, then two, then one (``_lanes``), each in its
+    # own order, so that a sum's adds do not wait on each other's (gmm's matmuls' reverse
+    # 2.1 -> 1.1 ms), a function of its own: those loops cost 0.5 s of cold compile, which
+    # programs without a matmul's row (lse) do not pay
     _, _, rm = _red_exprs()
-    src = f'''L = int(rows[r, 4])
+    src = '''L = int(rows[r, 4])
 m = int(rows[r + 1, 4])
 st = int(rows[r + 1, 5])
 dot = st == MUL
@@ -224,18 +321,8 @@ if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
     ahi = ia + max(0, (L - 1) * ta)
     if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
             and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
-        for t in range(L - 1, -1, -1):
-            ja = np.uint64(ia + t * ta)
-            a = v[ja]
-            ga = adj[ja]
-            for i in range(m - 1, -1, -1):
-                g = adj[np.uint64(o + i)]
-                jb = np.uint64(ib + i * sb + t * tb)
-                b = v[jb]
-                ga += {rm["a"]}
-                adj[jb] += {rm["b"]}
-            adj[ja] = ga
-    else:
+        t = L - 1
+''' + ''.join(_lanes(n) for n in lanes) + f'''    else:
         # (a sum's outputs' own rows hold terms ``last ..``: those first)
         last = 0 if dot or L == 2 else L - 1
         for ph in range(2):
@@ -264,6 +351,7 @@ def generate_arrays():
                          guard=BY_NAME["guard"].code, arr=BY_NAME["array_ew"].code,
                          tail=BY_NAME["array_tail"].code, red=BY_NAME["array_red"].code,
                          mul=BY_NAME["mul"].code, add=BY_NAME["add"].code,
+                         sub=BY_NAME["sub"].code,
                          max_=BY_NAME["maximum"].code,
                          min_=BY_NAME["minimum"].code)]
     src.append("\n#: by opcode: the inputs its rule gives gradients to (bits a, b, c)\n"
@@ -329,27 +417,16 @@ def forward(rows, x, v, r, nr, k):
         k += 1
         r += 1
     return 0
-
-
-@njit_cached(error_model="numpy", nogil=True)
-def red_reverse(rows, v, adj, r, k, lo):
-    """The reverse sweep of the reduction instructions at rows ``r`` down to ``lo`` (``k``:
-    row ``r``'s last slot; ``red_forward``'s, and its scalar ``add`` rows)."""
-    while r >= lo:
-        if rows[r, 0] == ADD:  # (add's rule: ``g`` to both, a first)
-            g = adj[k]
-            adj[int(rows[r, 1])] += g
-            adj[int(rows[r, 2])] += g
-            k -= 1
-            r -= 1
-            continue
-        r -= 3
 ''')
-    src.append(_red_reverse())
-    src.append('''        k -= 1
+    for name, lanes, doc in (("red_reverse", (1,), ""), ("red_reverse_mm", (8, 2, 1), (
+            "\n    A matmul's row's terms eight at a time (``red_reverse``: one at a time)."))):
+        src.append(_RED_REVERSE_HEAD.replace("NAME", name).replace("DOC", doc))
+        src.append(_red_reverse(lanes))
+        src.append('''        k -= 1
         r -= 1
     return 0
-
+''')
+    src.append('''
 
 @njit_cached(error_model="numpy", nogil=True)
 def reverse(rows, v, adj, r, k, lo):
@@ -370,8 +447,11 @@ def reverse(rows, v, adj, r, k, lo):
 ''')
     src.append(_OPERANDS)
     src.append(_SKIPS)
+    _bcast_exprs()
+    src.append(_BCAST)
+    src.append(_BCAST_REVERSE)
     src += [x.replace(" op == ", " lop == ", 1) for x in
-            _array_dispatch([op for op in looped if rule_exprs(op)], _array_reverse, 12)]
+            chain([op for op in looped if rule_exprs(op)], _array_reverse, 12, first=False)]
     src.append(_GENERIC_REVERSE)
     src.append('''            k -= 1
             r -= 1

@@ -16,6 +16,7 @@ ARR = 89
 TAIL = 90
 RED = 91
 ADD = 35
+SUB = 36
 MUL = 37
 MAX = 41
 MIN = 42
@@ -268,20 +269,44 @@ def red_forward(rows, v, r, nr, k):
         tb = int(rows[r + 3, 4]) if dot else 0
         w = 2 * L - 1 if dot else L - 1
         o = k + m * (w - 1)
-        for i0 in range(0, m, 64):
-            i1 = min(i0 + 64, m)
+        row = dot and sa == 0 and sb == 1
+        tile = 256 if row else 64
+        for i0 in range(0, m, tile):
+            i1 = min(i0 + tile, m)
             for t in range(L):
-                for i in range(i0, i1):
-                    a = v[np.uint64(ia + i * sa + t * ta)]
-                    if dot:
-                        b = v[np.uint64(ib + i * sb + t * tb)]
-                        a = (a * b)
-                    if t == 0:
-                        v[np.uint64(o + i)] = a
-                    else:
-                        b = a
+                if row and t > 0:
+                    at = v[np.uint64(ia + t * ta)]
+                    jb = ib + t * tb
+                    for i in range(i0, i1):
+                        a = at
+                        b = v[np.uint64(jb + i)]
+                        b = (a * b)
                         a = v[np.uint64(o + i)]
-                        v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if st == MAX else (a if (a < b or a != a) else b) if st == MIN else (a + b)
+                        v[np.uint64(o + i)] = (a + b)
+                elif dot and t > 0:
+                    for i in range(i0, i1):
+                        a = v[np.uint64(ia + i * sa + t * ta)]
+                        b = v[np.uint64(ib + i * sb + t * tb)]
+                        b = (a * b)
+                        a = v[np.uint64(o + i)]
+                        v[np.uint64(o + i)] = (a + b)
+                elif st == ADD and t > 0:
+                    for i in range(i0, i1):
+                        b = v[np.uint64(ia + i * sa + t * ta)]
+                        a = v[np.uint64(o + i)]
+                        v[np.uint64(o + i)] = (a + b)
+                else:
+                    for i in range(i0, i1):
+                        a = v[np.uint64(ia + i * sa + t * ta)]
+                        if dot:
+                            b = v[np.uint64(ib + i * sb + t * tb)]
+                            a = (a * b)
+                        if t == 0:
+                            v[np.uint64(o + i)] = a
+                        else:
+                            b = a
+                            a = v[np.uint64(o + i)]
+                            v[np.uint64(o + i)] = (a if (a > b or a != a) else b) if st == MAX else (a if (a < b or a != a) else b)
         k += m * w
         r += 4
     return 0
@@ -425,17 +450,201 @@ def red_reverse(rows, v, adj, r, k, lo):
             ahi = ia + max(0, (L - 1) * ta)
             if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
                     and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
-                for t in range(L - 1, -1, -1):
-                    ja = np.uint64(ia + t * ta)
-                    a = v[ja]
-                    ga = adj[ja]
+                t = L - 1
+                while t >= 0:
+                    ja0 = np.uint64(ia + (t - 0) * ta)
+                    a0 = v[ja0]
+                    g0 = adj[ja0]
+                    b0 = ib + (t - 0) * tb
                     for i in range(m - 1, -1, -1):
                         g = adj[np.uint64(o + i)]
-                        jb = np.uint64(ib + i * sb + t * tb)
+                        a = a0
+                        jb = np.uint64(b0 + i * sb)
                         b = v[jb]
-                        ga += (g * b)
+                        g0 += (g * b)
                         adj[jb] += (g * a)
-                    adj[ja] = ga
+                    adj[ja0] = g0
+                    t -= 1
+            else:
+                # (a sum's outputs' own rows hold terms ``last ..``: those first)
+                last = 0 if dot or L == 2 else L - 1
+                for ph in range(2):
+                    thi = L - 1 if ph == 0 else last - 1
+                    tlo = last if ph == 0 else 0
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(o + i)]
+                        for t in range(thi, tlo - 1, -1):
+                            ja = np.uint64(ia + i * sa + t * ta)
+                            if dot:
+                                jb = np.uint64(ib + i * sb + t * tb)
+                                a = v[ja]
+                                b = v[jb]
+                                adj[ja] += (g * b)
+                                adj[jb] += (g * a)
+                            else:
+                                adj[ja] += g
+        k -= 1
+        r -= 1
+    return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def red_reverse_mm(rows, v, adj, r, k, lo):
+    """The reverse sweep of the reduction instructions at rows ``r`` down to ``lo`` (``k``:
+    row ``r``'s last slot; ``red_forward``'s, and its scalar ``add`` rows).
+    A matmul's row's terms eight at a time (``red_reverse``: one at a time)."""
+    while r >= lo:
+        if rows[r, 0] == ADD:  # (add's rule: ``g`` to both, a first)
+            g = adj[k]
+            adj[int(rows[r, 1])] += g
+            adj[int(rows[r, 2])] += g
+            k -= 1
+            r -= 1
+            continue
+        r -= 3
+        L = int(rows[r, 4])
+        m = int(rows[r + 1, 4])
+        st = int(rows[r + 1, 5])
+        dot = st == MUL
+        w = 2 * L - 1 if dot else L - 1
+        k -= m * w - 1
+        o = k + m * (w - 1)
+        if rows[r + 3, 5] != 1.0 and st != MAX and st != MIN:  # (extremes: no rule)
+            ta = int(rows[r, 5])
+            ia = int(rows[r, 1])
+            sa = int(rows[r + 2, 4])
+            ib = int(rows[r, 2]) if dot else ia
+            sb = int(rows[r + 2, 5]) if dot else 0
+            tb = int(rows[r + 3, 4]) if dot else 0
+            blo = ib + min(0, (m - 1) * sb) + min(0, (L - 1) * tb)
+            bhi = ib + max(0, (m - 1) * sb) + max(0, (L - 1) * tb)
+            alo = ia + min(0, (L - 1) * ta)
+            ahi = ia + max(0, (L - 1) * ta)
+            if (dot and sa == 0 and ta != 0 and (ahi < blo or bhi < alo) and sb != 0 and tb != 0
+                    and (abs(tb) >= m * abs(sb) or abs(sb) >= L * abs(tb))):
+                t = L - 1
+                while t >= 7:
+                    ja0 = np.uint64(ia + (t - 0) * ta)
+                    a0 = v[ja0]
+                    g0 = adj[ja0]
+                    b0 = ib + (t - 0) * tb
+                    ja1 = np.uint64(ia + (t - 1) * ta)
+                    a1 = v[ja1]
+                    g1 = adj[ja1]
+                    b1 = ib + (t - 1) * tb
+                    ja2 = np.uint64(ia + (t - 2) * ta)
+                    a2 = v[ja2]
+                    g2 = adj[ja2]
+                    b2 = ib + (t - 2) * tb
+                    ja3 = np.uint64(ia + (t - 3) * ta)
+                    a3 = v[ja3]
+                    g3 = adj[ja3]
+                    b3 = ib + (t - 3) * tb
+                    ja4 = np.uint64(ia + (t - 4) * ta)
+                    a4 = v[ja4]
+                    g4 = adj[ja4]
+                    b4 = ib + (t - 4) * tb
+                    ja5 = np.uint64(ia + (t - 5) * ta)
+                    a5 = v[ja5]
+                    g5 = adj[ja5]
+                    b5 = ib + (t - 5) * tb
+                    ja6 = np.uint64(ia + (t - 6) * ta)
+                    a6 = v[ja6]
+                    g6 = adj[ja6]
+                    b6 = ib + (t - 6) * tb
+                    ja7 = np.uint64(ia + (t - 7) * ta)
+                    a7 = v[ja7]
+                    g7 = adj[ja7]
+                    b7 = ib + (t - 7) * tb
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(o + i)]
+                        a = a0
+                        jb = np.uint64(b0 + i * sb)
+                        b = v[jb]
+                        g0 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a1
+                        jb = np.uint64(b1 + i * sb)
+                        b = v[jb]
+                        g1 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a2
+                        jb = np.uint64(b2 + i * sb)
+                        b = v[jb]
+                        g2 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a3
+                        jb = np.uint64(b3 + i * sb)
+                        b = v[jb]
+                        g3 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a4
+                        jb = np.uint64(b4 + i * sb)
+                        b = v[jb]
+                        g4 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a5
+                        jb = np.uint64(b5 + i * sb)
+                        b = v[jb]
+                        g5 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a6
+                        jb = np.uint64(b6 + i * sb)
+                        b = v[jb]
+                        g6 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a7
+                        jb = np.uint64(b7 + i * sb)
+                        b = v[jb]
+                        g7 += (g * b)
+                        adj[jb] += (g * a)
+                    adj[ja0] = g0
+                    adj[ja1] = g1
+                    adj[ja2] = g2
+                    adj[ja3] = g3
+                    adj[ja4] = g4
+                    adj[ja5] = g5
+                    adj[ja6] = g6
+                    adj[ja7] = g7
+                    t -= 8
+                while t >= 1:
+                    ja0 = np.uint64(ia + (t - 0) * ta)
+                    a0 = v[ja0]
+                    g0 = adj[ja0]
+                    b0 = ib + (t - 0) * tb
+                    ja1 = np.uint64(ia + (t - 1) * ta)
+                    a1 = v[ja1]
+                    g1 = adj[ja1]
+                    b1 = ib + (t - 1) * tb
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(o + i)]
+                        a = a0
+                        jb = np.uint64(b0 + i * sb)
+                        b = v[jb]
+                        g0 += (g * b)
+                        adj[jb] += (g * a)
+                        a = a1
+                        jb = np.uint64(b1 + i * sb)
+                        b = v[jb]
+                        g1 += (g * b)
+                        adj[jb] += (g * a)
+                    adj[ja0] = g0
+                    adj[ja1] = g1
+                    t -= 2
+                while t >= 0:
+                    ja0 = np.uint64(ia + (t - 0) * ta)
+                    a0 = v[ja0]
+                    g0 = adj[ja0]
+                    b0 = ib + (t - 0) * tb
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(o + i)]
+                        a = a0
+                        jb = np.uint64(b0 + i * sb)
+                        b = v[jb]
+                        g0 += (g * b)
+                        adj[jb] += (g * a)
+                    adj[ja0] = g0
+                    t -= 1
             else:
                 # (a sum's outputs' own rows hold terms ``last ..``: those first)
                 last = 0 if dot or L == 2 else L - 1
@@ -488,7 +697,21 @@ def reverse(rows, v, adj, r, k, lo):
             ic = ic if ic >= 0 else k
             lop = -1 if sk & ((1 if sa == 0 else 0) | (2 if sb == 0 else 0)
                             | (4 if sc == 0 else 0)) else op
-            if lop == 4:  # exp
+            wa = (GRAD_BITS[op] & ~sk & 1) != 0
+            if ((lop == ADD or lop == SUB) and sb == 0 and (GRAD_BITS[op] & ~sk & 2) != 0
+                    and sa != 0 and (not wa or ib < min(ia, ia + (m - 1) * sa)
+                                     or ib > max(ia, ia + (m - 1) * sa))):
+                lop = -2
+            if lop == -2:
+                fb = 1.0 if op == ADD else -1.0
+                rb = adj[np.uint64(ib)]
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    rb += g * fb
+                    if wa:
+                        adj[np.uint64(ia + i * sa)] += g
+                adj[np.uint64(ib)] = rb
+            elif lop == 4:  # exp
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     out = v[np.uint64(k + i)]

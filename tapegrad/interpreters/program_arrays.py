@@ -457,7 +457,21 @@ def _needed(rows, at, nslots, roots, guard, leaf, size, span, kept):
 
 # generated from this format; GRAD_BITS: by opcode, the inputs its rule gives gradients to
 from ._generated_arrays import (  # noqa: E402, F401
-    GRAD_BITS, forward, red_forward, red_reverse, reverse)
+    GRAD_BITS, forward, red_forward, red_reverse, red_reverse_mm, reverse)
+
+
+def _has_matmul_rows(rows, plan):
+    """Whether a reduction instruction that the compiled sweeps run (not in a batched
+    product) sums products with the same ``a`` terms for every output (a matmul's row:
+    ``sa`` 0), which ``red_reverse_mm`` runs faster (eight terms' gradients at a time) for
+    0.5 s more of cold compile."""
+    for r0, r1, _, _, op in plan:
+        if op is RED or op is NPRED:
+            h = np.arange(r0, r1)
+            h = h[rows[h, 0] == RED]
+            if np.any((rows[h + 1, 5] == MUL) & (rows[h + 2, 4] == 0)):
+                return True
+    return False
 
 
 def run_into(rows, work, res):
@@ -483,9 +497,13 @@ def entry(rows, work):
         mat, vec, i64 = numba.typeof(rows), numba.typeof(work), numba.int64
         fw = forward.compile((mat, vec, vec, i64, i64, i64))
         rv = reverse.compile((mat, vec, vec, i64, i64, i64))
-        if any(op is RED for *_, op in plan):  # (only then: they cost cold compile time)
+        if any(op is RED or op is NPRED for *_, op in plan):
+            # (only then: they cost cold compile time; a matmul's row's faster loops too)
             rfw = red_forward.compile((mat, vec, i64, i64, i64))
-            rrv = red_reverse.compile((mat, vec, vec, i64, i64, i64))
+            rrv = (red_reverse_mm if _has_matmul_rows(rows, plan) else red_reverse).compile(
+                (mat, vec, vec, i64, i64, i64))
+    elif _has_matmul_rows(rows, plan):
+        rrv = red_reverse_mm
     back = _reverse_plan(rows, plan)
     m, p, nx = int(work[0]), int(work[1]), int(work[2])
     s = _cpu.HEADER + m
@@ -513,6 +531,12 @@ def entry(rows, work):
                     break
             elif op is RED:
                 rfw(rows, v, r0, r1, k0)
+            elif op is NPRED:
+                with np.errstate(all="ignore"):
+                    _np_red_forward(rows, r0, k0, v)
+            elif type(op) is tuple:
+                with np.errstate(all="ignore"):
+                    _mm_forward(op, v)
             else:
                 # (quiet, as the compiled loops: a log of 0 is -inf, not a warning)
                 with np.errstate(all="ignore"):
@@ -530,7 +554,16 @@ def entry(rows, work):
             else:
                 adj[out] += work[_cpu.HEADER:s]
             for r, k, lo, kind in back:
-                (rv if kind is None else rrv)(rows, v, adj, r, k, lo)
+                if kind is None:
+                    rv(rows, v, adj, r, k, lo)
+                elif kind is RED:
+                    rrv(rows, v, adj, r, k, lo)
+                elif type(kind) is tuple:
+                    with np.errstate(all="ignore"):
+                        _mm_reverse(kind, v, adj)
+                else:  # (an instruction's first row and slot)
+                    with np.errstate(all="ignore"):
+                        _np_reverse(kind, rows, r, k, v, adj)
             res[m:] = adj[ins]
         return status
     return run
@@ -543,8 +576,8 @@ def entry(rows, work):
 #: a few us. NumPy's exp and log are not libm's: such an instruction's values may differ
 #: from its expansion's in the last bits (both as close to torch's), the same on every
 #: call; its other ops round exactly as the compiled loop does. The reverse sweep stays
-#: compiled: its rules are arithmetic, and NumPy's rules over views (where each adjoint is
-#: added once, so in any order) were slower, lse's gradient at n = 640,000 10.6 -> 11.2 ms
+#: compiled, but for a broadcast operand's gradient (``NUMPY_BCAST_MIN``): the rules are
+#: arithmetic, and NumPy's rules over views take two passes where the loop takes one
 NUMPY_MIN = dict.fromkeys(("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh"),
                           8192)
 NUMPY_MIN.update(dict.fromkeys(("add", "sub", "mul", "neg", "mulc", "addc", "divc", "div",
@@ -554,10 +587,13 @@ NUMPY_MIN.update(dict.fromkeys(("add", "sub", "mul", "neg", "mulc", "addc", "div
 
 def _numpyable(rows, h):
     """The op of the elementwise instruction at row ``h`` if the driver runs its forward in
-    NumPy: large enough, its operands' strides not negative (views by slicing)."""
+    NumPy: large enough (or its reverse runs in NumPy: ``_np_reversible``), its operands'
+    strides not negative (views by slicing)."""
     n, code, st = info(rows, h)
     op = OPS[code]
-    if n < NUMPY_MIN.get(op.name, 1 << 62) or min(st) < 0:
+    if min(st) < 0:
+        return None
+    if n < NUMPY_MIN.get(op.name, 1 << 62) and not _np_reversible(rows, h):
         return None
     return op
 
@@ -566,13 +602,30 @@ def _plan(rows):
     """The forward's steps: (first row, row after, first slot, slot after, None) for rows
     the compiled sweep runs, (.., op) for an instruction run in NumPy (``NUMPY_MIN``), (..,
     RED) for a run of reduction instructions and the scalar ``add`` rows after each
-    (``red_forward``)."""
+    (``red_forward``), (.., NPRED) for a reduction instruction run in NumPy
+    (``NUMPY_RED_MIN``), (.., (MM, ..)) for a batched product by ``np.matmul``
+    (``_mm_group``)."""
     at, nslots = row_slots(rows)
     nr = rows.shape[0]
     slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
-    plan, r0 = [], 0
+    plan, r0, after, tried = [], 0, 0, 0
     for h in heads_of(rows).tolist():
-        op = RED if rows[h, 0] == RED else _numpyable(rows, h)
+        if h < after:  # (in a batched product)
+            continue
+        mm = None
+        if rows[h, 0] == RED and h >= tried:
+            # (a run that is no batched product is not tried again from each of its rows:
+            # quadratic in its length)
+            mm, tried = _mm_group(rows, h, at)
+        if mm is not None:
+            after = mm[0]
+            if h > r0:
+                plan.append((r0, h, slot(r0), slot(h), None))
+            plan.append((h, after, slot(h), slot(after), (MM,) + mm[1:]))
+            r0 = after
+            continue
+        op = (NPRED if _np_reducible(rows, h) else RED) if rows[h, 0] == RED \
+            else _numpyable(rows, h)
         if op is None:
             continue
         e = h + META + 1
@@ -592,18 +645,27 @@ def _plan(rows):
 
 def _reverse_plan(rows, plan):
     """The reverse sweep's steps, last first: (last row, its last slot, first row, RED or
-    None for ``reverse``), from the forward's; a run of reductions (no scalar row) none of
-    which has a gradient to pass on (a max's shift: ``mark_inactive`` flags them) is left
-    out."""
+    None for ``reverse``), or (first row, first slot, first row, op) for an instruction
+    whose rule runs in NumPy (``_np_reversible``), from the forward's; a run of reductions
+    (no scalar row) none of which has a gradient to pass on (a max's shift:
+    ``mark_inactive`` flags them) is left out."""
     out = []
     for r0, r1, k0, k1, op in reversed(plan):
         if r1 == r0:
             continue
-        kind = RED if op is RED else None
+        if isinstance(op, tuple):  # a batched product: all or none of it active
+            if rows[r0 + META, 5] != 1.0:
+                out.append((r0, k0, r1, op))
+            continue
+        kind = RED if op is RED or op is NPRED else None
         # (reductions only: a scalar add row among them puts a head past the rows' end)
         if kind is RED and (r1 - r0) % (META + 1) == 0 \
                 and (rows[r0:r1:META + 1, 0] == RED).all() \
                 and all(rows[h + META, 5] == 1.0 for h in range(r0, r1, META + 1)):
+            continue
+        if kind is None and op is not None and _np_reversible(rows, r0):
+            if rows[r0 + META, 5] != 1.0:  # (else no input's gradient goes through it)
+                out.append((r0, k0, r0, op))
             continue
         if kind is None and out and out[-1][3] is None and out[-1][2] == r1:
             out[-1] = out[-1][:2] + (r0, None)  # (a NumPy step's reverse is compiled)
@@ -624,28 +686,292 @@ def _operands(rows, h, n, v):
     return out
 
 
+#: the ops with a constant whose NumPy forward is a ufunc of ``a`` and ``c0`` (their
+#: registry ``np`` is a lambda that allocates its result): so they write into the values
+_UFUNC_C = {"mulc": np.multiply, "addc": np.add, "divc": np.divide}
+
+
 def _np_forward(op, rows, h, k, v, x):
     """The instruction at row ``h`` (slots ``k ..``) by its op's NumPy forward (the replay
-    helpers' and comparisons' as their rows compute them: 1.0/0.0, ``-0.0``...)."""
+    helpers' and comparisons' as their rows compute them: 1.0/0.0, ``-0.0``...), written
+    into its slots by the ufunc's ``out``: a result allocated and copied cost more than the
+    op (lse's exp of 640,000: 1.8 ms, 0.5 ms into the slots; a fresh array's pages are
+    faulted in on every call)."""
     n = int(rows[h + 1, 4])
+    out = v[k:k + n]
     if op.name == "leaf":  # input elements c0 ..
         c0 = int(rows[h, 4])
-        v[k:k + n] = x[c0:c0 + n]
+        out[:] = x[c0:c0 + n]
         return
     a, b, c = _operands(rows, h, n, v)
     if op.name == "select":
-        r = np.where(a != 0.0, b, c)
+        out[:] = c
+        np.copyto(out, b, where=a != 0.0)
     elif op.name == "pick":
-        r = -0.0
-    elif op.kind == COMPARE or op.name == "detach":
-        r = op.np(a, b) if op.arity == 2 else op.np(a)
+        out.fill(-0.0)
+    elif op.name == "detach":
+        out[:] = a
+    elif op.name in _UFUNC_C:
+        _UFUNC_C[op.name](a, float(rows[h, 4]), out=out)
+    elif isinstance(op.np, np.ufunc):  # (comparisons: their bool as 1.0 or 0.0)
+        op.np(*(a, b, c)[:op.np.nin], out=out)
     elif op.kind == UNARY_C:
-        r = op.np(a, float(rows[h, 4]), float(rows[h, 5]))
-    elif op.kind == BINARY:
-        r = op.np(a, b)
+        out[:] = op.np(a, float(rows[h, 4]), float(rows[h, 5]))
+    elif op.kind == BINARY or op.kind == COMPARE:
+        out[:] = op.np(a, b)
     else:
-        r = op.np(a)
-    v[k:k + n] = r
+        out[:] = op.np(a)
+
+
+def _g(g, a, b, out, c0, s):
+    return g
+
+
+#: the rules ``_np_reverse`` runs, by op and operand: (the term, as the registry's rule
+#: computes it, rounding for rounding, into the scratch ``s``; its sign: -1 subtracts ``g``,
+#: as the rule's ``-g`` added). ``test_numpy_rules_are_the_registrys`` checks them against
+#: the registry's rule expressions
+NP_RULES = {
+    "add": ((_g, 1), (_g, 1)),
+    "sub": ((_g, 1), (_g, -1)),
+    "neg": ((_g, -1),),
+    "addc": ((_g, 1),),
+    "mul": ((lambda g, a, b, out, c0, s: np.multiply(g, b, out=s), 1),
+            (lambda g, a, b, out, c0, s: np.multiply(g, a, out=s), 1)),
+    "pick": ((lambda g, a, b, out, c0, s: np.multiply(g, b, out=s), 1),),
+    "exp": ((lambda g, a, b, out, c0, s: np.multiply(g, out, out=s), 1),),
+    "log": ((lambda g, a, b, out, c0, s: np.divide(g, a, out=s), 1),),
+    "mulc": ((lambda g, a, b, out, c0, s: np.multiply(g, c0, out=s), 1),),
+    "divc": ((lambda g, a, b, out, c0, s: np.divide(g, c0, out=s), 1),),
+    "square": ((lambda g, a, b, out, c0, s: np.multiply(np.multiply(g, 2.0, out=s), a,
+                                                         out=s), 1),),
+}
+#: an instruction with a broadcast operand (stride 0) that takes a gradient runs its rule
+#: in NumPy from this many elements: the compiled loop adds each element's gradient to
+#: that one slot, each add waiting on the last (lse's shift by its max at n = 640,000:
+#: 2.1 ms); NumPy sums them pairwise, as eager mode does, and adds the sum (0.23 ms with
+#: the other operand's). Other rules stay compiled: NumPy's take two passes over their
+#: arrays where the loop takes one (exp's at 640,000: 0.42 ms, compiled 0.28)
+NUMPY_BCAST_MIN = 8192
+
+
+def _grad_operands(rows, h):
+    """[(operand, first slot, stride)] of the instruction at ``h`` that its reverse adds
+    gradients to: those of its op's rule, less those whose gradient reaches no input and
+    that are broadcast (``mark_inactive``'s bits; their adjoints are never read)."""
+    n, code, st = info(rows, h)
+    sk = int(-rows[h + META, 5]) if rows[h + META, 5] < 0 else 0
+    out = []
+    for j in range(3):
+        s0 = int(rows[h, 1 + j])
+        if s0 >= 0 and GRAD_BITS[code] >> j & 1 and not (st[j] == 0 and sk >> j & 1):
+            out.append((j, s0, st[j]))
+    return out
+
+
+#: reduction instructions of at least this many terms (outputs times terms) run their
+#: forward in NumPy, when their strides are not negative: a sum by ``np.add.reduce``
+#: (pairwise along a contiguous axis, as eager mode's ``np.sum``: within rounding of the
+#: expansion's sum in order), an extreme by ``np.maximum.reduce`` or ``np.minimum.reduce``
+#: (exact), a sum of products by ``np.einsum`` (within rounding). The compiled loop adds a
+#: term at a time, about 0.8 ns a term (lse's four reductions of 640,000 terms: 2.1 ms);
+#: NumPy's sum is vectorized (0.1 ms each). The same numbers on every call: NumPy's
+#: reductions run on the calling thread, in an order set by the layout only
+NUMPY_RED_MIN = 65536
+#: (the forward plan's mark of a reduction instruction run in NumPy)
+NPRED = "npred"
+
+
+def _red_views(rows, h, v):
+    """(step, output slots' view, terms (n, L) as a view of ``v``, the second operand's
+    terms or None) of the reduction instruction at row ``h`` (its slots from ``k``)."""
+    from numpy.lib.stride_tricks import as_strided
+    n, _, (sa, sb, ta, tb, L) = info(rows, h)
+    step = int(rows[h + 1, 5])
+    e = v.itemsize
+    A = as_strided(v[int(rows[h, 1]):], shape=(n, L), strides=(sa * e, ta * e),
+                   writeable=False)
+    B = None if step != MUL else as_strided(v[int(rows[h, 2]):], shape=(n, L),
+                                            strides=(sb * e, tb * e), writeable=False)
+    return step, A, B
+
+
+#: a run of consecutive reduction instructions that are one batched product (matmul rows:
+#: ``C`` batches of ``g`` rows of ``A`` (g, L) times the same ``B`` (L, n), gmm's ``Q @ xc``)
+#: of at least this many products runs as one ``np.matmul`` (BLAS), forward and reverse
+#: (``G @ B^T``, ``A^T @ G``): within rounding of the expansion, whose sums are in order,
+#: and the same on every call (gmm's 250 instructions, 25 batches of 10 rows: 0.6 ms
+#: forward and 1.1 ms reverse compiled, 0.3 and 0.65 ms so). A matrix shared by every
+#: batch (its slots twice in a view) is a batch at a time
+NUMPY_MM_MIN = 65536
+#: (the plan's mark of a batched product: (MM, shape, A's, B's and the outputs' strides))
+MM = "mm"
+
+
+def _injective(strides, shape):
+    """Whether a grid of slots with these strides (not negative) and shape has no slot
+    twice: sorted by stride, each exceeds the span of the smaller ones."""
+    span = 0
+    for st, n in sorted(zip(strides, shape)):
+        if n > 1 and st <= span:
+            return False
+        span += (n - 1) * st
+    return True
+
+
+def _affine(x, C, g):
+    """(first, step per batch, step per row) of ``x`` (C * g values) if affine, else None."""
+    X = np.asarray(x[:C * g], dtype=np.int64).reshape(C, g)
+    dc = int(X[1, 0] - X[0, 0]) if C > 1 else 0
+    dj = int(X[0, 1] - X[0, 0]) if g > 1 else 0
+    ok = (X == X[0, 0] + dc * np.arange(C)[:, None] + dj * np.arange(g)[None, :]).all()
+    return (int(X[0, 0]), dc, dj) if ok else None
+
+
+def _mm_group(rows, h, at):
+    """((row after, (C, g, n, L), A's (first slot, strides), B's, the outputs') of the batched
+    product whose first matmul row is the reduction instruction at row ``h``, or None; the
+    row after the run of instructions it looked at). ``at``: ``row_slots``'. A product is
+    consecutive instructions of the same shape and strides (one operand's terms the same
+    for every output, all other strides positive), ``B`` the same for ``g`` of them in a
+    row, every start affine in (batch, row), each operand's grid with no slot twice (its
+    gradients are added through a view), at least ``NUMPY_MM_MIN`` products."""
+    if rows[h + 1, 5] != MUL:
+        return None, h
+    n, _, (sa, sb, ta, tb, L) = info(rows, h)
+    # the operand whose terms are the same for every output is ``A``'s row (a's, or b's:
+    # a product's factors commute, bit for bit)
+    ca, cb = (1, 2) if sa == 0 else (2, 1)
+    if sa != 0 and sb == 0:
+        sa, sb, ta, tb = sb, sa, tb, ta
+    elif sa != 0:
+        return None, h
+    if min(sb, ta, tb) < 1:
+        return None, h
+    nr = rows.shape[0]
+    hs = [h]
+    while hs[-1] + 2 * (META + 1) <= nr and rows[hs[-1] + META + 1, 0] == RED:
+        e = hs[-1] + META + 1
+        if rows[e + 1, 5] != MUL or info(rows, e) != info(rows, h) \
+                or rows[e + META, 5] != rows[h + META, 5]:
+            break
+        hs.append(e)
+    hs = np.array(hs)
+    seen = int(hs[-1]) + META + 1
+    B = rows[hs, cb]
+    g = int(np.argmax(B != B[0])) if (B != B[0]).any() else len(hs)
+    C = len(hs) // g
+    if C * g * n * L < NUMPY_MM_MIN:
+        return None, seen
+    W = red_width(MUL, L)
+    a, b, o = _affine(rows[hs, ca], C, g), _affine(B, C, g), \
+        _affine(at[hs] + n * (W - 1), C, g)
+    if a is None or b is None or o is None or b[2] != 0 or min(a[1:] + b[1:2]) < 0:
+        return None, seen
+    if not (_injective((a[1], a[2], ta), (C, g, L)) and _injective((b[1], tb, sb), (C, L, n))):
+        return None, seen
+    after = int(hs[C * g - 1]) + META + 1
+    return (after, (C, g, n, L), (a[0], a[1], a[2], ta), (b[0], b[1], tb, sb),
+            (o[0], o[1], o[2], 1)), after
+
+
+def _mm_views(step, v):
+    """A (C, g, L), B (C, L, n) and the outputs (C, g, n) of a batched product, views of
+    ``v``."""
+    from numpy.lib.stride_tricks import as_strided
+    _, (C, g, n, L), a, b, o = step
+    e = v.itemsize
+    return (as_strided(v[a[0]:], (C, g, L), tuple(x * e for x in a[1:])),
+            as_strided(v[b[0]:], (C, L, n), tuple(x * e for x in b[1:])),
+            as_strided(v[o[0]:], (C, g, n), tuple(x * e for x in o[1:])))
+
+
+def _mm_forward(step, v):
+    A, B, O = _mm_views(step, v)
+    np.matmul(A, B, out=O)
+
+
+def _mm_reverse(step, v, adj):
+    """A batched product's reverse: ``G @ B^T`` added to A's adjoints, ``A^T @ G`` to B's."""
+    A, B, _ = _mm_views(step, v)
+    gA, gB, G = _mm_views(step, adj)
+    gA += np.matmul(G, B.transpose(0, 2, 1))
+    gB += np.matmul(A.transpose(0, 2, 1), G)
+
+
+def _np_reducible(rows, h):
+    """Whether the reduction instruction at row ``h`` runs its forward in NumPy
+    (``NUMPY_RED_MIN``): enough terms, no negative stride (views by ``as_strided`` from
+    the first term)."""
+    n, _, (sa, sb, ta, tb, L) = info(rows, h)
+    dot = int(rows[h + 1, 5]) == MUL
+    return n * L >= NUMPY_RED_MIN and min(sa, ta) >= 0 and (not dot or min(sb, tb) >= 0)
+
+
+def _np_red_forward(rows, h, k, v):
+    """The reduction instruction at row ``h`` (its chains from slot ``k``) by NumPy
+    (``NUMPY_RED_MIN``) into its output slots."""
+    n, L = int(rows[h + 1, 4]), int(rows[h, 4])
+    step, A, B = _red_views(rows, h, v)
+    o = k + n * (red_width(step, L) - 1)
+    out = v[o:o + n]
+    if step == MUL:
+        np.einsum("it,it->i", A, B, out=out)
+    elif step == MAX:
+        np.maximum.reduce(A, axis=1, out=out)
+    elif step == MIN:
+        np.minimum.reduce(A, axis=1, out=out)
+    else:
+        np.add.reduce(A, axis=1, out=out)
+
+
+def _np_reversible(rows, h):
+    """Whether the reverse of the elementwise instruction at row ``h`` runs in NumPy: its op's
+    rule in ``NP_RULES``, a broadcast operand that takes a gradient, ``NUMPY_BCAST_MIN``
+    elements or more, strides not negative, and every slot its
+    gradients go to getting them in the compiled loop's order: each strided operand's slots
+    apart from the others' or the same slots (``x * x``: a's then b's, element by element
+    as in the loop)."""
+    if rows[h, 0] != ARR:
+        return False
+    n, code, st = info(rows, h)
+    op = OPS[code]
+    if op.name not in NP_RULES or min(st) < 0:
+        return False
+    ops = _grad_operands(rows, h)
+    if n < NUMPY_BCAST_MIN or not any(sj == 0 for _, _, sj in ops):
+        return False
+    spans_ = [(s0, sj) for _, s0, sj in ops if sj > 0]
+    for i, (s0, sj) in enumerate(spans_):
+        for t0, tj in spans_[i + 1:]:
+            if (s0, sj) != (t0, tj) and not (s0 + (n - 1) * sj < t0 or t0 + (n - 1) * tj < s0):
+                return False
+    return True
+
+
+def _np_reverse(op, rows, h, k, v, adj):
+    """The reverse of the elementwise instruction at row ``h`` (slots ``k ..``) by its op's
+    rule in NumPy (``NP_RULES``) over views of the values and adjoints: each element's
+    gradient as the compiled loop computes it; a broadcast operand's summed pairwise
+    (``np.sum``, eager mode's sum over the broadcast axis), within rounding of the
+    expansion's adds in order, the same on every call."""
+    n = int(rows[h + 1, 4])
+    g = adj[k:k + n]
+    out = v[k:k + n]
+    a, b, _ = _operands(rows, h, n, v)
+    c0 = float(rows[h, 4])
+    rules = NP_RULES[op.name]
+    s = None
+    for j, s0, sj in _grad_operands(rows, h):
+        rule, sign = rules[j]
+        if s is None and rule is not _g:
+            s = np.empty(n)
+        t = rule(g, a, b, out, c0, s)
+        if sj == 0:
+            adj[s0] += float(np.sum(t)) if sign > 0 else -float(np.sum(t))
+        else:
+            dst = adj[s0:s0 + (n - 1) * sj + 1:sj]
+            (np.add if sign > 0 else np.subtract)(dst, t, out=dst)
 
 
 def _live(rows, nslots):

@@ -1,0 +1,266 @@
+"""Large array instructions run in NumPy (tapegrad/interpreters/program_arrays.py): reduction
+instructions of ``NUMPY_RED_MIN`` terms or more by NumPy's reductions, and the reverse of an
+elementwise instruction whose broadcast operand takes a gradient (``NUMPY_BCAST_MIN``) by
+NumPy's rules, that operand's gradient summed pairwise. What eager mode computes: within
+rounding of the expansion (the same program as scalar rows) and of torch, the same bits on
+every call and on every thread. The thresholds are forced down here (4 elements), so every
+kind runs that way on small programs; one program at the real sizes."""
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad.interpreters import program_arrays as PA
+from tapegrad.interpreters._codegen_emit import rule_exprs
+from tapegrad.ops import BY_NAME
+
+from harness import replay_forms as RF
+
+torch = pytest.importorskip("torch")
+
+SCALAR = 1 << 62  # no run is that long: scalar rows only
+W = np.random.default_rng(3).normal(size=(3, 5, 6))
+
+
+def reductions_and_broadcasts(M, x):
+    """Every kind of reduction instruction (sums over each axis, a long sum's blocks, max,
+    min, logsumexp's and softmax's shifts, matmuls with a row of stride 0 and with both
+    operands strided, x @ x) and broadcast operands that take gradients (a row's mean
+    and max subtracted, a sum multiplied and added)."""
+    A = x.reshape(8, 9)
+    X = x.reshape(3, 6, 4)
+    P = M.matmul(M.tensor(W, dtype=M.float64), X)                  # (3, 5, 4)
+    G = M.matmul(A.T, A)                                           # (9, 9)
+    s = M.sum(x)
+    Z = A - M.mean(A, 1, keepdim=True)
+    return (M.sum(M.tanh(P)) + M.sum(G) * 0.01 + (x @ x) + M.sum(M.sum(A, 0) ** 2)
+            + M.sum(M.sum(A, 1) ** 2) + M.amax(A) + M.amin(A, 1).sum()
+            + M.logsumexp(A, 0).sum() + M.sum(M.softmax(A, 1) * A) + M.sum(Z * Z)
+            + M.sum(M.exp(x - M.max(x))) + M.sum((x * s) * 0.01) + M.sum(M.log(s * s + x * x))
+            + M.sum(M.exp(M.cat([x, x * 0.5, x * x]) * 0.1)))
+
+
+def small(monkeypatch):
+    monkeypatch.setattr(PA, "NUMPY_RED_MIN", 4)
+    monkeypatch.setattr(PA, "NUMPY_BCAST_MIN", 4)
+
+
+def steps(code):
+    """(reduction steps in NumPy by their step's name, reverse steps in NumPy by op name)."""
+    rows = code.arows
+    plan = PA._plan(rows)
+    red = {BY_NAME_CODE[int(rows[r0 + 1, 5])] for r0, _, _, _, op in plan if op is PA.NPRED}
+    rev = {kind.name for *_, kind in PA._reverse_plan(rows, plan)
+           if kind is not None and kind is not PA.RED}
+    return red, rev
+
+
+BY_NAME_CODE = {op.code: name for name, op in BY_NAME.items()}
+
+
+def torch_derivs(f, x, v):
+    xt = torch.tensor(x, requires_grad=True)
+    y = f(torch, xt)
+    g, = torch.autograd.grad(y, xt, create_graph=True)
+    hv, = torch.autograd.grad((g * torch.tensor(v)).sum(), xt)
+    return y.item(), g.detach().numpy(), hv.numpy()
+
+
+def test_numpy_rules_are_the_registrys():
+    # each rule in NumPy rounds as the registry's rule expression, element by element
+    # (what the compiled loop and the expansion compute)
+    rng = np.random.default_rng(0)
+    a, b, out, g = (rng.normal(size=50) + 2.0 for _ in range(4))
+    c0 = 1.7
+    for name, rules in PA.NP_RULES.items():
+        exprs = rule_exprs(BY_NAME[name])
+        assert set(exprs) == set("abc"[:len(rules)]) - {n for n in "abc" if n not in exprs}
+        for j, (rule, sign) in enumerate(rules):
+            expr = exprs["abc"[j]]
+            want = np.array([eval(expr, {"math": math}, dict(  # noqa: S307
+                a=a[i], b=b[i], c=0.0, out=out[i], g=g[i], c0=c0, c1=0.0))
+                for i in range(50)])
+            got = rule(g, a, b, out, c0, np.empty(50)) * sign
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} {'abc'[j]}")
+
+
+def test_large_instructions_within_rounding_of_the_expansion_and_torch(monkeypatch):
+    small(monkeypatch)
+    rng = np.random.default_rng(5)
+    x0, v = rng.normal(size=72), rng.normal(size=72)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: reductions_and_broadcasts(tg, x), x0)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: reductions_and_broadcasts(tg, x), x0)
+    red, rev = steps(P._code)
+    assert red == {"add", "mul", "maximum", "minimum"}, red
+    assert {"sub", "mul", "add"} <= rev, rev
+    a, s = P.value_and_grad(x0), S.value_and_grad(x0)
+    # not bit for bit (pairwise sums, einsum's order), within rounding
+    np.testing.assert_allclose(a[0], s[0], rtol=1e-14)
+    np.testing.assert_allclose(a[1], s[1], rtol=1e-13, atol=1e-15)
+    y, g, hv = torch_derivs(reductions_and_broadcasts, x0, v)
+    np.testing.assert_allclose(a[0], y, rtol=1e-13)
+    np.testing.assert_allclose(a[1], g, rtol=1e-12, atol=1e-14)
+    # hvp and create_graph: derivative programs of array instructions, the same paths
+    np.testing.assert_allclose(P.hvp((x0,), (v,))[1], hv, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(P.grad_program()(x0), g, rtol=1e-12, atol=1e-14)
+    xt = tg.tensor(x0, requires_grad=True)
+    gx, = tg.autograd.grad(P(xt), xt, create_graph=True)
+    hx, = tg.autograd.grad((gx * tg.tensor(v)).sum(), xt)
+    np.testing.assert_allclose(hx.detach().numpy(), hv, rtol=1e-10, atol=1e-12)
+
+
+def test_large_instructions_give_the_same_bits_every_call_and_thread(monkeypatch):
+    small(monkeypatch)
+    rng = np.random.default_rng(6)
+    x0 = rng.normal(size=72)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: reductions_and_broadcasts(tg, x), x0)
+    xs = [x0 * (1 + 0.1 * i) for i in range(8)]
+    want = [P.value_and_grad(x) for x in xs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(P.value_and_grad, xs))
+            for (va, ga), (vb, gb) in zip(want, got):
+                assert va == vb
+                np.testing.assert_array_equal(ga, gb)
+
+
+def test_non_contiguous_inputs_and_an_input_matrix(monkeypatch):
+    small(monkeypatch)
+    rng = np.random.default_rng(7)
+    big = rng.normal(size=(9, 16))
+
+    def f(M, X):  # X (8, 9): sums, a max and a matmul over a transposed input
+        return M.sum(M.exp(X - M.amax(X, 1, keepdim=True))) + M.sum(X.T @ X) * 0.1
+    X0 = np.ascontiguousarray(big[:, ::2].T)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda X: f(tg, X), X0)
+    red, rev = steps(P._code)
+    assert red >= {"add", "maximum", "mul"} and "sub" in rev, (red, rev)
+    Xn = big[:, 1::2].T  # strided, transposed: not contiguous
+    assert not Xn.flags.c_contiguous
+    Xt = torch.tensor(np.ascontiguousarray(Xn), requires_grad=True)
+    gt, = torch.autograd.grad(f(torch, Xt), Xt)
+    value, g = P.value_and_grad(Xn)
+    np.testing.assert_allclose(value, f(torch, Xt).item(), rtol=1e-13)
+    np.testing.assert_allclose(g, gt.numpy(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("n", [47, 48, 49])
+def test_the_thresholds_at_and_around(monkeypatch, n):
+    # a reduction of NUMPY_RED_MIN terms runs in NumPy, one term fewer compiled; an
+    # instruction with a broadcast operand's gradient the same at NUMPY_BCAST_MIN
+    monkeypatch.setattr(PA, "NUMPY_RED_MIN", 48)
+    monkeypatch.setattr(PA, "NUMPY_BCAST_MIN", 48)
+    x0 = np.random.default_rng(n).normal(size=n)
+
+    def f(M, x):
+        return M.sum(x * M.sum(x)) + M.sum(M.exp(x))
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    big = [int(rows[h + 1, 4]) * int(rows[h, 4]) for h in PA.heads_of(rows).tolist()
+           if rows[h, 0] == PA.RED]
+    assert max(big) == n  # (one block of n terms: under 128)
+    red, rev = steps(P._code)
+    assert (red == {"add"}) == (n >= 48) and (rev == {"mul"}) == (n >= 48), (red, rev)
+    xt = torch.tensor(x0, requires_grad=True)
+    gt, = torch.autograd.grad(f(torch, xt), xt)
+    value, g = P.value_and_grad(x0)
+    np.testing.assert_allclose(value, f(torch, xt).item(), rtol=1e-13)
+    np.testing.assert_allclose(g, gt.numpy(), rtol=1e-12)
+
+
+def test_lse_at_the_real_thresholds_against_eager_and_torch():
+    # 70,000 elements: its sums and max in NumPy (blocks of 128 terms, 69,888 in all:
+    # over NUMPY_RED_MIN), the shift's gradient summed pairwise (over NUMPY_BCAST_MIN)
+    x0 = np.random.default_rng(8).normal(size=70_000)
+
+    def lse(M, x):
+        a = M.max(x)
+        return a + M.log(M.sum(M.exp(x - a)))
+    P = tg.trace(lambda x: lse(tg, x), x0)
+    red, rev = steps(P._code)
+    assert red == {"add", "maximum"} and rev == {"sub"}, (red, rev)
+    value, g = P.value_and_grad(x0)
+    xe = tg.tensor(x0, requires_grad=True)
+    ge, = tg.autograd.grad(lse(tg, xe), xe)
+    xt = torch.tensor(x0, requires_grad=True)
+    gt, = torch.autograd.grad(lse(torch, xt), xt)
+    np.testing.assert_allclose(value, lse(torch, xt).item(), rtol=1e-14)
+    np.testing.assert_allclose(g, ge.numpy(), rtol=1e-11, atol=1e-20)
+    np.testing.assert_allclose(g, gt.numpy(), rtol=1e-11, atol=1e-20)
+    np.testing.assert_array_equal(P.value_and_grad(x0)[1], g)
+
+
+def products(M, x):
+    """Batched products: (k, d, d) @ (k, d, n) with both operands taking gradients (gmm's
+    ``Q @ xc``), a constant (3, 5, 6) times (3, 6, 4), and one matrix over every batch
+    (its terms the same slots for each: not a batched product of distinct slots)."""
+    k, d, n = 2, 5, 8
+    A = x[:k * d * d].reshape(k, d, d)
+    B = x[k * d * d:k * d * (d + n)].reshape(k, d, n)
+    X = x[:72].reshape(3, 6, 4)
+    WX = M.matmul(M.tensor(W, dtype=M.float64), X)
+    return (M.sum(M.matmul(A, B) ** 2) + M.sum(M.tanh(WX))
+            + M.sum(M.matmul(x[:30].reshape(5, 6), X) ** 2) * 0.1)
+
+
+def test_batched_products_by_matmul(monkeypatch):
+    monkeypatch.setattr(PA, "NUMPY_MM_MIN", 4)
+    rng = np.random.default_rng(9)
+    x0, v = rng.normal(size=130), rng.normal(size=130)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: products(tg, x), x0)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: products(tg, x), x0)
+    plan = PA._plan(P._code.arows)
+    groups = [op[1] for *_, op in plan if type(op) is tuple]
+    # (C batches, g rows, n outputs, L terms): W @ X's rows are X's columns (b's terms the
+    # same for every output); the shared matrix's product, a batch at a time (its slots
+    # the same in every batch: no slot twice in one view)
+    assert (2, 5, 8, 5) in groups and (3, 4, 5, 6) in groups, groups
+    assert all(C == 1 for C, g, n, L in groups if (g, n, L) == (4, 5, 6) and C != 3), groups
+    assert sum(type(k) is tuple for *_, k in PA._reverse_plan(P._code.arows, plan)) >= 2
+    a, s = P.value_and_grad(x0), S.value_and_grad(x0)
+    np.testing.assert_allclose(a[0], s[0], rtol=1e-14)
+    np.testing.assert_allclose(a[1], s[1], rtol=1e-13, atol=1e-14)
+    y, g, hv = torch_derivs(products, x0, v)
+    np.testing.assert_allclose(a[0], y, rtol=1e-13)
+    np.testing.assert_allclose(a[1], g, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(P.hvp((x0,), (v,))[1], hv, rtol=1e-10, atol=1e-11)
+    xs = [x0 * (1 + 0.1 * i) for i in range(6)]
+    want = [P.value_and_grad(x) for x in xs]
+    with ThreadPoolExecutor(3) as pool:
+        for (va, ga), (vb, gb) in zip(want, pool.map(P.value_and_grad, xs)):
+            assert va == vb
+            np.testing.assert_array_equal(ga, gb)
+
+
+def test_a_run_that_is_no_batched_product_is_looked_at_once(monkeypatch):
+    # matmul rows of one shared matrix (its slots in every batch: no batched product):
+    # the plan looks at the run once, not from each of its rows (quadratic in its length)
+    monkeypatch.setattr(PA, "NUMPY_MM_MIN", 4)
+    x0 = np.random.default_rng(10).normal(size=320)
+
+    def f(M, x):
+        return M.sum(M.matmul(x[:30].reshape(5, 6), x[:300].reshape(10, 6, 5)) ** 2)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    heads = [h for h in PA.heads_of(rows).tolist() if rows[h, 0] == PA.RED
+             and rows[h + 1, 5] == PA.MUL]
+    calls = []
+    real = PA._mm_group
+    monkeypatch.setattr(PA, "_mm_group", lambda *a: calls.append(a[1]) or real(*a))
+    plan = PA._plan(rows)
+    assert len(heads) >= 20 and len(calls) <= len(heads) // 5, (len(heads), calls)
+    xt = torch.tensor(x0, requires_grad=True)
+    gt, = torch.autograd.grad(f(torch, xt), xt)
+    np.testing.assert_allclose(P.grad(x0), gt.numpy(), rtol=1e-12, atol=1e-13)
+    assert plan
