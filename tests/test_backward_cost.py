@@ -470,3 +470,39 @@ def test_general_path_shortcut_is_the_loops_choice():
         assert _sweep._general_path(False, None) is _sweep.CHECKED
         with pytest.raises(RuntimeError, match="nan|NaN"):
             tg.autograd.grad(tg.sqrt(x * 0.0 - x).sum(), x)
+
+
+def test_sweep_rows_from_the_code_list_are_the_matrix_rows():
+    """A short one-tape sweep reads its array entries' rows from the code list
+    (``_entry_row``): the opcode and slots as the matrix's, the constants the same floats
+    (a -0.0's sign too), and the gradient is torch's."""
+    torch = pytest.importorskip("torch")
+    from tapegrad.interpreters.cpu_arrays import _entry_row
+    x0 = np.linspace(-1.0, 2.0, 7)
+    x = tg.tensor(x0, requires_grad=True)
+    y = (((x ** 3) * -0.0 + x * 2.5) / 3 - 1.5).sum() / 2 + x.sum()
+    tape = y._tape
+    rows = tape.rows()
+    for k in range(len(tape.vals)):
+        got, want = _entry_row(tape.entry(k)), rows[k].tolist()
+        assert [int(v) for v in got[:3]] == [int(v) for v in want[:3]]
+        assert all(g.__class__ is float and np.copysign(1, g) == np.copysign(1, w) and g == w
+                   for g, w in zip(got[3:], want[3:]))
+    (g,) = tg.autograd.grad(y, x)
+    xt = torch.tensor(x0, requires_grad=True)
+    yt = (((xt ** 3) * -0.0 + xt * 2.5) / 3 - 1.5).sum() / 2 + xt.sum()
+    (gt,) = torch.autograd.grad(yt, xt)
+    assert g.numpy().tobytes() == gt.numpy().tobytes()
+
+
+@pytest.mark.parametrize("n", [3, 48, 49, 200])
+def test_short_values_conversion_is_f64s(n):
+    """``Tape.values`` converts a short list by NumPy, a long one by ``f64``: the same
+    float64 bits (NaN, -0.0, inf, subnormals), also when the tape grew since."""
+    specials = [float("nan"), -0.0, float("inf"), 5e-324, -1.5, 1e308]
+    t = tape_mod.Tape()
+    t.vals.extend((specials * (n // len(specials) + 1))[:n])
+    got = t.values()
+    assert got.tobytes() == tape_mod.f64(t.vals).tobytes()
+    t.vals.extend(specials)  # grown: the new part converted and appended
+    assert t.values().tobytes() == tape_mod.f64(t.vals).tobytes()
