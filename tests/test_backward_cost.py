@@ -24,7 +24,7 @@ def test_release_reuses_the_converted_rows_and_drops_them(monkeypatch):
     calls = []
     real = cpu._release
     monkeypatch.setattr(cpu, "_release",
-                        lambda t, f, rows=None: calls.append(rows) or real(t, f, rows))
+                        lambda t, f, rows=None, fl=None: calls.append(rows) or real(t, f, rows, fl))
     (g,) = tg.autograd.grad(y, x)
     np.testing.assert_allclose(g.numpy(), np.exp(x.detach().numpy()) * (1 + x.detach().numpy()))
     assert calls and calls[0] is not None

@@ -32,14 +32,26 @@ _NO_INT = np.zeros(0, dtype=np.int64)
 _NO_NARY = (_NO_INT, np.zeros(1, dtype=np.int64), _NO_INT)  # read-only use in mark()
 
 
-@njit_cached(nogil=True)
 def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
     """``need``: entries that depend on an input and reach an output; ``reach``: slots an
     output reaches through needed entries (an input with ``reach`` False is unused);
-    the needed array entries, last first."""
+    the needed array entries, last first. The arrays are allocated here and filled by the
+    compiled ``_mark_into`` (a compiled function that returns three arrays boxes each: a
+    microsecond of a small backward)."""
+    n = rows.shape[0]
+    need = np.zeros(n, dtype=np.bool_)
+    reach = is_output.copy()
+    arr = np.empty(n, dtype=np.int64)
+    return need, reach, arr[:_mark_into(rows, nx_entries, nx_ptr, nx_idx, is_input, need,
+                                        reach, arr)]
+
+
+@njit_cached(nogil=True)
+def _mark_into(rows, nx_entries, nx_ptr, nx_idx, is_input, need, reach, arr):
+    """``mark``'s work into its arrays (``need`` zeros, ``reach`` the outputs, ``arr`` room
+    for every entry); returns how many array entries ``arr`` holds."""
     n = rows.shape[0]
     dep = is_input.copy()
-    need = np.zeros(n, dtype=np.bool_)
     j = 0
     for k in range(n):
         a = int(rows[k, 1])
@@ -53,10 +65,8 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
         if d:
             need[k] = True
             dep[k] = True
-    reach = is_output.copy()
     j = nx_entries.shape[0] - 1
     n_arr = 0
-    arr = np.empty(n, dtype=np.int64)
     for k in range(n - 1, -1, -1):
         nary = j >= 0 and nx_entries[j] == k
         if reach[k] and need[k]:
@@ -76,7 +86,7 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
             need[k] = False
         if nary:
             j -= 1
-    return need, reach, arr[:n_arr]
+    return n_arr
 
 
 
@@ -283,8 +293,11 @@ def free_entries(t, sub):
     t._cache = t._vcache = None
     big = t.nbytes >= _RELEASE_BYTES
     if (big or t.nary) and STATE.trace is None:  # a trace lowers every entry it recorded
-        if big and sub.any():
-            _release(t, f, rows)
+        # a short mask as a list (NumPy's any() costs 2 us of a small backward), which the
+        # release reads again when it is the tape's whole freed mask
+        sub_l = sub.tolist() if big and len(sub) <= _SHORT else None
+        if big and (True in sub_l if sub_l is not None else sub.any()):
+            _release(t, f, rows, sub_l if f is sub else None)
         if t.nary:
             _release_contexts(t, f)
 
@@ -355,16 +368,18 @@ class _All:
 _ALL = _All()
 
 
-def _release(tape, freed, rows=None):
+def _release(tape, freed, rows=None, freed_l=None):
     """Drop the saved arrays whose producing entry is freed (or is bookkeeping) and that no
     unfreed entry reads; a tensor that holds such a value keeps its own reference. A
     constant's tensor goes too (torch frees saved inputs at backward), leaves stay (a later
     backward accumulates their ``.grad``). ``rows``: the tape's rows, when already
-    converted (else converted here and not kept)."""
+    converted (else converted here and not kept); ``freed_l``: ``freed`` as a list, when
+    the caller has it."""
     code = tape.code
     n = len(freed)
     if n <= _SHORT and all([f or c & ~ARRAY <= _LAST_SPECIAL
-                            for f, c in zip(freed.tolist(), code[0:n * ROW:ROW])]):
+                            for f, c in zip(freed.tolist() if freed_l is None else freed_l,
+                                            code[0:n * ROW:ROW])]):
         # a short tape with every entry freed or bookkeeping (a whole graph swept, the
         # common case): no live entry reads a saved value, so all go (what _droppable finds
         # then, without its compiled call)
