@@ -42,7 +42,8 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         ins, slot_lists = _reached_leaves(graph, outs, np.flatnonzero(reach & is_input))
         skip_retained = {id(x) for x in ins}
         flat = [s for sl in slot_lists for s in sl]
-    graph.wanted = need | is_input | is_output  # slots whose gradient anyone will read
+    wanted = graph.wanted = need | is_input  # slots whose gradient anyone will read
+    wanted |= is_output  # (in place: one array less)
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
     # only the hooks path runs hooks
@@ -77,6 +78,9 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
 
 def _roots(outs):
     """The tapes the outputs were recorded on, each once, in the outputs' order."""
+    if len(outs) == 1:  # (one loss: no generator per output)
+        t = outs[0]._tape
+        return [] if t is None else [t]
     roots = []
     for y in outs:
         if y._tape is not None and all(y._tape is not r for r in roots):

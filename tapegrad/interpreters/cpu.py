@@ -257,7 +257,12 @@ class Graph:
         return [off + x for x in tape.aux[k][0]]
 
     def freed_mask(self):
-        if all(t.freed is None for t in self.tapes):
+        tapes = self.tapes
+        if len(tapes) == 1:  # (every backward asks: no generator for one tape)
+            f = tapes[0].freed
+            if f is None:
+                return None
+        elif all(t.freed is None for t in tapes):
             return None
         out = np.zeros(self.n, dtype=np.bool_)
         for t, off in zip(self.tapes, self.offsets):
