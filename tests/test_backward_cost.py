@@ -506,3 +506,67 @@ def test_short_values_conversion_is_f64s(n):
     assert got.tobytes() == tape_mod.f64(t.vals).tobytes()
     t.vals.extend(specials)  # grown: the new part converted and appended
     assert t.values().tobytes() == tape_mod.f64(t.vals).tobytes()
+
+
+def _fresh_mark(rows, nx, is_input, is_output):
+    """The marking found again (nothing kept)."""
+    n = rows.shape[0]
+    need, reach = np.zeros(n, np.bool_), is_output.copy()
+    arr = np.empty(n, np.int64)
+    k = cpu._mark_into(rows, *nx, is_input, need, reach, arr)
+    return need, reach, arr[:k]
+
+
+def test_kept_markings_are_the_marking_and_not_shared(monkeypatch):
+    """``mark`` keeps what it found per (rows, inputs, outputs): the same program's
+    backward again marks without the compiled pass, a different input or output set is
+    marked anew, and what a call gets is its own (writing to it changes no later call's)."""
+    monkeypatch.setattr(cpu._MARKS, "d", {})
+    calls = []
+    real = cpu._mark_into
+    monkeypatch.setattr(cpu, "_mark_into", lambda *a: calls.append(1) or real(*a))
+
+    def program():
+        x = tg.tensor(np.linspace(0.5, 1.5, 6), requires_grad=True)
+        w = tg.tensor(np.linspace(-1.0, 1.0, 6), requires_grad=True)
+        u = (x * 2.0).sum()
+        return x, w, u * (x * w).sum() + tg.exp(w).sum()
+
+    marked = []
+    for _ in range(3):
+        for which in ("x", "w", "xw"):
+            x, w, y = program()
+            graph = cpu.Graph([y._tape])
+            is_input = np.zeros(graph.n, np.bool_)
+            for t in {"x": (x,), "w": (w,), "xw": (x, w)}[which]:
+                is_input[t._slot] = True
+            is_output = np.zeros(graph.n, np.bool_)
+            is_output[y._slot] = True
+            before = len(calls)
+            got = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+            marked.append(len(calls) - before)
+            want = _fresh_mark(graph.rows, graph.nx, is_input, is_output)
+            for g, w_ in zip(got, want):
+                assert g.dtype == w_.dtype and np.array_equal(g, w_)
+            got[0][:] = True  # a caller's own arrays: no later call sees this
+            got[1][:] = False
+            ins = tuple(t for t in (x, w) if t._slot in np.flatnonzero(is_input))
+            grads = tg.autograd.grad(y, ins)
+            assert len(grads) == len(ins)
+    # the rows are the same matrix every round (seen_rows): each input set marked once
+    assert marked[3:] == [0] * 6
+
+
+def test_a_kept_marking_gives_torchs_gradients_again():
+    """The same program's gradient, call after call with kept markings, is torch's."""
+    torch = pytest.importorskip("torch")
+    x0 = np.linspace(-1.0, 1.0, 9)
+    want = None
+    for _ in range(4):
+        x = tg.tensor(x0, requires_grad=True)
+        y = ((x * x).sum() - tg.sin(x).sum()) / 2
+        (g,) = tg.autograd.grad(y, x)
+        if want is None:
+            xt = torch.tensor(x0, requires_grad=True)
+            (want,) = torch.autograd.grad(((xt * xt).sum() - torch.sin(xt).sum()) / 2, xt)
+        assert g.numpy().tobytes() == want.numpy().tobytes()
