@@ -123,6 +123,15 @@ def _seed_adjoints(graph, outs, seeds, record, batch):
     adj = np.zeros((n, batch) if batch else n, dtype=np.float64)
     adjd = {}
     direct = {}
+    if len(outs) == 1 and graph.arrays is not None and outs[0]._tape is not None:
+        # one output on one tape (a loss): its slot is its own, no lookup through the graph
+        k = outs[0]._slot
+        is_output[k] = True
+        if record or k in graph.arrays:
+            adjd[k] = seeds[0]
+        else:
+            adj[k] += seeds[0]  # (added, as below: a -0.0 seed gives 0.0)
+        return is_output, adj, adjd, direct
     for y, s in zip(outs, seeds):
         if y._tape is None:
             direct[id(y)] = direct.get(id(y), 0.0) + s
