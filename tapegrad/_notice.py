@@ -9,7 +9,7 @@ import sys
 _WHAT = {
     "gradient": ("the reverse sweep for the first gradient", 5,
                  [("tapegrad.interpreters.cpu", "grad_scalar"),
-                  ("tapegrad.interpreters.cpu", "mark"),
+                  ("tapegrad.interpreters.cpu", "_mark_into"),
                   ("tapegrad.interpreters._generated_cpu", "sweep"),
                   ("tapegrad.tape", "_decode_rows")]),
     "replay": ("the replay interpreter of traced programs", 5,

@@ -360,7 +360,10 @@ class Tape:
         if c is not None and c[0] == n:
             return c[1]
         start = 0 if c is None else c[0]
-        v = f64(self.vals, start, n)
+        # a short list: NumPy's conversion (0.7 us for 8 numbers to f64's 1.6, the same
+        # float64 of each Python float); struct's packing is the faster from about 64 on
+        v = np.array(self.vals[start:n], dtype=np.float64) if n - start <= 48 else \
+            f64(self.vals, start, n)
         if start:
             v = np.concatenate([c[1], v])
         self._vcache = (n, v)

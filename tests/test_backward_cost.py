@@ -24,7 +24,7 @@ def test_release_reuses_the_converted_rows_and_drops_them(monkeypatch):
     calls = []
     real = cpu._release
     monkeypatch.setattr(cpu, "_release",
-                        lambda t, f, rows=None: calls.append(rows) or real(t, f, rows))
+                        lambda t, f, rows=None, fl=None: calls.append(rows) or real(t, f, rows, fl))
     (g,) = tg.autograd.grad(y, x)
     np.testing.assert_allclose(g.numpy(), np.exp(x.detach().numpy()) * (1 + x.detach().numpy()))
     assert calls and calls[0] is not None
@@ -470,3 +470,103 @@ def test_general_path_shortcut_is_the_loops_choice():
         assert _sweep._general_path(False, None) is _sweep.CHECKED
         with pytest.raises(RuntimeError, match="nan|NaN"):
             tg.autograd.grad(tg.sqrt(x * 0.0 - x).sum(), x)
+
+
+def test_sweep_rows_from_the_code_list_are_the_matrix_rows():
+    """A short one-tape sweep reads its array entries' rows from the code list
+    (``_entry_row``): the opcode and slots as the matrix's, the constants the same floats
+    (a -0.0's sign too), and the gradient is torch's."""
+    torch = pytest.importorskip("torch")
+    from tapegrad.interpreters.cpu_arrays import _entry_row
+    x0 = np.linspace(-1.0, 2.0, 7)
+    x = tg.tensor(x0, requires_grad=True)
+    y = (((x ** 3) * -0.0 + x * 2.5) / 3 - 1.5).sum() / 2 + x.sum()
+    tape = y._tape
+    rows = tape.rows()
+    for k in range(len(tape.vals)):
+        got, want = _entry_row(tape.entry(k)), rows[k].tolist()
+        assert [int(v) for v in got[:3]] == [int(v) for v in want[:3]]
+        assert all(g.__class__ is float and np.copysign(1, g) == np.copysign(1, w) and g == w
+                   for g, w in zip(got[3:], want[3:]))
+    (g,) = tg.autograd.grad(y, x)
+    xt = torch.tensor(x0, requires_grad=True)
+    yt = (((xt ** 3) * -0.0 + xt * 2.5) / 3 - 1.5).sum() / 2 + xt.sum()
+    (gt,) = torch.autograd.grad(yt, xt)
+    assert g.numpy().tobytes() == gt.numpy().tobytes()
+
+
+@pytest.mark.parametrize("n", [3, 48, 49, 200])
+def test_short_values_conversion_is_f64s(n):
+    """``Tape.values`` converts a short list by NumPy, a long one by ``f64``: the same
+    float64 bits (NaN, -0.0, inf, subnormals), also when the tape grew since."""
+    specials = [float("nan"), -0.0, float("inf"), 5e-324, -1.5, 1e308]
+    t = tape_mod.Tape()
+    t.vals.extend((specials * (n // len(specials) + 1))[:n])
+    got = t.values()
+    assert got.tobytes() == tape_mod.f64(t.vals).tobytes()
+    t.vals.extend(specials)  # grown: the new part converted and appended
+    assert t.values().tobytes() == tape_mod.f64(t.vals).tobytes()
+
+
+def _fresh_mark(rows, nx, is_input, is_output):
+    """The marking found again (nothing kept)."""
+    n = rows.shape[0]
+    need, reach = np.zeros(n, np.bool_), is_output.copy()
+    arr = np.empty(n, np.int64)
+    k = cpu._mark_into(rows, *nx, is_input, need, reach, arr)
+    return need, reach, arr[:k]
+
+
+def test_kept_markings_are_the_marking_and_not_shared(monkeypatch):
+    """``mark`` keeps what it found per (rows, inputs, outputs): the same program's
+    backward again marks without the compiled pass, a different input or output set is
+    marked anew, and what a call gets is its own (writing to it changes no later call's)."""
+    monkeypatch.setattr(cpu._MARKS, "d", {})
+    calls = []
+    real = cpu._mark_into
+    monkeypatch.setattr(cpu, "_mark_into", lambda *a: calls.append(1) or real(*a))
+
+    def program():
+        x = tg.tensor(np.linspace(0.5, 1.5, 6), requires_grad=True)
+        w = tg.tensor(np.linspace(-1.0, 1.0, 6), requires_grad=True)
+        u = (x * 2.0).sum()
+        return x, w, u * (x * w).sum() + tg.exp(w).sum()
+
+    marked = []
+    for _ in range(3):
+        for which in ("x", "w", "xw"):
+            x, w, y = program()
+            graph = cpu.Graph([y._tape])
+            is_input = np.zeros(graph.n, np.bool_)
+            for t in {"x": (x,), "w": (w,), "xw": (x, w)}[which]:
+                is_input[t._slot] = True
+            is_output = np.zeros(graph.n, np.bool_)
+            is_output[y._slot] = True
+            before = len(calls)
+            got = cpu.mark(graph.rows, *graph.nx, is_input, is_output)
+            marked.append(len(calls) - before)
+            want = _fresh_mark(graph.rows, graph.nx, is_input, is_output)
+            for g, w_ in zip(got, want):
+                assert g.dtype == w_.dtype and np.array_equal(g, w_)
+            got[0][:] = True  # a caller's own arrays: no later call sees this
+            got[1][:] = False
+            ins = tuple(t for t in (x, w) if t._slot in np.flatnonzero(is_input))
+            grads = tg.autograd.grad(y, ins)
+            assert len(grads) == len(ins)
+    # the rows are the same matrix every round (seen_rows): each input set marked once
+    assert marked[3:] == [0] * 6
+
+
+def test_a_kept_marking_gives_torchs_gradients_again():
+    """The same program's gradient, call after call with kept markings, is torch's."""
+    torch = pytest.importorskip("torch")
+    x0 = np.linspace(-1.0, 1.0, 9)
+    want = None
+    for _ in range(4):
+        x = tg.tensor(x0, requires_grad=True)
+        y = ((x * x).sum() - tg.sin(x).sum()) / 2
+        (g,) = tg.autograd.grad(y, x)
+        if want is None:
+            xt = torch.tensor(x0, requires_grad=True)
+            (want,) = torch.autograd.grad(((xt * xt).sum() - torch.sin(xt).sum()) / 2, xt)
+        assert g.numpy().tobytes() == want.numpy().tobytes()

@@ -42,7 +42,8 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
         ins, slot_lists = _reached_leaves(graph, outs, np.flatnonzero(reach & is_input))
         skip_retained = {id(x) for x in ins}
         flat = [s for sl in slot_lists for s in sl]
-    graph.wanted = need | is_input | is_output  # slots whose gradient anyone will read
+    wanted = graph.wanted = need | is_input  # slots whose gradient anyone will read
+    wanted |= is_output  # (in place: one array less)
     cpu.check_not_freed(graph, need)
     _check_versions(graph, need, reach)
     # only the hooks path runs hooks
@@ -77,6 +78,9 @@ def _run(outs, seeds, ins, retain_graph, skip_retained=(), fast=False, record=Fa
 
 def _roots(outs):
     """The tapes the outputs were recorded on, each once, in the outputs' order."""
+    if len(outs) == 1:  # (one loss: no generator per output)
+        t = outs[0]._tape
+        return [] if t is None else [t]
     roots = []
     for y in outs:
         if y._tape is not None and all(y._tape is not r for r in roots):
@@ -119,6 +123,15 @@ def _seed_adjoints(graph, outs, seeds, record, batch):
     adj = np.zeros((n, batch) if batch else n, dtype=np.float64)
     adjd = {}
     direct = {}
+    if len(outs) == 1 and graph.arrays is not None and outs[0]._tape is not None:
+        # one output on one tape (a loss): its slot is its own, no lookup through the graph
+        k = outs[0]._slot
+        is_output[k] = True
+        if record or k in graph.arrays:
+            adjd[k] = seeds[0]
+        else:
+            adj[k] += seeds[0]  # (added, as below: a -0.0 seed gives 0.0)
+        return is_output, adj, adjd, direct
     for y, s in zip(outs, seeds):
         if y._tape is None:
             direct[id(y)] = direct.get(id(y), 0.0) + s

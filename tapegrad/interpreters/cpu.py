@@ -6,6 +6,7 @@ in ``cpu_fast``; their names are re-exported here.
 from __future__ import annotations
 
 import bisect
+import threading
 
 import numpy as np
 
@@ -32,14 +33,57 @@ _NO_INT = np.zeros(0, dtype=np.int64)
 _NO_NARY = (_NO_INT, np.zeros(1, dtype=np.int64), _NO_INT)  # read-only use in mark()
 
 
-@njit_cached(nogil=True)
+class _Marks(threading.local):
+    """The markings found last, by (id of rows, inputs' and outputs' mask bytes): the
+    marking is a function of these alone where no entry is N-ary, and a tape's rows are
+    never written to (``seen_rows`` hands the same matrix to every tape of the same
+    program), so an optimization loop's backward (llsq's, both of kmeans') marks once.
+    Each holds its rows (so the id is not reused) and read-only copies."""
+
+    def __init__(self):
+        self.d = {}
+
+
+_MARKS = _Marks()
+_MARKS_MAX = 8  # markings kept per thread
+_MARKS_N = 4096  # entries of the longest tape whose marking is kept (its masks' bytes a key)
+
+
 def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
     """``need``: entries that depend on an input and reach an output; ``reach``: slots an
     output reaches through needed entries (an input with ``reach`` False is unused);
-    the needed array entries, last first."""
+    the needed array entries, last first (read-only). The arrays are allocated here and
+    filled by the compiled ``_mark_into`` (a compiled function that returns three arrays
+    boxes each: a microsecond of a small backward); a marking found before (``_Marks``)
+    is copied, not found again (3 us to 1)."""
+    n = rows.shape[0]
+    memo = None
+    if n <= _MARKS_N and not len(nx_entries):
+        key = (id(rows), is_input.tobytes(), is_output.tobytes())
+        memo = _MARKS.d
+        hit = memo.get(key)
+        if hit is not None and hit[0] is rows:
+            return hit[1].copy(), hit[2].copy(), hit[3]
+    need = np.zeros(n, dtype=np.bool_)
+    reach = is_output.copy()
+    arr = np.empty(n, dtype=np.int64)
+    arr = arr[:_mark_into(rows, nx_entries, nx_ptr, nx_idx, is_input, need, reach, arr)]
+    arr.flags.writeable = False  # (kept by the memo: no caller writes to it)
+    if memo is not None:
+        if len(memo) >= _MARKS_MAX:
+            memo.clear()
+        kept = need.copy(), reach.copy()
+        kept[0].flags.writeable = kept[1].flags.writeable = False
+        memo[key] = (rows,) + kept + (arr,)
+    return need, reach, arr
+
+
+@njit_cached(nogil=True)
+def _mark_into(rows, nx_entries, nx_ptr, nx_idx, is_input, need, reach, arr):
+    """``mark``'s work into its arrays (``need`` zeros, ``reach`` the outputs, ``arr`` room
+    for every entry); returns how many array entries ``arr`` holds."""
     n = rows.shape[0]
     dep = is_input.copy()
-    need = np.zeros(n, dtype=np.bool_)
     j = 0
     for k in range(n):
         a = int(rows[k, 1])
@@ -53,10 +97,8 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
         if d:
             need[k] = True
             dep[k] = True
-    reach = is_output.copy()
     j = nx_entries.shape[0] - 1
     n_arr = 0
-    arr = np.empty(n, dtype=np.int64)
     for k in range(n - 1, -1, -1):
         nary = j >= 0 and nx_entries[j] == k
         if reach[k] and need[k]:
@@ -76,7 +118,7 @@ def mark(rows, nx_entries, nx_ptr, nx_idx, is_input, is_output):
             need[k] = False
         if nary:
             j -= 1
-    return need, reach, arr[:n_arr]
+    return n_arr
 
 
 
@@ -247,7 +289,12 @@ class Graph:
         return [off + x for x in tape.aux[k][0]]
 
     def freed_mask(self):
-        if all(t.freed is None for t in self.tapes):
+        tapes = self.tapes
+        if len(tapes) == 1:  # (every backward asks: no generator for one tape)
+            f = tapes[0].freed
+            if f is None:
+                return None
+        elif all(t.freed is None for t in tapes):
             return None
         out = np.zeros(self.n, dtype=np.bool_)
         for t, off in zip(self.tapes, self.offsets):
@@ -283,8 +330,11 @@ def free_entries(t, sub):
     t._cache = t._vcache = None
     big = t.nbytes >= _RELEASE_BYTES
     if (big or t.nary) and STATE.trace is None:  # a trace lowers every entry it recorded
-        if big and sub.any():
-            _release(t, f, rows)
+        # a short mask as a list (NumPy's any() costs 2 us of a small backward), which the
+        # release reads again when it is the tape's whole freed mask
+        sub_l = sub.tolist() if big and len(sub) <= _SHORT else None
+        if big and (True in sub_l if sub_l is not None else sub.any()):
+            _release(t, f, rows, sub_l if f is sub else None)
         if t.nary:
             _release_contexts(t, f)
 
@@ -355,16 +405,18 @@ class _All:
 _ALL = _All()
 
 
-def _release(tape, freed, rows=None):
+def _release(tape, freed, rows=None, freed_l=None):
     """Drop the saved arrays whose producing entry is freed (or is bookkeeping) and that no
     unfreed entry reads; a tensor that holds such a value keeps its own reference. A
     constant's tensor goes too (torch frees saved inputs at backward), leaves stay (a later
     backward accumulates their ``.grad``). ``rows``: the tape's rows, when already
-    converted (else converted here and not kept)."""
+    converted (else converted here and not kept); ``freed_l``: ``freed`` as a list, when
+    the caller has it."""
     code = tape.code
     n = len(freed)
     if n <= _SHORT and all([f or c & ~ARRAY <= _LAST_SPECIAL
-                            for f, c in zip(freed.tolist(), code[0:n * ROW:ROW])]):
+                            for f, c in zip(freed.tolist() if freed_l is None else freed_l,
+                                            code[0:n * ROW:ROW])]):
         # a short tape with every entry freed or bookkeeping (a whole graph swept, the
         # common case): no live entry reads a saved value, so all go (what _droppable finds
         # then, without its compiled call)

@@ -69,15 +69,25 @@ def sweep(graph, need, adj, adjd, arr, owned=None):
         owned = set()  # slots whose adjoint array this sweep allocated: added to in place
     wanted = graph.wanted.tolist()  # read twice per entry: a list's item is the cheaper
     # a needed scalar entry anywhere? (none: no compiled call between the array entries,
-    # a few microseconds each, most of a create_graph sweep's entries are arrays)
-    scalars = np.count_nonzero(need) > len(arr)
+    # a few microseconds each, most of a create_graph sweep's entries are arrays). A short
+    # tape's needed entries as a list: counted there (a NumPy count costs a microsecond),
+    # and a run between array entries with none needed (the leaves and constants below the
+    # first one) costs no compiled call
+    need_l = need.tolist() if hi <= _LISTED else None
+    scalars = (need_l.count(True) if need_l is not None else np.count_nonzero(need)) \
+        > len(arr)
+    if not scalars:
+        need_l = None
     vals = graph.vals if scalars else None  # (converted only when a scalar run is swept)
-    # a short tape's needed entries as a list: a run between array entries with none needed
-    # (the leaves and constants below the first one) costs no compiled call
-    need_l = need.tolist() if scalars and hi <= _LISTED else None
+    ks = arr.tolist()
+    # the array entries' rows: one tape's straight from its code list (its opcode and slots
+    # as ints, its constants as floats: the matrix's numbers), a few of them without the
+    # matrix's fancy index (a microsecond or two of a small sweep)
+    entry = graph.row if graph.arrays is not None and len(ks) <= 16 else None
     token = _quiet_on()
     try:
-        for k, row in zip(arr.tolist(), rows[arr].tolist()):
+        for k, row in zip(ks, [_entry_row(entry(k)) for k in ks] if entry is not None
+                          else rows[arr].tolist()):
             if scalars and hi - k > 1 and (need_l is None or True in need_l[k + 1:hi]):
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
             array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)
@@ -86,6 +96,13 @@ def sweep(graph, need, adj, adjd, arr, owned=None):
             _generated_cpu.sweep(rows, vals, adj, need, hi, 0)
     finally:
         _quiet_off(token)
+
+
+def _entry_row(e):
+    """A tape entry (``Tape.entry``) as the rows matrix's row would give it: the constants
+    as Python floats (an int constant would change which NumPy loop a rule runs)."""
+    op, a, b, c0, c1 = e
+    return op, a, b, float(c0), float(c1)
 
 
 def elementwise_rule(op, F, g, out, a, b, c0, c1, value):
