@@ -590,7 +590,7 @@ NUMPY_MIN = dict.fromkeys(("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos",
                           8192)
 NUMPY_MIN.update(dict.fromkeys(("add", "sub", "mul", "neg", "mulc", "addc", "divc", "div",
                                 "square", "detach", "select", "pick", "eq", "ne", "lt", "le",
-                                "gt", "ge", "leaf"), 65536))
+                                "gt", "ge", "leaf", "eq_nan"), 65536))
 
 
 def _numpyable(rows, h):
@@ -719,6 +719,10 @@ def _np_forward(op, rows, h, k, v, x):
         out.fill(-0.0)
     elif op.name == "detach":
         out[:] = a
+    elif op.name == "eq_nan" and isinstance(b, float) and b == b:
+        np.equal(a, b, out=out)  # (a max's ties: no NaN to tie with, one pass)
+    elif op.name == "eq_nan" and isinstance(b, float):
+        np.not_equal(a, a, out=out)  # (NaN's ties: the NaNs)
     elif op.name in _UFUNC_C:
         _UFUNC_C[op.name](a, float(rows[h, 4]), out=out)
     elif isinstance(op.np, np.ufunc):  # (comparisons: their bool as 1.0 or 0.0)
