@@ -275,7 +275,8 @@ def _lse_and_reads(M, x):
 
 
 def test_sums_that_write_their_terms_adjoints_first(monkeypatch):
-    # a sum whose terms no other row reads writes their adjoints (no zeroing first): the
+    # a sum whose terms no other row reads, and a NumPy rule whose operand nothing after
+    # it reads, write their adjoints (no zeroing first): the
     # bits of the same steps adding into zeroed adjoints, on every call (the adjoints left
     # by the last call are overwritten, not added to), within rounding of the expansion and
     # torch; terms read elsewhere are added to as before
@@ -295,7 +296,11 @@ def test_sums_that_write_their_terms_adjoints_first(monkeypatch):
     q = int(PA.row_slots(rows)[0][PA.heads_of(rows)[1]])  # x * x: after the inputs'
     assert len(sets) >= 3 and [h for h in nsum if h not in sets] == [
         h for h in nsum if int(rows[h, 1]) == q], (sets, nsum)
+    # the shift x - max(x) writes x's adjoints (nothing after it reads x); q's not
+    firsts = PA._first_operands(rows, PA._reverse_plan(rows, plan), out)
+    assert [r for f in firsts.values() for r in f] == [(0, 64)], firsts
     monkeypatch.setattr(PA, "_first_writers", lambda *a: {})  # Q: all added, zeroed first
+    monkeypatch.setattr(PA, "_first_operands", lambda *a: {})
     Q.value_and_grad(x0)
     monkeypatch.undo()
     small(monkeypatch)

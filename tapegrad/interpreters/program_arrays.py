@@ -519,7 +519,8 @@ def entry(rows, work):
         at = row_slots(rows)[0]
         back = [(r0, int(at[r0]), r0, (ASSIGN,)) if kind is RED and r0 == r1 - META
                 and r0 in sets else (r1, k, r0, kind) for r1, k, r0, kind in back]
-    live = _live(rows, n, [sets[h] for h in sets])
+    firsts = _first_operands(rows, back, out)
+    live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f])
     if p and (ins == ins[0] + np.arange(p)).all():
         # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
         # not a gather (1 ms of lse's gradient at n = 640,000)
@@ -581,7 +582,7 @@ def entry(rows, work):
                         _mm_reverse(kind, v, adj)
                 else:  # (an instruction's first row and slot)
                     with np.errstate(all="ignore"):
-                        _np_reverse(kind, rows, r, k, v, adj)
+                        _np_reverse(kind, rows, r, k, v, adj, firsts.get(r, ()))
             res[m:] = adj[ins]
         return status
     return run
@@ -972,7 +973,7 @@ def _np_reversible(rows, h):
     return True
 
 
-def _np_reverse(op, rows, h, k, v, adj):
+def _np_reverse(op, rows, h, k, v, adj, first=()):
     """The reverse of the elementwise instruction at row ``h`` (slots ``k ..``) by its op's
     rule in NumPy (``NP_RULES``) over views of the values and adjoints: each element's
     gradient as the compiled loop computes it; a broadcast operand's summed pairwise
@@ -992,6 +993,8 @@ def _np_reverse(op, rows, h, k, v, adj):
         t = rule(g, a, b, out, c0, s)
         if sj == 0:
             adj[s0] += float(np.sum(t)) if sign > 0 else -float(np.sum(t))
+        elif (s0, s0 + n) in first:  # the first to write them: 0.0 + t, as added to zeros
+            (np.add if sign > 0 else np.subtract)(0.0, t, out=adj[s0:s0 + n])
         else:
             dst = adj[s0:s0 + (n - 1) * sj + 1:sj]
             (np.add if sign > 0 else np.subtract)(dst, t, out=dst)
@@ -1103,6 +1106,46 @@ def _skip_detach(rows, plan, out):
             new[j] = new[j][:4] + ((NPRED, shift),)
         new[i] = None
     return [p_ for p_ in new if p_ is not None]
+
+
+def _first_operands(rows, back, out):
+    """{first row: [(start, stop)]} of the elementwise instructions whose reverse runs in
+    NumPy (``_np_reverse``) and is the first to reach an operand's adjoints: a contiguous
+    run of slots that no row or instruction after it reads and no output is (lse's input,
+    shifted by its max): their rule writes ``0.0 + t``, what adding to zeros gives, and
+    they are not zeroed first."""
+    res = {}
+    outs = np.asarray(out)
+    heads = heads_of(rows)
+    for h, _, _, kind in back:
+        if kind is None or kind is RED or type(kind) is tuple:
+            continue
+        n = int(rows[h + 1, 4])
+        for j, s0, sj in _grad_operands(rows, h):
+            if sj != 1 or ((outs >= s0) & (outs < s0 + n)).any():
+                continue
+            lo, hi = s0, s0 + n
+            later = rows[h + META + 1:]
+            scalar = later[:, 0] != TAIL
+            hl = heads[heads > h] - (h + META + 1)
+            scalar[hl[(later[hl, 0] == ARR) | (later[hl, 0] == RED)]] = False
+            ops = later[scalar, 1:4]
+            if ((ops >= lo) & (ops < hi)).any():
+                continue
+            read = False
+            for g in heads[heads > h].tolist():
+                m, code, st = info(rows, g)
+                spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
+                           (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
+                          if code == RED else
+                          [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
+                if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo
+                       for a, e in spans_):
+                    read = True
+                    break
+            if not read:
+                res.setdefault(h, []).append((lo, hi))
+    return res
 
 
 def _red_assign(rows, h, k, adj):
