@@ -364,3 +364,25 @@ def test_a_detach_only_maxima_read_is_left_out(monkeypatch):
         np.testing.assert_array_equal(a[0], b[0])
     y, g, _ = torch_derivs(f, x0, x0)
     np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+
+
+def test_inputs_in_place_only_when_the_leaf_instruction_is_all_of_them(monkeypatch):
+    # a leaf instruction of the first input only: the values begin after the inputs, as
+    # before (slots after it could overwrite inputs that later leaf rows read), the
+    # expansion's numbers
+    monkeypatch.setattr(PA, "NUMPY_MIN", dict(PA.NUMPY_MIN, leaf=4))
+    rng = np.random.default_rng(24)
+    x0, y0 = rng.normal(size=40), rng.normal(size=40)
+
+    def f(x, s, y):
+        return tg.sum(tg.exp(x * s)) + s * s + tg.sum(y * x)
+    with RF.array_instructions(4):
+        P = tg.trace(f, x0, 0.5, y0)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(f, x0, 0.5, y0)
+    assert PA._plan(P._code.arows)[0][4] is BY_NAME["leaf"]
+    for s in (0.5, -0.7):
+        a, b = P.value_and_grad(x0 * 2, s, y0), S.value_and_grad(x0 * 2, s, y0)
+        assert a[0] == b[0]
+        for u, w in zip(a[1], b[1]):
+            np.testing.assert_array_equal(u, w)

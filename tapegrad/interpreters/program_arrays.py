@@ -532,7 +532,7 @@ def entry(rows, work):
     # inputs themselves, and the copy is left out (0.26 ms of lse's 640,000 elements)
     base = o + nx
     if plan[0][4] is BY_NAME["leaf"] and plan[0][2] == 0 and int(rows[0, 4]) == 0 \
-            and plan[0][3] <= nx:
+            and plan[0][3] == nx:
         plan, base = plan[1:], o
 
     def run(rows, work, res):
