@@ -264,3 +264,125 @@ def test_a_run_that_is_no_batched_product_is_looked_at_once(monkeypatch):
     gt, = torch.autograd.grad(f(torch, xt), xt)
     np.testing.assert_allclose(P.grad(x0), gt.numpy(), rtol=1e-12, atol=1e-13)
     assert plan
+
+
+def _lse_and_reads(M, x):
+    """lse (a sum of exps and of picks, whose terms only the sum reads) and a sum of
+    squares whose terms are read again (an element, and another sum)."""
+    q = x * x
+    return (M.max(x) + M.log(M.sum(M.exp(x - M.max(x)))) + M.sum(q) * 0.1 + q[3]
+            + M.sum(q * 0.5))
+
+
+def test_sums_that_write_their_terms_adjoints_first(monkeypatch):
+    # a sum whose terms no other row reads, and a NumPy rule whose operand nothing after
+    # it reads, write their adjoints (no zeroing first): the
+    # bits of the same steps adding into zeroed adjoints, on every call (the adjoints left
+    # by the last call are overwritten, not added to), within rounding of the expansion and
+    # torch; terms read elsewhere are added to as before
+    small(monkeypatch)
+    rng = np.random.default_rng(21)
+    x0 = rng.normal(size=64)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: _lse_and_reads(tg, x), x0)
+        Q = tg.trace(lambda x: _lse_and_reads(tg, x), x0)
+    rows = P._code.arows
+    plan = PA._plan(rows)
+    out = np.asarray(P._code.out_slots, dtype=np.intp)
+    sets = PA._first_writers(rows, plan, out)
+    nsum = [r0 for r0, _, _, _, op in plan if op is PA.NPRED and rows[r0 + 3, 5] != 1.0
+            and int(rows[r0 + 1, 5]) == PA.ADD]
+    # the exps', the picks', q * 0.5's... sums write; sum(q) adds (q[3], q * 0.5 read q)
+    q = int(PA.row_slots(rows)[0][PA.heads_of(rows)[1]])  # x * x: after the inputs'
+    assert len(sets) >= 3 and [h for h in nsum if h not in sets] == [
+        h for h in nsum if int(rows[h, 1]) == q], (sets, nsum)
+    # the shift x - max(x) writes x's adjoints (nothing after it reads x); q's not
+    firsts = PA._first_operands(rows, PA._reverse_plan(rows, plan), out)
+    assert [r for f in firsts.values() for r in f] == [(0, 64)], firsts
+    monkeypatch.setattr(PA, "_first_writers", lambda *a: {})  # Q: all added, zeroed first
+    monkeypatch.setattr(PA, "_first_operands", lambda *a: {})
+    Q.value_and_grad(x0)
+    monkeypatch.undo()
+    small(monkeypatch)
+    for x in (x0, rng.normal(size=64), x0 * 3.0):
+        a, b = P.value_and_grad(x), Q.value_and_grad(x)
+        np.testing.assert_array_equal(a[1], b[1])
+        assert a[0] == b[0]
+        y, g, _ = torch_derivs(_lse_and_reads, x, x)
+        np.testing.assert_allclose(a[1], g, rtol=1e-12, atol=1e-15)
+
+
+def test_a_large_leaf_instruction_is_the_inputs_in_place(monkeypatch):
+    # the first instruction copying the inputs in order is not run: the values begin at the
+    # inputs (a new input each call, the input array itself untouched)
+    monkeypatch.setattr(PA, "NUMPY_MIN", dict(PA.NUMPY_MIN, leaf=4))
+    ran = []
+    np_forward = PA._np_forward
+    monkeypatch.setattr(PA, "_np_forward", lambda op, *a: (ran.append(op.name),
+                                                           np_forward(op, *a)))
+    rng = np.random.default_rng(22)
+    x0 = rng.normal(size=40)
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: _lse_and_reads(tg, x), x0)
+    assert PA._plan(P._code.arows)[0][4] is BY_NAME["leaf"]
+    for x in (x0, rng.normal(size=40)):
+        keep = x.copy()
+        value, g = P.value_and_grad(x)
+        y, gt, _ = torch_derivs(_lse_and_reads, x, x)
+        np.testing.assert_allclose(g, gt, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(value, y, rtol=1e-13)
+        np.testing.assert_array_equal(x, keep)
+    assert "leaf" not in ran
+
+
+def test_a_detach_only_maxima_read_is_left_out(monkeypatch):
+    # a max's detached copy, read only by the max (its ties test the operand), is not
+    # made: the max reads the operand's slots, the same numbers as with the copy
+    small(monkeypatch)
+    monkeypatch.setattr(PA, "NUMPY_MIN", dict(PA.NUMPY_MIN, detach=4))
+    rng = np.random.default_rng(23)
+    x0 = rng.normal(size=50)
+    x0[[4, 9]] = 5.0  # a tie
+    f = (lambda M, x: M.max(x) * 2.0 + M.sum(M.amax(x.reshape(5, 10), 1))
+         + M.sum(M.exp(x - M.max(x))))
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: f(tg, x), x0)
+        Q = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    plan = PA._plan(rows)
+    out = np.asarray(P._code.out_slots, dtype=np.intp)
+    dt = BY_NAME["detach"]
+    assert any(op is dt for *_, op in plan)
+    assert not any(op is dt for *_, op in PA._skip_detach(rows, plan, out))
+    monkeypatch.setattr(PA, "_skip_detach", lambda rows, plan, out: plan)
+    Q.value_and_grad(x0)
+    monkeypatch.undo()
+    small(monkeypatch)
+    for x in (x0, rng.normal(size=50), np.where(np.arange(50) == 7, np.nan, x0)):
+        a, b = P.value_and_grad(x), Q.value_and_grad(x)
+        np.testing.assert_array_equal(a[1], b[1])
+        np.testing.assert_array_equal(a[0], b[0])
+    y, g, _ = torch_derivs(f, x0, x0)
+    np.testing.assert_allclose(P.value_and_grad(x0)[1], g, rtol=1e-12, atol=1e-15)
+
+
+def test_inputs_in_place_only_when_the_leaf_instruction_is_all_of_them(monkeypatch):
+    # a leaf instruction of the first input only: the values begin after the inputs, as
+    # before (slots after it could overwrite inputs that later leaf rows read), the
+    # expansion's numbers
+    monkeypatch.setattr(PA, "NUMPY_MIN", dict(PA.NUMPY_MIN, leaf=4))
+    rng = np.random.default_rng(24)
+    x0, y0 = rng.normal(size=40), rng.normal(size=40)
+
+    def f(x, s, y):
+        return tg.sum(tg.exp(x * s)) + s * s + tg.sum(y * x)
+    with RF.array_instructions(4):
+        P = tg.trace(f, x0, 0.5, y0)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(f, x0, 0.5, y0)
+    assert PA._plan(P._code.arows)[0][4] is BY_NAME["leaf"]
+    for s in (0.5, -0.7):
+        a, b = P.value_and_grad(x0 * 2, s, y0), S.value_and_grad(x0 * 2, s, y0)
+        assert a[0] == b[0]
+        for u, w in zip(a[1], b[1]):
+            np.testing.assert_array_equal(u, w)

@@ -263,7 +263,7 @@ def test_saved_reduction_program_loads_and_runs_its_expansion_elsewhere(tmp_path
 def test_exact_ops_in_numpy_give_the_compiled_loops_numbers(monkeypatch):
     # inputs, comparisons, select, pick, detach and arithmetic in NumPy round exactly as
     # the compiled loops (and the expansion): the same numbers, bit for bit
-    names = ("leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul", "add")
+    names = ("leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul", "add", "eq_nan")
     monkeypatch.setattr(PA, "NUMPY_MIN", dict.fromkeys(names, 16))
     x0 = np.random.default_rng(6).normal(size=300)
     x0[7] = x0[8] = x0.max()  # a tie: the max's gradient shared
@@ -273,8 +273,40 @@ def test_exact_ops_in_numpy_give_the_compiled_loops_numbers(monkeypatch):
         return a + M.log(M.sum(M.exp(x - a))) + M.sum((x * x) * 0.5 - x)
     P = tg.trace(lambda x: f(tg, x), x0)
     ran = {op.name for *_, op in PA._plan(P._code.arows) if op not in (None, PA.RED)}
-    assert ran >= {"leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul"}, ran
+    assert ran >= {"leaf", "detach", "pick", "eq_nan", "sub", "mul"}, ran
     assert_as_scalar_rows_and_torch(P, f, x0)
+
+
+@pytest.mark.parametrize("numpy_min", [16, 1 << 40], ids=["numpy", "compiled"])
+@pytest.mark.parametrize("kind", ["max", "amax"])
+def test_max_ties_in_one_test_nan_as_torch(monkeypatch, numpy_min, kind):
+    # a max's ties are one test: x.max()'s eq_nan (equal, or both NaN: a NaN max shares
+    # its gradient among the NaNs), amax's eq (a NaN max: all-NaN gradient), as eager mode
+    # and torch (amax with a NaN once gave the NaNs 1/count); in NumPy (a broadcast NaN
+    # takes its own branch) and compiled, the expansion's numbers to the bit
+    monkeypatch.setattr(PA, "NUMPY_MIN", dict.fromkeys(PA.NUMPY_MIN, numpy_min))
+    torch = pytest.importorskip("torch")
+    f = (lambda M, x: x.max()) if kind == "max" else (lambda M, x: M.amax(x))
+    x0 = np.random.default_rng(9).normal(size=200)
+    x0[[3, 50, 51]] = x0.max() + 1.0  # three ties
+    P = tg.trace(lambda x: f(tg, x), x0)
+    rows = P._code.arows
+    ops = {OPS[int(rows[h + 1, 5])].name for h in PA.heads_of(rows).tolist()
+           if rows[h, 0] == PA.ARR}
+    test = "eq_nan" if kind == "max" else "eq"
+    assert test in ops and not ops & {"select", "ne", "eq", "eq_nan"} - {test}, ops
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: f(tg, x), x0)
+    for x in (x0, np.where(np.arange(200) % 70 == 1, np.nan, x0), np.full(200, np.nan),
+              np.full(200, np.inf)):
+        t = torch.tensor(x, requires_grad=True)
+        f(torch, t).backward()
+        e = tg.tensor(x, requires_grad=True)
+        f(tg, e).backward()
+        for a, b in zip(P.value_and_grad(x), S.value_and_grad(x)):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(P.value_and_grad(x)[1], t.grad.numpy())
+        np.testing.assert_array_equal(P.value_and_grad(x)[1], np.asarray(e.grad))
 
 
 def test_sweeps_over_row_ranges_compose():
@@ -387,7 +419,7 @@ def test_marks_what_passes_no_gradient_to_an_input():
         flags.setdefault(("red " if rows[h, 0] == PA.RED else "") + name, set()).add(
             float(rows[h + 3, 5]))
     assert flags["leaf"] == {1.0} and flags["detach"] == {1.0}, flags
-    assert flags["ne"] == flags["eq"] == flags["select"] == {1.0}, flags
+    assert flags["eq_nan"] == {1.0} and "select" not in flags, flags  # (a max's ties)
     assert 1.0 in flags["red maximum"] and 0.0 in flags["red add"], flags
     assert flags["sub"] == {-2.0} and flags["mul"] == {-2.0}, flags  # (b: the shift, W)
     assert_as_scalar_rows_and_torch(P, f, x0)

@@ -22,7 +22,7 @@ MAX = 41
 MIN = 42
 
 #: by opcode: the inputs its rule gives gradients to (bits a, b, c)
-GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0], dtype=np.int64)
+GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0], dtype=np.int64)
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -142,6 +142,8 @@ def value(op, a, b, c, c0, c1):
         return float((-0.0))
     elif op == 88:  # round_f32
         return float(np.float64(np.float32(a)))
+    elif op == 92:  # eq_nan
+        return float((1.0 if (a == b or (a != a and b != b)) else 0.0))
     return 0.0
 
 
@@ -392,6 +394,11 @@ def forward(rows, x, v, r, nr, k):
             elif op == 86:  # pick
                 for i in range(m):
                     v[np.uint64(k + i)] = (-0.0)
+            elif op == 92:  # eq_nan
+                for i in range(m):
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (1.0 if (a == b or (a != a and b != b)) else 0.0)
             else:
                 for i in range(m):
                     v[np.uint64(k + i)] = value(op, v[np.uint64(ia + i * sa)],

@@ -229,6 +229,10 @@ def forward_one(rows, X, V, j):
         elif op == 88:  # round_f32
             a = V[int(rows[k, 1]), j]
             V[k, j] = np.float64(np.float32(a))
+        elif op == 92:  # eq_nan
+            a = V[int(rows[k, 1]), j]
+            b = V[int(rows[k, 2]), j]
+            V[k, j] = (1.0 if (a == b or (a != a and b != b)) else 0.0)
     return 0
 
 

@@ -75,9 +75,13 @@ def _lower_extreme(L, ins, aux, value, pick_name):
     D = L.op("detach", A)
     m = reduce(L, pick_name, D, dims, keepdim, np.nan)
     mk = np.broadcast_to(_kept(m, A, dims, keepdim), np.shape(A))
-    # a NaN result goes to the NaNs, as eager mode (and torch); a select on the result's
-    # NaN test, one pass over the elements fewer than or-ing both tests
-    tie = L.op("select", L.op("ne", mk, mk), L.op("ne", D, D), L.op("eq", D, mk))
+    # max()/min() over everything and over a dim: a NaN result goes to the NaNs, as eager
+    # mode and torch (a NaN max ties with the NaNs, a number with its equals: one pass over
+    # the elements); amax/amin: no element ties with a NaN, and the gradient divided by a
+    # count of 0 is NaN everywhere, as eager mode and torch's scale_grad_by_count
+    # (of A, not of D: the comparisons pass no gradient, and D is read by the max alone,
+    # which then reads A: program_arrays._skip_detach)
+    tie = L.op("eq" if mode is None else "eq_nan", A, mk)
     if mode is None or isinstance(mode, str):  # ties share evenly
         # the picks' sum (-0.0) divided by the count: each tied element's gradient is
         # g / count, with no pass dividing every element

@@ -28,6 +28,13 @@ _cmp("gt", ">", np.greater)
 _cmp("ge", ">=", np.greater_equal)
 _cmp("eq", "==", np.equal)
 _cmp("ne", "!=", np.not_equal)
+# a == b, or both NaN: a max's ties in one test (the NaNs when the max is NaN), where
+# select(m != m, a != a, a == m) took three passes over the elements
+register("eq_nan", COMPARE, arity=2, saves=False,
+         np=lambda a, b: np.equal(a, b) | (np.isnan(a) & np.isnan(b)),
+         py=lambda a, b: 1.0 if (a == b or (a != a and b != b)) else 0.0,
+         nb="(1.0 if ({a} == {b} or ({a} != {a} and {b} != {b})) else 0.0)",
+         doc="a == b, or both NaN, as 1.0/0.0", via="a max's ties (traced programs)")
 register("logical_and", COMPARE, arity=2, saves=False, np=np.logical_and,
          py=lambda a, b: 1.0 if (a != 0.0 and b != 0.0) else 0.0,
          nb="(1.0 if ({a} != 0.0 and {b} != 0.0) else 0.0)", doc="a and b",
