@@ -170,12 +170,12 @@ class Buffer:
         xs = tuple(a.copy() for a in self.inputs)
         if self._grad:
             value, grad = prog.value_and_grad(*xs)
-            got = ((value,) if len(prog._code.outputs) == 1 else tuple(value)) + \
+            got = ((value,) if prog._code.single_out else tuple(value)) + \
                 ((grad,) if len(prog._code.inputs) == 1 else tuple(grad))
             got = got if self.out is not None else got[len(prog._code.outputs):]
         else:
             value = prog(*xs)
-            got = (value,) if len(prog._code.outputs) == 1 else tuple(value)
+            got = (value,) if prog._code.single_out else tuple(value)
         for (a, _), g in zip(self._results, got):
             a[...] = g
 

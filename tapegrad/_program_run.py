@@ -234,8 +234,9 @@ class _Running:
             value = buf[0][h.value_at]  # (a NumPy float: a copy)
         finally:
             free.append(buf)
-        return value if code.outputs[0][0] == () else np.full(code.outputs[0][0], value), \
-            h.get_hv(res)
+        value = value if code.outputs[0][0] == () else np.full(code.outputs[0][0], value)
+        # a function that returned ``(y,)``: the value as the general path gives it
+        return (value if code.single_out else (value,)), h.get_hv(res)
 
     def _batch(self, code, xs, grad):
         """``_one`` of a batch on the CPU: what the general path (``_run``, ``_wrap``) gives
@@ -383,7 +384,9 @@ class _Running:
         f, line, text, taken = code.sites[site]
         where = "" if sample is None else f" for sample {sample} of the batch"
         if self.retrace and self._fn is not None:
-            examples = [x.detach() if isinstance(x, Tensor) else x for x in xs]
+            # the function's own inputs: a derived program's (hvp's) come after them
+            examples = [x.detach() if isinstance(x, Tensor) else x
+                        for x in xs[:len(self._code.inputs)]]
             self._variants.append(_trace_code(self._fn, examples, self.strict))
             return
         hint = ("pass retrace=True to tapegrad.trace to trace and cache a variant for each "

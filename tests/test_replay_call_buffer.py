@@ -361,3 +361,58 @@ def test_one_sample_hvp_from_threads_at_once(prog):
     for t in threads:
         t.join()
     assert errors == []
+
+
+def _branchy(a, as_tuple):
+    y = (a * a * a).sum() if a[0] > 0 else (a * a).sum()
+    return (y,) if as_tuple else y
+
+
+def _torch_hvp(x, v):
+    fn = lambda a: _branchy(a, False)  # noqa: E731
+    return torch.autograd.functional.hvp(fn, torch.tensor(x), torch.tensor(v))
+
+
+def test_buffer_of_a_tuple_output_after_a_failed_guard_retraces_into_the_bound_arrays():
+    """A function returning ``(y,)``: the re-traced variant's value and gradient land in
+    the bound arrays (the value was wrapped in a second tuple: ValueError)."""
+    x = np.array([0.5, -1.2, 2.0])
+    p = tg.trace(lambda a: _branchy(a, True), x, retrace=True)
+    X, out, grad = x.copy(), np.empty(()), np.empty(3)
+    call = p.buffer(X, out=out, grad=grad)
+    call()
+    X[0] = -1.0
+    call()
+    t = torch.tensor(X, requires_grad=True)
+    (t * t).sum().backward()
+    assert out == pytest.approx(float((t * t).sum().detach()))
+    np.testing.assert_array_equal(grad, t.grad.numpy())
+    fwd = p.buffer(X, out=out)  # forward only, the same wrapping
+    X[0] = 2.0
+    fwd()
+    assert out == pytest.approx(float(np.sum(X ** 3)))
+
+
+def test_hvp_of_a_tuple_output_is_a_tuple_on_every_path():
+    x, v = np.array([0.5, -1.2, 2.0]), np.array([1.0, 2.0, -1.0])
+    p = tg.trace(lambda a: _branchy(a, True), x)
+    one = p.hvp(x, v)  # the one-sample path
+    general = p.hvp(tg.tensor(x), tg.tensor(v))  # the general path
+    assert isinstance(one[0], tuple) and isinstance(general[0], tuple)
+    assert one[0][0] == float(general[0][0])
+    np.testing.assert_array_equal(one[1], general[1].numpy())
+
+
+def test_hvp_of_a_retracing_program_traces_the_function_with_its_own_inputs():
+    """A failed guard re-traces with x alone (v was passed to the function too: TypeError)
+    and gives torch's Hessian-vector product of the other branch."""
+    x, v = np.array([0.5, -1.2, 2.0]), np.array([1.0, 2.0, -1.0])
+    p = tg.trace(lambda a: _branchy(a, False), x, retrace=True)
+    p.hvp(x, v)
+    xn = x.copy()
+    xn[0] = -1.0
+    for value, hv in (p.hvp(xn, v), p.hvp(xn[None], v[None])):  # one sample, a batch
+        want = _torch_hvp(xn, v)
+        assert np.asarray(value).ravel()[0] == pytest.approx(float(want[0]))
+        np.testing.assert_allclose(np.asarray(hv).reshape(-1), want[1].numpy(), rtol=1e-15)
+    assert len(p._variants) == 2
