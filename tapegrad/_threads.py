@@ -9,10 +9,12 @@ import time
 
 import numpy as np
 
-# one thread unless the user asks for more: on the 2-core machines measured, splitting a
-# pass never paid (idle: gmm's gradient 1.49 ms on one thread, 1.55 on two; the batched
-# 64-row Jacobian 206 us, 232 on two), because the caller waits for Python's lock around
-# each compiled call while a worker holds it (docs/gradbench.md)
+# one thread unless the user asks for more: with workers that take Python's lock around
+# each chunk, splitting a pass never paid on the 2-core machines measured (idle: gmm's
+# gradient 1.49 ms on one thread, 1.55 on two); with workers that wait and run compiled
+# chunks without it, gmm's 250,000-number pass took 49 us on one thread and 28 on two with
+# a free core, but the whole evaluations were not measured on an idle machine yet (at a
+# load of 4 to 5 on 2 cores no core is free and two threads lose; docs/gradbench.md)
 _num = [1]
 
 
@@ -20,16 +22,22 @@ def set_num_threads(n):
     """Set the number of threads tapegrad runs a large array pass on (as
     ``torch.set_num_threads``). 1 runs every pass on the calling thread.
 
-    Passes over 131,072 numbers or more (gmm's ``(k, d, n)`` broadcasts, products and their
-    gradients) are split into contiguous chunks, each computed as on one thread: the
-    result is the same, bit for bit, whatever the number of threads.
+    Large passes are split into contiguous chunks, each computed as on one thread: the
+    result is the same, bit for bit, whatever the number of threads. The compiled
+    broadcast passes and sums over a middle axis (gmm's and kmeans' ``(k, d, n)`` work)
+    over 32,768 numbers or more are split into up to 4 chunks a thread, which worker
+    threads run without Python's lock; NumPy's passes (products, sums over the last axis,
+    large additions) over 131,072 numbers or more into one chunk a thread. The calling
+    thread takes chunks too, and takes them all when the workers are late (a busy
+    machine); after a pass the workers did not speed up, passes run on the calling thread
+    alone for a while.
 
     Parameters
     ----------
     n : int
         A positive number of threads; the default is 1 (unlike torch's, which is the
-        number of cores: on the 2-core machines measured the threads did not pay, see
-        docs/gradbench.md).
+        number of cores: on the 2-core machines measured the threads have not been shown
+        to pay for a whole evaluation, see docs/gradbench.md).
 
     Examples
     --------
@@ -230,6 +238,36 @@ def jit_on():
     return _JIT[0]
 
 
+#: a pass on the workers must take less than ``PAYOFF`` times the caller's own pace (its
+#: chunks' CPU time a chunk, times the chunks); one that did not (on a machine whose other
+#: core is busy, a worker taken off its core mid-chunk kept the caller waiting: gmm's
+#: 250,000-number passes 2.4x slower at a load of 5 on 2 cores) makes the next 1, 2, 4 ...
+#: up to ``BACKOFF_MAX`` passes run on the calling thread alone, and one that met it ends
+#: the back-off
+PAYOFF = 0.95
+BACKOFF_MAX = 64
+_backoff = [0, 0]  # [passes still to run on the calling thread alone, the next back-off]
+_clock, _cpu_time = time.perf_counter, time.thread_time
+
+
+def _judge(t0, cpu, own, m):
+    """The back-off after a pass that took ``_clock() - t0`` where the caller ran ``own`` of
+    its ``m`` chunks in ``cpu`` seconds of CPU time."""
+    if own and _clock() - t0 > PAYOFF * cpu / own * m:
+        _backoff[1] = min(BACKOFF_MAX, max(1, 2 * _backoff[1]))
+        _backoff[0] = _backoff[1]
+    else:
+        _backoff[1] = 0
+
+
+def _alone():
+    """Whether this pass runs on the calling thread alone (a back-off)."""
+    if _backoff[0] > 0:
+        _backoff[0] -= 1
+        return True
+    return False
+
+
 def chunks_for(size, min_chunk, per_thread=1):
     """How many chunks a pass over ``size`` numbers is split into: ``per_thread`` per thread
     (the threads take them in turn: one late to start leaves its share to the others), each
@@ -248,14 +286,16 @@ def run_chunks(fn, m):
     context (NumPy's error state). Another pass already on the workers (a second user
     thread, or a pass inside a chunk) runs its chunks one after the other on its own
     thread: the same results. What a chunk raised is raised here once every chunk taken
-    has ended (the chunks not taken yet are not run)."""
-    if m <= 1 or not jit_on() or not _pool.busy.acquire(False):
+    has ended (the chunks not taken yet are not run). A pass the workers did not speed up
+    (``PAYOFF``) makes the next ones run on the calling thread alone for a while."""
+    if m <= 1 or not jit_on() or _alone() or not _pool.busy.acquire(False):
         for i in range(m):
             fn(i)
         return
     K = _k()
     pool = _pool
     try:
+        t0, cpu = _clock(), _cpu_time()
         pool.fn, pool.context, pool.errors = fn, contextvars.copy_context(), []
         pool.post(K.JOB_PY, m, min(_num[0], m))
         own, error = 0, None
@@ -270,12 +310,14 @@ def run_chunks(fn, m):
                 error = e
                 own += K.take_rest(pool.ctl)
                 break
+        cpu = _cpu_time() - cpu
         try:
             pool.finish(m, own)
         except BaseException as e:  # noqa: BLE001
             error = error or e
         if error is not None:
             raise error
+        _judge(t0, cpu, own, m)
     finally:
         pool.busy.release()
 
@@ -285,13 +327,14 @@ def run_compiled(kind, m, describe, *args):
     parameters written into the job by ``describe(ctl, *args)`` (compiled: the addresses
     and shapes of ``args``, C-contiguous arrays this call keeps alive): the calling thread
     and the workers take chunks in turn, the workers without Python's lock. Another call
-    already on the workers runs every chunk on its own thread. Returns False (nothing run)
-    without the JIT (``NUMBA_DISABLE_JIT``): the caller runs the pass itself."""
+    already on the workers, or one in a back-off (``run_chunks``), runs every chunk on its
+    own thread. Returns False (nothing run) without the JIT (``NUMBA_DISABLE_JIT``): the
+    caller runs the pass itself."""
     if not jit_on():
         return False
     K = _k()
     pool = _pool
-    if not pool.busy.acquire(False):
+    if _alone() or not pool.busy.acquire(False):
         ctl = np.zeros(64, dtype=np.int64)
         describe(ctl, *args)
         ctl[K.KIND] = kind
@@ -299,9 +342,13 @@ def run_compiled(kind, m, describe, *args):
         K.help_out(ctl)
         return True
     try:
+        t0, cpu = _clock(), _cpu_time()
         describe(pool.ctl, *args)
         pool.post(kind, m, min(_num[0], m))
-        pool.finish(m, K.help_out(pool.ctl))
+        own = K.help_out(pool.ctl)
+        cpu = _cpu_time() - cpu
+        pool.finish(m, own)
+        _judge(t0, cpu, own, m)
     finally:
         pool.busy.release()
     return True

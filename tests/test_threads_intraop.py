@@ -15,8 +15,10 @@ SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -1e308, 1e308])
 
 @pytest.fixture(autouse=True)
 def _threads_restored():
-    """Each test leaves the thread count as it found it."""
+    """Each test starts with no back-off (a loaded machine's earlier passes) and leaves the
+    thread count as it found it."""
     n = tg.get_num_threads()
+    _threads._backoff[:] = [0, 0]
     yield
     tg.set_num_threads(n)
 
@@ -482,3 +484,36 @@ def test_an_idle_worker_keeps_no_reference_to_its_last_job():
     del fn, held
     gc.collect()
     assert ref() is None
+
+
+def test_passes_run_alone_for_a_while_after_the_threads_did_not_pay(monkeypatch):
+    # a pass slower than the caller's own pace would be (a worker taken off its core: here
+    # the clock says so) makes the next 1, then 2, 4 ... passes (up to BACKOFF_MAX) run on
+    # the calling thread alone; a pass on time ends that. The results never change
+    tg.set_num_threads(2)
+    monkeypatch.setattr(_threads, "BACKOFF_MAX", 4)
+    monkeypatch.setattr(_threads, "_backoff", [0, 0])
+    slow = [True]
+    ticks = iter(range(0, 10 ** 9, 10 ** 6))  # (each reading a second after the last)
+    monkeypatch.setattr(_threads, "_clock", lambda: next(ticks) if slow[0] else 0.0)
+    posted = []
+    real = _threads.Pool.post
+    monkeypatch.setattr(_threads.Pool, "post", lambda self, *a, **k: posted.append(1) or
+                        real(self, *a, **k))
+    rng = np.random.default_rng(12)
+    x, y = rng.normal(size=(9, 7, 2001)), rng.normal(size=(9, 7, 1))
+    want = x - y
+
+    def run():
+        posted.clear()
+        assert _same_bits(K.rows_op(K.SUB, x, y), want)
+        return bool(posted)
+    ran = [run() for _ in range(8)]  # threads, alone, threads, alone x 2, threads, alone x 2
+    assert ran == [True, False, True, False, False, True, False, False], ran
+    assert _threads._backoff == [2, 4]
+    _threads._backoff[0] = 0
+    assert run() and _threads._backoff == [4, 4]  # (capped at BACKOFF_MAX)
+    slow[0] = False
+    _threads._backoff[0] = 0
+    assert run() and _threads._backoff == [0, 0]
+    assert run()
