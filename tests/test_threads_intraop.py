@@ -14,11 +14,13 @@ SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -1e308, 1e308])
 
 
 @pytest.fixture(autouse=True)
-def _threads_restored():
-    """Each test starts with no back-off (a loaded machine's earlier passes) and leaves the
-    thread count as it found it."""
+def _threads_restored(monkeypatch):
+    """Each test starts with no back-off (a loaded machine's earlier passes), never backs
+    off (a test's chunks wait for each other: slow passes) but where it says so, and leaves
+    the thread count as it found it."""
     n = tg.get_num_threads()
     _threads._backoff[:] = [0, 0]
+    monkeypatch.setattr(_threads, "PAYOFF", float("inf"))
     yield
     tg.set_num_threads(n)
 
@@ -178,7 +180,7 @@ def test_a_chunk_in_progress_is_waited_for_and_its_result_read_after():
         if threading.current_thread() is not threading.main_thread():
             started.set()
             time.sleep(0.05)  # (longer than the caller's spin)
-        else:
+        elif not out.any():  # (the caller's first chunk: a worker takes one meanwhile)
             started.wait(10)
         out[i] = i + 1
     for _ in range(3):
@@ -491,6 +493,7 @@ def test_passes_run_alone_for_a_while_after_the_threads_did_not_pay(monkeypatch)
     # the clock says so) makes the next 1, then 2, 4 ... passes (up to BACKOFF_MAX) run on
     # the calling thread alone; a pass on time ends that. The results never change
     tg.set_num_threads(2)
+    monkeypatch.setattr(_threads, "PAYOFF", 0.95)
     monkeypatch.setattr(_threads, "BACKOFF_MAX", 4)
     monkeypatch.setattr(_threads, "_backoff", [0, 0])
     slow = [True]
