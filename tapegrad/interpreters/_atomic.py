@@ -1,5 +1,6 @@
-"""Atomic loads and stores of int64 array items for compiled code (Numba has none on the
-CPU): the replay's threads signal each other through them without the GIL."""
+"""Atomic loads, stores, compare-and-swap and add on int64 array items for compiled code
+(Numba has none on the CPU): the worker threads (``_threads``) take chunks and signal each
+other through them without the GIL."""
 from __future__ import annotations
 
 from numba.core import cgutils, types

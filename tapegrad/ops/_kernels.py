@@ -2,8 +2,10 @@
 of broadcast operands, and a sum over the middle axis.
 Each gives NumPy's result bit for bit (one correctly rounded operation per element, the
 sum in NumPy's order) or None where it does not apply, for the NumPy path. Large passes
-run on ``get_num_threads()`` threads (``_threads.run_chunks``), each thread on its own
-contiguous chunk computed as one thread would: the same bits."""
+run on ``get_num_threads()`` threads (``_threads.run_compiled``, whose workers run these
+compiled passes without the GIL, and ``run_chunks`` for NumPy's), each chunk contiguous
+and computed as one thread would: the same bits. The compiled side of the threads'
+hand-over (``serve``, ``claim``) is here too, beside the passes it runs."""
 from __future__ import annotations
 
 import numpy as np
