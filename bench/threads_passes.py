@@ -1,10 +1,10 @@
-"""Intra-op threads, pass by pass: each threaded pass of gmm's gradient and the whole
-evaluation on 1 and on 2 threads, called in turn (``tapegrad.set_num_threads``), with the
-median and 10th percentile wall time and the CPU time per call. On a machine other
-processes load, a woken thread waits for a core: the CPU time and the low percentile say
-what the threads cost and save there (each pass measured without the back-off, the whole
-evaluation with it), and ``--idle`` keeps only the rounds (10 calls of
-each) during which the machine's cores were idle at least 35% of the time (Linux: from
+"""Intra-op threads, pass by pass: each threaded pass of gmm's gradient and of kmeans'
+Newton direction, and the whole evaluations, on 1 and on 2 threads, called in turn
+(``tapegrad.set_num_threads``), with the median and 10th percentile wall time and the CPU
+time per call (the process's: a worker's spin after its chunks counts). On a machine other
+processes load, a woken thread waits for a core: the low percentile says what the threads
+save where the core is there, and ``--idle`` keeps only the rounds (10 calls of each)
+during which the machine's cores were idle at least 35% of the time (Linux: from
 /proc/stat; on 2 cores, about one core free beside this process). From the repository
 root::
 
@@ -35,8 +35,12 @@ def _cases():
     x2 = rng.normal(size=(k, d, n))  # (x @ x^T itself: NumPy's syrk, another cost)
     g = np.broadcast_to(rng.normal(size=(k, 1, n)), (k, d, n))
     from tapegrad.bench.cases import gradbench_input
-    from tapegrad.bench.gradbench import gmm
+    from tapegrad.bench.gradbench import gmm, kmeans
     run, _ = gmm.prepare("jacobian", gradbench_input("gmm"), tg, False)
+    run_k, _ = kmeans.prepare("dir", gradbench_input("kmeans"), tg, False)
+    Pk, C = rng.normal(size=(1, 8, 1000)), rng.normal(size=(10, 8, 1))
+    xk = rng.normal(size=(10, 8, 1000))
+    gk = np.broadcast_to(rng.normal(size=(10, 1, 1000)), (10, 8, 1000))
     return {
         "x - mu (rows_op, forward)": lambda: K.rows_op(K.SUB, P, mu),
         "Q @ xc (forward)": lambda: K.matmul(Q, x),
@@ -48,6 +52,10 @@ def _cases():
                                              True),
         "x + x (par_ufunc)": lambda: _or(K.par_ufunc(np.add, x, x), np.add, x, x),
         "gmm jacobian, whole": run,
+        "km P - C (rows_op)": lambda: K.rows_op(K.SUB, Pk, C),
+        "km sum over d": lambda: K.sum_middle(xk, 1, False),
+        "km g*diff (rows_op MUL)": lambda: K.rows_op(K.MUL, gk, xk),
+        "kmeans dir, whole": run_k,
     }
 
 
@@ -65,13 +73,7 @@ def main():
     before = tg.get_num_threads()
     print(f"{args.reps} calls per thread count, in turn; wall median / 10th percentile, CPU "
           "per call" + (" (rounds on an idle machine only)" if args.idle else ""))
-    from tapegrad import _threads
-    shipped = _threads.BACKOFF, _threads.BACKOFF_MAX
     for name, f in _cases().items():
-        # the passes as the threads run them (no back-off: each pass on the workers), the
-        # whole evaluation as shipped
-        _threads.BACKOFF, _threads.BACKOFF_MAX = shipped if name.startswith("gmm") else (0, 0)
-        _threads._backoff[:] = [0, _threads.BACKOFF]
         wall, cpu, n = {1: [], 2: []}, {1: [], 2: []}, 0
         for th in (1, 2):
             tg.set_num_threads(th)
@@ -98,7 +100,7 @@ def main():
         if not n:
             print(f"{name:28s} no idle round")
             continue
-        print(f"{name:28s}" + "   ".join(
+        print(f"{name:26s}" + "  ".join(
             f"{th}T {np.median(wall[th]) * 1e6:7.1f} / {np.percentile(wall[th], 10) * 1e6:7.1f}"
             f" cpu {np.mean(cpu[th]) * 1e6:7.1f} us" for th in (1, 2)) + f"  ({n} calls)")
     tg.set_num_threads(before)

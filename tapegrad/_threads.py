@@ -3,15 +3,18 @@ the chunks of one large pass on persistent worker threads beside the calling thr
 from __future__ import annotations
 
 import contextvars
-import functools
 import os
 import threading
 import time
 
-# one thread unless the user asks for more: on the 2-core machines measured, splitting a
-# pass never paid (idle: gmm's gradient 1.49 ms on one thread, 1.55 on two; the batched
-# 64-row Jacobian 206 us, 232 on two), because the caller waits for Python's lock around
-# each compiled call while a worker holds it (docs/gradbench.md)
+import numpy as np
+
+# one thread unless the user asks for more: with workers that take Python's lock around
+# each chunk, splitting a pass never paid on the 2-core machines measured (idle: gmm's
+# gradient 1.49 ms on one thread, 1.55 on two); with workers that wait and run compiled
+# chunks without it, gmm's 250,000-number pass took 49 us on one thread and 28 on two with
+# a free core, but the whole evaluations were not measured on an idle machine yet (at a
+# load of 4 to 5 on 2 cores no core is free and two threads lose; docs/gradbench.md)
 _num = [1]
 
 
@@ -19,16 +22,22 @@ def set_num_threads(n):
     """Set the number of threads tapegrad runs a large array pass on (as
     ``torch.set_num_threads``). 1 runs every pass on the calling thread.
 
-    Passes over 131,072 numbers or more (gmm's ``(k, d, n)`` broadcasts, products and their
-    gradients) are split into contiguous chunks, each computed as on one thread: the
-    result is the same, bit for bit, whatever the number of threads.
+    Large passes are split into contiguous chunks, each computed as on one thread: the
+    result is the same, bit for bit, whatever the number of threads. The compiled
+    broadcast passes and sums over a middle axis (gmm's and kmeans' ``(k, d, n)`` work)
+    over 32,768 numbers or more are split into up to 4 chunks a thread, which worker
+    threads run without Python's lock; NumPy's passes (products, sums over the last axis,
+    large additions) over 131,072 numbers or more into one chunk a thread. The calling
+    thread takes chunks too, and takes them all when the workers are late (a busy
+    machine); after a pass the workers did not speed up, passes run on the calling thread
+    alone for a while.
 
     Parameters
     ----------
     n : int
         A positive number of threads; the default is 1 (unlike torch's, which is the
-        number of cores: on the 2-core machines measured the threads did not pay, see
-        docs/gradbench.md).
+        number of cores: on the 2-core machines measured the threads have not been shown
+        to pay for a whole evaluation, see docs/gradbench.md).
 
     Examples
     --------
@@ -58,82 +67,119 @@ def get_num_threads():
 
 
 class _Worker:
-    """A persistent thread that runs one job at a time, handed over with locks (a released
-    lock wakes a thread in about 10 us on 2 cores, a ThreadPoolExecutor's future in 28). A
-    job not taken yet can be withdrawn (``finish``): on a busy machine the caller runs the
-    chunk itself rather than wait for a thread to be scheduled."""
+    """A persistent thread that takes chunks of the pool's jobs: in compiled code, without
+    Python's lock (``_kernels.serve``: it spins ``SPIN_US`` for a chunk after its last
+    one), running a compiled job's chunks there and coming back to Python only for a
+    Python job's chunk (with the GIL, which the caller, inside its own chunk's compiled or
+    NumPy call, does not hold) or to sleep on a lock when no job came."""
 
-    def __init__(self):
-        self.go = threading.Lock()  # released: a job (or a withdrawn one) is waiting
+    def __init__(self, pool, index):
+        self.pool, self.index = pool, index
+        self.go = threading.Lock()  # released: wake up, a job was posted
         self.go.acquire()
-        self.done = threading.Lock()  # released: the job taken has finished
-        self.done.acquire()
-        self.mutex = threading.Lock()
-        self.job, self.pending, self.error = None, False, None
-        # a hand-over cut short (an exception, KeyboardInterrupt, inside post or finish):
-        # the locks may be out of step with the jobs, so the worker is never used again
-        self.broken = False
-        threading.Thread(target=self._loop, name="tapegrad-intraop", daemon=True).start()
+        self.sleeping = False  # (under pool.mutex) blocked on ``go``
+        threading.Thread(target=self._loop, name="tapegrad-worker", daemon=True).start()
 
     def _loop(self):
+        K = _k()
+        pool, index = self.pool, self.index
+        ctl = pool.ctl
         while True:
-            self.go.acquire()
-            with self.mutex:
-                self.pending = False
-                job, self.job = self.job, None
-            if job is None:  # withdrawn before this thread woke up
+            i = K.serve(ctl, index, spin_turns())
+            if i >= 0:  # a Python job's chunk, in a copy of the caller's context
+                try:
+                    pool.context.copy().run(pool.fn, i)
+                except BaseException as e:  # noqa: BLE001  raised in the caller
+                    pool.errors.append(e)
+                K.chunk_done(ctl)
                 continue
-            try:
-                job()
-            except BaseException as e:  # noqa: BLE001  raised in the caller by finish
-                self.error = e
-            job = None  # (the pass's arrays are not kept alive until the next job)
-            self.done.release()
-
-    def post(self, job):
-        self.broken = True  # (until the hand-over is complete)
-        with self.mutex:
-            self.job = job
-            wake, self.pending = not self.pending, True
-        if wake:  # else the thread has a wake-up coming and takes this job with it
-            self.go.release()
-        self.broken = False
-
-    def finish(self, job):
-        """True if ``job`` was withdrawn before the thread took it, else wait for it to end
-        (raising what it raised) and False."""
-        self.broken = True  # (until the job is withdrawn or its end is seen)
-        with self.mutex:
-            if self.job is job:
-                self.job = None
-                self.broken = False
-                return True
-        self.done.acquire()
-        self.broken = False
-        if self.error is not None:
-            e, self.error = self.error, None
-            raise e
-        return False
+            with pool.mutex:  # no job within the spin: sleep until one is posted
+                if pool.claimable(index):
+                    continue
+                self.sleeping = True
+            self.go.acquire()
 
 
 class Pool:
-    """Persistent workers of one kind and the lock held by the one call that uses them
-    (another call meanwhile runs on its own thread): ``run_chunks``' and
-    ``target="parallel"``'s (``replay_cpu``). A forked child starts with none: the parent's
-    threads are not in it."""
+    """The persistent workers, the job they share (``ctl``, laid out as ``_kernels.CLAIM``
+    and the names after it say) and the lock held by the one call that posts jobs to them
+    (another call meanwhile runs on its own thread): intra-op passes (``run_chunks``,
+    ``run_compiled``) and ``target="parallel"``'s batches (``replay_cpu``). A forked child
+    starts with none: the parent's threads are not in it."""
 
     def __init__(self):
-        self.workers, self.busy = [], threading.Lock()
+        self.workers, self.busy, self.mutex = [], threading.Lock(), threading.Lock()
+        self.ctl = np.zeros(64, dtype=np.int64)
+        self.seq = 0
+        self.fn, self.context, self.errors = None, None, []
         _pools.append(self)
+
+    def claimable(self, index):
+        """(Under ``mutex``) whether worker ``index`` may take a chunk of the job now."""
+        w = int(self.ctl[0])
+        return (w & _IDX_MASK) < ((w >> _IDX_BITS) & _IDX_MASK) and index < self.ctl[_ALLOWED]
+
+    def post(self, kind, chunks, threads, taken=0, later=False):
+        """Describe a job of ``chunks`` chunks (its parameters already in ``ctl``) for
+        ``threads - 1`` workers, started as needed, and wake those asleep; returns its
+        claim word (the caller's ``taken`` chunks, the first ones, counted as claimed) and
+        whether it is stored. With ``later`` the caller stores it (``run_block``'s signal,
+        once it let the GIL go, so a spinning worker does not wait for the GIL) unless a
+        worker sleeps: then now."""
+        K = _k()
+        workers = self.workers
+        while len(workers) < threads - 1:
+            workers.append(_Worker(self, len(workers)))
+        ctl = self.ctl
+        self.seq = seq = (self.seq + 1) & K.SEQ_MASK
+        word = (seq << (2 * K.IDX_BITS)) | (chunks << K.IDX_BITS) | taken
+        ctl[K.DONE] = 0
+        ctl[K.KIND] = kind
+        ctl[K.ALLOWED] = threads - 1
+        with self.mutex:
+            sleepers = [w for w in workers[:threads - 1] if w.sleeping] if later else None
+            if not later or sleepers:
+                K.publish(ctl, word)
+            for w in workers[:threads - 1]:
+                if w.sleeping:
+                    w.sleeping = False
+                    w.go.release()
+        return word, not later or bool(sleepers)
+
+    def finish(self, chunks, own):
+        """Wait for the workers' chunks of the job (all ``chunks`` but the caller's
+        ``own``), without the GIL, then raise what a chunk raised. Never cut short (a
+        KeyboardInterrupt meanwhile is raised after): a worker may still read the job's
+        arrays."""
+        K = _k()
+        ctl, interrupted, turns = self.ctl, None, spin_turns()
+        while True:
+            try:
+                while not K.wait_done(ctl, chunks - own, turns):
+                    os.sched_yield()  # (a worker taken off its core gets it back)
+                break
+            except BaseException as e:  # noqa: BLE001  a signal handler's, raised below
+                interrupted = interrupted or e
+        self.fn = self.context = None
+        errors, self.errors = self.errors, []
+        if interrupted is not None:
+            raise interrupted
+        if errors:
+            raise errors[0]
 
 
 _pools: list = []
+_IDX_BITS = 20
+_IDX_MASK = (1 << _IDX_BITS) - 1
+_ALLOWED = 17  # (_kernels.ALLOWED: this module cannot import it)
 
 
 def _reset_after_fork():
     for pool in _pools:
         pool.workers.clear()
-        pool.busy = threading.Lock()
+        pool.busy, pool.mutex = threading.Lock(), threading.Lock()
+        pool.ctl[:] = 0
+        pool.fn, pool.context, pool.errors = None, None, []
 
 
 if hasattr(os, "register_at_fork"):
@@ -141,92 +187,168 @@ if hasattr(os, "register_at_fork"):
 
 _pool = Pool()
 
+#: how long a worker spins for its next chunk, and the caller for the workers' last ones,
+#: before it sleeps (the worker, on a lock) or yields its core (the caller): the passes of
+#: one evaluation, and an optimization loop's next batch, come within it (20 to 30 us of
+#: Python between two calls), and a thread that spins longer on a busy machine takes the
+#: core from the one it waits for
+SPIN_US = 50
+_turns = [None]  # reads of ``wait_done`` a microsecond (measured once)
 
-#: passes run on the calling thread alone after a worker was late (``run_chunks``): not
-#: started while the caller ran its own chunk for ``LATE`` seconds or more (a shorter
-#: chunk can end before an idle core has woken a thread), or ended ``STALL`` seconds or
-#: more after the caller's (taken off its core midway), or the pass saved less than half
-#: the time of its chunks one after the other (``PAY_SLACK`` aside); doubled after each
-#: late pass that ends a back-off, up to ``BACKOFF_MAX``
-BACKOFF = 16
-BACKOFF_MAX = 1024
-LATE = 30e-6
-STALL = 200e-6
-PAY_SLACK = 10e-6
-_backoff = [0, BACKOFF]  # passes left on the calling thread alone, the next back-off
-def chunks_for(size, min_chunk):
-    """How many chunks a pass over ``size`` numbers is split into: one per thread, each of
-    ``min_chunk`` numbers or more (a smaller chunk costs more to hand over than it saves)."""
+
+def spin_turns():
+    """The turns of a spin of ``SPIN_US`` (0 without the JIT: a Python spin holds the GIL)."""
+    if _turns[0] is None:
+        K = _k()
+        if not hasattr(K.wait_done, "py_func"):
+            _turns[0] = 0
+        else:
+            ctl, best = np.zeros(64, dtype=np.int64), 1.0
+            ctl[K.DONE] = -1
+            K.wait_done(ctl, 0, 1)  # (compiled here, not on a worker)
+            for _ in range(5):  # the fastest of 5: a run the thread was not taken off
+                t0 = time.perf_counter()
+                K.wait_done(ctl, 0, 1 << 16)
+                best = min(best, time.perf_counter() - t0)
+            _turns[0] = max(1, int((1 << 16) / (best * 1e6 + 1e-9)))
+    return _turns[0] * SPIN_US
+
+
+_K = []  # the module ops._kernels, once imported (it imports this one)
+
+
+def _k():
+    """``ops._kernels``, where the hand-over's compiled side lives (imported on first use:
+    it imports this module; an import statement in each call cost 0.5 us)."""
+    if not _K:
+        from .ops import _kernels
+        _K.append(_kernels)
+        _JIT.append(hasattr(_kernels.serve, "py_func"))
+    return _K[0]
+
+
+_JIT = []  # whether the hand-over is compiled (``NUMBA_DISABLE_JIT=1``: jobs run serially)
+
+
+def jit_on():
+    """Whether the hand-over is compiled (``NUMBA_DISABLE_JIT=1``: jobs run on the caller,
+    as a Python spin would hold the GIL the worker needs)."""
+    if not _JIT:
+        _k()
+    return _JIT[0]
+
+
+#: a pass on the workers must take less than ``PAYOFF`` times the caller's own pace (its
+#: chunks' CPU time a chunk, times the chunks); one that did not (on a machine whose other
+#: core is busy, a worker taken off its core mid-chunk kept the caller waiting: gmm's
+#: 250,000-number passes 2.4x slower at a load of 5 on 2 cores) makes the next 1, 2, 4 ...
+#: up to ``BACKOFF_MAX`` passes run on the calling thread alone, and one that met it ends
+#: the back-off
+PAYOFF = 0.95
+BACKOFF_MAX = 64
+_backoff = [0, 0]  # [passes still to run on the calling thread alone, the next back-off]
+_clock, _cpu_time = time.perf_counter, time.thread_time
+
+
+def _judge(t0, cpu, own, m):
+    """The back-off after a pass that took ``_clock() - t0`` where the caller ran ``own`` of
+    its ``m`` chunks in ``cpu`` seconds of CPU time."""
+    if own and _clock() - t0 > PAYOFF * cpu / own * m:
+        _backoff[1] = min(BACKOFF_MAX, max(1, 2 * _backoff[1]))
+        _backoff[0] = _backoff[1]
+    else:
+        _backoff[1] = 0
+
+
+def _alone():
+    """Whether this pass runs on the calling thread alone (a back-off)."""
+    if _backoff[0] > 0:
+        _backoff[0] -= 1
+        return True
+    return False
+
+
+def chunks_for(size, min_chunk, per_thread=1):
+    """How many chunks a pass over ``size`` numbers is split into: ``per_thread`` per thread
+    (the threads take them in turn: one late to start leaves its share to the others), each
+    of ``min_chunk`` numbers or more (a smaller chunk costs more to hand over than it
+    saves)."""
     n = _num[0]
-    return 1 if n == 1 else max(1, min(n, size // min_chunk))
+    return 1 if n == 1 else max(1, min(n * per_thread, size // min_chunk))
 
 
 def run_chunks(fn, m):
-    """``fn(i)`` for each ``i`` in ``range(m)``: chunks 1 to m-1 handed to persistent worker
-    threads while the calling thread runs chunk 0, then any chunk no worker has started
-    yet is run by the caller too. Each ``fn(i)`` must write its own part of the result
-    (a NumPy pass with ``out=`` or a compiled ``nogil`` kernel, which let the other threads
-    run), in a copy of the caller's context (NumPy's error state). Another pass already on
-    the workers (a second user thread, or a pass inside a
-    chunk) runs its chunks one after the other on its own thread: the same results.
-
-    A worker that has not started its chunk by the time the caller ends its own (``LATE``
-    seconds or more), or that ends it long after (``STALL``), waits for a core other
-    processes hold: the next ``BACKOFF`` passes run on the calling thread alone (waking a
-    thread that then shares the caller's core costs more than it saves, and a worker taken
-    off its core midway makes the caller wait a scheduler's time slice), and the one after
-    tries the workers again; each late pass after a back-off doubles the next one, up to
-    ``BACKOFF_MAX``, and a pass on time resets it. So does a pass that saved less than
-    half the time of its chunks one after the other (the workers sharing the caller's
-    core, or waits for Python's lock, held by a worker taken off its core)."""
-    if m <= 1 or _backoff[0] > 0 or not _pool.busy.acquire(False):
-        if _backoff[0] > 0:
-            _backoff[0] -= 1
+    """``fn(i)`` for each ``i`` in ``range(m)``: the calling thread and the workers take
+    chunks in turn until none is left (the caller runs them all where no worker comes in
+    time), then the caller waits for the workers' chunks in progress. Each ``fn(i)`` must
+    write its own part of the result (a NumPy pass with ``out=`` or a compiled ``nogil``
+    kernel, which let the other threads run); a worker runs it in a copy of the caller's
+    context (NumPy's error state). Another pass already on the workers (a second user
+    thread, or a pass inside a chunk) runs its chunks one after the other on its own
+    thread: the same results. What a chunk raised is raised here once every chunk taken
+    has ended (the chunks not taken yet are not run). A pass the workers did not speed up
+    (``PAYOFF``) makes the next ones run on the calling thread alone for a while."""
+    if m <= 1 or not jit_on() or _alone() or not _pool.busy.acquire(False):
         for i in range(m):
             fn(i)
         return
+    K = _k()
+    pool = _pool
     try:
-        workers = _pool.workers
-        while len(workers) < m - 1:
-            workers.append(_Worker())
-        # each chunk runs in a copy of the caller's context: NumPy's error state (quiet,
-        # as tapegrad's passes are, or raising) is a context variable
-        jobs = [functools.partial(contextvars.copy_context().run, fn, i) for i in range(1, m)]
-        for w, job in zip(workers, jobs):
-            w.post(job)
-        error = None
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            fn(0)
-        except BaseException as e:  # noqa: BLE001  the workers' jobs are collected first
-            error = e
-        own, own_cpu = time.perf_counter() - t0, time.thread_time() - c0
-        late, waited = False, 0.0
-        for i, (w, job) in enumerate(zip(workers, jobs), 1):
+        t0, cpu = _clock(), _cpu_time()
+        pool.fn, pool.context, pool.errors = fn, contextvars.copy_context(), []
+        pool.post(K.JOB_PY, m, min(_num[0], m))
+        own, error = 0, None
+        while True:
+            i, _ = K.claim(pool.ctl)
+            if i < 0:
+                break
+            own += 1
             try:
-                t1 = time.perf_counter()
-                if w.finish(job):  # withdrawn: no core for the worker just now
-                    late = late or own > LATE
-                    if error is None:
-                        fn(i)
-                else:
-                    waited += time.perf_counter() - t1
-            except BaseException as e:  # noqa: BLE001
-                if error is None:
-                    error = e
-        # a pass that saved less than half of what the threads could (the chunks one after
-        # the other: m times the caller's CPU time): the workers share the caller's core,
-        # or it waited for Python's lock, held by a worker taken off its core
-        if late or waited > STALL or \
-                time.perf_counter() - t0 > (m + 1) / 2 * own_cpu + PAY_SLACK:
-            _backoff[0] = _backoff[1]
-            _backoff[1] = min(2 * _backoff[1], BACKOFF_MAX)
-        else:
-            _backoff[1] = BACKOFF
+                fn(i)
+            except BaseException as e:  # noqa: BLE001  raised once the workers' chunks end
+                error = e
+                own += K.take_rest(pool.ctl)
+                break
+        cpu = _cpu_time() - cpu
+        try:
+            pool.finish(m, own)
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
         if error is not None:
             raise error
+        _judge(t0, cpu, own, m)
     finally:
-        workers = _pool.workers
-        if any(w.broken for w in workers):
-            workers[:] = [w for w in workers if not w.broken]
-        _pool.busy.release()
+        pool.busy.release()
+
+
+def run_compiled(kind, m, describe, *args):
+    """A compiled job (``_kernels.JOB_ROWS``, ``JOB_SUM_MIDDLE``) of ``m`` chunks, its
+    parameters written into the job by ``describe(ctl, *args)`` (compiled: the addresses
+    and shapes of ``args``, C-contiguous arrays this call keeps alive): the calling thread
+    and the workers take chunks in turn, the workers without Python's lock. Another call
+    already on the workers, or one in a back-off (``run_chunks``), runs every chunk on its
+    own thread. Returns False (nothing run) without the JIT (``NUMBA_DISABLE_JIT``): the
+    caller runs the pass itself."""
+    if not jit_on():
+        return False
+    K = _k()
+    pool = _pool
+    if _alone() or not pool.busy.acquire(False):
+        ctl = np.zeros(64, dtype=np.int64)
+        describe(ctl, *args)
+        ctl[K.KIND] = kind
+        ctl[K.CLAIM] = m << K.IDX_BITS
+        K.help_out(ctl)
+        return True
+    try:
+        t0, cpu = _clock(), _cpu_time()
+        describe(pool.ctl, *args)
+        pool.post(kind, m, min(_num[0], m))
+        own = K.help_out(pool.ctl)
+        cpu = _cpu_time() - cpu
+        pool.finish(m, own)
+        _judge(t0, cpu, own, m)
+    finally:
+        pool.busy.release()
+    return True

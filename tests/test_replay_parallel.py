@@ -1,7 +1,8 @@
 """target="parallel": a batch's blocks on threads (``replay_cpu.run_parallel``) give the
 numbers of the serial batch, of single calls and of torch for every split of the samples
-(uneven blocks, fewer samples than threads, guards failing in some samples); the worker
-threads hand jobs over with locks, withdraw jobs they have not started and pass errors on."""
+(uneven blocks, fewer samples than threads, guards failing in some samples); the threads
+take blocks in turn (``_threads.Pool``), and a worker's error reaches the caller."""
+import contextvars
 import threading
 import time
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import tapegrad as tg
+from tapegrad import _threads
 from tapegrad.interpreters import replay_cpu
 
 torch = pytest.importorskip("torch")
@@ -126,10 +128,11 @@ def test_a_workers_error_reaches_the_caller_and_the_workers_live_on(progs, monke
         if threading.get_ident() != main:
             taken.set()
             raise FloatingPointError("in a worker")
-        # the caller's block waits for a worker to take the other one (on a loaded machine a
-        # worker can start after the caller has run every block, and its job is withdrawn)
+        # the caller's block (which stores the job's claim word) then waits for a worker to
+        # take another one (on a loaded machine a worker can start after the caller has
+        # taken every block)
+        real(*args)
         taken.wait(10.0)
-        return real(*args)
     X = np.random.default_rng(1).normal(size=(64, 5))
     par.value_and_grad(X)  # compiled and the workers started before the patch
     monkeypatch.setattr(replay_cpu, "run_block", failing)
@@ -139,35 +142,6 @@ def test_a_workers_error_reaches_the_caller_and_the_workers_live_on(progs, monke
             par.value_and_grad(X)
     monkeypatch.setattr(replay_cpu, "run_block", real)
     np.testing.assert_array_equal(par.value_and_grad(X)[1], prog.value_and_grad(X)[1])
-
-
-def test_a_job_not_taken_is_withdrawn_and_the_next_one_runs():
-    """``finish`` on a job the thread has not taken returns at once and the job never runs;
-    the thread's pending wake-up then takes the next job."""
-    w = replay_cpu._Worker(start=False)
-    ran = []
-    n1 = w.post(lambda: ran.append(1))
-    job1 = w.job
-    w.finish(job1, n1)  # not started: withdrawn
-    job2 = lambda: ran.append(2)  # noqa: E731
-    n2 = w.post(job2)  # the wake-up from job1's post is still pending: no second release
-    w.start()
-    _taken(w)
-    w.finish(job2, n2)  # taken: waits for it to end
-    assert ran == [2]
-    job3 = lambda: ran.append(3)  # noqa: E731
-    n3 = w.post(job3)
-    _taken(w)
-    w.finish(job3, n3)
-    assert ran == [2, 3]
-
-
-def _taken(w):
-    for _ in range(5000):
-        if w.job is None:
-            return
-        time.sleep(0.001)
-    raise AssertionError("the worker thread never took its job")
 
 
 def test_concurrent_parallel_batches_run_serially_while_the_workers_are_busy(progs):
@@ -220,39 +194,6 @@ def test_a_forked_child_starts_its_own_workers(progs):
             proc.kill()
 
 
-def test_a_spinning_worker_takes_the_next_job_without_its_lock():
-    """After a job the thread spins on the job counter (without the GIL) for a while: a
-    job posted then is taken without releasing its lock, and the caller's wait for it
-    spins too; with no spin (``turns`` 0) the thread sleeps on the lock and is woken."""
-    w = replay_cpu._Worker(start=False)
-    w.turns = 1 << 40  # spins until a job comes
-    w.start()
-    ran = []
-    for i in range(20):
-        job = lambda i=i: ran.append(i)  # noqa: E731
-        number = w.post(job)
-        _taken(w)
-        w.finish(job, number)
-        assert not w.sleeping and w.go.locked() and w.done.locked()
-    assert ran == list(range(20))
-    w.turns = 0  # let the thread sleep (it spins until the next job)
-    w.finish(ran.clear, w.post(ran.clear))
-    sleeper = replay_cpu._Worker(start=False)
-    sleeper.turns = 0
-    sleeper.start()
-    for i in range(5):
-        for _ in range(5000):  # the thread goes to sleep on its lock
-            if sleeper.sleeping:
-                break
-            time.sleep(0.001)
-        assert sleeper.sleeping
-        job = lambda i=i: ran.append(-i)  # noqa: E731
-        number = sleeper.post(job)
-        _taken(sleeper)
-        sleeper.finish(job, number)
-    assert ran == [0, -1, -2, -3, -4]
-
-
 @pytest.mark.parametrize("turns", [0, 1, 1 << 20])
 def test_handovers_by_lock_and_by_spin_give_the_serial_numbers(progs, monkeypatch, turns):
     """Parallel batches called back to back and with pauses (the worker spinning, asleep,
@@ -262,9 +203,9 @@ def test_handovers_by_lock_and_by_spin_give_the_serial_numbers(progs, monkeypatc
     X = np.random.default_rng(5).normal(size=(100, 5))
     want_v, want_g = prog.value_and_grad(X)
     par.value_and_grad(X)
-    monkeypatch.setattr(replay_cpu._pool, "workers", [])  # fresh workers with these turns
-    monkeypatch.setattr(replay_cpu, "_turns", turns)
-    monkeypatch.setattr(replay_cpu, "SPIN_US", 1)  # turns a worker spins: ``turns``
+    monkeypatch.setattr(_threads._pool, "workers", [])  # fresh workers with these turns
+    monkeypatch.setattr(_threads, "_turns", [turns])
+    monkeypatch.setattr(_threads, "SPIN_US", 1)  # turns a worker spins: ``turns``
     errors = []
 
     def work(seed):
@@ -317,11 +258,17 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
     want = prog.value_and_grad(X)[1]
     par.value_and_grad(X)  # compiled, the workers started
     real, main, slow = replay_cpu.run_block, threading.get_ident(), []
+    taken = threading.Event()
 
     def blocks(*args):
-        if (threading.get_ident() == main) == (slow == ["caller"]):
+        caller = threading.get_ident() == main
+        real(*args)  # (the caller's first block stores the job's claim word)
+        if not caller:
+            taken.set()
+        elif args[1].shape[0] and not taken.is_set():  # a worker takes a block (a loaded
+            taken.wait(10.0)  # machine's worker may start after the caller took them all)
+        if caller == (slow == ["caller"]):
             time.sleep(0.02)
-        return real(*args)
     monkeypatch.setattr(replay_cpu, "run_block", blocks)
     serial = []
     real_batch = replay_cpu.run_batch
@@ -330,6 +277,7 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
 
     def call():
         serial.clear()
+        taken.clear()
         np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
         return bool(serial)
     replay_cpu._pause[:] = [0, 0]
@@ -343,38 +291,62 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
     assert not call() and replay_cpu._pause == [0, 0]
 
 
-def test_a_job_posted_for_later_is_seen_from_the_callers_block(progs):
-    """``post(later=True)``: a spinning thread takes the job only once the caller's
-    ``run_block`` (GIL let go) stores its number; a sleeping thread is woken at once."""
+def test_a_job_posted_for_later_is_seen_from_the_callers_block(progs, monkeypatch):
+    """``post(later=True)``: a spinning worker takes the job only once the caller's
+    ``run_block`` (GIL let go) stores its claim word; a sleeping one is woken, and the word
+    stored, at once."""
     prog, _ = progs
     code = prog._code
     X = np.random.default_rng(8).normal(size=(4, 5))
     st, o, G = replay_cpu._outputs(X, code.out_slots, code.in_slots, True)
     W = replay_cpu._room(code.rows, 4)
-    w = replay_cpu._Worker(start=False)
-    w.turns = 1 << 40  # spins until a job comes
-    w.start()
+    pool = _threads._pool
+    monkeypatch.setattr(pool, "workers", [])
+    monkeypatch.setattr(_threads, "_turns", [1 << 16])  # (a spin of milliseconds)
+    K = _threads._k()
     ran = []
-    number = w.post(ran.clear, later=True)
-    time.sleep(0.05)
-    assert w.job is not None and w.flags[0] == 0  # not seen yet
-    replay_cpu.run_block(code.rows, X, code.out_slots, np.ones((4, 1)), code.in_slots, True,
-                         st, o, G, 0, 4, *W, w.flags, number)
-    _taken(w)
-    w.finish(ran.clear, number)
-    np.testing.assert_array_equal(G, prog.value_and_grad(X)[1])
-    w.turns = 0  # let the thread sleep
-    w.finish(ran.clear, w.post(ran.clear))
-    for _ in range(5000):
-        if w.sleeping:
+    assert pool.busy.acquire(False)
+    try:
+        pool.fn, pool.context = ran.append, contextvars.copy_context()
+        word, published = pool.post(K.JOB_PY, 2, 2, taken=1, later=True)
+        if not published:  # (the worker still spinning: it was not put to sleep)
+            time.sleep(0.01)
+            assert ran == [] and pool.ctl[K.CLAIM] != word  # not seen yet
+        replay_cpu.run_block(code.rows, X, code.out_slots, np.ones((4, 1)), code.in_slots,
+                             True, st, o, G, 0, 4, *W, pool.ctl, 0 if published else word)
+        pool.finish(2, _take_the_rest(K, pool, ran))
+        assert ran == [1]
+        np.testing.assert_array_equal(G, prog.value_and_grad(X)[1])
+        worker = pool.workers[0]
+        monkeypatch.setattr(_threads, "_turns", [0])  # (the next spin: none)
+        for _ in range(5000):  # the worker goes to sleep on its lock
+            if worker.sleeping:
+                break
+            time.sleep(0.001)
+        assert worker.sleeping
+        pool.fn, pool.context = ran.append, contextvars.copy_context()
+        word, published = pool.post(K.JOB_PY, 2, 2, taken=1, later=True)
+        assert published and pool.ctl[K.CLAIM] in (word, word + 1)  # asleep: stored now
+        pool.finish(2, _take_the_rest(K, pool, ran))
+        assert ran == [1, 1]
+    finally:
+        pool.busy.release()
+
+
+def _take_the_rest(K, pool, ran):
+    """The caller's part after its first chunk, as ``run_parallel`` does it: a chunk no
+    worker took after a while (one about to sleep when the job was posted sleeps through
+    it) is run here; returns the chunks the caller ran."""
+    own = 1
+    for _ in range(100):  # (a worker takes the chunk: usually)
+        if pool.ctl[K.CLAIM] & K.IDX_MASK == 2:
             break
         time.sleep(0.001)
-    job = lambda: ran.append(1)  # noqa: E731
-    number = w.post(job, later=True)  # asleep: woken now, no block needed
-    assert w.flags[0] == number
-    _taken(w)
-    w.finish(job, number)
-    assert ran == [1]
+    i, _ = K.claim(pool.ctl)
+    if i >= 0:
+        ran.append(i)
+        own += 1
+    return own
 
 
 NO_JIT = """
@@ -387,13 +359,14 @@ p.block = 2
 X = np.random.default_rng(0).normal(size=(9, 3))
 for _ in range(3):
     assert np.array_equal(p.value_and_grad(X)[1], s.value_and_grad(X)[1])
-print(R._turns)
+from tapegrad import _threads
+print(_threads.jit_on(), len(_threads._pool.workers))
 """
 
 
 def test_parallel_batches_without_the_jit():
-    """``NUMBA_DISABLE_JIT=1``: the handover runs without spinning (a Python spin would
-    hold the GIL) and without the atomic signal (run_block is Python there)."""
+    """``NUMBA_DISABLE_JIT=1``: batches run serially (the hand-over's spin, in Python,
+    would hold the GIL the worker needs), with the serial numbers."""
     import os
     import subprocess
     import sys
@@ -402,4 +375,4 @@ def test_parallel_batches_without_the_jit():
     out = subprocess.run([sys.executable, "-c", NO_JIT], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "0"
+    assert out.stdout.split() == ["False", "0"]

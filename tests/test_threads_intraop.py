@@ -1,6 +1,7 @@
 """Intra-op threads (``set_num_threads``): each pass split over threads gives the bits of one
 thread, forward and backward, from one user thread or several at once."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,11 +14,13 @@ SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -1e308, 1e308])
 
 
 @pytest.fixture(autouse=True)
-def _threads_restored():
-    """Each test starts with no back-off (a loaded machine's earlier passes) and leaves the
-    thread count as it found it."""
+def _threads_restored(monkeypatch):
+    """Each test starts with no back-off (a loaded machine's earlier passes), never backs
+    off (a test's chunks wait for each other: slow passes) but where it says so, and leaves
+    the thread count as it found it."""
     n = tg.get_num_threads()
-    _threads._backoff[:] = [0, _threads.BACKOFF]
+    _threads._backoff[:] = [0, 0]
+    monkeypatch.setattr(_threads, "PAYOFF", float("inf"))
     yield
     tg.set_num_threads(n)
 
@@ -42,10 +45,12 @@ def _numpys_bits(r, s):
 
 
 def _counted(monkeypatch):
-    """The chunk counts of the passes split over threads."""
+    """The chunk counts of the passes split over threads (NumPy's and compiled passes)."""
     counts = []
-    real = K.run_chunks
+    real, real_compiled = K.run_chunks, K.run_compiled
     monkeypatch.setattr(K, "run_chunks", lambda fn, m: counts.append(m) or real(fn, m))
+    monkeypatch.setattr(K, "run_compiled", lambda kind, m, *a: counts.append(m) or
+                        real_compiled(kind, m, *a))
     return counts
 
 
@@ -130,153 +135,129 @@ def test_run_chunks_raises_what_a_chunk_raised(where):
     assert sorted(seen) == [0, 1, 2]
 
 
-def test_late_worker_backs_off(monkeypatch):
-    # a chunk withdrawn (its worker busy: no core in time) runs on the caller, and the next
-    # BACKOFF passes run on the calling thread alone; the one after uses the workers again
-    import time
-    monkeypatch.setattr(_threads, "BACKOFF", 3)
-    monkeypatch.setattr(_threads, "_backoff", [0, 3])
-    monkeypatch.setattr(_threads, "PAY_SLACK", 1.0)  # (the pass's time: the other test)
-    monkeypatch.setattr(_threads, "LATE", 0.005)  # (the caller's chunk sleeps twice that)
-    _threads.run_chunks(lambda i: None, 2)  # (the worker exists)
+def test_a_worker_late_to_start_leaves_its_chunks_to_the_caller(monkeypatch):
+    # a worker that does not come (asleep, its wake-up late: its core busy) never makes the
+    # caller wait: the caller takes every chunk, and the worker, when it comes, finds none
+    tg.set_num_threads(2)
+    monkeypatch.setattr(_threads, "_turns", [0])  # (workers sleep at once)
+    monkeypatch.setattr(_threads._pool, "workers", [])
+    _threads.run_chunks(lambda i: None, 2)
     w = _threads._pool.workers[0]
-    release = threading.Event()
-    blocker = release.wait
-    w.post(blocker)
-    while w.job is not None:  # until the worker is inside the blocker
+    for _ in range(5000):
+        if w.sleeping:
+            break
         time.sleep(0.001)
-    _threads._backoff[:] = [0, 3]  # (the first pass may have found its new worker late)
-    names = []
+    assert w.sleeping
+    real, wakes = w.go, []
 
-    def fn(i):
-        names.append((i, threading.current_thread() is threading.main_thread()))
-        if i == 0:
-            time.sleep(2 * _threads.LATE)  # (a chunk of that length: the worker is late)
-    _threads.run_chunks(fn, 2)
-    release.set()
-    w.finish(blocker)
-    assert sorted(names) == [(0, True), (1, True)] and _threads._backoff[0] == 3
-    posted = []
-    real_post = _threads._Worker.post
-    monkeypatch.setattr(_threads._Worker, "post", lambda w, job: posted.append(1) or
-                        real_post(w, job))
-    for _ in range(3):
-        names.clear()
-        _threads.run_chunks(fn, 2)
-        assert sorted(names) == [(0, True), (1, True)]
-    assert not posted and _threads._backoff[0] == 0
-    _threads.run_chunks(fn, 2)
-    assert posted == [1]
-    _threads._backoff[0] = 0
+    class Late:  # the wake-up, held back
+        def release(self):
+            wakes.append(1)
+    w.go = Late()
+    seen = []
+    _threads.run_chunks(lambda i: seen.append((i, threading.get_ident())), 5)
+    assert sorted(seen) == [(i, threading.get_ident()) for i in range(5)] and wakes == [1]
+    w.go = real
+    real.release()  # the late wake-up: nothing left to take, it sleeps again
+    for _ in range(5000):
+        if w.sleeping:
+            break
+        time.sleep(0.001)
+    assert w.sleeping
+    seen.clear()
+    _threads.run_chunks(seen.append, 3)
+    assert sorted(seen) == [0, 1, 2]
 
 
-def test_stalled_worker_backs_off_doubling(monkeypatch):
-    # a worker that took its chunk but ends it long after the caller (taken off its core
-    # midway), a pass that saved little, backs off too; each late pass after a back-off
-    # doubles the next one (up to BACKOFF_MAX), a pass on time resets it
-    import time
-    monkeypatch.setattr(_threads, "BACKOFF", 2)
-    monkeypatch.setattr(_threads, "BACKOFF_MAX", 5)
-    monkeypatch.setattr(_threads, "_backoff", [0, 2])
-    _threads.run_chunks(lambda i: None, 2)  # (the worker exists)
-    _threads._backoff[:] = [0, 2]  # (that first pass may have been judged late)
-    taken = []
+def test_a_chunk_in_progress_is_waited_for_and_its_result_read_after():
+    # the caller ends its chunks while a worker is still in one: it waits (spinning, then
+    # yielding its core), and reads the result only after the worker's writes
+    tg.set_num_threads(2)
+    out = np.zeros(4)
     started = threading.Event()
 
     def fn(i):
-        if i == 1:
-            taken.append(threading.current_thread() is not threading.main_thread())
+        if threading.current_thread() is not threading.main_thread():
             started.set()
-            time.sleep(20 * _threads.STALL)
-        else:  # (the caller's chunk waits for the worker to start its own)
-            started.wait(1.0)
-    lengths = []
-    for _ in range(3):
-        _threads._backoff[0] = 0  # (each pass a probe)
-        started.clear()
-        _threads.run_chunks(fn, 2)
-        lengths.append(_threads._backoff[0])
-    assert taken == [True] * 3 and lengths == [2, 4, 5]
-    _threads._backoff[0] = 0
-    _threads.run_chunks(lambda i: None, 1)  # (one chunk: no workers, no change)
-    assert _threads._backoff == [0, 5]
-    # a pass on time (the thresholds out of reach: a loaded machine cannot make it late)
-    monkeypatch.setattr(_threads, "LATE", 3600.0)
-    monkeypatch.setattr(_threads, "STALL", 3600.0)
-    monkeypatch.setattr(_threads, "PAY_SLACK", 3600.0)
-    _threads._backoff[0] = 0
-    _threads.run_chunks(lambda i: None, 2)
-    assert _threads._backoff == [0, 2]
-
-
-def test_short_chunk_withdrawn_without_back_off(monkeypatch):
-    # a caller's chunk shorter than LATE: a withdrawn chunk says nothing of the machine's
-    # load (an idle core takes about that long to wake a thread), no back-off (the pass's
-    # time, the other test, aside)
-    monkeypatch.setattr(_threads, "_backoff", [0, _threads.BACKOFF])
-    monkeypatch.setattr(_threads, "PAY_SLACK", 1.0)
-    monkeypatch.setattr(_threads, "LATE", 0.5)  # (a loaded machine cannot make it late)
-    _threads.run_chunks(lambda i: None, 2)
-    import time
-    w = _threads._pool.workers[0]
-    release = threading.Event()
-    blocker = release.wait
-    w.post(blocker)
-    while w.job is not None:
-        time.sleep(0.001)
-    _threads._backoff[0] = 0
-    seen = []
-    _threads.run_chunks(seen.append, 2)
-    release.set()
-    w.finish(blocker)
-    assert sorted(seen) == [0, 1] and _threads._backoff[0] == 0
-
-
-def test_interrupted_wait_drops_the_worker():
-    # a wait for a worker's chunk cut short (KeyboardInterrupt) leaves its locks out of
-    # step with its jobs: that worker is never handed another chunk, and the next pass
-    # waits for every chunk it hands out (no result read before it is written)
-    import time
-    _threads.run_chunks(lambda i: None, 2)
-    w = _threads._pool.workers[0]
-    real = w.done
-
-    class Interrupting:
-        def acquire(self, *args):
-            raise KeyboardInterrupt
-
-        def release(self):
-            real.release()
-    started, release = threading.Event(), threading.Event()
-
-    def fn(i):
-        if i == 1:
-            started.set()
-            release.wait(5)
-        else:
-            started.wait(5)
-    w.done = Interrupting()
-    _threads._backoff[0] = 0
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            _threads.run_chunks(fn, 2)
-        assert w not in _threads._pool.workers
-    finally:
-        release.set()
-        if w in _threads._pool.workers:  # (a failed check: not left to the other tests)
-            _threads._pool.workers.remove(w)
-    _threads._backoff[0] = 0
-    out = np.zeros(2)
-
-    def slow(i):
-        if i == 1:
-            time.sleep(0.01)
+            time.sleep(0.05)  # (longer than the caller's spin)
+        elif not out.any():  # (the caller's first chunk: a worker takes one meanwhile)
+            started.wait(10)
         out[i] = i + 1
     for _ in range(3):
         out[:] = 0
-        _threads._backoff[0] = 0
-        _threads.run_chunks(slow, 2)
-        assert list(out) == [1, 2]
+        started.clear()
+        _threads.run_chunks(fn, 4)
+        assert list(out) == [1, 2, 3, 4]
+
+
+def test_an_interrupt_in_the_wait_waits_for_the_workers_chunks(monkeypatch):
+    # a KeyboardInterrupt while the caller waits for a worker's chunk is raised only once
+    # that chunk has ended (it writes the pass's result), and the pool serves the next pass
+    tg.set_num_threads(2)
+    started, ended = threading.Event(), []
+
+    def fn(i):
+        if threading.current_thread() is not threading.main_thread():
+            started.set()
+            time.sleep(0.05)
+            ended.append(i)
+        else:
+            started.wait(10)
+    calls = []
+
+    def interrupting():
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(_threads.os, "sched_yield", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        _threads.run_chunks(fn, 2)
+    assert ended and calls
+    monkeypatch.undo()
+    seen = []
+    _threads.run_chunks(seen.append, 3)
+    assert sorted(seen) == [0, 1, 2]
+
+
+def test_threads_over_the_count_stay_out():
+    # workers started for 3 threads take no chunk once the count is back to 2 (or 1)
+    tg.set_num_threads(3)
+    _threads.run_chunks(lambda i: time.sleep(0.001), 6)
+    assert len(_threads._pool.workers) >= 2
+    for n in (2, 1):
+        tg.set_num_threads(n)
+        who = set()
+        _threads.run_chunks(lambda i: (time.sleep(0.002), who.add(threading.get_ident())), 8)
+        assert len(who) <= n
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_runs_threaded_passes():
+    # the parent's workers are not in a forked child (nor their job): the child starts its
+    # own, with the parent's bits
+    import multiprocessing
+    tg.set_num_threads(2)
+    rng = np.random.default_rng(11)
+    x, y = rng.normal(size=(9, 7, 2001)), rng.normal(size=(9, 7, 1))
+    want = K.rows_op(K.SUB, x, y)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child_pass, args=(child, x, y))
+    proc.start()
+    try:
+        assert parent.poll(120), "the forked child's pass did not finish"
+        got = parent.recv()
+        assert _same_bits(got[0], want) and _same_bits(got[1], np.sum(x, 1)) and got[2] == 1
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+
+
+def _child_pass(conn, x, y):
+    tg.set_num_threads(2)
+    r = K.rows_op(K.SUB, x, y), K.sum_middle(x, 1, False)
+    conn.send(r + (len(_threads._pool.workers),))
 
 
 def test_run_chunks_nested_runs_inline():
@@ -290,17 +271,20 @@ def test_run_chunks_nested_runs_inline():
 
 # --- each threaded pass: the bits of one thread ------------------------------------------
 
-# (x shape, y shape) around the threshold: the result of PAR_MIN numbers is split, one less
-# is not; odd sizes, either operand broadcast, the split on the outer axis or the rows'
+# (x shape, y shape) around the thresholds: the result of PAR_MIN numbers is split (NumPy's
+# passes; JOB_EDGE for the compiled ones), one less is not; odd sizes, either operand
+# broadcast, the split on the outer axis or the rows'
 EDGE = K.PAR_MIN
+JOB_EDGE = 2 * K.JOB_MIN_CHUNK
 
 
 @pytest.mark.parametrize("xs, ys, split", [
     ((25, 10, 1000), (25, 10, 1), True), ((1, 10, 1000), (25, 10, 1), True),
     ((25, 10, 1), (1, 10, 1000), True), ((7, 11, 1703), (7, 1, 1703), True),
-    ((1, 2, EDGE // 2), (1, 2, 1), True), ((1, 2, EDGE // 2 - 1), (1, 2, 1), False),
-    ((2, 1, EDGE // 2), (2, 3, 1), True), ((EDGE // 64, 64), (EDGE // 64, 1), True),
-    ((EDGE // 64 - 1, 64), (EDGE // 64 - 1, 1), False), ((1, 1, 3 * EDGE), (2, 1, 1), True)])
+    ((1, 2, JOB_EDGE // 2), (1, 2, 1), True), ((1, 2, JOB_EDGE // 2 - 1), (1, 2, 1), False),
+    ((2, 1, JOB_EDGE // 2), (2, 3, 1), True), ((JOB_EDGE // 64, 64), (JOB_EDGE // 64, 1), True),
+    ((JOB_EDGE // 64 - 1, 64), (JOB_EDGE // 64 - 1, 1), False),
+    ((1, 1, 3 * JOB_EDGE), (2, 1, 1), True), ((1, 3, 77777), (1, 1, 1), True)])
 def test_rows_op_threads_bits(monkeypatch, xs, ys, split):
     counts = _counted(monkeypatch)
     rng = np.random.default_rng(sum(xs))
@@ -310,13 +294,14 @@ def test_rows_op_threads_bits(monkeypatch, xs, ys, split):
             _all_same(_by_threads(lambda: K.rows_op(op, x, y)), f(x, y))
             xb = np.broadcast_to(x, np.broadcast_shapes(xs, ys))  # an expanded operand
             _all_same(_by_threads(lambda: K.rows_op(op, xb, y)), f(xb, y))
-    assert bool(counts) == split and all(m in (2, 3) for m in counts)
+    assert bool(counts) == split and all(2 <= m <= 3 * K.JOB_PER_THREAD for m in counts)
 
 
 @pytest.mark.parametrize("shape, split", [((25, 10, 1000), True), ((3, 7, 9999), True),
-                                          ((2, 1, EDGE // 2), True), ((2, 3, EDGE // 6 - 1),
-                                                                        False),
-                                          ((EDGE // 64, 64), False)])  # (2 dims: one row)
+                                          ((2, 1, JOB_EDGE // 2), True),
+                                          ((2, 3, JOB_EDGE // 6 - 1), False),
+                                          ((10, 8, 1000), True),  # (kmeans' passes)
+                                          ((JOB_EDGE // 64, 64), False)])  # (2 dims: one row)
 def test_sum_middle_threads_bits(monkeypatch, shape, split):
     counts = _counted(monkeypatch)
     a = _specials(np.random.default_rng(shape[-1]), shape)
@@ -481,33 +466,57 @@ def test_user_threads_at_once():
             assert all(_same_bits(a, b) for a, b in zip(r, want[s]))
 
 
-def _last_job_released(worker, post, finish):
-    """Run one job on ``worker`` (taken by its thread, not withdrawn), then check that the
-    idle thread keeps nothing the job referenced alive."""
-    import gc
-    import weakref
-
-    class Held:
-        pass
-    held, ran = Held(), threading.Event()
-    ref = weakref.ref(held)
-
-    def job(h=held):
-        ran.set()
-    token = post(job)
-    assert ran.wait(30), "the worker never took the job"
-    finish(job, token)
-    del job, held
-    gc.collect()
-    return ref() is None
-
-
 def test_an_idle_worker_keeps_no_reference_to_its_last_job():
     # a worker's last job (its arrays: a pass's output, a batch's results) must not live
     # until the next one: after a backward, the tape's saved arrays were held by it
-    from tapegrad import _threads
-    from tapegrad.interpreters import replay_cpu
-    w = _threads._Worker()
-    assert _last_job_released(w, lambda job: w.post(job), lambda job, _: w.finish(job))
-    r = replay_cpu._Worker()
-    assert _last_job_released(r, r.post, r.finish)
+    import gc
+    import weakref
+    tg.set_num_threads(2)
+
+    class Held:
+        pass
+    held, ran = Held(), []
+    ref = weakref.ref(held)
+
+    def fn(i, h=held):
+        ran.append(threading.current_thread() is threading.main_thread())
+        if ran[-1]:
+            time.sleep(0.01)  # (the worker takes a chunk too)
+    _threads.run_chunks(fn, 2)
+    del fn, held
+    gc.collect()
+    assert ref() is None
+
+
+def test_passes_run_alone_for_a_while_after_the_threads_did_not_pay(monkeypatch):
+    # a pass slower than the caller's own pace would be (a worker taken off its core: here
+    # the clock says so) makes the next 1, then 2, 4 ... passes (up to BACKOFF_MAX) run on
+    # the calling thread alone; a pass on time ends that. The results never change
+    tg.set_num_threads(2)
+    monkeypatch.setattr(_threads, "PAYOFF", 0.95)
+    monkeypatch.setattr(_threads, "BACKOFF_MAX", 4)
+    monkeypatch.setattr(_threads, "_backoff", [0, 0])
+    slow = [True]
+    ticks = iter(range(0, 10 ** 9, 10 ** 6))  # (each reading a second after the last)
+    monkeypatch.setattr(_threads, "_clock", lambda: next(ticks) if slow[0] else 0.0)
+    posted = []
+    real = _threads.Pool.post
+    monkeypatch.setattr(_threads.Pool, "post", lambda self, *a, **k: posted.append(1) or
+                        real(self, *a, **k))
+    rng = np.random.default_rng(12)
+    x, y = rng.normal(size=(9, 7, 2001)), rng.normal(size=(9, 7, 1))
+    want = x - y
+
+    def run():
+        posted.clear()
+        assert _same_bits(K.rows_op(K.SUB, x, y), want)
+        return bool(posted)
+    ran = [run() for _ in range(8)]  # threads, alone, threads, alone x 2, threads, alone x 2
+    assert ran == [True, False, True, False, False, True, False, False], ran
+    assert _threads._backoff == [2, 4]
+    _threads._backoff[0] = 0
+    assert run() and _threads._backoff == [4, 4]  # (capped at BACKOFF_MAX)
+    slow[0] = False
+    _threads._backoff[0] = 0
+    assert run() and _threads._backoff == [0, 0]
+    assert run()

@@ -2,6 +2,7 @@
 or spread over cores by threads), and one sample with many seeds (Jacobians)."""
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 import time
@@ -10,8 +11,7 @@ import numba
 import numpy as np
 
 from .._jit import njit_cached
-from .._threads import Pool
-from . import _atomic
+from .. import _threads
 from ._bound import bound_in, bound_out
 from ._generated_replay import (  # noqa: F401  (run_fused: the entry of fused rows)
     HEADER, forward, reverse, reverse_multi, run_block, run_fused)
@@ -168,150 +168,6 @@ _NO_SIGNAL = np.zeros(1, dtype=np.int64)  # run_block's signal where no worker w
 _compiled = False  # run_block has run once in this process (compiled or loaded)
 
 
-@njit_cached(nogil=True)
-def _spin(flags, i, old, turns):
-    """Whether ``flags[i]`` changed from ``old`` within ``turns`` reads, without the GIL."""
-    for _ in range(turns):
-        if _atomic.load_acquire(flags, i) != old:
-            return True
-    return False
-
-
-@njit_cached(nogil=True)
-def _publish_and_spin(flags, done, turns):
-    """A worker's end of job ``done``: ``flags[1] = done`` stored once the GIL is released
-    (a caller spinning for it then takes the GIL at once, not after this thread's Python),
-    then ``_spin`` for the next job (``flags[0]`` past ``done``)."""
-    _atomic.store_release(flags, 1, done)
-    return _spin(flags, 0, done, turns)
-
-
-def _publish_py(flags, done, turns):
-    """``_publish_and_spin`` without the JIT (``NUMBA_DISABLE_JIT``): no spin."""
-    flags[1] = done
-    return False
-
-
-_turns = None  # turns of _spin a microsecond (0: no spinning, e.g. without the JIT)
-#: how long a thread spins for the other's signal before it sleeps on a lock: an optimization
-#: loop's next batch comes within it (20 to 30 us of Python between two calls), and a
-#: thread that spins longer on a busy machine takes the core from the one it waits for
-SPIN_US = 50
-
-
-def _spin_turns():
-    """``_spin``'s turns for ``SPIN_US``, measured once (it compiles here, not on a worker)."""
-    global _turns
-    if _turns is None:
-        if not hasattr(_spin, "py_func"):  # NUMBA_DISABLE_JIT: a Python spin holds the GIL
-            _turns = 0
-        else:
-            flags, best = np.zeros(2, dtype=np.int64), 1.0
-            _publish_and_spin(flags, 0, 0)  # (compiled here too, not on a worker)
-            _spin(flags, 0, 0, 1)
-            for _ in range(5):  # the fastest of 5: a run the thread was not taken off
-                t0 = time.perf_counter()
-                _spin(flags, 0, 0, 1 << 16)
-                best = min(best, time.perf_counter() - t0)
-            _turns = max(1, int((1 << 16) / (best * 1e6 + 1e-9)))
-    return _turns * SPIN_US
-
-
-class _Worker:
-    """A thread that runs one job at a time for ``run_parallel``. A job is handed over by a
-    counter the thread spins on (without the GIL) for ``SPIN_US`` after its last job, and
-    by a lock once it sleeps; the caller waits for the job's end the same way. A released
-    lock wakes a sleeping thread in about 10 us (2 cores, median; a ThreadPoolExecutor's
-    queue and futures 28 us), a 256-sample batch of 892 rows is 2 x 110 us of work, and an
-    optimization loop's next batch comes within the spin. A job the worker has not taken
-    yet can be withdrawn (``finish``), so a late start on a busy machine never makes the
-    caller wait for it."""
-
-    def __init__(self, start=True):
-        self.go = threading.Lock()  # released: a job for the sleeping thread
-        self.go.acquire()
-        self.done = threading.Lock()  # released: the job a sleeping caller waits for ended
-        self.done.acquire()
-        self.mutex = threading.Lock()
-        # [the last job posted, the last job finished] (numbers, read by _spin without the
-        # GIL); under ``mutex``, the same numbers as Python sees them (the flags come later)
-        self.flags = np.zeros(2, dtype=np.int64)
-        self.posted = self.finished = 0
-        self.job, self.error = None, None
-        self.sleeping = self.waiting = False  # the thread, the caller: blocked on a lock
-        self.turns = _spin_turns()
-        if start:
-            self.start()
-
-    def start(self):
-        threading.Thread(target=self._loop, name="tapegrad-replay", daemon=True).start()
-
-    def _loop(self):
-        flags, mutex, seen, spun = self.flags, self.mutex, 0, False
-        publish = _publish_and_spin if hasattr(_spin, "py_func") else _publish_py
-        while True:
-            # spun: the spin after the last job saw a new one
-            if not spun and not _spin(flags, 0, seen, self.turns):
-                with mutex:
-                    sleep = self.sleeping = self.posted == seen
-                if sleep:
-                    self.go.acquire()
-            with mutex:
-                seen = self.posted
-                job, self.job = self.job, None
-            spun = False
-            if job is None:  # withdrawn before this thread took it
-                continue
-            try:
-                job()
-            except BaseException as e:  # noqa: BLE001  raised in the caller by finish
-                self.error = e
-            job = None  # (the batch's arrays are not kept alive until the next job)
-            with mutex:
-                self.finished = seen  # for a caller that stopped spinning (flags[1] below)
-                wake, self.waiting = self.waiting, False
-            if wake:
-                self.done.release()
-            spun = publish(flags, seen, self.turns)
-
-    def post(self, job, later=False):
-        """Hand ``job`` to the thread; returns its number, for ``finish``. With ``later``,
-        a spinning thread sees it when the caller stores the number in ``flags[0]``
-        (``run_block``'s signal: once the caller has let the GIL go); a sleeping one is
-        woken now."""
-        with self.mutex:
-            self.job = job
-            self.posted += 1
-            number = self.posted
-            wake, self.sleeping = self.sleeping, False
-            if wake or not later:
-                self.flags[0] = number
-        if wake:
-            self.go.release()
-        return number
-
-    def finish(self, job, number):
-        """Withdraw ``job`` (``post``'s ``number``) if the thread has not taken it, else
-        wait for it to end; an exception it raised is raised here."""
-        flags = self.flags
-        with self.mutex:
-            if self.job is job:
-                self.job = None
-                return
-            old, finished = int(flags[1]), self.finished
-        if finished != number and not _spin(flags, 1, old, self.turns):
-            with self.mutex:
-                wait = self.waiting = self.finished != number
-            if wait:
-                self.done.acquire()
-        if self.error is not None:
-            e, self.error = self.error, None
-            raise e
-
-
-_pool = Pool()  # the workers of run_parallel
-
-
 #: row-samples (rows x samples) a batch needs for ``target="parallel"`` to spread it over
 #: threads: about 1 ns each (n=100 and n=1000 Rosenbrock, blocks of 64 to 128), so 60 us of
 #: work, where handing half of it to a worker (10 to 30 us to start one on a busy 2-core
@@ -333,12 +189,12 @@ def _spans(B, threads, block):
 #: the threads must make a batch at least this much faster than the caller's own pace
 #: would (its blocks' CPU time a sample, times the samples); a batch that missed it, on a
 #: machine whose other cores are busy, makes the next 1, 2, 4 ... up to ``PAUSE_MAX``
-#: batches run serially (a worker taken off its core mid-block kept the caller waiting:
-#: 0.4x the serial speed at 1,024 samples and a load of 4 on 2 cores), and one that met it
-#: ends the pause. A missed batch cost up to 2.5x a serial one there, so with pauses of 256
-#: the tries cost under 1% of a loop's time on a machine that stays busy
+#: batches run serially (a worker taken off its core mid-block keeps the caller waiting
+#: for that block), and one that met it ends the pause. The threads take blocks in turn,
+#: so a worker late to start costs no more than the serial batch: the pauses are short,
+#: and a loop whose machine became idle again is back on the threads within 16 batches
 PAYOFF = 0.95
-PAUSE_MAX = 256
+PAUSE_MAX = 16
 ADAPT = True  # False: every batch above the cut runs on the threads (the tests)
 _cpu_time = time.thread_time
 _pause = [0, 0]  # [batches still to run serially, the length of the next pause]
@@ -346,66 +202,67 @@ _pause = [0, 0]  # [batches still to run serially, the length of the next pause]
 
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     """``run_batch`` with the blocks spread over CPU cores: ``run_block`` releases the GIL,
-    so threads run blocks at once (``numba.get_num_threads()`` of them, this one among them;
-    each block writes its own rows of the results). While the threads do not pay
-    (``PAYOFF``), batches run serially for a while."""
+    so threads run blocks at once (``numba.get_num_threads()`` of them, this one among
+    them, the pool of ``_threads``; they take blocks in turn, each block writes its own
+    rows of the results). While the threads do not pay (``PAYOFF``), batches run serially
+    for a while."""
     global _compiled
     B = X.shape[0]
     n = min(numba.get_num_threads(), B)
-    if n < 2 or (ADAPT and _pause[0] > 0) or not _pool.busy.acquire(blocking=False):
-        # one thread, a pause, or another thread's batch has the workers (and the cores)
+    pool = _threads._pool
+    if n < 2 or not _compiled or not _threads.jit_on() or (ADAPT and _pause[0] > 0) \
+            or not pool.busy.acquire(blocking=False):
+        # one thread, the first batch (run_block compiles once, before threads call it),
+        # no JIT (the hand-over would spin holding the GIL), a pause, or another thread's
+        # batch has the workers (and the cores)
         if _pause[0] > 0:
             _pause[0] -= 1
+        _compiled = True
         return run_batch(rows, X, out_slots, S, in_slots, grad, block)
+    K = _threads._k()
     try:
         t_start = time.perf_counter()
         status, outs, G = _outputs(X, out_slots, in_slots, grad)
         spans = _spans(B, n, block)
         size = spans[0][1] - spans[0][0]
-        todo = iter(spans)
-        # the caller's samples and their CPU time (its wall time counts the time it was off
-        # its core, which a worker sharing that core took: a busy machine looked fast)
-        pace = [0, 0.0]
 
-        def blocks(pace=None, signal=_NO_SIGNAL, number=0):
-            W = _room(rows, size)
-            for b0, b1 in todo:  # the threads take the next block in turn (under the GIL)
-                t0 = 0.0 if pace is None else _cpu_time()
-                run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
-                          *W, signal, number)
-                number = 0
-                if pace is not None:
-                    pace[0] += b1 - b0
-                    pace[1] += _cpu_time() - t0
-
-        if not _compiled:  # one block here first: it compiles once, before threads call it
-            b0, b1 = next(todo)
+        def chunk(i):  # (a worker's, with the GIL: its room is its own)
+            b0, b1 = spans[i]
             run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
                       *_room(rows, size), _NO_SIGNAL, 0)
-            _compiled = True
-        workers = _pool.workers
-        while len(workers) < n - 1:
-            workers.append(_Worker())
-        helpers = workers[:min(n, len(spans)) - 1]
-        # the first worker sees its job from the caller's first block, without the GIL
-        # (compiled: without the JIT, run_block is Python, which cannot store atomically)
-        later = hasattr(run_block, "py_func")
-        numbers = [w.post(blocks, later=later and i == 0) for i, w in enumerate(helpers)]
+        ctl = pool.ctl
+        pool.fn, pool.context = chunk, contextvars.copy_context()
+        # the caller takes the first block; the workers see the job from inside it, once
+        # the caller has let the GIL go (compiled: run_block stores the claim word)
+        word, published = pool.post(K.JOB_PY, len(spans), n, taken=1, later=True)
+        W = _room(rows, size)
+        # the caller's samples and their CPU time (its wall time counts the time it was off
+        # its core, which a worker sharing that core took: a busy machine looked fast)
+        done, cpu, own = 0, 0.0, 1
         try:
-            blocks(pace, helpers[0].flags, numbers[0] if later else 0)
-        finally:
-            # a worker that has not started by now would find no block left: its job is
-            # withdrawn, not waited for (on a busy machine a start can take milliseconds)
-            for w, number in zip(helpers, numbers):
-                w.finish(blocks, number)
-        if pace[0] and time.perf_counter() - t_start > PAYOFF * pace[1] / pace[0] * B:
+            i, signal = 0, (_NO_SIGNAL, 0) if published else (ctl, word)
+            while i >= 0:
+                b0, b1 = spans[i]
+                t0 = _cpu_time()
+                run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
+                          *W, *signal)
+                cpu += _cpu_time() - t0
+                done += b1 - b0
+                signal = (_NO_SIGNAL, 0)
+                i, _ = K.claim(ctl)
+                own += i >= 0
+        except BaseException:
+            pool.finish(len(spans), own + K.take_rest(ctl))
+            raise
+        pool.finish(len(spans), own)
+        if time.perf_counter() - t_start > PAYOFF * cpu / done * B:
             _pause[1] = min(PAUSE_MAX, max(1, 2 * _pause[1]))
             _pause[0] = _pause[1]
         else:
             _pause[1] = 0
         return status, outs, G
     finally:
-        _pool.busy.release()
+        pool.busy.release()
 
 
 @njit_cached(error_model="numpy", nogil=True)

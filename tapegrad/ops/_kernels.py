@@ -2,15 +2,21 @@
 of broadcast operands, and a sum over the middle axis.
 Each gives NumPy's result bit for bit (one correctly rounded operation per element, the
 sum in NumPy's order) or None where it does not apply, for the NumPy path. Large passes
-run on ``get_num_threads()`` threads (``_threads.run_chunks``), each thread on its own
-contiguous chunk computed as one thread would: the same bits."""
+run on ``get_num_threads()`` threads (``_threads.run_compiled``, whose workers run these
+compiled passes without the GIL, and ``run_chunks`` for NumPy's), each chunk contiguous
+and computed as one thread would: the same bits. The compiled side of the threads'
+hand-over (``serve``, ``claim``) is here too, beside the passes it runs."""
 from __future__ import annotations
 
 import numpy as np
 
+from numba import carray
+
 from .. import _notice
 from .._jit import njit_cached
-from .._threads import chunks_for, run_chunks
+from .._threads import chunks_for, run_chunks, run_compiled
+from ..interpreters._atomic import (compare_swap, f64_pointer, fetch_add, load_acquire,
+                                    store_release)
 
 _F64 = np.dtype(np.float64)
 #: below this many result elements the call costs more than NumPy's slow loop
@@ -24,6 +30,11 @@ ADD, SUB, MUL, MUL2 = 0, 1, 2, 3
 MIN_CHUNK = 65536
 #: the smallest pass split over threads
 PAR_MIN = 2 * MIN_CHUNK
+#: the fewest numbers a chunk of a compiled pass (``rows_op``, ``sum_middle``) holds, and
+#: the chunks a thread: its workers take chunks without Python's lock, about 1 us after
+#: the caller posts them when they spin (see ``bench/threads_passes.py``)
+JOB_MIN_CHUNK = 16384
+JOB_PER_THREAD = 4
 
 
 def _bounds(n, m):
@@ -153,17 +164,9 @@ def rows_op(op, x, y):
     x3, y3 = _readonly(x3), _readonly(y3)
     # threads split the outer axis (gmm's and kmeans' k components), else the rows
     axis = 0 if out.shape[0] > 1 else 1
-    m = min(chunks_for(out.size, MIN_CHUNK), out.shape[axis])
-    if m == 1:
+    m = min(chunks_for(out.size, JOB_MIN_CHUNK, JOB_PER_THREAD), out.shape[axis])
+    if m == 1 or not run_compiled(JOB_ROWS, m, describe_rows, x3, y3, op, axis, out):
         _rows_op(x3, y3, op, out)
-    else:
-        b = _bounds(out.shape[axis], m)
-
-        def chunk(i):
-            s = slice(b[i], b[i + 1])
-            _rows_op(_span(x3, s, axis), _span(y3, s, axis), op, out[s] if axis == 0
-                     else out[:, s])
-        run_chunks(chunk, m)
     return out.reshape(shape)
 
 
@@ -202,12 +205,10 @@ def sum_middle(a, axis, keepdims):
     out = np.empty((a3.shape[0], n), dtype=_F64)
     if "kernels" in _notice.PENDING:
         _notice.announce("kernels")
-    m = min(chunks_for(a.size, MIN_CHUNK), a3.shape[0])
-    if m == 1:
+    # each output row summed by one thread, in the same order
+    m = min(chunks_for(a.size, JOB_MIN_CHUNK, JOB_PER_THREAD), a3.shape[0])
+    if m == 1 or not run_compiled(JOB_SUM_MIDDLE, m, describe_sum_middle, a3, out):
         _sum_middle(a3, out)
-    else:  # each output row summed by one thread, in the same order
-        b = _bounds(a3.shape[0], m)
-        run_chunks(lambda i: _sum_middle(a3[b[i]:b[i + 1]], out[b[i]:b[i + 1]]), m)
     shape = a.shape[:-2] + ((1,) if keepdims else ()) + (n,)
     return out.reshape(shape)
 
@@ -283,3 +284,156 @@ def sum_last(a, keepdims):
     b = _bounds(rows, m)
     run_chunks(lambda i: np.add.reduce(a2[b[i]:b[i + 1]], axis=1, out=out[b[i]:b[i + 1]]), m)
     return out.reshape(a.shape[:-1] + ((1,) if keepdims else ()))
+
+
+# --- the compiled side of the threads' hand-over (``_threads``) ---------------------------
+# A job is an int64 array ``ctl`` (``_threads.Pool.ctl``): the claim word at CLAIM (the
+# job's number, its chunk count and the next chunk to take, one word, so a thread that read
+# it took a chunk of that job or none), the chunks the workers finished at DONE (on its own
+# cache line), the kind of job at KIND and its arrays' addresses and shapes from PARAMS.
+# Worker threads take chunks here without Python's lock (``serve``); a Python job's chunk
+# (a NumPy call, a replay block) goes back to Python to be run.
+CLAIM, DONE, KIND, ALLOWED, PARAMS = 0, 8, 16, 17, 24
+IDX_BITS = 20
+IDX_MASK = (1 << IDX_BITS) - 1
+SEQ_MASK = (1 << 22) - 1
+#: kinds of job: chunks of a Python function, of ``_rows_op``, of ``_sum_middle``
+JOB_PY, JOB_ROWS, JOB_SUM_MIDDLE = 0, 1, 2
+
+
+@njit_cached(nogil=True)
+def _operand(ctl, at):  # pragma: no cover (compiled)
+    return carray(f64_pointer(ctl[at]), (ctl[at + 1], ctl[at + 2], ctl[at + 3]))
+
+
+@njit_cached(nogil=True)
+def _run_chunk(ctl, i, m):  # pragma: no cover (compiled)
+    # chunk i of m: the span n * i // m to n * (i + 1) // m of the split axis, computed as
+    # the whole pass computes it (elementwise, or a sum per output row in its order)
+    kind = ctl[KIND]
+    if kind == JOB_ROWS:
+        op, axis = ctl[PARAMS], ctl[PARAMS + 1]
+        x, y = _operand(ctl, PARAMS + 2), _operand(ctl, PARAMS + 6)
+        out = _operand(ctl, PARAMS + 10)
+        n = out.shape[axis]
+        lo, hi = n * i // m, n * (i + 1) // m
+        if axis == 0:
+            xs = x[lo:hi] if x.shape[0] > 1 else x[:]
+            ys = y[lo:hi] if y.shape[0] > 1 else y[:]
+            _rows_op(xs, ys, op, out[lo:hi])
+        else:
+            xs = x[:, lo:hi] if x.shape[1] > 1 else x[:, :]
+            ys = y[:, lo:hi] if y.shape[1] > 1 else y[:, :]
+            _rows_op(xs, ys, op, out[:, lo:hi])
+    elif kind == JOB_SUM_MIDDLE:
+        a = _operand(ctl, PARAMS)
+        out = carray(f64_pointer(ctl[PARAMS + 4]), (a.shape[0], a.shape[2]))
+        n = a.shape[0]
+        lo, hi = n * i // m, n * (i + 1) // m
+        _sum_middle(a[lo:hi], out[lo:hi])
+
+
+@njit_cached(nogil=True)
+def describe_rows(ctl, x, y, op, axis, out):  # pragma: no cover (compiled)
+    """``_rows_op(x, y, op, out)`` (C-contiguous arrays of 3 dims) as a job split on
+    ``axis``."""
+    ctl[PARAMS], ctl[PARAMS + 1] = op, axis
+    ctl[PARAMS + 2] = x.ctypes.data
+    ctl[PARAMS + 3], ctl[PARAMS + 4], ctl[PARAMS + 5] = x.shape
+    ctl[PARAMS + 6] = y.ctypes.data
+    ctl[PARAMS + 7], ctl[PARAMS + 8], ctl[PARAMS + 9] = y.shape
+    ctl[PARAMS + 10] = out.ctypes.data
+    ctl[PARAMS + 11], ctl[PARAMS + 12], ctl[PARAMS + 13] = out.shape
+
+
+@njit_cached(nogil=True)
+def describe_sum_middle(ctl, a, out):  # pragma: no cover (compiled)
+    """``_sum_middle(a, out)`` (C-contiguous) as a job split on the first axis."""
+    ctl[PARAMS] = a.ctypes.data
+    ctl[PARAMS + 1], ctl[PARAMS + 2], ctl[PARAMS + 3] = a.shape
+    ctl[PARAMS + 4] = out.ctypes.data
+
+
+@njit_cached(nogil=True)
+def claim(ctl):  # pragma: no cover (compiled)
+    """A chunk of the posted job taken for this thread: (its index, the chunk count), or
+    (-1, 0) when every chunk is taken."""
+    while True:
+        w = load_acquire(ctl, CLAIM)
+        i, m = w & IDX_MASK, (w >> IDX_BITS) & IDX_MASK
+        if i >= m:
+            return -1, 0
+        if compare_swap(ctl, CLAIM, w, w + 1) == w:
+            return i, m
+
+
+@njit_cached(nogil=True)
+def serve(ctl, worker, turns):  # pragma: no cover (compiled)
+    """A worker thread's loop: the chunks of compiled jobs run here, without the GIL, until
+    ``turns`` reads in a row found no chunk to take; returns -1 then, or the index of a
+    Python job's chunk this thread took (run by the caller of ``serve``, which then calls
+    ``chunk_done``). Worker ``worker`` takes chunks while the job allows that many
+    (``ALLOWED``: threads over ``set_num_threads`` stay out)."""
+    idle = 0
+    while idle <= turns:  # (one look at least)
+        w = load_acquire(ctl, CLAIM)
+        i, m = w & IDX_MASK, (w >> IDX_BITS) & IDX_MASK
+        if i < m and worker < load_acquire(ctl, ALLOWED):
+            if compare_swap(ctl, CLAIM, w, w + 1) != w:
+                continue
+            if load_acquire(ctl, KIND) == JOB_PY:
+                return i
+            _run_chunk(ctl, i, m)
+            fetch_add(ctl, DONE, 1)
+            idle = 0
+        else:
+            idle += 1
+    return -1
+
+
+@njit_cached(nogil=True)
+def help_out(ctl):  # pragma: no cover (compiled)
+    """The posting thread's share of a compiled job: chunks taken and run until none is
+    left; returns how many it ran."""
+    own = 0
+    while True:
+        i, m = claim(ctl)
+        if i < 0:
+            return own
+        _run_chunk(ctl, i, m)
+        own += 1
+
+
+@njit_cached(nogil=True)
+def chunk_done(ctl):  # pragma: no cover (compiled)
+    """A worker's Python chunk ended (its writes before this store)."""
+    fetch_add(ctl, DONE, 1)
+
+
+@njit_cached(nogil=True)
+def wait_done(ctl, count, turns):  # pragma: no cover (compiled)
+    """Whether the workers' finished chunks reached ``count`` within ``turns`` reads (one
+    at least)."""
+    for _ in range(max(turns, 1)):
+        if load_acquire(ctl, DONE) >= count:
+            return True
+    return False
+
+
+@njit_cached(nogil=True)
+def publish(ctl, word):  # pragma: no cover (compiled)
+    """The claim word stored after the job's description (seen by a worker's acquire)."""
+    store_release(ctl, CLAIM, word)
+
+
+@njit_cached(nogil=True)
+def take_rest(ctl):  # pragma: no cover (compiled)
+    """Every chunk not taken yet, taken (a failed job's rest, never run); returns how
+    many."""
+    while True:
+        w = load_acquire(ctl, CLAIM)
+        i, m = w & IDX_MASK, (w >> IDX_BITS) & IDX_MASK
+        if i >= m:
+            return 0
+        if compare_swap(ctl, CLAIM, w, w - i + m) == w:
+            return m - i
