@@ -499,6 +499,12 @@ def test_passes_run_alone_for_a_while_after_the_threads_did_not_pay(monkeypatch)
     slow = [True]
     ticks = iter(range(0, 10 ** 9, 10 ** 6))  # (each reading a second after the last)
     monkeypatch.setattr(_threads, "_clock", lambda: next(ticks) if slow[0] else 0.0)
+    # the caller's own chunks judged as if it took one or more (a caller that loads a
+    # kernel or is descheduled while the workers take every chunk is not judged: here
+    # the clock alone must decide)
+    judge = _threads._judge
+    monkeypatch.setattr(_threads, "_judge", lambda t0, cpu, own, m:
+                        judge(t0, max(cpu, 1e-9), max(own, 1), m))
     posted = []
     real = _threads.Pool.post
     monkeypatch.setattr(_threads.Pool, "post", lambda self, *a, **k: posted.append(1) or
