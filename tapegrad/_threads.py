@@ -94,7 +94,9 @@ class _Worker:
                 K.chunk_done(ctl)
                 continue
             with pool.mutex:  # no job within the spin: sleep until one is posted
-                if pool.claimable(index):
+                # (or spin again: a job whose claim word the caller stores later, from
+                # inside its first block, would never wake a thread asleep by then)
+                if pool.claimable(index) or pool.coming:
                     continue
                 self.sleeping = True
             self.go.acquire()
@@ -112,6 +114,7 @@ class Pool:
         self.ctl = np.zeros(64, dtype=np.int64)
         self.seq = 0
         self.fn, self.context, self.errors = None, None, []
+        self.coming = False  # (under mutex) a job posted ``later``, not finished yet
         _pools.append(self)
 
     def claimable(self, index):
@@ -140,6 +143,8 @@ class Pool:
             sleepers = [w for w in workers[:threads - 1] if w.sleeping] if later else None
             if not later or sleepers:
                 K.publish(ctl, word)
+            else:  # stored by the caller soon: a worker leaving its spin now spins again
+                self.coming = True
             for w in workers[:threads - 1]:
                 if w.sleeping:
                     w.sleeping = False
@@ -161,6 +166,9 @@ class Pool:
             except BaseException as e:  # noqa: BLE001  a signal handler's, raised below
                 interrupted = interrupted or e
         self.fn = self.context = None
+        if self.coming:
+            with self.mutex:
+                self.coming = False
         errors, self.errors = self.errors, []
         if interrupted is not None:
             raise interrupted
@@ -180,6 +188,7 @@ def _reset_after_fork():
         pool.busy, pool.mutex = threading.Lock(), threading.Lock()
         pool.ctl[:] = 0
         pool.fn, pool.context, pool.errors = None, None, []
+        pool.coming = False
 
 
 if hasattr(os, "register_at_fork"):

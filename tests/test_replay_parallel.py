@@ -265,8 +265,8 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
         real(*args)  # (the caller's first block stores the job's claim word)
         if not caller:
             taken.set()
-        elif args[1].shape[0] and not taken.is_set():  # a worker takes a block (a loaded
-            taken.wait(10.0)  # machine's worker may start after the caller took them all)
+        elif args[1].shape[0] and not serial and not taken.is_set():  # a worker takes a
+            taken.wait(10.0)  # block (a loaded machine's may start after the caller's)
         if caller == (slow == ["caller"]):
             time.sleep(0.02)
     monkeypatch.setattr(replay_cpu, "run_block", blocks)

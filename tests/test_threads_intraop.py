@@ -526,3 +526,33 @@ def test_passes_run_alone_for_a_while_after_the_threads_did_not_pay(monkeypatch)
     _threads._backoff[0] = 0
     assert run() and _threads._backoff == [0, 0]
     assert run()
+
+
+def _wait_until(cond, seconds=5.0):
+    end = time.perf_counter() + seconds
+    while not cond() and time.perf_counter() < end:
+        time.sleep(0.001)
+    return cond()
+
+
+def test_a_worker_leaving_its_spin_while_a_job_is_coming_spins_again():
+    """A job posted ``later`` (the caller stores its claim word from inside its first
+    block) finds no thread asleep, so it wakes none: a worker then leaving its spin must
+    not sleep through it, but spin again until the job ends (``Pool.coming``)."""
+    if not _threads.jit_on():
+        pytest.skip("the hand-over is compiled only with the JIT")
+    tg.set_num_threads(2)
+    pool = _threads._pool
+    _threads.run_chunks(lambda i: None, 2)  # the worker started
+    w = pool.workers[0]
+    assert _wait_until(lambda: w.sleeping)  # no job: asleep after its spin
+    with pool.mutex:
+        pool.coming = True
+        w.sleeping = False
+        w.go.release()
+    time.sleep(0.02)  # 400 spins' time: it left its spin many times
+    assert not w.sleeping
+    with pool.mutex:
+        pool.coming = False  # (as finish does)
+    assert _wait_until(lambda: w.sleeping)
+    assert pool.coming is False
