@@ -8,6 +8,7 @@ import numpy as np
 
 from ._program_code import _F64
 from .interpreters import _bound
+from .interpreters import replay_cpu as _cpu
 
 _ND = np.ndarray
 
@@ -135,7 +136,10 @@ class Buffer:
         for a, o in self._results:
             desc += [a.ctypes.data, a.size, o]
         work = np.concatenate([work, np.array(desc, dtype=np.float64)])
-        self._entry = partial(run, rows, work, res)
+        # the entry that copies the bound arrays in and out: of the rows as traced, or of
+        # superinstructions (``tier_up``)
+        bound = _cpu.run_bound if rows is code.arows else _cpu.run_bound_fused
+        self._entry = partial(_cpu.entry(rows, work, bound), rows, work, res)
 
     def _copying(self):
         """``_entry`` in Python: the inputs copied in, the entry, the results copied out

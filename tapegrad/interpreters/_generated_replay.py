@@ -7,7 +7,6 @@ import math
 import numpy as np
 
 from .._jit import njit_cached
-from ._bound import bound_in, bound_out
 
 LEAF = 0
 CONST = 1
@@ -240,10 +239,7 @@ def run_fused(rows, work, res):
     xo = slots + nout + nin  # the inputs, then the values, then the adjoints
     x = work[xo:xo + nx]
     v = work[xo + nx:xo + nx + n]
-    end = xo + nx + 2 * n  # a bound call's arrays past it (``_bound``, ``Program.buffer``)
-    bound = work.shape[0] > end
-    if bound:
-        bound_in(work, end, x)
+    end = xo + nx + 2 * n  # a bound call's arrays past it (``replay_cpu.run_bound_fused``)
     status = 0
     kk = 0
     while kk < n:
@@ -368,8 +364,6 @@ def run_fused(rows, work, res):
     for i in range(nout):
         res[i] = v[int(work[slots + i])]
     if res.shape[0] == nout or status != 0:
-        if bound and status == 0:
-            bound_out(work, end, res)
         return status
     adj = work[xo + nx + n:end]
     adj[:] = 0.0
@@ -545,8 +539,6 @@ def run_fused(rows, work, res):
         kk -= 1
     for i in range(nin):
         res[nout + i] = adj[int(work[slots + nout + i])]
-    if bound:
-        bound_out(work, end, res)
     return 0
 
 

@@ -41,9 +41,7 @@ def run_into(rows, work, res):
     s = HEADER + m  # the output slots, then the input slots
     o = s + m + p  # the inputs, then the values, then the adjoints
     v = work[o + nx:o + nx + n]
-    end = o + nx + 2 * n  # a bound call's arrays past it (``_bound``, ``Program.buffer``)
-    if work.shape[0] > end:
-        bound_in(work, end, work[o:o + nx])
+    end = o + nx + 2 * n  # a bound call's arrays past it (``run_bound``)
     status = forward(rows, work[o:o + nx], v)
     for i in range(m):
         res[i] = v[int(work[s + i])]
@@ -61,9 +59,42 @@ def run_into(rows, work, res):
         reverse(rows[:top + 1], v, adj)
         for i in range(p):
             res[m + i] = adj[int(work[s + m + i])]
-    if work.shape[0] > end and status == 0:
+    return status
+
+
+# A bound call (``Program.buffer``) in one compiled call: its inputs copied in from the
+# arrays' addresses kept past ``work``'s adjoints (``_bound``), the entry, its results copied
+# out. Entries of their own, compiled only for a program bound to arrays: inside
+# ``run_into`` the copies cost every program's first call 0.3 s of cold compile.
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_bound(rows, work, res):
+    """``run_into`` of a bound call."""
+    end = _bound_end(rows, work)
+    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
+    status = run_into(rows, work, res)
+    if status == 0:
         bound_out(work, end, res)
     return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_bound_fused(rows, work, res):
+    """``run_fused`` of a bound call."""
+    end = _bound_end(rows, work)
+    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
+    status = run_fused(rows, work, res)
+    if status == 0:
+        bound_out(work, end, res)
+    return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def _bound_end(rows, work):
+    """Where a bound call's arrays start in ``work`` (past the inputs, values and adjoints
+    laid out as ``HEADER`` says)."""
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    return HEADER + 2 * m + p + nx + 2 * rows.shape[0]
 
 
 def entry(rows, work, fn=None):
