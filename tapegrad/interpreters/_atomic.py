@@ -7,6 +7,13 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 
+def _item(context, builder, sig, args):
+    """The pointer to ``flags[i]`` (the first two arguments) in an intrinsic's code."""
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
+                                    wraparound=False)
+
+
 @intrinsic
 def load_acquire(typingctx, flags, i):
     """``flags[i]`` (int64) read by an atomic load: a loop that waits for another thread's
@@ -16,9 +23,7 @@ def load_acquire(typingctx, flags, i):
         return None
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
-                                       wraparound=False)
+        ptr = _item(context, builder, sig, args)
         return builder.load_atomic(ptr, "acquire", 8)
 
     return types.int64(flags, i), codegen
@@ -33,9 +38,7 @@ def store_release(typingctx, flags, i, value):
         return None
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
-                                       wraparound=False)
+        ptr = _item(context, builder, sig, args)
         v = context.cast(builder, args[2], sig.args[2], types.int64)
         builder.store_atomic(v, ptr, "release", 8)
         return context.get_dummy_value()
@@ -53,9 +56,7 @@ def compare_swap(typingctx, flags, i, old, new):
         return None
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
-                                       wraparound=False)
+        ptr = _item(context, builder, sig, args)
         o = context.cast(builder, args[2], sig.args[2], types.int64)
         n = context.cast(builder, args[3], sig.args[3], types.int64)
         pair = builder.cmpxchg(ptr, o, n, "acq_rel", "acquire")
@@ -72,9 +73,7 @@ def fetch_add(typingctx, flags, i, value):
         return None
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
-                                       wraparound=False)
+        ptr = _item(context, builder, sig, args)
         v = context.cast(builder, args[2], sig.args[2], types.int64)
         return builder.atomic_rmw("add", ptr, v, "acq_rel")
 
