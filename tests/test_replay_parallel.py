@@ -376,3 +376,25 @@ def test_parallel_batches_without_the_jit():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "0"]
+
+
+def test_the_counts_say_what_the_batches_did(progs, monkeypatch):
+    """``_threads.stats``: a batch on the threads counts its chunks (the caller's and the
+    workers', all of its spans), a paused one counts as paused; the numbers are the
+    serial batch's either way."""
+    prog, par = progs
+    X = np.random.default_rng(9).normal(size=(40, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # (compiled, the workers started)
+    before = _threads.stats()
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    after = _threads.stats()
+    d = {k: after[k] - before[k] for k in _threads.counts}
+    spans = len(replay_cpu._spans(40, min(numba.get_num_threads(), 40), par.block))
+    assert d["batches_threads"] == 1 and d["chunks_caller"] + d["chunks_workers"] == spans
+    assert d["chunks_caller"] >= 1 and d["batches_paused"] == 0
+    assert after["workers"] >= 1
+    monkeypatch.setattr(replay_cpu, "_pause", [1, 1])
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    d = {k: _threads.stats()[k] - after[k] for k in _threads.counts}
+    assert d["batches_paused"] == 1 and d["batches_threads"] == 0

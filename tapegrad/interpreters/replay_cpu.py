@@ -228,6 +228,7 @@ PAYOFF = 0.95
 PAUSE_MAX = 16
 ADAPT = True  # False: every batch above the cut runs on the threads (the tests)
 _cpu_time = time.thread_time
+_counts = _threads.counts  # (what the batches did: ``_threads.stats``)
 _pause = [0, 0]  # [batches still to run serially, the length of the next pause]
 
 
@@ -248,6 +249,9 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         # batch has the workers (and the cores)
         if _pause[0] > 0:
             _pause[0] -= 1
+            _counts["batches_paused"] += 1
+        elif n >= 2 and _compiled and _threads.jit_on():
+            _counts["batches_busy"] += 1
         _compiled = True
         return run_batch(rows, X, out_slots, S, in_slots, grad, block)
     K = _threads._k()
@@ -286,9 +290,14 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             pool.finish(len(spans), own + K.take_rest(ctl))
             raise
         pool.finish(len(spans), own)
+        _counts["batches_threads"] += 1
+        _counts["chunks_caller"] += own
+        _counts["chunks_workers"] += len(spans) - own
+        _counts["batches_missed"] += own == len(spans)
         if time.perf_counter() - t_start > PAYOFF * cpu / done * B:
             _pause[1] = min(PAUSE_MAX, max(1, 2 * _pause[1]))
             _pause[0] = _pause[1]
+            _counts["pauses"] += 1
         else:
             _pause[1] = 0
         return status, outs, G
