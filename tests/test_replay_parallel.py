@@ -394,6 +394,7 @@ def test_the_counts_say_what_the_batches_did(progs, monkeypatch):
     assert d["batches_threads"] == 1 and d["chunks_caller"] + d["chunks_workers"] == spans
     assert d["chunks_caller"] >= 1 and d["batches_paused"] == 0
     assert after["workers"] >= 1
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
     monkeypatch.setattr(replay_cpu, "_pause", [1, 1])
     np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
     d = {k: _threads.stats()[k] - after[k] for k in _threads.counts}
