@@ -254,6 +254,7 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
     change."""
     prog, par = progs
     monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    monkeypatch.setattr(replay_cpu, "LOSS", float("inf"))  # (pauses by their loss: below)
     X = np.random.default_rng(7).normal(size=(64, 5))
     want = prog.value_and_grad(X)[1]
     par.value_and_grad(X)  # compiled, the workers started
@@ -399,3 +400,26 @@ def test_the_counts_say_what_the_batches_did(progs, monkeypatch):
     np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
     d = {k: _threads.stats()[k] - after[k] for k in _threads.counts}
     assert d["batches_paused"] == 1 and d["batches_threads"] == 0
+
+
+def test_a_batch_that_lost_time_pauses_the_threads_until_its_loss_is_small(monkeypatch):
+    """``_judge``: a batch that paid ends the pause; one that did not pay but lost nothing
+    pauses for 1, 2, 4 ... batches; one that took longer than the serial batch would have
+    pauses long enough that its loss is ``LOSS`` of the time the pause runs (up to
+    ``LOSS_MAX`` batches)."""
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+    monkeypatch.setattr(replay_cpu, "LOSS", 0.05)
+    monkeypatch.setattr(replay_cpu, "LOSS_MAX", 100)
+    replay_cpu._judge(1.0, 1.0)  # no faster, no slower
+    assert replay_cpu._pause == [1, 1]
+    replay_cpu._judge(0.5, 1.0)
+    assert replay_cpu._pause == [1, 0]  # (the pause running ends; no next one)
+    replay_cpu._judge(1.5, 1.0)  # 0.5 lost: 10 batches of 1.0 at 5%
+    assert replay_cpu._pause == [10, 1]
+    replay_cpu._judge(1.5, 1.0)
+    assert replay_cpu._pause == [10, 2]
+    replay_cpu._judge(50.0, 1.0)
+    assert replay_cpu._pause == [100, 4]  # (at most LOSS_MAX)
+    replay_cpu._judge(1.0, 0.0)  # (no CPU time measured: no loss computed)
+    assert replay_cpu._pause == [8, 8]
+

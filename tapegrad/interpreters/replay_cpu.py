@@ -217,19 +217,36 @@ def _spans(B, threads, block):
     return [(b0, min(B, b0 + size)) for b0 in range(0, B, size)]
 
 
-#: the threads must make a batch at least this much faster than the caller's own pace
-#: would (its blocks' CPU time a sample, times the samples); a batch that missed it, on a
+#: the threads must make a batch at least this much faster than the caller's own pace would
+#: (its blocks' CPU time a sample, times the samples); a batch that missed it, on a
 #: machine whose other cores are busy, makes the next 1, 2, 4 ... up to ``PAUSE_MAX``
 #: batches run serially (a worker taken off its core mid-block keeps the caller waiting
-#: for that block), and one that met it ends the pause. The threads take blocks in turn,
-#: so a worker late to start costs no more than the serial batch: the pauses are short,
-#: and a loop whose machine became idle again is back on the threads within 16 batches
+#: for that block), and one that met it ends the pause. A batch that cost more than the
+#: serial one would have pauses the threads long enough that its loss is at most ``LOSS`` of
+#: the time run (up to ``LOSS_MAX`` batches): at a load of 4.6 on 2 cores, a worker taken
+#: off its core mid-block cost about 0.6 ms on batches of 0.2 to 0.5 ms, and the pauses of at
+#: most 16 batches (61 threaded batches of 972, every one of them missed) left the suite's
+#: parallel row 0.93x the serial batch (``_threads.stats``)
 PAYOFF = 0.95
 PAUSE_MAX = 16
+LOSS = 0.03
+LOSS_MAX = 1024
 ADAPT = True  # False: every batch above the cut runs on the threads (the tests)
 _cpu_time = time.thread_time
 _counts = _threads.counts  # (what the batches did: ``_threads.stats``)
 _pause = [0, 0]  # [batches still to run serially, the length of the next pause]
+
+
+def _judge(wall, serial):
+    """The pause after a batch that took ``wall`` seconds on the threads, where the serial
+    batch would have taken ``serial``."""
+    if wall > PAYOFF * serial:
+        _pause[1] = min(PAUSE_MAX, max(1, 2 * _pause[1]))
+        loss = int((wall - serial) / (LOSS * serial)) if wall > serial > 0.0 else 0
+        _pause[0] = max(_pause[1], min(LOSS_MAX, loss))
+        _counts["pauses"] += 1
+    else:
+        _pause[1] = 0
 
 
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
@@ -239,18 +256,19 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     rows of the results). While the threads do not pay (``PAYOFF``), batches run serially
     for a while."""
     global _compiled
+    if ADAPT and _pause[0] > 0:  # a pause (first: numba.get_num_threads() costs 2 us)
+        _pause[0] -= 1
+        _counts["batches_paused"] += 1
+        return run_batch(rows, X, out_slots, S, in_slots, grad, block)
     B = X.shape[0]
     n = min(numba.get_num_threads(), B)
     pool = _threads._pool
-    if n < 2 or not _compiled or not _threads.jit_on() or (ADAPT and _pause[0] > 0) \
+    if n < 2 or not _compiled or not _threads.jit_on() \
             or not pool.busy.acquire(blocking=False):
         # one thread, the first batch (run_block compiles once, before threads call it),
-        # no JIT (the hand-over would spin holding the GIL), a pause, or another thread's
-        # batch has the workers (and the cores)
-        if _pause[0] > 0:
-            _pause[0] -= 1
-            _counts["batches_paused"] += 1
-        elif n >= 2 and _compiled and _threads.jit_on():
+        # no JIT (the hand-over would spin holding the GIL), or another thread's batch has
+        # the workers (and the cores)
+        if n >= 2 and _compiled and _threads.jit_on():
             _counts["batches_busy"] += 1
         _compiled = True
         return run_batch(rows, X, out_slots, S, in_slots, grad, block)
@@ -294,12 +312,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         _counts["chunks_caller"] += own
         _counts["chunks_workers"] += len(spans) - own
         _counts["batches_missed"] += own == len(spans)
-        if time.perf_counter() - t_start > PAYOFF * cpu / done * B:
-            _pause[1] = min(PAUSE_MAX, max(1, 2 * _pause[1]))
-            _pause[0] = _pause[1]
-            _counts["pauses"] += 1
-        else:
-            _pause[1] = 0
+        _judge(time.perf_counter() - t_start, cpu / done * B)
         return status, outs, G
     finally:
         pool.busy.release()
