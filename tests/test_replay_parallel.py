@@ -423,3 +423,20 @@ def test_a_batch_that_lost_time_pauses_the_threads_until_its_loss_is_small(monke
     replay_cpu._judge(1.0, 0.0)  # (no CPU time measured: no loss computed)
     assert replay_cpu._pause == [8, 8]
 
+
+
+def test_a_batch_that_started_a_worker_is_not_judged(progs, monkeypatch):
+    """The batch that starts the pool's worker threads (their start, once, is no measure
+    of the batches to come) sets no pause; the next one is judged."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    X = np.random.default_rng(11).normal(size=(40, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # (compiled)
+    monkeypatch.setattr(_threads._pool, "workers", [])  # (fresh workers: started below)
+    judged = []
+    monkeypatch.setattr(replay_cpu, "_judge", lambda *a: judged.append(a))
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    assert judged == [] and len(_threads._pool.workers) >= 1
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    assert len(judged) == 1

@@ -201,11 +201,12 @@ def _make_parallel_vs_serial(name, n, batch):
                 last.a = vg(X)[1]
                 return checked
             return iteration
-        # the process's CPU time a call (both threads: a spinning worker shows here) and
-        # what the threads did (counts: ``_threads.stats``), for the note
+        # the process's CPU time a call (both threads: a spinning worker shows here; not
+        # the first 3 calls, the compiling one and the warm-ups) and what the threads did
+        # (counts: ``_threads.stats``), for the note
         from tapegrad import _threads
         cpu = _BUILT.setdefault(name + ":cpu", {})
-        cpu[library] = [0.0, 0]
+        cpu[library] = [0.0, -3]
         if library == "tapegrad":
             _BUILT[name + ":stats"] = _threads.stats()
         clock, spent = time.process_time, cpu[library]
@@ -213,7 +214,8 @@ def _make_parallel_vs_serial(name, n, batch):
         def iteration():
             t0 = clock()
             last.a = vg(X)[1]
-            spent[0] += clock() - t0
+            if spent[1] >= 0:
+                spent[0] += clock() - t0
             spent[1] += 1
             return checked
         return iteration
@@ -237,7 +239,7 @@ def _parallel_note(name):
             f"the row: {before['workers']} workers ({before['workers_asleep']} asleep), "
             f"pause {before['pause']}, back-off {before['backoff']}")
     for lib, (t, calls) in cpu.items():
-        if calls:
+        if calls > 0:
             line += f"; CPU {_us(t / calls)}/call {'parallel' if lib == 'tapegrad' else 'serial'}"
     return line
 

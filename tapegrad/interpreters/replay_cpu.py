@@ -287,6 +287,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         pool.fn, pool.context = chunk, contextvars.copy_context()
         # the caller takes the first block; the workers see the job from inside it, once
         # the caller has let the GIL go (compiled: run_block stores the claim word)
+        fresh = len(pool.workers) < n - 1  # (a thread started now: not judged, below)
         word, published = pool.post(K.JOB_PY, len(spans), n, taken=1, later=True)
         W = _room(rows, size)
         # the caller's samples and their CPU time (its wall time counts the time it was off
@@ -312,7 +313,8 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         _counts["chunks_caller"] += own
         _counts["chunks_workers"] += len(spans) - own
         _counts["batches_missed"] += own == len(spans)
-        _judge(time.perf_counter() - t_start, cpu / done * B)
+        if not fresh:  # (a thread's start, once, says nothing of the batches to come)
+            _judge(time.perf_counter() - t_start, cpu / done * B)
         return status, outs, G
     finally:
         pool.busy.release()
