@@ -434,6 +434,7 @@ def test_a_batch_that_started_a_worker_is_not_judged(progs, monkeypatch):
     want = prog.value_and_grad(X)[1]
     par.value_and_grad(X)  # (compiled)
     monkeypatch.setattr(_threads._pool, "workers", [])  # (fresh workers: started below)
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
     judged = []
     monkeypatch.setattr(replay_cpu, "_judge", lambda *a: judged.append(a))
     np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
