@@ -101,7 +101,7 @@ class _Worker:
             with pool.mutex:  # no job within the spin: sleep until one is posted
                 # (or spin again: a job whose claim word the caller stores later, from
                 # inside its first block, would never wake a thread asleep by then)
-                if pool.claimable(index) or pool.coming:
+                if pool.claimable(index) or pool.coming or _clock() < pool.roused:
                     continue
                 self.sleeping = True
             self.sleeps += 1
@@ -121,6 +121,7 @@ class Pool:
         self.seq = 0
         self.fn, self.context, self.errors = None, None, []
         self.coming = False  # (under mutex) a job posted ``later``, not finished yet
+        self.roused = 0.0  # (under mutex) workers spin until then (``rouse``)
         _pools.append(self)
 
     def claimable(self, index):
@@ -158,6 +159,19 @@ class Pool:
                     w.go.release()
         return word, not later or bool(sleepers)
 
+    def rouse(self, threads, seconds):
+        """Wake the workers of a job about to come (``threads - 1`` of them), and keep them
+        spinning for ``seconds`` even without one: a job posted to a worker asleep waits for
+        its wake-up (tens of microseconds, more on a busy machine), and the first batch after
+        a pause always found its worker asleep."""
+        with self.mutex:
+            self.roused = _clock() + seconds
+            for w in self.workers[:threads - 1]:
+                if w.sleeping:
+                    w.sleeping = False
+                    counts["roused"] += 1
+                    w.go.release()
+
     def finish(self, chunks, own):
         """Wait for the workers' chunks of the job (all ``chunks`` but the caller's
         ``own``), without the GIL, then raise what a chunk raised. Never cut short (a
@@ -190,9 +204,10 @@ _pools: list = []
 #: serially as another call had the workers; its chunks run by the calling thread and by the
 #: workers; threaded batches no worker took a chunk of; pauses started; jobs posted to a
 #: worker asleep on its lock (woken through it); intra-op passes run on the calling thread in
-#: a back-off. ``stats`` adds the workers' own counts and the pool's state.
+#: a back-off; workers woken ahead of a job (``Pool.rouse``). ``stats`` adds the workers'
+#: own counts and the pool's state.
 counts = dict.fromkeys(("batches_threads", "batches_paused", "batches_busy", "chunks_caller",
-                        "chunks_workers", "batches_missed", "pauses", "woken",
+                        "chunks_workers", "batches_missed", "pauses", "woken", "roused",
                         "passes_alone"), 0)
 
 
@@ -224,7 +239,7 @@ def _reset_after_fork():
         pool.busy, pool.mutex = threading.Lock(), threading.Lock()
         pool.ctl[:] = 0
         pool.fn, pool.context, pool.errors = None, None, []
-        pool.coming = False
+        pool.coming, pool.roused = False, 0.0
 
 
 if hasattr(os, "register_at_fork"):

@@ -441,3 +441,35 @@ def test_a_batch_that_started_a_worker_is_not_judged(progs, monkeypatch):
     assert judged == [] and len(_threads._pool.workers) >= 1
     np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
     assert len(judged) == 1
+
+
+def test_the_last_batch_of_a_pause_wakes_the_worker_for_a_while(progs, monkeypatch):
+    """The last paused batch wakes a sleeping worker (``Pool.rouse``) so that the next
+    batch, which tries the threads, does not wait for its wake-up; the worker spins for a
+    while only, then sleeps again. The numbers are the serial batch's."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    X = np.random.default_rng(12).normal(size=(40, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # (compiled)
+    pool = _threads._pool
+    monkeypatch.setattr(pool, "workers", [])
+    monkeypatch.setattr(_threads, "_turns", [1])  # (spins of a few reads)
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # (a worker started)
+    worker = pool.workers[0]
+
+    def asleep():
+        for _ in range(5000):
+            if worker.sleeping:
+                return True
+            time.sleep(0.001)
+        return False
+    assert asleep()
+    roused = _threads.counts["roused"]
+    monkeypatch.setattr(replay_cpu, "_pause", [2, 1])
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # paused, 1 to go
+    assert worker.sleeping and _threads.counts["roused"] == roused
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # the last: rouses
+    assert _threads.counts["roused"] == roused + 1 and replay_cpu._pause[0] == 0
+    assert asleep()  # (after the rouse's time: not spinning for good)

@@ -234,7 +234,8 @@ def _parallel_note(name):
     line = (f"threads: {d['batches_threads']} batches on the threads ({d['batches_missed']} "
             f"with no worker chunk), {d['batches_paused']} paused, {d['batches_busy']} "
             f"busy; chunks caller {d['chunks_caller']}, workers {d['chunks_workers']}; "
-            f"{d['pauses']} pauses; workers woken through their lock {d['woken']}, spins "
+            f"{d['pauses']} pauses; workers woken through their lock {d['woken']}, ahead of "
+            f"a batch after a pause {d['roused']}, spins "
             f"ended {d['worker_spins_ended']}, sleeps {d['worker_sleeps']}; state before "
             f"the row: {before['workers']} workers ({before['workers_asleep']} asleep), "
             f"pause {before['pause']}, back-off {before['backoff']}")

@@ -235,6 +235,7 @@ ADAPT = True  # False: every batch above the cut runs on the threads (the tests)
 _cpu_time = time.thread_time
 _counts = _threads.counts  # (what the batches did: ``_threads.stats``)
 _pause = [0, 0]  # [batches still to run serially, the length of the next pause]
+_wall = [0.0]  # the last batch's time (paused, or on the threads): how long a rouse lasts
 
 
 def _judge(wall, serial):
@@ -259,7 +260,15 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     if ADAPT and _pause[0] > 0:  # a pause (first: numba.get_num_threads() costs 2 us)
         _pause[0] -= 1
         _counts["batches_paused"] += 1
-        return run_batch(rows, X, out_slots, S, in_slots, grad, block)
+        if _pause[0] == 0 and _threads._pool.workers:
+            # the next batch tries the threads: its worker wakes now and spins through this
+            # batch and the next one's start (asleep, it would start late, and the try be
+            # judged by its wake-up: every try after a pause found it asleep)
+            _threads._pool.rouse(numba.get_num_threads(), 2 * _wall[0] + 1e-4)
+        t0 = time.perf_counter()
+        res = run_batch(rows, X, out_slots, S, in_slots, grad, block)
+        _wall[0] = time.perf_counter() - t0
+        return res
     B = X.shape[0]
     n = min(numba.get_num_threads(), B)
     pool = _threads._pool
@@ -313,8 +322,9 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         _counts["chunks_caller"] += own
         _counts["chunks_workers"] += len(spans) - own
         _counts["batches_missed"] += own == len(spans)
+        _wall[0] = time.perf_counter() - t_start
         if not fresh:  # (a thread's start, once, says nothing of the batches to come)
-            _judge(time.perf_counter() - t_start, cpu / done * B)
+            _judge(_wall[0], cpu / done * B)
         return status, outs, G
     finally:
         pool.busy.release()
