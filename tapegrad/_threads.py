@@ -228,6 +228,8 @@ def stats():
     from .interpreters import replay_cpu
     out["pause"] = list(replay_cpu._pause)
     return out
+
+
 _IDX_BITS = 20
 _IDX_MASK = (1 << _IDX_BITS) - 1
 _ALLOWED = 17  # (_kernels.ALLOWED: this module cannot import it)

@@ -225,7 +225,7 @@ def _spans(B, threads, block):
 #: serial one would have pauses the threads long enough that its loss is at most ``LOSS`` of
 #: the time run (up to ``LOSS_MAX`` batches): at a load of 4.6 on 2 cores, a worker taken
 #: off its core mid-block cost about 0.6 ms on batches of 0.2 to 0.5 ms, and the pauses of at
-#: most 16 batches (61 threaded batches of 972, every one of them missed) left the suite's
+#: most 16 batches (61 threaded batches of 972, each one judged a miss) left the suite's
 #: parallel row 0.93x the serial batch (``_threads.stats``)
 PAYOFF = 0.95
 PAUSE_MAX = 16
