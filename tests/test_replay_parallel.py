@@ -473,3 +473,46 @@ def test_the_last_batch_of_a_pause_wakes_the_worker_for_a_while(progs, monkeypat
     np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # the last: rouses
     assert _threads.counts["roused"] == roused + 1 and replay_cpu._pause[0] == 0
     assert asleep()  # (after the rouse's time: not spinning for good)
+
+
+@pytest.mark.slow
+def test_fuzz_pauses_rouses_and_user_threads_keep_the_serial_numbers(progs, monkeypatch):
+    """Seeded: batches of random sizes from two user threads at once, with the pauses on,
+    random pause states (a pause about to end rouses the worker), random spins (the
+    worker asleep or spinning when a job comes) and sleeps between calls: every result is
+    the serial batch's bit for bit, and no call hangs."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    monkeypatch.setattr(_threads, "SPIN_US", 1)
+    rng = np.random.default_rng(2024)
+    sizes = [int(b) for b in rng.integers(1, 200, 12)]
+    data = {B: np.random.default_rng(B).normal(size=(B, 5)) for B in sizes}
+    want = {B: prog.value_and_grad(X) for B, X in data.items()}
+    errors = []
+
+    def work(seed):
+        r = np.random.default_rng(seed)
+        try:
+            for _ in range(150):
+                B = sizes[r.integers(len(sizes))]
+                if r.random() < 0.2:
+                    replay_cpu._pause[:] = [int(r.integers(0, 3)), int(r.integers(0, 8))]
+                if r.random() < 0.2:
+                    _threads._turns[0] = int(r.choice([0, 1, 1 << 12]))
+                v, g = par.value_and_grad(data[B])
+                np.testing.assert_array_equal(v, want[B][0])
+                np.testing.assert_array_equal(g, want[B][1])
+                if r.random() < 0.1:
+                    time.sleep(r.random() * 0.002)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    monkeypatch.setattr(_threads, "_turns", [1])
+    before = dict(_threads.counts)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    d = {k: _threads.counts[k] - before[k] for k in before}
+    assert d["batches_threads"] > 0 and d["batches_paused"] > 0, d
