@@ -60,7 +60,11 @@ def in_turn(fs, k=400):
     return [(np.median(t) * 1e6, np.percentile(t, 10) * 1e6) for t in ts]
 
 
+before = tg._threads.stats()
 (s, s10), (p, p10) = in_turn([lambda: prog.value_and_grad(X), lambda: par.value_and_grad(X)])
+after = tg._threads.stats()
+print("what the threads did (counts, _threads.stats):",
+      {k: after[k] - before[k] for k in tg._threads.counts if after[k] != before[k]})
 c = median_us(lambda: prog.value_and_grad(X), clock=time.thread_time)
 print(f"{len(prog)} rows, {B} samples, block {prog.block}: serial {s:.0f} us (CPU {c:.0f}), "
       f"parallel {p:.0f} us, {s / p:.2f}x (in turn; 10th percentiles {s10:.0f} and {p10:.0f} "

@@ -78,6 +78,9 @@ class _Worker:
         self.go = threading.Lock()  # released: wake up, a job was posted
         self.go.acquire()
         self.sleeping = False  # (under pool.mutex) blocked on ``go``
+        # what this thread did (only it writes these: ``stats``): chunks of Python jobs it
+        # ran, spins that ended with no chunk (back to Python, which needs the GIL), sleeps
+        self.chunks = self.spins_ended = self.sleeps = 0
         threading.Thread(target=self._loop, name="tapegrad-worker", daemon=True).start()
 
     def _loop(self):
@@ -87,18 +90,21 @@ class _Worker:
         while True:
             i = K.serve(ctl, index, spin_turns())
             if i >= 0:  # a Python job's chunk, in a copy of the caller's context
+                self.chunks += 1
                 try:
                     pool.context.copy().run(pool.fn, i)
                 except BaseException as e:  # noqa: BLE001  raised in the caller
                     pool.errors.append(e)
                 K.chunk_done(ctl)
                 continue
+            self.spins_ended += 1
             with pool.mutex:  # no job within the spin: sleep until one is posted
                 # (or spin again: a job whose claim word the caller stores later, from
                 # inside its first block, would never wake a thread asleep by then)
-                if pool.claimable(index) or pool.coming:
+                if pool.claimable(index) or pool.coming or _clock() < pool.roused:
                     continue
                 self.sleeping = True
+            self.sleeps += 1
             self.go.acquire()
 
 
@@ -115,6 +121,7 @@ class Pool:
         self.seq = 0
         self.fn, self.context, self.errors = None, None, []
         self.coming = False  # (under mutex) a job posted ``later``, not finished yet
+        self.roused = 0.0  # (under mutex) workers spin until then (``rouse``)
         _pools.append(self)
 
     def claimable(self, index):
@@ -148,8 +155,22 @@ class Pool:
             for w in workers[:threads - 1]:
                 if w.sleeping:
                     w.sleeping = False
+                    counts["woken"] += 1
                     w.go.release()
         return word, not later or bool(sleepers)
+
+    def rouse(self, threads, seconds):
+        """Wake the workers of a job about to come (``threads - 1`` of them), and keep them
+        spinning for ``seconds`` even without one: a job posted to a worker asleep waits for
+        its wake-up (tens of microseconds, more on a busy machine), and the first batch after
+        a pause always found its worker asleep."""
+        with self.mutex:
+            self.roused = _clock() + seconds
+            for w in self.workers[:threads - 1]:
+                if w.sleeping:
+                    w.sleeping = False
+                    counts["roused"] += 1
+                    w.go.release()
 
     def finish(self, chunks, own):
         """Wait for the workers' chunks of the job (all ``chunks`` but the caller's
@@ -177,6 +198,38 @@ class Pool:
 
 
 _pools: list = []
+
+#: what the hand-over did, counted (a count does not move with the machine's load as a time
+#: does): ``target="parallel"``'s batches on the threads, run serially in a pause, or
+#: serially as another call had the workers; its chunks run by the calling thread and by the
+#: workers; threaded batches no worker took a chunk of; pauses started; jobs posted to a
+#: worker asleep on its lock (woken through it); intra-op passes run on the calling thread in
+#: a back-off; workers woken ahead of a job (``Pool.rouse``). ``stats`` adds the workers'
+#: own counts and the pool's state.
+counts = dict.fromkeys(("batches_threads", "batches_paused", "batches_busy", "chunks_caller",
+                        "chunks_workers", "batches_missed", "pauses", "woken", "roused",
+                        "passes_alone"), 0)
+
+
+def stats():
+    """``counts`` and the workers' counts (``worker_chunks``: Python chunks they ran,
+    ``worker_spins_ended``, ``worker_sleeps``), summed, with the pool's state: its number of
+    workers, how many are asleep, the back-off of intra-op passes and the pause of
+    ``target="parallel"`` (``replay_cpu._pause``). For the probes and the benchmark suite:
+    the difference of two calls says what happened between them."""
+    out = dict(counts)
+    workers = list(_pool.workers)
+    out["worker_chunks"] = sum(w.chunks for w in workers)
+    out["worker_spins_ended"] = sum(w.spins_ended for w in workers)
+    out["worker_sleeps"] = sum(w.sleeps for w in workers)
+    out["workers"] = len(workers)
+    out["workers_asleep"] = sum(w.sleeping for w in workers)
+    out["backoff"] = list(_backoff)
+    from .interpreters import replay_cpu
+    out["pause"] = list(replay_cpu._pause)
+    return out
+
+
 _IDX_BITS = 20
 _IDX_MASK = (1 << _IDX_BITS) - 1
 _ALLOWED = 17  # (_kernels.ALLOWED: this module cannot import it)
@@ -188,7 +241,7 @@ def _reset_after_fork():
         pool.busy, pool.mutex = threading.Lock(), threading.Lock()
         pool.ctl[:] = 0
         pool.fn, pool.context, pool.errors = None, None, []
-        pool.coming = False
+        pool.coming, pool.roused = False, 0.0
 
 
 if hasattr(os, "register_at_fork"):
@@ -273,6 +326,7 @@ def _alone():
     """Whether this pass runs on the calling thread alone (a back-off)."""
     if _backoff[0] > 0:
         _backoff[0] -= 1
+        counts["passes_alone"] += 1
         return True
     return False
 

@@ -254,6 +254,7 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
     change."""
     prog, par = progs
     monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    monkeypatch.setattr(replay_cpu, "LOSS", float("inf"))  # (pauses by their loss: below)
     X = np.random.default_rng(7).normal(size=(64, 5))
     want = prog.value_and_grad(X)[1]
     par.value_and_grad(X)  # compiled, the workers started
@@ -376,3 +377,142 @@ def test_parallel_batches_without_the_jit():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "0"]
+
+
+def test_the_counts_say_what_the_batches_did(progs, monkeypatch):
+    """``_threads.stats``: a batch on the threads counts its chunks (the caller's and the
+    workers', all of its spans), a paused one counts as paused; the numbers are the
+    serial batch's either way."""
+    prog, par = progs
+    X = np.random.default_rng(9).normal(size=(40, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # (compiled, the workers started)
+    before = _threads.stats()
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    after = _threads.stats()
+    d = {k: after[k] - before[k] for k in _threads.counts}
+    spans = len(replay_cpu._spans(40, min(numba.get_num_threads(), 40), par.block))
+    assert d["batches_threads"] == 1 and d["chunks_caller"] + d["chunks_workers"] == spans
+    assert d["chunks_caller"] >= 1 and d["batches_paused"] == 0
+    assert after["workers"] >= 1
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    monkeypatch.setattr(replay_cpu, "_pause", [1, 1])
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    d = {k: _threads.stats()[k] - after[k] for k in _threads.counts}
+    assert d["batches_paused"] == 1 and d["batches_threads"] == 0
+
+
+def test_a_batch_that_lost_time_pauses_the_threads_until_its_loss_is_small(monkeypatch):
+    """``_judge``: a batch that paid ends the pause; one that did not pay but lost nothing
+    pauses for 1, 2, 4 ... batches; one that took longer than the serial batch would have
+    pauses long enough that its loss is ``LOSS`` of the time the pause runs (up to
+    ``LOSS_MAX`` batches)."""
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+    monkeypatch.setattr(replay_cpu, "LOSS", 0.05)
+    monkeypatch.setattr(replay_cpu, "LOSS_MAX", 100)
+    replay_cpu._judge(1.0, 1.0)  # no faster, no slower
+    assert replay_cpu._pause == [1, 1]
+    replay_cpu._judge(0.5, 1.0)
+    assert replay_cpu._pause == [1, 0]  # (the pause running ends; no next one)
+    replay_cpu._judge(1.5, 1.0)  # 0.5 lost: 10 batches of 1.0 at 5%
+    assert replay_cpu._pause == [10, 1]
+    replay_cpu._judge(1.5, 1.0)
+    assert replay_cpu._pause == [10, 2]
+    replay_cpu._judge(50.0, 1.0)
+    assert replay_cpu._pause == [100, 4]  # (at most LOSS_MAX)
+    replay_cpu._judge(1.0, 0.0)  # (no CPU time measured: no loss computed)
+    assert replay_cpu._pause == [8, 8]
+
+
+
+def test_a_batch_that_started_a_worker_is_not_judged(progs, monkeypatch):
+    """The batch that starts the pool's worker threads (their start, once, is no measure
+    of the batches to come) sets no pause; the next one is judged."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    X = np.random.default_rng(11).normal(size=(40, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # (compiled)
+    monkeypatch.setattr(_threads._pool, "workers", [])  # (fresh workers: started below)
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+    judged = []
+    monkeypatch.setattr(replay_cpu, "_judge", lambda *a: judged.append(a))
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    assert judged == [] and len(_threads._pool.workers) >= 1
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    assert len(judged) == 1
+
+
+def test_the_last_batch_of_a_pause_wakes_the_worker_for_a_while(progs, monkeypatch):
+    """The last paused batch wakes a sleeping worker (``Pool.rouse``) so that the next
+    batch, which tries the threads, does not wait for its wake-up; the worker spins for a
+    while only, then sleeps again. The numbers are the serial batch's."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    X = np.random.default_rng(12).normal(size=(40, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # (compiled)
+    pool = _threads._pool
+    monkeypatch.setattr(pool, "workers", [])
+    monkeypatch.setattr(_threads, "_turns", [1])  # (spins of a few reads)
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # (a worker started)
+    worker = pool.workers[0]
+
+    def asleep():
+        for _ in range(5000):
+            if worker.sleeping:
+                return True
+            time.sleep(0.001)
+        return False
+    assert asleep()
+    roused = _threads.counts["roused"]
+    monkeypatch.setattr(replay_cpu, "_pause", [2, 1])
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # paused, 1 to go
+    assert worker.sleeping and _threads.counts["roused"] == roused
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # the last: rouses
+    assert _threads.counts["roused"] == roused + 1 and replay_cpu._pause[0] == 0
+    assert asleep()  # (after the rouse's time: not spinning for good)
+
+
+@pytest.mark.slow
+def test_fuzz_pauses_rouses_and_user_threads_keep_the_serial_numbers(progs, monkeypatch):
+    """Seeded: batches of random sizes from two user threads at once, with the pauses on,
+    random pause states (a pause about to end rouses the worker), random spins (the
+    worker asleep or spinning when a job comes) and sleeps between calls: every result is
+    the serial batch's bit for bit, and no call hangs."""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    monkeypatch.setattr(_threads, "SPIN_US", 1)
+    rng = np.random.default_rng(2024)
+    sizes = [int(b) for b in rng.integers(1, 200, 12)]
+    data = {B: np.random.default_rng(B).normal(size=(B, 5)) for B in sizes}
+    want = {B: prog.value_and_grad(X) for B, X in data.items()}
+    errors = []
+
+    def work(seed):
+        r = np.random.default_rng(seed)
+        try:
+            for _ in range(150):
+                B = sizes[r.integers(len(sizes))]
+                if r.random() < 0.2:
+                    replay_cpu._pause[:] = [int(r.integers(0, 3)), int(r.integers(0, 8))]
+                if r.random() < 0.2:
+                    _threads._turns[0] = int(r.choice([0, 1, 1 << 12]))
+                v, g = par.value_and_grad(data[B])
+                np.testing.assert_array_equal(v, want[B][0])
+                np.testing.assert_array_equal(g, want[B][1])
+                if r.random() < 0.1:
+                    time.sleep(r.random() * 0.002)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    monkeypatch.setattr(_threads, "_turns", [1])
+    before = dict(_threads.counts)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    d = {k: _threads.counts[k] - before[k] for k in before}
+    assert d["batches_threads"] > 0 and d["batches_paused"] > 0, d

@@ -196,12 +196,53 @@ def _make_parallel_vs_serial(name, n, batch):
         X = _batch_x(n, batch)
         prog = _trace(name, _rosenbrock_fn(n), X[0].copy())
         vg = (prog.to("parallel") if library == "tapegrad" else prog).value_and_grad
+        if batch < BATCH:
+            def iteration():
+                last.a = vg(X)[1]
+                return checked
+            return iteration
+        # the process's CPU time a call (both threads: a spinning worker shows here; not
+        # the first 3 calls, the compiling one and the warm-ups) and what the threads did
+        # (counts: ``_threads.stats``), for the note
+        from tapegrad import _threads
+        cpu = _BUILT.setdefault(name + ":cpu", {})
+        cpu[library] = [0.0, -3]
+        if library == "tapegrad":
+            _BUILT[name + ":stats"] = _threads.stats()
+        clock, spent = time.process_time, cpu[library]
 
         def iteration():
+            t0 = clock()
             last.a = vg(X)[1]
+            if spent[1] >= 0:
+                spent[0] += clock() - t0
+            spent[1] += 1
             return checked
         return iteration
     return make
+
+
+def _parallel_note(name):
+    """What the threads did over a parallel row (``_threads.stats``, after minus before)
+    and the CPU time a call, both sides."""
+    from tapegrad import _threads
+    before, now = _BUILT.get(name + ":stats"), _threads.stats()
+    if before is None:
+        return None
+    d = {k: now[k] - before[k] for k in now if isinstance(now[k], int) and k in before}
+    cpu = _BUILT.get(name + ":cpu", {})
+    line = (f"threads: {d['batches_threads']} batches on the threads ({d['batches_missed']} "
+            f"with no worker chunk), {d['batches_paused']} paused, {d['batches_busy']} "
+            f"busy; chunks caller {d['chunks_caller']}, workers {d['chunks_workers']}; "
+            f"{d['pauses']} pauses; workers woken through their lock {d['woken']}, ahead of "
+            f"a batch after a pause {d['roused']}, spins "
+            f"ended {d['worker_spins_ended']}, sleeps {d['worker_sleeps']}; state before "
+            f"the row: {before['workers']} workers ({before['workers_asleep']} asleep), "
+            f"pause {before['pause']}, back-off {before['backoff']}")
+    for lib, (t, calls) in cpu.items():
+        if calls > 0:
+            line += f"; CPU {_us(t / calls)}/call {'parallel' if lib == 'tapegrad' else 'serial'}"
+    return line
 
 
 # --- the cost of a call -----------------------------------------------------------------------
@@ -512,6 +553,9 @@ def finish(name: str, row) -> None:
         if row.torch:
             line += f", {peer} {_us(row.torch / batch)}"
         parts.append(line)
+        note = _parallel_note(name) if "_parallel_" in name else None
+        if note:
+            parts.append(note)
     elif "call_overhead" in name:
         row.target = f"<= {_us(OVERHEAD_TARGET_S)} over entry"
         if row.torch:

@@ -217,18 +217,37 @@ def _spans(B, threads, block):
     return [(b0, min(B, b0 + size)) for b0 in range(0, B, size)]
 
 
-#: the threads must make a batch at least this much faster than the caller's own pace
-#: would (its blocks' CPU time a sample, times the samples); a batch that missed it, on a
+#: the threads must make a batch at least this much faster than the caller's own pace would
+#: (its blocks' CPU time a sample, times the samples); a batch that missed it, on a
 #: machine whose other cores are busy, makes the next 1, 2, 4 ... up to ``PAUSE_MAX``
 #: batches run serially (a worker taken off its core mid-block keeps the caller waiting
-#: for that block), and one that met it ends the pause. The threads take blocks in turn,
-#: so a worker late to start costs no more than the serial batch: the pauses are short,
-#: and a loop whose machine became idle again is back on the threads within 16 batches
+#: for that block), and one that met it ends the pause. A batch that cost more than the
+#: serial one would have pauses the threads long enough that its loss is at most ``LOSS`` of
+#: the time run (up to ``LOSS_MAX`` batches): at a load of 4.6 on 2 cores, a worker taken
+#: off its core mid-block cost about 0.6 ms on batches of 0.2 to 0.5 ms, and the pauses of at
+#: most 16 batches (61 threaded batches of 972, each one judged a miss) left the suite's
+#: parallel row 0.93x the serial batch (``_threads.stats``)
 PAYOFF = 0.95
 PAUSE_MAX = 16
+LOSS = 0.03
+LOSS_MAX = 1024
 ADAPT = True  # False: every batch above the cut runs on the threads (the tests)
 _cpu_time = time.thread_time
+_counts = _threads.counts  # (what the batches did: ``_threads.stats``)
 _pause = [0, 0]  # [batches still to run serially, the length of the next pause]
+_wall = [0.0]  # the last batch's time (paused, or on the threads): how long a rouse lasts
+
+
+def _judge(wall, serial):
+    """The pause after a batch that took ``wall`` seconds on the threads, where the serial
+    batch would have taken ``serial``."""
+    if wall > PAYOFF * serial:
+        _pause[1] = min(PAUSE_MAX, max(1, 2 * _pause[1]))
+        loss = int((wall - serial) / (LOSS * serial)) if wall > serial > 0.0 else 0
+        _pause[0] = max(_pause[1], min(LOSS_MAX, loss))
+        _counts["pauses"] += 1
+    else:
+        _pause[1] = 0
 
 
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
@@ -238,16 +257,29 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     rows of the results). While the threads do not pay (``PAYOFF``), batches run serially
     for a while."""
     global _compiled
+    if ADAPT and _pause[0] > 0:  # a pause (first: numba.get_num_threads() costs 2 us)
+        _pause[0] -= 1
+        _counts["batches_paused"] += 1
+        if _pause[0] == 0 and _threads._pool.workers:
+            # the next batch tries the threads: its worker wakes now and spins through this
+            # batch and the next one's start, or a millisecond more (a busy machine starts
+            # it late): asleep, it would start late, and the try be judged by its wake-up
+            # (47 of 56 tries after a pause found it asleep, and paused again)
+            _threads._pool.rouse(numba.get_num_threads(), 2 * _wall[0] + 1e-3)
+        t0 = time.perf_counter()
+        res = run_batch(rows, X, out_slots, S, in_slots, grad, block)
+        _wall[0] = time.perf_counter() - t0
+        return res
     B = X.shape[0]
     n = min(numba.get_num_threads(), B)
     pool = _threads._pool
-    if n < 2 or not _compiled or not _threads.jit_on() or (ADAPT and _pause[0] > 0) \
+    if n < 2 or not _compiled or not _threads.jit_on() \
             or not pool.busy.acquire(blocking=False):
         # one thread, the first batch (run_block compiles once, before threads call it),
-        # no JIT (the hand-over would spin holding the GIL), a pause, or another thread's
-        # batch has the workers (and the cores)
-        if _pause[0] > 0:
-            _pause[0] -= 1
+        # no JIT (the hand-over would spin holding the GIL), or another thread's batch has
+        # the workers (and the cores)
+        if n >= 2 and _compiled and _threads.jit_on():
+            _counts["batches_busy"] += 1
         _compiled = True
         return run_batch(rows, X, out_slots, S, in_slots, grad, block)
     K = _threads._k()
@@ -265,6 +297,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         pool.fn, pool.context = chunk, contextvars.copy_context()
         # the caller takes the first block; the workers see the job from inside it, once
         # the caller has let the GIL go (compiled: run_block stores the claim word)
+        fresh = len(pool.workers) < n - 1  # (a thread started now: not judged, below)
         word, published = pool.post(K.JOB_PY, len(spans), n, taken=1, later=True)
         W = _room(rows, size)
         # the caller's samples and their CPU time (its wall time counts the time it was off
@@ -286,11 +319,13 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             pool.finish(len(spans), own + K.take_rest(ctl))
             raise
         pool.finish(len(spans), own)
-        if time.perf_counter() - t_start > PAYOFF * cpu / done * B:
-            _pause[1] = min(PAUSE_MAX, max(1, 2 * _pause[1]))
-            _pause[0] = _pause[1]
-        else:
-            _pause[1] = 0
+        _counts["batches_threads"] += 1
+        _counts["chunks_caller"] += own
+        _counts["chunks_workers"] += len(spans) - own
+        _counts["batches_missed"] += own == len(spans)
+        _wall[0] = time.perf_counter() - t_start
+        if not fresh:  # (a thread's start, once, says nothing of the batches to come)
+            _judge(_wall[0], cpu / done * B)
         return status, outs, G
     finally:
         pool.busy.release()
