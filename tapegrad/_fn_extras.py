@@ -231,9 +231,27 @@ _BERNOULLI = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730, 7 / 6, -3617
 
 
 def _polygamma_np(n, x):
-    """psi^(n)(x) for x > 0: shift x past 12 by the recurrence, then the asymptotic series
+    """psi^(n)(x): below 0.5 by the reflection formula (no loop that -inf or -1e12 would
+    never leave), else shift x past 12 by the recurrence, then the asymptotic series
     (relative error under 1e-15 there)."""
     x = np.array(x, dtype=np.float64)
+    neg = x < 0.5
+    if neg.any():
+        # psi^(n)(x) = (-1)^n psi^(n)(1 - x) - pi d^n/dx^n cot(pi x); the n-th derivative of
+        # cot(pi x) is a polynomial in c = cot(pi x): P_{k+1}(c) = -pi (1 + c^2) P_k'(c)
+        poly = np.polynomial.Polynomial([0.0, 1.0])
+        for _ in range(n):
+            poly = -math.pi * np.polynomial.Polynomial([1.0, 0.0, 1.0]) * poly.deriv()
+        xn = x[neg]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c = np.cos(math.pi * xn) / np.sin(math.pi * xn)
+            pole = xn == np.floor(xn)  # poles at 0, -1, -2, ...: torch's +0 limit at 0, else nan
+            refl = (-1) ** n * _polygamma_np(n, 1.0 - xn) - math.pi * poly(c)
+        out = np.empty_like(x)
+        out[neg] = np.where(pole, np.where(xn == 0, (-1) ** (n + 1) * np.inf, np.nan), refl)
+        if (~neg).any():
+            out[~neg] = _polygamma_np(n, x[~neg])
+        return out
     acc = np.zeros_like(x)
     fact = math.factorial(n)
     while True:
@@ -292,6 +310,8 @@ def special_multigammaln(input, p):
     1.880995
     """
     input = _float_input(_t(input), "multigammaln")
+    if isinstance(p, Tensor) and p.ndim == 0 and np.asarray(p._d).dtype.kind in "iu":
+        p = int(p._d)  # torch takes a 0-d integer tensor as p
     if not isinstance(p, numbers.Integral) or p < 1:
         raise RuntimeError(f"multigammaln: p has to be greater than or equal to 1, got {p}")
     lg = _gamma_function(-1)

@@ -3,6 +3,8 @@ objective text, and the protocol round trip through an in-process driver."""
 import io
 import json
 
+import math
+
 import numpy as np
 import pytest
 
@@ -402,6 +404,34 @@ def test_polygamma_series_against_scipy():
     np.testing.assert_allclose(_lgamma_np(x), special.gammaln(x), rtol=1e-14)
     for n in range(4):
         np.testing.assert_allclose(_polygamma_np(n, x), special.polygamma(n, x), rtol=1e-13)
+    # below 0.5 by reflection (the recurrence never ended at -inf or -1e12): scipy's
+    # polygamma is wrong below 0 for n >= 1, so digamma against scipy, the rest against the
+    # recurrence from its own start (well inside [-8, 0.5), where it ends)
+    neg = np.array([-7.3, -2.5, -0.5, -1e-3, 0.2, 0.49])
+    np.testing.assert_allclose(_polygamma_np(0, neg), special.digamma(neg), rtol=1e-12)
+    for n in range(1, 4):
+        rec = _polygamma_np(n, neg + 8) - sum((-1) ** n * math.factorial(n) / (neg + k) ** (n + 1)
+                                              for k in range(8))
+        np.testing.assert_allclose(_polygamma_np(n, neg), rec, rtol=1e-11)
+    assert np.isnan(_polygamma_np(0, np.array([-np.inf, -3.0]))).all()
+    assert _polygamma_np(0, np.array([0.0]))[0] == -np.inf  # torch's limit from the right
+    assert np.isfinite(_polygamma_np(1, np.array([-1e12 + 0.5]))).all()
+
+
+def test_multigammaln_gradient_far_below_zero_returns():
+    """Its gradient once looped forever at -inf and -1e12 (x + 1 until x >= 12); torch gives
+    nan at -inf."""
+    torch = pytest.importorskip("torch")
+    for M in (tapegrad, torch):
+        x = M.tensor([float("-inf")], dtype=M.float64, requires_grad=True)
+        M.special.multigammaln(x, 1).sum().backward()
+        assert np.isnan(x.grad.numpy()).all()
+    x = tapegrad.tensor([-1e12 + 0.25], requires_grad=True)  # torch hangs here itself
+    tapegrad.special.multigammaln(x, 2).sum().backward()
+    assert np.isfinite(x.grad.numpy()).all()
+    a = torch.special.multigammaln(torch.tensor([2.0], dtype=torch.float64), torch.tensor(2))
+    b = tapegrad.special.multigammaln(tapegrad.tensor([2.0]), tapegrad.tensor(2))
+    np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-14)
 
 
 def test_empty():
