@@ -163,17 +163,27 @@ def einsum(equation, *operands):
         operands = tuple(operands[0])
     operands = [_t(o, f"operand {i}") for i, o in enumerate(operands)]
     if not operands:
-        raise RuntimeError("einsum(): must provide at least one operand")
+        raise ValueError("einsum(): must specify the equation string and at least one "
+                         "operand")
     labels, out = _einsum_parse(equation, operands)
     sizes = {}
-    for lab, op in zip(labels, operands):
+    for i, (lab, op) in enumerate(zip(labels, operands)):
+        own = {}
         for c, n in zip(lab, op.shape):
-            if sizes.setdefault(c, n) != n:
-                raise RuntimeError(f"einsum(): subscript {c} has size {n} for an operand "
-                                   f"which does not match the previously seen size "
-                                   f"{sizes[c]}")
+            if own.setdefault(c, n) != n:
+                raise RuntimeError(f"einsum(): subscript {c} is repeated for operand {i} but "
+                                   f"the sizes don't match, {n} != {own[c]}")
+            seen = sizes.setdefault(c, n)
+            if seen != n and 1 not in (seen, n):
+                raise RuntimeError(f"einsum(): subscript {c} has size {n} for operand {i} "
+                                   f"which does not broadcast with previously seen size "
+                                   f"{seen}")
+            sizes[c] = builtins.max(seen, n)
     terms = []
     for lab, op in zip(labels, operands):
+        full = tuple(sizes[c] for c in lab)
+        if full != op.shape:  # a size-1 dimension broadcasts against the label's size, as torch
+            op = broadcast_to(op, full)
         # a label repeated within one operand takes the diagonal
         while len(set(lab)) < len(lab):
             c = next(c for c in lab if lab.count(c) > 1)

@@ -289,7 +289,10 @@ EINSUMS = [("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 
            ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]), ("...ij,jk", [(2, 3, 4), (4, 5)]),
            ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]), ("bi,bj,bk->ijk", [(2, 3), (2, 4), (2, 2)]),
            ("ij,jk", [(3, 4), (4, 5)]), ("ba,ac->", [(3, 4), (4, 2)]),
-           ("nkd,kde->nke", [(5, 2, 3), (2, 3, 3)]), ("iij->j", [(3, 3, 2)])]
+           ("nkd,kde->nke", [(5, 2, 3), (2, 3, 3)]), ("iij->j", [(3, 3, 2)]),
+           # a size-1 dimension broadcasts against the same subscript's size elsewhere
+           ("bij,bjk->bik", [(2, 2, 3), (1, 3, 2)]), ("...ij,...jk->...ik", [(5, 2, 3), (1, 3, 2)]),
+           ("ij,ij->ij", [(2, 3), (1, 3)]), ("i,i->", [(3,), (1,)]), ("i,i->i", [(1,), (3,)])]
 
 
 @pytest.mark.parametrize("eq,shapes", EINSUMS)
@@ -312,8 +315,13 @@ def test_einsum_batched_and_errors():
     for x, y in zip(*res):
         np.testing.assert_allclose(x, y, rtol=1e-12)
     a = tapegrad.tensor(a0)
+    with pytest.raises(ValueError, match="at least one operand"):
+        tapegrad.einsum("i")
+    with pytest.raises(ValueError):
+        torch.einsum("i")
     for eq, ops in (("ij,jk->ik", (a, a)), ("ij->k", (a,)), ("ij,jk->ik", (a,)),
-                    ("ijk->", (a,)), ("i1->i", (a,))):
+                    ("ijk->", (a,)), ("i1->i", (a,)), ("ii", (tapegrad.ones(1, 3),)),
+                    ("ij,ij->ij", (a, tapegrad.ones(2, 4)))):
         with pytest.raises(RuntimeError):
             tapegrad.einsum(eq, *ops)
         with pytest.raises(RuntimeError):
