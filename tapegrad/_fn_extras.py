@@ -462,3 +462,111 @@ def _index_added(self, dim, index, source, alpha):
 
 def zeros_like_t(x):
     return _plain(np.zeros(x.shape, x.dtype.np)) if x.ndim else _plain(0.0)
+
+
+# --- floor division and remainders (torch's //, %, fmod) ------------------------------------
+
+
+def _reduce_like(g, shape):
+    """``g`` summed over the dimensions that broadcasting added to an operand of ``shape``."""
+    lead = g.ndim - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and g.shape[lead + i] != 1)
+    return reshape(sum(g, dims, keepdim=True), shape) if dims else g
+
+
+def _floor_operands(input, other, name):
+    """Both operands as arrays of torch's result dtype, checked before anything is recorded."""
+    from ._recorder import result_dtype
+    if STATE.trace is not None:
+        raise NotImplementedError(f"tapegrad.trace: {name} is computed by NumPy and cannot be "
+                                  "replayed yet; compute it outside the traced function")
+    x, y = _tn(input), _tn(other, "other")
+    dt = result_dtype(x, y)
+    if dt.kind == "b":
+        raise NotImplementedError(f"{name} is not implemented for 'Bool'")
+    if dt.kind not in "iuf":
+        raise RuntimeError(f"{name} is not implemented for {dt}")
+    a = np.asarray(x._d if isinstance(x, Tensor) else x).astype(dt, copy=False)
+    b = np.asarray(y._d if isinstance(y, Tensor) else y).astype(dt, copy=False)
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise RuntimeError(f"{name}: the shapes {list(a.shape)} and {list(b.shape)} do not "
+                           "broadcast") from None
+    if dt.kind in "iu" and (b == 0).any():
+        raise RuntimeError("ZeroDivisionError")
+    xs = x if isinstance(x, Tensor) else tensor(a)
+    ys = y if isinstance(y, Tensor) else tensor(b)
+    return xs, ys, a, b
+
+
+def _floor_function(name, np_fn):
+    from .autograd.function import Function
+
+    class _Floor(Function):
+        @staticmethod
+        def forward(ctx, x, y, a, b):
+            ctx.shapes = (x.shape, y.shape)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ctx.q = (np.trunc(a / b) if name == "fmod" else None
+                         if name in ("floor_divide", "rremainder") else np.floor_divide(a, b))
+                return tensor(np_fn(a, b))
+
+        @staticmethod
+        def backward(ctx, g):
+            if name in ("floor_divide", "rremainder"):  # as torch (number % tensor too)
+                op = "remainder" if name == "rremainder" else name
+                raise RuntimeError(f"derivative for aten::{op} is not implemented")
+            sx, sy = ctx.shapes  # x - q y with q = floor(x / y) (trunc for fmod), constant
+            gy = g * tensor(-ctx.q) if ctx.needs_input_grad[1] else None
+            return (_reduce_like(g, sx) if ctx.needs_input_grad[0] else None,
+                    None if gy is None else _reduce_like(gy, sy), None, None)
+    _Floor.__name__ = _Floor.__qualname__ = {"floor_divide": "FloorDivideBackward",
+                                             "remainder": "RemainderBackward",
+                                             "rremainder": "RemainderBackward",
+                                             "fmod": "FmodBackward"}[name]
+    return _Floor
+
+
+_FLOOR = {}
+
+
+def _floor_op(name, np_fn, input, other):
+    x, y, a, b = _floor_operands(input, other, name)
+    if name == "remainder" and not isinstance(input, Tensor):
+        name = "rremainder"  # a number % a tensor: torch has no derivative for it
+    fn = _FLOOR.get(name)
+    if fn is None:
+        fn = _FLOOR[name] = _floor_function(name, np_fn)
+    return fn.apply(x, y, a, b)
+
+
+def floor_divide(input, other):
+    """``input // other``: the quotient rounded toward minus infinity, as torch (and Python)
+    round it; like torch's, it has no derivative (a backward through it raises).
+
+    >>> (tapegrad.tensor([7, -7]) // 2).tolist()
+    [3, -4]
+    """
+    return _floor_op("floor_divide", np.floor_divide, input, other)
+
+
+def remainder(input, other):
+    """``input % other``: the remainder with the sign of ``other`` (Python's and torch's);
+    its derivative is 1 for ``input`` and ``-floor(input / other)`` for ``other``.
+
+    >>> (tapegrad.tensor([5., -5.]) % 3).tolist()
+    [2.0, 1.0]
+    """
+    return _floor_op("remainder", np.remainder, input, other)
+
+
+def fmod(input, other):
+    """The remainder with the sign of ``input`` (C's fmod); its derivative is 1 for
+    ``input`` and ``-trunc(input / other)`` for ``other``.
+
+    >>> tapegrad.fmod(tapegrad.tensor([5., -5.]), 3).tolist()
+    [2.0, -2.0]
+    """
+    return _floor_op("fmod", np.fmod, input, other)
