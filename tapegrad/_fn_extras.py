@@ -570,3 +570,51 @@ def fmod(input, other):
     [2.0, -2.0]
     """
     return _floor_op("fmod", np.fmod, input, other)
+
+
+def linalg_norm(input, ord=None, dim=None, keepdim=False, *, dtype=None):
+    """``tapegrad.linalg.norm``: torch.linalg.norm. A vector norm of order ``ord`` over one
+    dimension (or of a 1-d input), a matrix norm (``'fro'``, 1, -1, inf, -inf) over two
+    dimensions (or of a 2-d input), the 2-norm of all elements when ``ord`` and ``dim`` are
+    None. The spectral and nuclear norms (2, -2, ``'nuc'``) need an SVD tapegrad lacks.
+
+    >>> tapegrad.linalg.norm(tapegrad.tensor([[1., -2.], [3., 4.]]), ord=1).item()
+    6.0
+    """
+    from ._fn_reductions import amax, amin, norm
+    x = _t(input)
+    if dtype is not None:
+        x = _to_dtype(x, np.dtype(getattr(dtype, "np", dtype)))
+    if isinstance(dim, int):
+        dim = (dim,)
+    if ord is None:
+        return norm(x, 2.0, dim, keepdim)
+    if dim is None:
+        if x.ndim not in (1, 2):
+            raise RuntimeError(f"linalg.norm: If dim is not specified but ord is, the input "
+                               f"must be 1D or 2D. Got {x.ndim}D.")
+        dim = tuple(range(x.ndim))
+    if len(dim) == 1:
+        if isinstance(ord, str):
+            raise RuntimeError(f"linalg.vector_norm: ord={ord!r} is a matrix norm; pass a "
+                               "number for a vector norm")
+        return norm(x, ord, dim, keepdim)
+    if len(dim) != 2:
+        raise RuntimeError(f"linalg.norm: dim must be an int or a 2-tuple, got {dim}")
+    r, c = (_dim(d, x.ndim) for d in dim)
+    if r == c:
+        raise RuntimeError(f"linalg.matrix_norm: dims must be different. Got ({r}, {c})")
+    if ord == "fro":
+        return norm(x, 2.0, (r, c), keepdim)
+    if ord in (2, -2, "nuc"):
+        raise NotImplementedError(f"linalg.norm: ord={ord!r} needs singular values, which "
+                                  "tapegrad does not compute; use ord='fro', 1, -1, inf or "
+                                  "-inf")
+    if ord not in (1, -1, math.inf, -math.inf):
+        raise RuntimeError(f"linalg.matrix_norm: Order {ord} not supported.")
+    # 1 / -1: the largest / smallest column sum; inf / -inf: row sums
+    over, across = (r, c) if abs(ord) == 1 else (c, r)
+    sums = sum(x.abs(), over, keepdim=True)
+    out = (amax if ord > 0 else amin)(sums, across, keepdim=True)
+    return out if keepdim else reshape(out, tuple(n for i, n in enumerate(x.shape)
+                                                  if i not in (r, c)))

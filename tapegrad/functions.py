@@ -310,7 +310,7 @@ del _name, _fn
 # gathered after the surface is built, as where they were written: _surface reads this
 # module's globals() for the ops' functions, and these are not ops' functions
 from ._fn_extras import (_index_added, _lgamma_np, _polygamma_np, argsort, cross,  # noqa: E402
-                         einsum, empty, equal, floor_divide, fmod, linalg_cross, mm,
+                         einsum, empty, equal, floor_divide, fmod, linalg_cross, linalg_norm, mm,
                          remainder, repeat_interleave, sort, special_multigammaln,
                          zeros_like_t)
 

@@ -1,4 +1,6 @@
-"""``//``, ``%``, floor_divide, remainder and fmod against torch: values, derivatives, errors."""
+"""Parts of torch's surface against torch: //, %, fmod, linalg.norm, materialized zeros, conversions."""
+import math
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,62 @@ def test_bad_operands_record_nothing_and_trace_raises():
     assert len(tape) == n
     with pytest.raises(NotImplementedError, match="outside the traced function"):
         tapegrad.trace(lambda v: (v % 2.0).sum(), np.ones(3))
+
+
+# --- linalg.norm (torch.linalg.norm's ord: vector and matrix norms) --------------------------
+
+NORMS = [((5,), {}), ((5,), {"ord": 1}), ((5,), {"ord": math.inf}), ((5,), {"ord": -math.inf}),
+         ((5,), {"ord": 0}), ((5,), {"ord": 3}), ((5,), {"ord": -1}), ((3, 4), {}),
+         ((3, 4), {"ord": "fro"}), ((3, 4), {"ord": 1}), ((3, 4), {"ord": -1}),
+         ((3, 4), {"ord": math.inf}), ((3, 4), {"ord": -math.inf}),
+         ((3, 4), {"ord": 1, "keepdim": True}), ((2, 3, 4), {"ord": 1, "dim": (2, 0)}),
+         ((2, 3, 4), {"ord": math.inf, "dim": (-1, -2), "keepdim": True}),
+         ((2, 3, 4), {"ord": 2, "dim": 1}), ((2, 3, 4), {"dim": (0, 1)})]
+
+
+@pytest.mark.parametrize("shape,kw", NORMS)
+def test_linalg_norm_against_torch(shape, kw):
+    a = np.random.default_rng(len(shape) * 10 + len(kw)).normal(size=shape)
+    res = []
+    for M in (tapegrad, torch):
+        x = M.tensor(a, requires_grad=True)
+        y = M.linalg.norm(x, **kw)
+        w = M.tensor(np.linspace(1.0, 2.0, int(np.prod(y.shape))).reshape(tuple(y.shape)))
+        # ord=0 counts: torch's graph does not reach x (so allow_unused), its gradient is 0
+        (g,) = M.autograd.grad((y * w).sum(), x, create_graph=True, allow_unused=True,
+                               materialize_grads=True)
+        out = [y.detach().numpy(), g.detach().numpy()]
+        if g.requires_grad and kw.get("ord") != 0:  # 0: torch's materialized zeros, ours none
+            h = M.autograd.grad((g * g).sum(), x, allow_unused=True, materialize_grads=True)[0]
+            out.append((h + 0).numpy())  # + 0: torch's ZeroTensor has no array
+        res.append(out)
+    assert len(res[0]) == len(res[1]) or kw.get("ord") == 0
+    for p, q in zip(*res):
+        np.testing.assert_allclose(p, q, rtol=1e-12, atol=1e-14)
+
+
+def test_linalg_norm_errors_as_torch():
+    for M in (tapegrad, torch):
+        for bad in (lambda: M.linalg.norm(M.ones(2, 2, 2), ord=1),
+                    lambda: M.linalg.norm(M.ones(3, 3), ord=3),
+                    lambda: M.linalg.norm(M.ones(3, 3), ord=1, dim=(0, 0))):
+            with pytest.raises(RuntimeError):
+                bad()
+    with pytest.raises(NotImplementedError, match="singular values"):
+        tapegrad.linalg.norm(tapegrad.ones(3, 3), ord="nuc")
+
+
+def test_materialized_zeros_require_grad_under_create_graph():
+    """torch: ``zeros_like(x, requires_grad=create_graph)``, a leaf of its own."""
+    for M in (tapegrad, torch):
+        a = M.tensor([1.0, 2.0], dtype=M.float64, requires_grad=True)
+        b = M.tensor([3.0], dtype=M.float64, requires_grad=True)
+        for cg in (True, False):
+            ga, gb = M.autograd.grad((a * a).sum(), (a, b), allow_unused=True, create_graph=cg,
+                                     materialize_grads=True)
+            assert gb.requires_grad is cg and gb.is_leaf and ga.requires_grad is cg
+            assert gb.tolist() == [0.0]
+        (gb,) = M.autograd.grad((a * a).sum(), (b,), allow_unused=True, create_graph=True,
+                                materialize_grads=True)
+        with pytest.raises(RuntimeError, match="not have been used in the graph"):
+            M.autograd.grad(gb.sum(), a)
