@@ -20,13 +20,24 @@ from .tensor import Tensor, _dim, _hint, _plain, _to_dtype, array_op, tensor
 # create_graph, is_grads_batched and replay come with them -------------------------------
 
 
-def empty(*size, dtype=None, requires_grad=False):
+def empty(*size, dtype=None, requires_grad=False, device=None, out=None,
+          **kwargs):
     """A tensor of shape ``size`` (torch leaves it uninitialized; tapegrad fills zeros).
 
     >>> tapegrad.empty(2, 3).shape
     (2, 3)
     """
     from .tensor import zeros
+    if "size" in kwargs:
+        size = (kwargs.pop("size"),)
+    if kwargs:
+        raise TypeError(f"empty() got an unexpected keyword argument {next(iter(kwargs))!r}")
+    if not size:
+        raise TypeError('empty() missing 1 required positional arguments: "size"')
+    if device not in (None, "cpu") and str(device) != "cpu":
+        raise RuntimeError(f"empty(): tapegrad tensors live on the CPU, got device={device!r}")
+    if out is not None:
+        raise TypeError("empty(): out= is not supported; use the returned tensor")
     return zeros(*size, dtype=dtype, requires_grad=requires_grad)
 
 
@@ -47,6 +58,9 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
         return tensor(np.repeat(np.arange(len(counts)), counts))
     if dim is None:
         input, dim = reshape(input, -1), 0
+    elif input.ndim == 0:  # torch's check, as torch words it (for any dim)
+        raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got "
+                         "1); a 0-d input is repeated without dim")
     dim = _dim(dim, input.ndim) if input.ndim else 0
     if input.ndim == 0:
         input = reshape(input, 1)

@@ -1,4 +1,4 @@
-"""Parts of torch's surface against torch: //, %, fmod, linalg.norm, materialized zeros, conversions."""
+"""torch's surface against torch: //, %, fmod, linalg.norm, materialized zeros, conversions."""
 import math
 
 import numpy as np
@@ -143,3 +143,19 @@ def test_materialized_zeros_require_grad_under_create_graph():
                                 materialize_grads=True)
         with pytest.raises(RuntimeError, match="not have been used in the graph"):
             M.autograd.grad(gb.sum(), a)
+
+
+def test_conversions_and_small_functions_as_torch():
+    for M in (tapegrad, torch):
+        for bad in (lambda: float(M.tensor([1.0, 2.0])), lambda: int(M.tensor([1, 2]))):
+            with pytest.raises(ValueError, match="only one element tensors"):
+                bad()
+        assert float(M.tensor([[3.0]])) == 3.0 and int(M.tensor([4])) == 4
+        for d in (0, -1):
+            with pytest.raises(IndexError):
+                M.repeat_interleave(M.tensor(1.5), 3, dim=d)
+        assert M.repeat_interleave(M.tensor(1.5), 3).tolist() == [1.5] * 3
+        assert tuple(M.empty(size=(2, 3)).shape) == (2, 3)
+        assert tuple(M.empty(2, device="cpu").shape) == (2,)
+        with pytest.raises(TypeError):
+            M.empty()
