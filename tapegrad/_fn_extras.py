@@ -20,13 +20,24 @@ from .tensor import Tensor, _dim, _hint, _plain, _to_dtype, array_op, tensor
 # create_graph, is_grads_batched and replay come with them -------------------------------
 
 
-def empty(*size, dtype=None, requires_grad=False):
+def empty(*size, dtype=None, requires_grad=False, device=None, out=None,
+          **kwargs):
     """A tensor of shape ``size`` (torch leaves it uninitialized; tapegrad fills zeros).
 
     >>> tapegrad.empty(2, 3).shape
     (2, 3)
     """
     from .tensor import zeros
+    if "size" in kwargs:
+        size = (kwargs.pop("size"),)
+    if kwargs:
+        raise TypeError(f"empty() got an unexpected keyword argument {next(iter(kwargs))!r}")
+    if not size:
+        raise TypeError('empty() missing 1 required positional arguments: "size"')
+    if device not in (None, "cpu") and str(device) != "cpu":
+        raise RuntimeError(f"empty(): tapegrad tensors live on the CPU, got device={device!r}")
+    if out is not None:
+        raise TypeError("empty(): out= is not supported; use the returned tensor")
     return zeros(*size, dtype=dtype, requires_grad=requires_grad)
 
 
@@ -47,6 +58,9 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
         return tensor(np.repeat(np.arange(len(counts)), counts))
     if dim is None:
         input, dim = reshape(input, -1), 0
+    elif input.ndim == 0:  # torch's check, as torch words it (for any dim)
+        raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got "
+                         "1); a 0-d input is repeated without dim")
     dim = _dim(dim, input.ndim) if input.ndim else 0
     if input.ndim == 0:
         input = reshape(input, 1)
@@ -163,17 +177,27 @@ def einsum(equation, *operands):
         operands = tuple(operands[0])
     operands = [_t(o, f"operand {i}") for i, o in enumerate(operands)]
     if not operands:
-        raise RuntimeError("einsum(): must provide at least one operand")
+        raise ValueError("einsum(): must specify the equation string and at least one "
+                         "operand")
     labels, out = _einsum_parse(equation, operands)
     sizes = {}
-    for lab, op in zip(labels, operands):
+    for i, (lab, op) in enumerate(zip(labels, operands)):
+        own = {}
         for c, n in zip(lab, op.shape):
-            if sizes.setdefault(c, n) != n:
-                raise RuntimeError(f"einsum(): subscript {c} has size {n} for an operand "
-                                   f"which does not match the previously seen size "
-                                   f"{sizes[c]}")
+            if own.setdefault(c, n) != n:
+                raise RuntimeError(f"einsum(): subscript {c} is repeated for operand {i} but "
+                                   f"the sizes don't match, {n} != {own[c]}")
+            seen = sizes.setdefault(c, n)
+            if seen != n and 1 not in (seen, n):
+                raise RuntimeError(f"einsum(): subscript {c} has size {n} for operand {i} "
+                                   f"which does not broadcast with previously seen size "
+                                   f"{seen}")
+            sizes[c] = builtins.max(seen, n)
     terms = []
     for lab, op in zip(labels, operands):
+        full = tuple(sizes[c] for c in lab)
+        if full != op.shape:  # a size-1 dimension broadcasts against the label's size, as torch
+            op = broadcast_to(op, full)
         # a label repeated within one operand takes the diagonal
         while len(set(lab)) < len(lab):
             c = next(c for c in lab if lab.count(c) > 1)
@@ -231,9 +255,27 @@ _BERNOULLI = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730, 7 / 6, -3617
 
 
 def _polygamma_np(n, x):
-    """psi^(n)(x) for x > 0: shift x past 12 by the recurrence, then the asymptotic series
+    """psi^(n)(x): below 0.5 by the reflection formula (no loop that -inf or -1e12 would
+    never leave), else shift x past 12 by the recurrence, then the asymptotic series
     (relative error under 1e-15 there)."""
     x = np.array(x, dtype=np.float64)
+    neg = x < 0.5
+    if neg.any():
+        # psi^(n)(x) = (-1)^n psi^(n)(1 - x) - pi d^n/dx^n cot(pi x); the n-th derivative of
+        # cot(pi x) is a polynomial in c = cot(pi x): P_{k+1}(c) = -pi (1 + c^2) P_k'(c)
+        poly = np.polynomial.Polynomial([0.0, 1.0])
+        for _ in range(n):
+            poly = -math.pi * np.polynomial.Polynomial([1.0, 0.0, 1.0]) * poly.deriv()
+        xn = x[neg]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c = np.cos(math.pi * xn) / np.sin(math.pi * xn)
+            pole = xn == np.floor(xn)  # poles at 0, -1, -2, ...: torch's +0 limit at 0, else nan
+            refl = (-1) ** n * _polygamma_np(n, 1.0 - xn) - math.pi * poly(c)
+        out = np.empty_like(x)
+        out[neg] = np.where(pole, np.where(xn == 0, (-1) ** (n + 1) * np.inf, np.nan), refl)
+        if (~neg).any():
+            out[~neg] = _polygamma_np(n, x[~neg])
+        return out
     acc = np.zeros_like(x)
     fact = math.factorial(n)
     while True:
@@ -292,6 +334,8 @@ def special_multigammaln(input, p):
     1.880995
     """
     input = _float_input(_t(input), "multigammaln")
+    if isinstance(p, Tensor) and p.ndim == 0 and np.asarray(p._d).dtype.kind in "iu":
+        p = int(p._d)  # torch takes a 0-d integer tensor as p
     if not isinstance(p, numbers.Integral) or p < 1:
         raise RuntimeError(f"multigammaln: p has to be greater than or equal to 1, got {p}")
     lg = _gamma_function(-1)
@@ -432,3 +476,159 @@ def _index_added(self, dim, index, source, alpha):
 
 def zeros_like_t(x):
     return _plain(np.zeros(x.shape, x.dtype.np)) if x.ndim else _plain(0.0)
+
+
+# --- floor division and remainders (torch's //, %, fmod) ------------------------------------
+
+
+def _reduce_like(g, shape):
+    """``g`` summed over the dimensions that broadcasting added to an operand of ``shape``."""
+    lead = g.ndim - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and g.shape[lead + i] != 1)
+    return reshape(sum(g, dims, keepdim=True), shape) if dims else g
+
+
+def _floor_operands(input, other, name):
+    """Both operands as arrays of torch's result dtype, checked before anything is recorded."""
+    from ._recorder import result_dtype
+    if STATE.trace is not None:
+        raise NotImplementedError(f"tapegrad.trace: {name} is computed by NumPy and cannot be "
+                                  "replayed yet; compute it outside the traced function")
+    x, y = _tn(input), _tn(other, "other")
+    dt = result_dtype(x, y)
+    if dt.kind == "b":
+        raise NotImplementedError(f"{name} is not implemented for 'Bool'")
+    if dt.kind not in "iuf":
+        raise RuntimeError(f"{name} is not implemented for {dt}")
+    a = np.asarray(x._d if isinstance(x, Tensor) else x).astype(dt, copy=False)
+    b = np.asarray(y._d if isinstance(y, Tensor) else y).astype(dt, copy=False)
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise RuntimeError(f"{name}: the shapes {list(a.shape)} and {list(b.shape)} do not "
+                           "broadcast") from None
+    if dt.kind in "iu" and (b == 0).any():
+        raise RuntimeError("ZeroDivisionError")
+    xs = x if isinstance(x, Tensor) else tensor(a)
+    ys = y if isinstance(y, Tensor) else tensor(b)
+    return xs, ys, a, b
+
+
+def _floor_function(name, np_fn):
+    from .autograd.function import Function
+
+    class _Floor(Function):
+        @staticmethod
+        def forward(ctx, x, y, a, b):
+            ctx.shapes = (x.shape, y.shape)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ctx.q = (np.trunc(a / b) if name == "fmod" else None
+                         if name in ("floor_divide", "rremainder") else np.floor_divide(a, b))
+                return tensor(np_fn(a, b))
+
+        @staticmethod
+        def backward(ctx, g):
+            if name in ("floor_divide", "rremainder"):  # as torch (number % tensor too)
+                op = "remainder" if name == "rremainder" else name
+                raise RuntimeError(f"derivative for aten::{op} is not implemented")
+            sx, sy = ctx.shapes  # x - q y with q = floor(x / y) (trunc for fmod), constant
+            gy = g * tensor(-ctx.q) if ctx.needs_input_grad[1] else None
+            return (_reduce_like(g, sx) if ctx.needs_input_grad[0] else None,
+                    None if gy is None else _reduce_like(gy, sy), None, None)
+    _Floor.__name__ = _Floor.__qualname__ = {"floor_divide": "FloorDivideBackward",
+                                             "remainder": "RemainderBackward",
+                                             "rremainder": "RemainderBackward",
+                                             "fmod": "FmodBackward"}[name]
+    return _Floor
+
+
+_FLOOR = {}
+
+
+def _floor_op(name, np_fn, input, other):
+    x, y, a, b = _floor_operands(input, other, name)
+    if name == "remainder" and not isinstance(input, Tensor):
+        name = "rremainder"  # a number % a tensor: torch has no derivative for it
+    fn = _FLOOR.get(name)
+    if fn is None:
+        fn = _FLOOR[name] = _floor_function(name, np_fn)
+    return fn.apply(x, y, a, b)
+
+
+def floor_divide(input, other):
+    """``input // other``: the quotient rounded toward minus infinity, as torch (and Python)
+    round it; like torch's, it has no derivative (a backward through it raises).
+
+    >>> (tapegrad.tensor([7, -7]) // 2).tolist()
+    [3, -4]
+    """
+    return _floor_op("floor_divide", np.floor_divide, input, other)
+
+
+def remainder(input, other):
+    """``input % other``: the remainder with the sign of ``other`` (Python's and torch's);
+    its derivative is 1 for ``input`` and ``-floor(input / other)`` for ``other``.
+
+    >>> (tapegrad.tensor([5., -5.]) % 3).tolist()
+    [2.0, 1.0]
+    """
+    return _floor_op("remainder", np.remainder, input, other)
+
+
+def fmod(input, other):
+    """The remainder with the sign of ``input`` (C's fmod); its derivative is 1 for
+    ``input`` and ``-trunc(input / other)`` for ``other``.
+
+    >>> tapegrad.fmod(tapegrad.tensor([5., -5.]), 3).tolist()
+    [2.0, -2.0]
+    """
+    return _floor_op("fmod", np.fmod, input, other)
+
+
+def linalg_norm(input, ord=None, dim=None, keepdim=False, *, dtype=None):
+    """``tapegrad.linalg.norm``: torch.linalg.norm. A vector norm of order ``ord`` over one
+    dimension (or of a 1-d input), a matrix norm (``'fro'``, 1, -1, inf, -inf) over two
+    dimensions (or of a 2-d input), the 2-norm of all elements when ``ord`` and ``dim`` are
+    None. The spectral and nuclear norms (2, -2, ``'nuc'``) need an SVD tapegrad lacks.
+
+    >>> tapegrad.linalg.norm(tapegrad.tensor([[1., -2.], [3., 4.]]), ord=1).item()
+    6.0
+    """
+    from ._fn_reductions import amax, amin, norm
+    x = _t(input)
+    if dtype is not None:
+        x = _to_dtype(x, np.dtype(getattr(dtype, "np", dtype)))
+    if isinstance(dim, int):
+        dim = (dim,)
+    if ord is None:
+        return norm(x, 2.0, dim, keepdim)
+    if dim is None:
+        if x.ndim not in (1, 2):
+            raise RuntimeError(f"linalg.norm: If dim is not specified but ord is, the input "
+                               f"must be 1D or 2D. Got {x.ndim}D.")
+        dim = tuple(range(x.ndim))
+    if len(dim) == 1:
+        if isinstance(ord, str):
+            raise RuntimeError(f"linalg.vector_norm: ord={ord!r} is a matrix norm; pass a "
+                               "number for a vector norm")
+        return norm(x, ord, dim, keepdim)
+    if len(dim) != 2:
+        raise RuntimeError(f"linalg.norm: dim must be an int or a 2-tuple, got {dim}")
+    r, c = (_dim(d, x.ndim) for d in dim)
+    if r == c:
+        raise RuntimeError(f"linalg.matrix_norm: dims must be different. Got ({r}, {c})")
+    if ord == "fro":
+        return norm(x, 2.0, (r, c), keepdim)
+    if ord in (2, -2, "nuc"):
+        raise NotImplementedError(f"linalg.norm: ord={ord!r} needs singular values, which "
+                                  "tapegrad does not compute; use ord='fro', 1, -1, inf or "
+                                  "-inf")
+    if ord not in (1, -1, math.inf, -math.inf):
+        raise RuntimeError(f"linalg.matrix_norm: Order {ord} not supported.")
+    # 1 / -1: the largest / smallest column sum; inf / -inf: row sums
+    over, across = (r, c) if abs(ord) == 1 else (c, r)
+    sums = sum(x.abs(), over, keepdim=True)
+    out = (amax if ord > 0 else amin)(sums, across, keepdim=True)
+    return out if keepdim else reshape(out, tuple(n for i, n in enumerate(x.shape)
+                                                  if i not in (r, c)))

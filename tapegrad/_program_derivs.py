@@ -61,6 +61,9 @@ class _Derivatives:
         xs = xs if isinstance(xs, (tuple, list)) else (xs,)
         code = self._code
         vs = v if isinstance(v, (tuple, list)) and code.kind == "tuple" else (v,)
+        if (code.kind != "tuple" and isinstance(v, tuple) and len(v) == 1
+                and (isinstance(v[0], (np.ndarray, Tensor)) or _is_device(v[0]))):
+            vs = v  # one output's cotangent in a 1-tuple, as torch.autograd.functional takes
         _, batch, _ = self._inputs(xs)
         seeds = self._seeds(vs, code, batch)
         code, outs, grads, batch, as_tensor = self._run(xs, seeds=seeds, grad=True)

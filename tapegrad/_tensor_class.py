@@ -368,6 +368,8 @@ class Tensor:
         return tensor(array)
 
     def __float__(self):
+        if self._d.__class__ is not _pyfloat and self._d.size != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
         tr = STATE.trace
         if tr is not None:
             tr.on_escape(self, "float()")
@@ -376,6 +378,8 @@ class Tensor:
         return _pyfloat(self.item())
 
     def __int__(self):
+        if self._d.__class__ is not _pyfloat and self._d.size != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
         tr = STATE.trace
         if tr is not None:
             tr.on_escape(self, "int()")

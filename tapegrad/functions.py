@@ -310,17 +310,23 @@ del _name, _fn
 # gathered after the surface is built, as where they were written: _surface reads this
 # module's globals() for the ops' functions, and these are not ops' functions
 from ._fn_extras import (_index_added, _lgamma_np, _polygamma_np, argsort, cross,  # noqa: E402
-                         einsum, empty, equal, linalg_cross, mm, repeat_interleave, sort,
-                         special_multigammaln, zeros_like_t)
+                         einsum, empty, equal, floor_divide, fmod, linalg_cross, linalg_norm, mm,
+                         remainder, repeat_interleave, sort, special_multigammaln,
+                         zeros_like_t)
 
 
 Tensor.repeat_interleave = _method(repeat_interleave)
 Tensor.cross = lambda self, other, dim=None: cross(self, other, dim)
+Tensor.floor_divide = Tensor.__floordiv__ = floor_divide
+Tensor.__rfloordiv__ = lambda self, other: floor_divide(other, self)
+Tensor.remainder = Tensor.__mod__ = remainder
+Tensor.__rmod__ = lambda self, other: remainder(other, self)
+Tensor.fmod = fmod
 
 
 #: public but outside ``__all__`` (as in torch's top-level namespace, these are not ops)
 _EXTRAS = ("argsort", "equal", "index_add", "mm", "sort", "cross", "einsum", "empty",
-           "repeat_interleave")
+           "repeat_interleave", "floor_divide", "remainder", "fmod")
 __all__ = list(_LISTED)
 
 

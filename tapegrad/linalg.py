@@ -1,5 +1,5 @@
 """``tapegrad.linalg``: torch.linalg's functions that tapegrad has."""
 from .functions import linalg_cross as cross
-from .functions import norm
+from .functions import linalg_norm as norm
 
 __all__ = ["cross", "norm"]

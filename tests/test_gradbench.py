@@ -3,6 +3,8 @@ objective text, and the protocol round trip through an in-process driver."""
 import io
 import json
 
+import math
+
 import numpy as np
 import pytest
 
@@ -287,7 +289,10 @@ EINSUMS = [("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 
            ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]), ("...ij,jk", [(2, 3, 4), (4, 5)]),
            ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]), ("bi,bj,bk->ijk", [(2, 3), (2, 4), (2, 2)]),
            ("ij,jk", [(3, 4), (4, 5)]), ("ba,ac->", [(3, 4), (4, 2)]),
-           ("nkd,kde->nke", [(5, 2, 3), (2, 3, 3)]), ("iij->j", [(3, 3, 2)])]
+           ("nkd,kde->nke", [(5, 2, 3), (2, 3, 3)]), ("iij->j", [(3, 3, 2)]),
+           # a size-1 dimension broadcasts against the same subscript's size elsewhere
+           ("bij,bjk->bik", [(2, 2, 3), (1, 3, 2)]), ("...ij,...jk->...ik", [(5, 2, 3), (1, 3, 2)]),
+           ("ij,ij->ij", [(2, 3), (1, 3)]), ("i,i->", [(3,), (1,)]), ("i,i->i", [(1,), (3,)])]
 
 
 @pytest.mark.parametrize("eq,shapes", EINSUMS)
@@ -310,8 +315,13 @@ def test_einsum_batched_and_errors():
     for x, y in zip(*res):
         np.testing.assert_allclose(x, y, rtol=1e-12)
     a = tapegrad.tensor(a0)
+    with pytest.raises(ValueError, match="at least one operand"):
+        tapegrad.einsum("i")
+    with pytest.raises(ValueError):
+        torch.einsum("i")
     for eq, ops in (("ij,jk->ik", (a, a)), ("ij->k", (a,)), ("ij,jk->ik", (a,)),
-                    ("ijk->", (a,)), ("i1->i", (a,))):
+                    ("ijk->", (a,)), ("i1->i", (a,)), ("ii", (tapegrad.ones(1, 3),)),
+                    ("ij,ij->ij", (a, tapegrad.ones(2, 4)))):
         with pytest.raises(RuntimeError):
             tapegrad.einsum(eq, *ops)
         with pytest.raises(RuntimeError):
@@ -402,6 +412,34 @@ def test_polygamma_series_against_scipy():
     np.testing.assert_allclose(_lgamma_np(x), special.gammaln(x), rtol=1e-14)
     for n in range(4):
         np.testing.assert_allclose(_polygamma_np(n, x), special.polygamma(n, x), rtol=1e-13)
+    # below 0.5 by reflection (the recurrence never ended at -inf or -1e12): scipy's
+    # polygamma is wrong below 0 for n >= 1, so digamma against scipy, the rest against the
+    # recurrence from its own start (well inside [-8, 0.5), where it ends)
+    neg = np.array([-7.3, -2.5, -0.5, -1e-3, 0.2, 0.49])
+    np.testing.assert_allclose(_polygamma_np(0, neg), special.digamma(neg), rtol=1e-12)
+    for n in range(1, 4):
+        rec = _polygamma_np(n, neg + 8) - sum((-1) ** n * math.factorial(n) / (neg + k) ** (n + 1)
+                                              for k in range(8))
+        np.testing.assert_allclose(_polygamma_np(n, neg), rec, rtol=1e-11)
+    assert np.isnan(_polygamma_np(0, np.array([-np.inf, -3.0]))).all()
+    assert _polygamma_np(0, np.array([0.0]))[0] == -np.inf  # torch's limit from the right
+    assert np.isfinite(_polygamma_np(1, np.array([-1e12 + 0.5]))).all()
+
+
+def test_multigammaln_gradient_far_below_zero_returns():
+    """Its gradient once looped forever at -inf and -1e12 (x + 1 until x >= 12); torch gives
+    nan at -inf."""
+    torch = pytest.importorskip("torch")
+    for M in (tapegrad, torch):
+        x = M.tensor([float("-inf")], dtype=M.float64, requires_grad=True)
+        M.special.multigammaln(x, 1).sum().backward()
+        assert np.isnan(x.grad.numpy()).all()
+    x = tapegrad.tensor([-1e12 + 0.25], requires_grad=True)  # torch hangs here itself
+    tapegrad.special.multigammaln(x, 2).sum().backward()
+    assert np.isfinite(x.grad.numpy()).all()
+    a = torch.special.multigammaln(torch.tensor([2.0], dtype=torch.float64), torch.tensor(2))
+    b = tapegrad.special.multigammaln(tapegrad.tensor([2.0]), tapegrad.tensor(2))
+    np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-14)
 
 
 def test_empty():

@@ -440,6 +440,14 @@ def test_batched_vjp_and_hvp():
     for i in range(5):
         J = prog.jacobian(X[i])
         close(vj[i], V[i] @ J)
+    # one output's cotangent in a 1-tuple, as torch.autograd.functional.vjp takes it
+    out1, vj1 = prog.vjp(X, (V,))
+    np.testing.assert_array_equal(vj1, vj)
+    s = tg.trace(lambda x: (x * x).sum() * x[0], np.ones(3))
+    _, g = s.vjp((np.ones(3),), (np.full((), 2.0),))
+    np.testing.assert_array_equal(g, s.vjp(np.ones(3), np.full((), 2.0))[1])
+    with pytest.raises(ValueError, match="cotangent"):
+        s.vjp(np.ones(3), (np.ones(()), np.ones(())))
     sc = tg.trace(rosen, np.zeros(4))
     _, H = sc.hvp(X[:, :3].repeat(2, axis=1)[:, :4], V.repeat(2, axis=1)[:, :4])
     for i in range(5):

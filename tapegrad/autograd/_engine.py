@@ -159,7 +159,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     for i, (x, r, u) in enumerate(zip(ins, results, used)):
         if not u:
             _check_unused(i, allow_unused)
-            out.append(_zeros_for(x) if materialize_grads else None)
+            z = _zeros_for(x) if materialize_grads else None
+            if z is not None and create_graph:  # torch: zeros_like(x, requires_grad=True),
+                z.requires_grad_(True)          # a leaf of its own
+            out.append(z)
         elif isinstance(r, Tensor):  # create_graph
             out.append(r)
         elif x._d.__class__ is _pyfloat:
@@ -205,7 +208,10 @@ def _batched_recorded(ins, results, used, batch, allow_unused, materialize_grads
         shape = (batch,) + tuple(x.shape)
         if not u:
             _check_unused(i, allow_unused)
-            out.append(_plain(np.zeros(shape, x.dtype.np)) if materialize_grads else None)
+            z = _plain(np.zeros(shape, x.dtype.np)) if materialize_grads else None
+            if z is not None:  # recorded (create_graph): torch's zeros require grad
+                z.requires_grad_(True)
+            out.append(z)
         elif not isinstance(r, Tensor):
             out.append(_plain(np.array(np.broadcast_to(np.asarray(r, dtype=x.dtype.np),
                                                        shape))))

@@ -1,0 +1,161 @@
+"""torch's surface against torch: //, %, fmod, linalg.norm, materialized zeros, conversions."""
+import math
+
+import numpy as np
+import pytest
+
+import tapegrad
+
+torch = pytest.importorskip("torch")
+
+A = np.array([7.5, -7.5, 3.0, -3.0, 0.0, -0.0, 1e300, 5.25])
+B = np.array([2.0, 2.0, -1.5, 0.5, 3.0, -3.0, 7.0, -0.75])
+FNS = {"//": lambda M, x, y: x // y, "%": lambda M, x, y: x % y,
+       "floor_divide": lambda M, x, y: M.floor_divide(x, y),
+       "remainder": lambda M, x, y: M.remainder(x, y), "fmod": lambda M, x, y: M.fmod(x, y),
+       "method": lambda M, x, y: x.remainder(y), "rmod": lambda M, x, y: 7.0 % y,
+       "rfloordiv": lambda M, x, y: 7.0 // y}
+
+
+def _same(a, b):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # same bits, NaN included
+
+
+@pytest.mark.parametrize("name", sorted(FNS))
+def test_values_against_torch(name):
+    f = FNS[name]
+    for x, y in ((A, B), (A, B[:1]), (A.reshape(2, 4), B[:4]), (A, np.zeros(8))):
+        r = [f(M, M.tensor(x), M.tensor(y)).numpy() for M in (tapegrad, torch)]
+        _same(*r)
+    ints = np.array([7, -7, 0, 5, -5]), np.array([2, 2, -3, 3, -3])
+    for M in (tapegrad, torch):
+        out = f(M, M.tensor(ints[0]), M.tensor(ints[1]))
+        assert str(out.dtype).endswith("int64") or name in ("rmod", "rfloordiv")
+    r = [f(M, M.tensor(ints[0]), M.tensor(ints[1])).numpy() for M in (tapegrad, torch)]
+    _same(*r)
+    r = [f(M, M.tensor(ints[0]), 2.5).numpy() if name not in ("rmod", "rfloordiv") else 0
+         for M in (tapegrad, torch)]
+    _same(*r)
+
+
+@pytest.mark.parametrize("name", ["%", "remainder", "fmod", "method"])
+def test_derivatives_against_torch(name):
+    f = FNS[name]
+    res = []
+    for M in (tapegrad, torch):
+        x = M.tensor(A[[0, 1, 2, 3, 7]], dtype=M.float64, requires_grad=True)
+        y = M.tensor([[0.75], [-1.25]], dtype=M.float64, requires_grad=True)
+        r = f(M, x, y) * x
+        gx, gy = M.autograd.grad(r.sum(), (x, y), create_graph=True)
+        hx, hy = M.autograd.grad((gx.sum() + gy.sum()), (x, y), allow_unused=True,
+                                 materialize_grads=True)
+        res.append([t.detach().numpy() for t in (r, gx, gy, hx, hy)])
+    for a, b in zip(*res):
+        np.testing.assert_allclose(a, b, rtol=1e-14)
+
+
+def test_errors_as_torch():
+    for M in (tapegrad, torch):
+        x = M.tensor([3.5, -2.5], dtype=M.float64, requires_grad=True)
+        q = x // 2.0  # recorded; the backward raises, as torch's
+        with pytest.raises(RuntimeError, match="floor_divide is not implemented"):
+            M.autograd.grad((q * x).sum(), x)
+        with pytest.raises(RuntimeError, match="remainder is not implemented"):
+            M.autograd.grad((7.0 % x).sum(), x)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            M.tensor([1, 2]) // M.tensor([1, 0])
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            M.tensor([1, 2]) % 0
+        with pytest.raises(NotImplementedError):
+            M.tensor([True]) // M.tensor([True])
+        with pytest.raises(RuntimeError):
+            M.tensor([1.0, 2.0]) % M.tensor([1.0, 2.0, 3.0])
+
+
+def test_bad_operands_record_nothing_and_trace_raises():
+    x = tapegrad.tensor([3.5, -2.5], requires_grad=True)
+    y = x * 2
+    tape = y._tape
+    n = len(tape)
+    for bad in (lambda: y % tapegrad.tensor([1.0, 2.0, 3.0]),
+                lambda: y.long() // 0 if hasattr(y, "long") else y // tapegrad.tensor([0]) * 0):
+        with pytest.raises(RuntimeError):
+            bad()
+    assert len(tape) == n
+    with pytest.raises(NotImplementedError, match="outside the traced function"):
+        tapegrad.trace(lambda v: (v % 2.0).sum(), np.ones(3))
+
+
+# --- linalg.norm (torch.linalg.norm's ord: vector and matrix norms) --------------------------
+
+NORMS = [((5,), {}), ((5,), {"ord": 1}), ((5,), {"ord": math.inf}), ((5,), {"ord": -math.inf}),
+         ((5,), {"ord": 0}), ((5,), {"ord": 3}), ((5,), {"ord": -1}), ((3, 4), {}),
+         ((3, 4), {"ord": "fro"}), ((3, 4), {"ord": 1}), ((3, 4), {"ord": -1}),
+         ((3, 4), {"ord": math.inf}), ((3, 4), {"ord": -math.inf}),
+         ((3, 4), {"ord": 1, "keepdim": True}), ((2, 3, 4), {"ord": 1, "dim": (2, 0)}),
+         ((2, 3, 4), {"ord": math.inf, "dim": (-1, -2), "keepdim": True}),
+         ((2, 3, 4), {"ord": 2, "dim": 1}), ((2, 3, 4), {"dim": (0, 1)})]
+
+
+@pytest.mark.parametrize("shape,kw", NORMS)
+def test_linalg_norm_against_torch(shape, kw):
+    a = np.random.default_rng(len(shape) * 10 + len(kw)).normal(size=shape)
+    res = []
+    for M in (tapegrad, torch):
+        x = M.tensor(a, requires_grad=True)
+        y = M.linalg.norm(x, **kw)
+        w = M.tensor(np.linspace(1.0, 2.0, int(np.prod(y.shape))).reshape(tuple(y.shape)))
+        # ord=0 counts: torch's graph does not reach x (so allow_unused), its gradient is 0
+        (g,) = M.autograd.grad((y * w).sum(), x, create_graph=True, allow_unused=True,
+                               materialize_grads=True)
+        out = [y.detach().numpy(), g.detach().numpy()]
+        if g.requires_grad and kw.get("ord") != 0:  # 0: torch's materialized zeros, ours none
+            h = M.autograd.grad((g * g).sum(), x, allow_unused=True, materialize_grads=True)[0]
+            out.append((h + 0).numpy())  # + 0: torch's ZeroTensor has no array
+        res.append(out)
+    assert len(res[0]) == len(res[1]) or kw.get("ord") == 0
+    for p, q in zip(*res):
+        np.testing.assert_allclose(p, q, rtol=1e-12, atol=1e-14)
+
+
+def test_linalg_norm_errors_as_torch():
+    for M in (tapegrad, torch):
+        for bad in (lambda: M.linalg.norm(M.ones(2, 2, 2), ord=1),
+                    lambda: M.linalg.norm(M.ones(3, 3), ord=3),
+                    lambda: M.linalg.norm(M.ones(3, 3), ord=1, dim=(0, 0))):
+            with pytest.raises(RuntimeError):
+                bad()
+    with pytest.raises(NotImplementedError, match="singular values"):
+        tapegrad.linalg.norm(tapegrad.ones(3, 3), ord="nuc")
+
+
+def test_materialized_zeros_require_grad_under_create_graph():
+    """torch: ``zeros_like(x, requires_grad=create_graph)``, a leaf of its own."""
+    for M in (tapegrad, torch):
+        a = M.tensor([1.0, 2.0], dtype=M.float64, requires_grad=True)
+        b = M.tensor([3.0], dtype=M.float64, requires_grad=True)
+        for cg in (True, False):
+            ga, gb = M.autograd.grad((a * a).sum(), (a, b), allow_unused=True, create_graph=cg,
+                                     materialize_grads=True)
+            assert gb.requires_grad is cg and gb.is_leaf and ga.requires_grad is cg
+            assert gb.tolist() == [0.0]
+        (gb,) = M.autograd.grad((a * a).sum(), (b,), allow_unused=True, create_graph=True,
+                                materialize_grads=True)
+        with pytest.raises(RuntimeError, match="not have been used in the graph"):
+            M.autograd.grad(gb.sum(), a)
+
+
+def test_conversions_and_small_functions_as_torch():
+    for M in (tapegrad, torch):
+        for bad in (lambda: float(M.tensor([1.0, 2.0])), lambda: int(M.tensor([1, 2]))):
+            with pytest.raises(ValueError, match="only one element tensors"):
+                bad()
+        assert float(M.tensor([[3.0]])) == 3.0 and int(M.tensor([4])) == 4
+        for d in (0, -1):
+            with pytest.raises(IndexError):
+                M.repeat_interleave(M.tensor(1.5), 3, dim=d)
+        assert M.repeat_interleave(M.tensor(1.5), 3).tolist() == [1.5] * 3
+        assert tuple(M.empty(size=(2, 3)).shape) == (2, 3)
+        assert tuple(M.empty(2, device="cpu").shape) == (2,)
+        with pytest.raises(TypeError):
+            M.empty()
