@@ -154,5 +154,31 @@ def test_the_batch_form_is_found_again_for_other_rows(monkeypatch):
     assert replay_cpu.form_of(rare_rows) is G.run_block
     assert replay_cpu.form_of(common_rows) is G.run_block_common
     monkeypatch.setattr(replay_cpu, "_last_form",
-                        [id(rare_rows), lambda: None, G.run_block_common])
+                        (id(rare_rows), lambda: None, G.run_block_common))
     assert replay_cpu.form_of(rare_rows) is G.run_block
+
+
+def test_batches_of_two_programs_in_threads_at_once_keep_their_forms():
+    """Threads batching a program of common ops and one with rare ops at once: each batch
+    runs its own form (``form_of`` reads its one tuple whole), with single calls' numbers."""
+    import threading
+    progs = [traced(rosen), traced(rare)]
+    X = samples(3, 16)
+    want = [[p.value_and_grad(x) for x in X] for p in progs]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(40):
+                values, grads = progs[i].value_and_grad(X)
+                for j, (v, g) in enumerate(want[i]):
+                    assert values[j] == v
+                    np.testing.assert_array_equal(grads[j], g)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i % 2,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

@@ -148,17 +148,20 @@ _NO_SIGNAL = np.zeros(1, dtype=np.int64)  # run_block's signal where no worker w
 
 #: the form of ``run_block`` (``_g.run_block`` or ``_g.run_block_common``) of the rows a
 #: batch ran last, by their identity (with a weak reference to check it: an id is reused
-#: once its array is gone): ``common`` reads every row, 10 us at 9,000 rows
-_last_form = [None, None, None]  # [id, weak reference, form]
+#: once its array is gone): ``common`` reads every row, 10 us at 9,000 rows. One tuple,
+#: replaced whole: a thread reads the three at once (a list changed in place could give it
+#: one program's id and another's form)
+_last_form = (None, None, None)  # (id, weak reference, form)
 
 
 def form_of(rows):
     """``run_block``'s form for ``rows``: of common ops only where ``common`` holds."""
-    last = _last_form
-    if last[0] == id(rows) and last[1]() is rows:
-        return last[2]
+    global _last_form
+    key, ref, form = _last_form
+    if key == id(rows) and ref() is rows:
+        return form
     form = _COMMON_FORM[_g.run_block] if common(rows) else _g.run_block
-    _last_form[:] = id(rows), weakref.ref(rows), form
+    _last_form = id(rows), weakref.ref(rows), form
     return form
 
 
