@@ -127,7 +127,9 @@ class Buffer:
             [a.ctypes.data for a, _ in self._results]
         res = np.empty(code.res_size[self._grad])
         run, rows = code.run, code.frows
-        if code.arrays or any(p >= _bound.MAX_ADDRESS for p in addresses):
+        # (without the JIT, NUMBA_DISABLE_JIT=1, the entry cannot read addresses either)
+        if code.arrays or any(p >= _bound.MAX_ADDRESS for p in addresses) \
+                or not hasattr(_cpu.run_bound, "compile"):
             self._views, self._res, self._work, self._run_rows = views, res, work, (run, rows)
             self._pairs = tuple((a.reshape(-1), res[o:o + a.size]) for a, o in self._results)
             self._entry = self._copying

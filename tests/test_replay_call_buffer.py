@@ -442,3 +442,28 @@ def test_binding_a_fresh_program_compiles_no_entry_of_rows_as_traced(monkeypatch
     y = sum(100.0 * (xt[i + 1] - xt[i] ** 2) ** 2 + (1.0 - xt[i]) ** 2 for i in range(6))
     (gt,) = torch.autograd.grad(y, xt)
     np.testing.assert_allclose(g, gt.numpy(), rtol=1e-13)
+
+
+NO_JIT = """
+import numpy as np, tapegrad as tg
+p = tg.trace(lambda x: (x * x).sum() + x[0] * x[1], np.ones(3))
+x, f, g = np.array([1.0, 2.0, 3.0]), np.empty(()), np.empty(3)
+call = p.buffer(x, out=f, grad=g)
+call()
+v, want = p.value_and_grad(x)
+print(float(f) == v, np.array_equal(g, want), g.tolist())
+"""
+
+
+def test_bound_calls_without_the_jit():
+    """``NUMBA_DISABLE_JIT=1``: the entry cannot read the bound arrays by their addresses (an
+    intrinsic), so the call copies them in Python, with value_and_grad's numbers."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", TAPEGRAD_QUIET="1", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", NO_JIT], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "[4.0,", "5.0,", "6.0]"]
