@@ -116,15 +116,20 @@ class Buffer:
         does not read addresses (array instructions) or addresses a float cannot hold,
         ``_copying``, the same buffers filled and read in Python."""
         code = self.program._code
+        if not code.arrays:
+            # a loop's entry now: superinstructions, no tier of 64 calls; before
+            # ``buffers``, which would compile (or load) the entry of rows as traced too
+            # (1.5 s of a cold first bound call, 5.8 s in all, for an entry it never runs)
+            code.tier_up()
         # a work of its own (never back in the program's pool); compiles or loads the entry
         work, _, views = code.buffers()
-        if not code.arrays:
-            code.tier_up()  # a loop's entry now: superinstructions, no tier of 64 calls
         addresses = [a.ctypes.data for a in self.inputs] + \
             [a.ctypes.data for a, _ in self._results]
         res = np.empty(code.res_size[self._grad])
         run, rows = code.run, code.frows
-        if code.arrays or any(p >= _bound.MAX_ADDRESS for p in addresses):
+        # (without the JIT, NUMBA_DISABLE_JIT=1, the entry cannot read addresses either)
+        if code.arrays or any(p >= _bound.MAX_ADDRESS for p in addresses) \
+                or not hasattr(_cpu.run_bound, "compile"):
             self._views, self._res, self._work, self._run_rows = views, res, work, (run, rows)
             self._pairs = tuple((a.reshape(-1), res[o:o + a.size]) for a, o in self._results)
             self._entry = self._copying

@@ -416,3 +416,54 @@ def test_hvp_of_a_retracing_program_traces_the_function_with_its_own_inputs():
         assert np.asarray(value).ravel()[0] == pytest.approx(float(want[0]))
         np.testing.assert_allclose(np.asarray(hv).reshape(-1), want[1].numpy(), rtol=1e-15)
     assert len(p._variants) == 2
+
+
+def test_binding_a_fresh_program_compiles_no_entry_of_rows_as_traced(monkeypatch):
+    """A bound call runs superinstructions from its first call: binding a program that was
+    never called asks ``replay_cpu.entry`` only for the fused entries (the entry of rows as
+    traced, ``run_into``, was 1.5 s of a cold first bound call), with the checked path's
+    numbers."""
+    from tapegrad.interpreters import replay_cpu
+    asked, real = [], replay_cpu.entry
+    monkeypatch.setattr(replay_cpu, "entry",
+                        lambda rows, work, fn=None: asked.append(fn) or real(rows, work, fn))
+    x0 = np.linspace(-0.9, 1.2, 7)
+    fresh = tg.trace(lambda x: sum(100.0 * (x[i + 1] - x[i] ** 2) ** 2 + (1.0 - x[i]) ** 2
+                                   for i in range(6)), x0)
+    g, out = np.full(7, np.nan), np.full((), np.nan)
+    fresh.buffer(x0, out=out, grad=g)()
+    assert asked and all(fn in (replay_cpu.run_fused, replay_cpu.run_bound_fused)
+                         for fn in asked), asked
+    assert fresh._code.frows is not fresh._code.arows  # (fused: the calls' rows too)
+    value, grad = fresh.value_and_grad(x0)
+    assert out == value
+    np.testing.assert_array_equal(g, grad)
+    xt = torch.tensor(x0, requires_grad=True)
+    y = sum(100.0 * (xt[i + 1] - xt[i] ** 2) ** 2 + (1.0 - xt[i]) ** 2 for i in range(6))
+    (gt,) = torch.autograd.grad(y, xt)
+    np.testing.assert_allclose(g, gt.numpy(), rtol=1e-13)
+
+
+NO_JIT = """
+import numpy as np, tapegrad as tg
+p = tg.trace(lambda x: (x * x).sum() + x[0] * x[1], np.ones(3))
+x, f, g = np.array([1.0, 2.0, 3.0]), np.empty(()), np.empty(3)
+call = p.buffer(x, out=f, grad=g)
+call()
+v, want = p.value_and_grad(x)
+print(float(f) == v, np.array_equal(g, want), g.tolist())
+"""
+
+
+def test_bound_calls_without_the_jit():
+    """``NUMBA_DISABLE_JIT=1``: the entry cannot read the bound arrays by their addresses (an
+    intrinsic), so the call copies them in Python, with value_and_grad's numbers."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", TAPEGRAD_QUIET="1", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", NO_JIT], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "[4.0,", "5.0,", "6.0]"]

@@ -10,6 +10,7 @@ import pytest
 import tapegrad as tg
 from tapegrad import replay
 from tapegrad.interpreters import replay_cpu
+from tapegrad.interpreters import _generated_replay as G
 
 torch = pytest.importorskip("torch")
 
@@ -199,11 +200,13 @@ def test_the_entry_called_past_numbas_dispatch_is_run_into_for_the_programs_arra
     code = prog._code
     work, flat, _ = code._free[0]
     res = np.empty(code.res_size[True])
+    # (its form of common ops: the program has no other, ``replay_cpu.common``)
+    assert replay_cpu.common(code.rows)
     if hasattr(replay_cpu.run_into, "overloads"):  # compiled (not NUMBA_DISABLE_JIT)
         sig = tuple(numba.typeof(a) for a in (code.rows, work, res))
-        assert code.run is replay_cpu.run_into.overloads[sig].entry_point
+        assert code.run is G.run_into_common.overloads[sig].entry_point
     flat[:] = np.concatenate([x.reshape(-1) for x in xs])
-    assert replay_cpu.run_into(code.rows, work, res) == 0
+    assert replay_cpu.run_into(code.rows, work, res) == 0  # the form of any rows: the same
     np.testing.assert_array_equal(res, np.concatenate(
         [[value]] + [g.reshape(-1) for g in grads]))
     # the compiled callers' entry (optim_loop) lays out its own buffer the same way

@@ -109,14 +109,16 @@ SHARED_REVERSE = '''        elif SHARED[op] and GRADS[op] != 0:
 # row (an array struct and its reference count), which made blocks of 4 samples 2.5x and
 # of 64 samples 1.3 to 1.5x slower (n=100 and n=1000 Rosenbrock, CPU time), and a signed
 # index adds a negative index's wraparound to every element
-BLOCK_HEADER = '''
+BLOCK_IMPORT = '''
 
 from . import _atomic  # noqa: E402  (run_block's signal to a worker thread)
+'''
 
+BLOCK_HEADER = '''
 
 @njit_cached(error_model="numpy", nogil=True)
-def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw, signal,
-              number):
+def run_block{suffix}(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw,
+              signal, number):
     """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (rows of ``X``:
     ``X[j, i]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
     into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``
@@ -124,7 +126,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
     ``k * (b1 - b0) + j``: rows x samples) live in ``Vw`` and ``Aw``, flat buffers of at
     least rows x samples reused from block to block. A ``number`` above 0 is stored in
     ``signal[0]`` first: a parallel batch's worker thread spins on it, and sees it once this
-    thread has let the GIL go (so it takes the GIL without waiting for it)."""
+    thread has let the GIL go (so it takes the GIL without waiting for it){which}."""
     if number > 0:
         _atomic.store_release(signal, 0, number)
     n = rows.shape[0]
@@ -244,16 +246,24 @@ def _common_first(op):
             op.code)
 
 
-def _block_source(looped):
+def _block_source(looped, suffix, shared, which):
     codes = _signed(looped)
     fwd = [op for op in looped if op.name not in SIGNED or op.name == "neg"]
     rev = [op for op in looped if op.name not in SIGNED]
     fwd.sort(key=_common_first)
     rev.sort(key=_common_first)
-    return ([BLOCK_HEADER, SIGNED_FORWARD.format(**codes)]
+    return ([BLOCK_HEADER.replace("{suffix}", suffix).replace("{which}", which),
+             SIGNED_FORWARD.format(**codes)]
             + chain(fwd, _flat_forward, first=False)
-            + [BLOCK_LEAVES, SHARED_FORWARD, BLOCK_MIDDLE, SIGNED_REVERSE.format(**codes)]
-            + chain(rev, _flat_reverse, first=False) + [SHARED_REVERSE, BLOCK_END])
+            + [BLOCK_LEAVES, SHARED_FORWARD if shared else "", BLOCK_MIDDLE,
+               SIGNED_REVERSE.format(**codes)]
+            + chain(rev, _flat_reverse, first=False)
+            + [SHARED_REVERSE if shared else "", BLOCK_END])
+
+
+def size():
+    """The opcode tables' size: every registry opcode indexes them."""
+    return max(op.code for op in OPS) + 1
 
 
 def _by_code(size):
@@ -327,15 +337,20 @@ def _split(ops):
 def tables(ops):
     """The generated module's ``SHARED`` and ``GRADS``, indexed by opcode."""
     shared = _split(ops)[1]
-    size = max(op.code for op in OPS) + 1
+    n = size()
     return ("\n#: by opcode: whether its batch branch is the shared loop (``forward_value``,\n"
             "#: ``reverse_value``), and the inputs its rule gives gradients to (bits a, b, c)\n"
-            f"SHARED = np.array({[int(op in shared) for op in _by_code(size)]}, "
+            f"SHARED = np.array({[int(op in shared) for op in _by_code(n)]}, "
             "dtype=np.bool_)\n"
-            f"GRADS = np.array({_grad_bits(shared, size)}, dtype=np.int64)\n")
+            f"GRADS = np.array({_grad_bits(shared, n)}, dtype=np.int64)\n")
 
 
-def block_source(ops):
-    """``run_block``, ``forward_value`` and ``reverse_value`` of the replay ops ``ops``."""
+def block_source(ops, forms):
+    """``run_block`` in each of ``forms`` ((suffix, with the shared loop, docstring
+    addition): ``_codegen_replay.FORMS``), ``forward_value`` and ``reverse_value`` of the
+    replay ops ``ops``."""
     looped, shared = _split(ops)
-    return _block_source(looped) + _shared_source(shared)
+    src = [BLOCK_IMPORT]
+    for suffix, with_shared, which in forms:
+        src += _block_source(looped, suffix, with_shared, which)
+    return src + _shared_source(shared)

@@ -6,7 +6,7 @@ import pathlib
 
 from ._codegen_emit import (
     CUDA, REPLAY_MULTI, REPLAY_ONE, _replay_ops, dispatch, dispatch_pairs)
-from .fuse import PAIRS
+from .fuse import LEAF_RUN, PAIRS
 
 # --- traced-program interpreters ------------------------------------------------------------
 # A traced program is a matrix of scalar rows (opcode, a, b, c, c0, c1) with absolute slots:
@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from .._jit import njit_cached
+from ._bound import bound_in, bound_out
 
 LEAF = {leaf}
 CONST = {const}
@@ -86,17 +87,17 @@ FORWARD_START = '''        if op == LEAF:
 SWEEPS = '''
 
 @njit_cached(error_model="numpy", nogil=True)
-def forward(rows, x, v):
+def forward{suffix}(rows, x, v):
     """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard
-    (rows as traced: no superinstructions)."""
+    (rows as traced: no superinstructions{which})."""
     for k in range(rows.shape[0]):
         op = int(rows[k, 0])
 {forward}    return 0
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def reverse(rows, v, adj):
-    """The reverse sweep of one sample: ``adj`` seeded at the outputs (rows as traced)."""
+def reverse{suffix}(rows, v, adj):
+    """The reverse sweep of one sample: ``adj`` seeded at the outputs (rows as traced{which})."""
     for k in range(rows.shape[0] - 1, -1, -1):
         op = int(rows[k, 0])
 {reverse}    return 0
@@ -108,21 +109,18 @@ def reverse(rows, v, adj):
 # code. Its own names must not be the sweeps' (the branches assign a, b, g, ia, bits, ...)
 RUN_FUSED = '''
 
-HEADER = {header}
-
-
 @njit_cached(error_model="numpy", nogil=True)
-def run_fused(rows, work, res):
-    """``replay_cpu.run_into`` of rows with superinstructions (``fuse.fuse``), or as traced:
-    the outputs, then (when ``res`` has room) the gradient into ``res``; the status (0, or 1
-    + the row of a failed guard)."""
+def run_fused{suffix}(rows, work, res):
+    """``run_into`` of rows with superinstructions (``fuse.fuse``), or as traced: the
+    outputs, then (when ``res`` has room) the gradient into ``res``; the status (0, or 1 +
+    the row of a failed guard){which}."""
     n = rows.shape[0]
     nout, nin, nx = int(work[0]), int(work[1]), int(work[2])
     slots = HEADER + nout  # the output slots, then the input slots
     xo = slots + nout + nin  # the inputs, then the values, then the adjoints
     x = work[xo:xo + nx]
     v = work[xo + nx:xo + nx + n]
-    end = xo + nx + 2 * n  # a bound call's arrays past it (``replay_cpu.run_bound_fused``)
+    end = xo + nx + 2 * n  # a bound call's arrays past it (``run_bound_fused``)
     status = 0
     kk = 0
     while kk < n:
@@ -152,17 +150,131 @@ def run_fused(rows, work, res):
 '''
 
 
-def _one_sweeps(looped, pairs, own, fail):
+# The one-sample entries (``replay_cpu.entry`` picks one): ``run_into`` calls the sweeps of
+# rows as traced (``forward``, ``reverse``); ``run_bound`` and ``run_bound_fused`` are a
+# bound call's (``Program.buffer``): its inputs copied in from the arrays' addresses kept
+# past ``work``'s adjoints (``_bound``), the entry, its results copied out. Entries of their
+# own, compiled only for a program bound to arrays: inside ``run_into`` the copies cost
+# every program's first call 0.3 s of cold compile.
+RUN_INTO = '''
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_into{suffix}(rows, work, res):
+    """Forward at the inputs held in ``work`` (laid out as ``HEADER`` says); when ``res`` has
+    room for the gradient (m + p values), the reverse sweep seeded at the outputs. ``res``:
+    the outputs, then the gradient. Returns the status (0, or 1 + the row of a failed
+    guard){which}.
+
+    The caller owns the buffers (the one-sample calls reuse ``work``): nothing is allocated
+    or boxed here but the status, which took a third of a small program's call (the entry
+    returning three fresh arrays cost 1.4 us on a 12-row program, this one 0.55 us). Three
+    arguments: Numba's dispatch types and unboxes each one on every call (the six of the
+    entry before, slots, inputs and a bool among them, cost 0.2 us more)."""
+    n = rows.shape[0]
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    s = HEADER + m  # the output slots, then the input slots
+    o = s + m + p  # the inputs, then the values, then the adjoints
+    v = work[o + nx:o + nx + n]
+    end = o + nx + 2 * n  # a bound call's arrays past it (``run_bound``)
+    status = forward{suffix}(rows, work[o:o + nx], v)
+    for i in range(m):
+        res[i] = v[int(work[s + i])]
+    if res.shape[0] > m and status == 0:
+        adj = work[o + nx + n:end]
+        adj[:] = 0.0
+        top = 0
+        for i in range(m):
+            t = int(work[s + i])
+            adj[t] += work[HEADER + i]
+            top = max(top, t)
+        # from the last output: the rows after it read no output, so their adjoints stay
+        # zero (a pruned program has only guards and leaves there; a one-sample hvp's
+        # program keeps the function's value there, ``_program_code._hvp_code``)
+        reverse{suffix}(rows[:top + 1], v, adj)
+        for i in range(p):
+            res[m + i] = adj[int(work[s + m + i])]
+    return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_bound{suffix}(rows, work, res):
+    """``run_into{suffix}`` of a bound call."""
+    end = bound_end(rows, work)
+    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
+    status = run_into{suffix}(rows, work, res)
+    if status == 0:
+        bound_out(work, end, res)
+    return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_bound_fused{suffix}(rows, work, res):
+    """``run_fused{suffix}`` of a bound call."""
+    end = bound_end(rows, work)
+    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
+    status = run_fused{suffix}(rows, work, res)
+    if status == 0:
+        bound_out(work, end, res)
+    return status
+'''
+
+BOUND_END = '''
+
+@njit_cached(error_model="numpy", nogil=True)
+def bound_end(rows, work):
+    """Where a bound call's arrays start in ``work`` (past the inputs, values and adjoints
+    laid out as ``HEADER`` says)."""
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    return HEADER + 2 * m + p + nx + 2 * rows.shape[0]
+'''
+
+#: the generated entries' two forms: of any rows (``SHARED`` ops through the shared switch
+#: ``forward_value``/``reverse_value``), and (``_common``) of rows of ``COMMON`` ops only,
+#: without the switch: half of a cold first call's compile (the switch, 60 ops, and its
+#: copies optimized again in each caller: trace and first gradient 3.3 s of CPU with it,
+#: about 1.8 without), which most programs (sums of products, squares, exp, sin ...) never
+#: need. ``replay_cpu`` picks the form by the rows (``replay_cpu.common``).
+FORMS = (("", True, ""), ("_common", False, ", of ``COMMON`` ops only"))
+
+COMMON_TABLE = '''
+#: by opcode: whether the entries of common ops (``*_common``: no shared switch) run it
+COMMON = np.array({common}, dtype=np.bool_)
+'''
+
+
+# a run of leaves in fused rows (``fuse.LEAF_RUN``: its length in column c1 of its first and
+# last rows): the forward copies its inputs in one branch, the reverse (leaves have no rule)
+# jumps from its last row past its first; its first row's own branch keeps a sweep that
+# starts at an output inside the run from the shared switch (whose tables end below it)
+LEAF_RUN_FORWARD = '''        elif op == {head}:  # a run of leaves
+            m = np.uint64(int(rows[k, 5]))
+            for t in range(m):
+                v[k + t] = x[int(rows[k + t, 4])]
+            kk += int(m) - 1
+'''
+LEAF_RUN_REVERSE = '''        elif op == {tail}:  # a run of leaves (no rule): past its first row
+            kk -= int(rows[k, 5]) - 1
+        elif op == {head}:  # (a sweep that started inside the run, at an output leaf)
+            kk -= 0
+'''
+
+
+def _one_sweeps(looped, pairs, own, fail, shared=True):
     """The branches of one sample's forward and reverse loops: the common ops', the
-    superinstructions' (``pairs``), and the rare ops' through the shared switch; ``own``:
-    the row's signed index, ``fail``: what a failed guard does."""
+    superinstructions' (``pairs``), and (``shared``) the rare ops' through the shared
+    switch; ``own``: the row's signed index, ``fail``: what a failed guard does."""
     fwd = [FORWARD_START.replace("{fail}", fail)]
     fwd += dispatch(looped, REPLAY_ONE, forward=True, first=False)
     fwd += dispatch_pairs(pairs, REPLAY_ONE, forward=True)
-    fwd.append(SHARED_ONE_FORWARD.replace("{own}", own))
+    if pairs:  # (the fused rows' runs of leaves: ``fuse.LEAF_RUN``)
+        fwd.append(LEAF_RUN_FORWARD.format(head=LEAF_RUN))
     rev = dispatch(looped, REPLAY_ONE)
     rev += dispatch_pairs(pairs, REPLAY_ONE)
-    rev.append(SHARED_ONE_REVERSE.replace("{own}", own))
+    if pairs:
+        rev.append(LEAF_RUN_REVERSE.format(tail=LEAF_RUN + 1, head=LEAF_RUN))
+    if shared:
+        fwd.append(SHARED_ONE_FORWARD.replace("{own}", own))
+        rev.append(SHARED_ONE_REVERSE.replace("{own}", own))
     return "".join(fwd), "".join(rev)
 
 
@@ -173,15 +285,26 @@ def _replay_source():
     ops = _replay_ops()
     from . import _codegen_batch  # imports this module's emitter
     src.append(_codegen_batch.tables(ops))
+    looped = _codegen_batch._split(ops)[0]
+    common = [False] * len(_codegen_batch._by_code(_codegen_batch.size()))
+    for code in [op.code for op in looped] + [BY_NAME[n].code for n in ("leaf", "const",
+                                                                       "guard")]:
+        common[code] = True
+    src.append(COMMON_TABLE.format(common=[int(c) for c in common]))
+    src.append(f"\n#: ``work``'s header (``_codegen_replay.HEADER`` says its layout)\n"
+               f"HEADER = {HEADER}\n" + BOUND_END)
 
     # the rare ops' branches call the batch's scalar forward_value/reverse_value (one
     # compiled switch serves both): a branch per op was 60% of these sweeps' cold compile
-    looped = _codegen_batch._split(ops)[0]
-    fwd, rev = _one_sweeps(looped, (), "k", "return k + 1")
-    src.append(SWEEPS.format(forward=fwd, reverse=rev))
-    fwd, rev = _one_sweeps(looped, PAIRS, "kk", "status = kk + 1\n                break")
     from .fuse import BASE
-    src.append(RUN_FUSED.format(header=HEADER, forward=fwd, reverse=rev, base=BASE))
+    for suffix, shared, which in FORMS:
+        fwd, rev = _one_sweeps(looped, (), "k", "return k + 1", shared)
+        src.append(SWEEPS.format(forward=fwd, reverse=rev, suffix=suffix, which=which))
+        fwd, rev = _one_sweeps(looped, PAIRS, "kk", "status = kk + 1\n                break",
+                               shared)
+        src.append(RUN_FUSED.format(forward=fwd, reverse=rev, base=BASE, suffix=suffix,
+                                    which=which))
+        src.append(RUN_INTO.replace("{suffix}", suffix).replace("{which}", which))
     # one sample with many seeds (Jacobians): rows as traced
     src.append('''
 
@@ -195,7 +318,7 @@ def reverse_multi(rows, v, A):
 ''')
     src += dispatch(ops, REPLAY_MULTI)
     src.append("    return 0\n")
-    src += _codegen_batch.block_source(ops)
+    src += _codegen_batch.block_source(ops, FORMS)
     return "".join(src)
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from .._jit import njit_cached
+from ._bound import bound_in, bound_out
 
 LEAF = 0
 CONST = 1
@@ -16,6 +17,20 @@ GUARD = 87
 #: ``reverse_value``), and the inputs its rule gives gradients to (bits a, b, c)
 SHARED = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1], dtype=np.bool_)
 GRADS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0], dtype=np.int64)
+
+#: by opcode: whether the entries of common ops (``*_common``: no shared switch) run it
+COMMON = np.array([1, 1, 0, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0], dtype=np.bool_)
+
+#: ``work``'s header (``_codegen_replay.HEADER`` says its layout)
+HEADER = 3
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def bound_end(rows, work):
+    """Where a bound call's arrays start in ``work`` (past the inputs, values and adjoints
+    laid out as ``HEADER`` says)."""
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    return HEADER + 2 * m + p + nx + 2 * rows.shape[0]
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -225,21 +240,18 @@ def reverse(rows, v, adj):
     return 0
 
 
-HEADER = 3
-
-
 @njit_cached(error_model="numpy", nogil=True)
 def run_fused(rows, work, res):
-    """``replay_cpu.run_into`` of rows with superinstructions (``fuse.fuse``), or as traced:
-    the outputs, then (when ``res`` has room) the gradient into ``res``; the status (0, or 1
-    + the row of a failed guard)."""
+    """``run_into`` of rows with superinstructions (``fuse.fuse``), or as traced: the
+    outputs, then (when ``res`` has room) the gradient into ``res``; the status (0, or 1 +
+    the row of a failed guard)."""
     n = rows.shape[0]
     nout, nin, nx = int(work[0]), int(work[1]), int(work[2])
     slots = HEADER + nout  # the output slots, then the input slots
     xo = slots + nout + nin  # the inputs, then the values, then the adjoints
     x = work[xo:xo + nx]
     v = work[xo + nx:xo + nx + n]
-    end = xo + nx + 2 * n  # a bound call's arrays past it (``replay_cpu.run_bound_fused``)
+    end = xo + nx + 2 * n  # a bound call's arrays past it (``run_bound_fused``)
     status = 0
     kk = 0
     while kk < n:
@@ -354,6 +366,11 @@ def run_fused(rows, work, res):
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
             kk += 1
+        elif op == 1008:  # a run of leaves
+            m = np.uint64(int(rows[k, 5]))
+            for t in range(m):
+                v[k + t] = x[int(rows[k + t, 4])]
+            kk += int(m) - 1
         elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -520,6 +537,10 @@ def run_fused(rows, work, res):
             adj[np.uint64(iha)] += (gh * hb)
             adj[np.uint64(ihb)] += (gh * ha)
             kk -= 1
+        elif op == 1009:  # a run of leaves (no rule): past its first row
+            kk -= int(rows[k, 5]) - 1
+        elif op == 1008:  # (a sweep that started inside the run, at an output leaf)
+            kk -= 0
         elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]
             ia = int(rows[k, 1])
@@ -540,6 +561,612 @@ def run_fused(rows, work, res):
     for i in range(nin):
         res[nout + i] = adj[int(work[slots + nout + i])]
     return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_into(rows, work, res):
+    """Forward at the inputs held in ``work`` (laid out as ``HEADER`` says); when ``res`` has
+    room for the gradient (m + p values), the reverse sweep seeded at the outputs. ``res``:
+    the outputs, then the gradient. Returns the status (0, or 1 + the row of a failed
+    guard).
+
+    The caller owns the buffers (the one-sample calls reuse ``work``): nothing is allocated
+    or boxed here but the status, which took a third of a small program's call (the entry
+    returning three fresh arrays cost 1.4 us on a 12-row program, this one 0.55 us). Three
+    arguments: Numba's dispatch types and unboxes each one on every call (the six of the
+    entry before, slots, inputs and a bool among them, cost 0.2 us more)."""
+    n = rows.shape[0]
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    s = HEADER + m  # the output slots, then the input slots
+    o = s + m + p  # the inputs, then the values, then the adjoints
+    v = work[o + nx:o + nx + n]
+    end = o + nx + 2 * n  # a bound call's arrays past it (``run_bound``)
+    status = forward(rows, work[o:o + nx], v)
+    for i in range(m):
+        res[i] = v[int(work[s + i])]
+    if res.shape[0] > m and status == 0:
+        adj = work[o + nx + n:end]
+        adj[:] = 0.0
+        top = 0
+        for i in range(m):
+            t = int(work[s + i])
+            adj[t] += work[HEADER + i]
+            top = max(top, t)
+        # from the last output: the rows after it read no output, so their adjoints stay
+        # zero (a pruned program has only guards and leaves there; a one-sample hvp's
+        # program keeps the function's value there, ``_program_code._hvp_code``)
+        reverse(rows[:top + 1], v, adj)
+        for i in range(p):
+            res[m + i] = adj[int(work[s + m + i])]
+    return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_bound(rows, work, res):
+    """``run_into`` of a bound call."""
+    end = bound_end(rows, work)
+    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
+    status = run_into(rows, work, res)
+    if status == 0:
+        bound_out(work, end, res)
+    return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_bound_fused(rows, work, res):
+    """``run_fused`` of a bound call."""
+    end = bound_end(rows, work)
+    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
+    status = run_fused(rows, work, res)
+    if status == 0:
+        bound_out(work, end, res)
+    return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def forward_common(rows, x, v):
+    """Run the program at inputs ``x`` into ``v``; 0, or 1 + the row of a failed guard
+    (rows as traced: no superinstructions, of ``COMMON`` ops only)."""
+    for k in range(rows.shape[0]):
+        op = int(rows[k, 0])
+        if op == LEAF:
+            v[k] = x[int(rows[k, 4])]
+        elif op == CONST:
+            v[k] = rows[k, 4]
+        elif op == GUARD:
+            t = v[int(rows[k, 1])]
+            v[k] = t
+            if (t != 0.0) != (rows[k, 4] != 0.0):
+                return k + 1
+        elif op == 3:  # neg
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (-a)
+        elif op == 4:  # exp
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.exp(a)
+        elif op == 5:  # log
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.log(a)
+        elif op == 8:  # sqrt
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.sqrt(a)
+        elif op == 10:  # sin
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.sin(a)
+        elif op == 11:  # cos
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.cos(a)
+        elif op == 18:  # tanh
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.tanh(a)
+        elif op == 19:  # sigmoid
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
+        elif op == 24:  # square
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * a)
+        elif op == 26:  # addc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a + c0)
+        elif op == 27:  # mulc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * c0)
+        elif op == 28:  # rsubc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (c0 - a)
+        elif op == 29:  # divc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a / c0)
+        elif op == 31:  # powc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * a if c0 == 2.0 else a ** c0)
+        elif op == 35:  # add
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a + b)
+        elif op == 36:  # sub
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a - b)
+        elif op == 37:  # mul
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a * b)
+        elif op == 38:  # div
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a / b)
+    return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def reverse_common(rows, v, adj):
+    """The reverse sweep of one sample: ``adj`` seeded at the outputs (rows as traced, of ``COMMON`` ops only)."""
+    for k in range(rows.shape[0] - 1, -1, -1):
+        op = int(rows[k, 0])
+        if op == 3:  # neg
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (-g)
+        elif op == 4:  # exp
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * out)
+        elif op == 5:  # log
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / a)
+        elif op == 8:  # sqrt
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / (2.0 * out))
+        elif op == 10:  # sin
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * math.cos(a))
+        elif op == 11:  # cos
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((-g) * math.sin(a))
+        elif op == 18:  # tanh
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((g * (1.0 - out)) * out)
+        elif op == 24:  # square
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((g * 2.0) * a)
+        elif op == 26:  # addc
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+        elif op == 27:  # mulc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * c0)
+        elif op == 28:  # rsubc
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (-g)
+        elif op == 29:  # divc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / c0)
+        elif op == 31:  # powc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 35:  # add
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+            adj[np.uint64(ib)] += g
+        elif op == 36:  # sub
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+            adj[np.uint64(ib)] += (-g)
+        elif op == 37:  # mul
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            a = v[np.uint64(ia)]
+            b = v[np.uint64(ib)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * b)
+            adj[np.uint64(ib)] += (g * a)
+        elif op == 38:  # div
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            a = v[np.uint64(ia)]
+            b = v[np.uint64(ib)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / b)
+            adj[np.uint64(ib)] += (((-g) * a) / (b * b))
+    return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_fused_common(rows, work, res):
+    """``run_into`` of rows with superinstructions (``fuse.fuse``), or as traced: the
+    outputs, then (when ``res`` has room) the gradient into ``res``; the status (0, or 1 +
+    the row of a failed guard), of ``COMMON`` ops only."""
+    n = rows.shape[0]
+    nout, nin, nx = int(work[0]), int(work[1]), int(work[2])
+    slots = HEADER + nout  # the output slots, then the input slots
+    xo = slots + nout + nin  # the inputs, then the values, then the adjoints
+    x = work[xo:xo + nx]
+    v = work[xo + nx:xo + nx + n]
+    end = xo + nx + 2 * n  # a bound call's arrays past it (``run_bound_fused``)
+    status = 0
+    kk = 0
+    while kk < n:
+        k = np.uint64(kk)
+        op = int(rows[k, 0])
+        if op == LEAF:
+            v[k] = x[int(rows[k, 4])]
+        elif op == CONST:
+            v[k] = rows[k, 4]
+        elif op == GUARD:
+            t = v[int(rows[k, 1])]
+            v[k] = t
+            if (t != 0.0) != (rows[k, 4] != 0.0):
+                status = kk + 1
+                break
+        elif op == 3:  # neg
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (-a)
+        elif op == 4:  # exp
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.exp(a)
+        elif op == 5:  # log
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.log(a)
+        elif op == 8:  # sqrt
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.sqrt(a)
+        elif op == 10:  # sin
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.sin(a)
+        elif op == 11:  # cos
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.cos(a)
+        elif op == 18:  # tanh
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = math.tanh(a)
+        elif op == 19:  # sigmoid
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
+        elif op == 24:  # square
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * a)
+        elif op == 26:  # addc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a + c0)
+        elif op == 27:  # mulc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * c0)
+        elif op == 28:  # rsubc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (c0 - a)
+        elif op == 29:  # divc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a / c0)
+        elif op == 31:  # powc
+            c0 = rows[k, 4]
+            a = v[np.uint64(int(rows[k, 1]))]
+            v[k] = (a * a if c0 == 2.0 else a ** c0)
+        elif op == 35:  # add
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a + b)
+        elif op == 36:  # sub
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a - b)
+        elif op == 37:  # mul
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a * b)
+        elif op == 38:  # div
+            a = v[np.uint64(int(rows[k, 1]))]
+            b = v[np.uint64(int(rows[k, 2]))]
+            v[k] = (a / b)
+        elif op == 1000:  # sub then powc
+            ha = v[np.uint64(int(rows[k, 1]))]
+            hb = v[np.uint64(int(rows[k, 2]))]
+            hv = (ha - hb)
+            v[k] = hv
+            k1 = np.uint64(kk + 1)
+            tc0 = rows[k1, 4]
+            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            kk += 1
+        elif op == 1002:  # rsubc then powc
+            hc0 = rows[k, 4]
+            ha = v[np.uint64(int(rows[k, 1]))]
+            hv = (hc0 - ha)
+            v[k] = hv
+            k1 = np.uint64(kk + 1)
+            tc0 = rows[k1, 4]
+            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            kk += 1
+        elif op == 1004:  # mulc then add
+            hc0 = rows[k, 4]
+            ha = v[np.uint64(int(rows[k, 1]))]
+            hv = (ha * hc0)
+            v[k] = hv
+            k1 = np.uint64(kk + 1)
+            ta = v[np.uint64(int(rows[k1, 1]))]
+            v[k1] = (ta + hv)
+            kk += 1
+        elif op == 1006:  # mul then add
+            ha = v[np.uint64(int(rows[k, 1]))]
+            hb = v[np.uint64(int(rows[k, 2]))]
+            hv = (ha * hb)
+            v[k] = hv
+            k1 = np.uint64(kk + 1)
+            ta = v[np.uint64(int(rows[k1, 1]))]
+            v[k1] = (ta + hv)
+            kk += 1
+        elif op == 1008:  # a run of leaves
+            m = np.uint64(int(rows[k, 5]))
+            for t in range(m):
+                v[k + t] = x[int(rows[k + t, 4])]
+            kk += int(m) - 1
+        kk += 1
+    for i in range(nout):
+        res[i] = v[int(work[slots + i])]
+    if res.shape[0] == nout or status != 0:
+        return status
+    adj = work[xo + nx + n:end]
+    adj[:] = 0.0
+    kk = 0  # the sweep starts at the last output (``replay_cpu.run_into`` says why)
+    for i in range(nout):
+        oslot = int(work[slots + i])
+        adj[oslot] += work[HEADER + i]
+        kk = max(kk, oslot)
+    if kk + 1 < n and rows[kk, 0] >= 1000 and (int(rows[kk, 0]) - 1000) % 2 == 0:
+        kk += 1  # a pair's head (never, in a pruned program): from its tail
+    while kk >= 0:
+        k = np.uint64(kk)
+        op = int(rows[k, 0])
+        if op == 3:  # neg
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (-g)
+        elif op == 4:  # exp
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * out)
+        elif op == 5:  # log
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / a)
+        elif op == 8:  # sqrt
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / (2.0 * out))
+        elif op == 10:  # sin
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * math.cos(a))
+        elif op == 11:  # cos
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((-g) * math.sin(a))
+        elif op == 18:  # tanh
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            ia = int(rows[k, 1])
+            out = v[np.uint64(k)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((g * (1.0 - out)) * out)
+        elif op == 24:  # square
+            ia = int(rows[k, 1])
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += ((g * 2.0) * a)
+        elif op == 26:  # addc
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+        elif op == 27:  # mulc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * c0)
+        elif op == 28:  # rsubc
+            ia = int(rows[k, 1])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (-g)
+        elif op == 29:  # divc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / c0)
+        elif op == 31:  # powc
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            a = v[np.uint64(ia)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 35:  # add
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+            adj[np.uint64(ib)] += g
+        elif op == 36:  # sub
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += g
+            adj[np.uint64(ib)] += (-g)
+        elif op == 37:  # mul
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            a = v[np.uint64(ia)]
+            b = v[np.uint64(ib)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g * b)
+            adj[np.uint64(ib)] += (g * a)
+        elif op == 38:  # div
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            a = v[np.uint64(ia)]
+            b = v[np.uint64(ib)]
+            g = adj[np.uint64(k)]
+            adj[np.uint64(ia)] += (g / b)
+            adj[np.uint64(ib)] += (((-g) * a) / (b * b))
+        elif op == 1001:  # sub then powc
+            k0 = np.uint64(kk - 1)
+            g = adj[np.uint64(k)]
+            hv = v[np.uint64(k0)]
+            tc0 = rows[k, 4]
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
+            adj[np.uint64(k0)] = gh
+            iha = int(rows[k0, 1])
+            ihb = int(rows[k0, 2])
+            adj[np.uint64(iha)] += gh
+            adj[np.uint64(ihb)] += (-gh)
+            kk -= 1
+        elif op == 1003:  # rsubc then powc
+            k0 = np.uint64(kk - 1)
+            g = adj[np.uint64(k)]
+            hv = v[np.uint64(k0)]
+            tc0 = rows[k, 4]
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
+            adj[np.uint64(k0)] = gh
+            iha = int(rows[k0, 1])
+            adj[np.uint64(iha)] += (-gh)
+            kk -= 1
+        elif op == 1005:  # mulc then add
+            k0 = np.uint64(kk - 1)
+            g = adj[np.uint64(k)]
+            ita = int(rows[k, 1])
+            adj[np.uint64(ita)] += g
+            gh = adj[np.uint64(k0)] + g
+            adj[np.uint64(k0)] = gh
+            iha = int(rows[k0, 1])
+            hc0 = rows[k0, 4]
+            adj[np.uint64(iha)] += (gh * hc0)
+            kk -= 1
+        elif op == 1007:  # mul then add
+            k0 = np.uint64(kk - 1)
+            g = adj[np.uint64(k)]
+            ita = int(rows[k, 1])
+            adj[np.uint64(ita)] += g
+            gh = adj[np.uint64(k0)] + g
+            adj[np.uint64(k0)] = gh
+            iha = int(rows[k0, 1])
+            ihb = int(rows[k0, 2])
+            ha = v[np.uint64(iha)]
+            hb = v[np.uint64(ihb)]
+            adj[np.uint64(iha)] += (gh * hb)
+            adj[np.uint64(ihb)] += (gh * ha)
+            kk -= 1
+        elif op == 1009:  # a run of leaves (no rule): past its first row
+            kk -= int(rows[k, 5]) - 1
+        elif op == 1008:  # (a sweep that started inside the run, at an output leaf)
+            kk -= 0
+        kk -= 1
+    for i in range(nin):
+        res[nout + i] = adj[int(work[slots + nout + i])]
+    return 0
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_into_common(rows, work, res):
+    """Forward at the inputs held in ``work`` (laid out as ``HEADER`` says); when ``res`` has
+    room for the gradient (m + p values), the reverse sweep seeded at the outputs. ``res``:
+    the outputs, then the gradient. Returns the status (0, or 1 + the row of a failed
+    guard), of ``COMMON`` ops only.
+
+    The caller owns the buffers (the one-sample calls reuse ``work``): nothing is allocated
+    or boxed here but the status, which took a third of a small program's call (the entry
+    returning three fresh arrays cost 1.4 us on a 12-row program, this one 0.55 us). Three
+    arguments: Numba's dispatch types and unboxes each one on every call (the six of the
+    entry before, slots, inputs and a bool among them, cost 0.2 us more)."""
+    n = rows.shape[0]
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    s = HEADER + m  # the output slots, then the input slots
+    o = s + m + p  # the inputs, then the values, then the adjoints
+    v = work[o + nx:o + nx + n]
+    end = o + nx + 2 * n  # a bound call's arrays past it (``run_bound``)
+    status = forward_common(rows, work[o:o + nx], v)
+    for i in range(m):
+        res[i] = v[int(work[s + i])]
+    if res.shape[0] > m and status == 0:
+        adj = work[o + nx + n:end]
+        adj[:] = 0.0
+        top = 0
+        for i in range(m):
+            t = int(work[s + i])
+            adj[t] += work[HEADER + i]
+            top = max(top, t)
+        # from the last output: the rows after it read no output, so their adjoints stay
+        # zero (a pruned program has only guards and leaves there; a one-sample hvp's
+        # program keeps the function's value there, ``_program_code._hvp_code``)
+        reverse_common(rows[:top + 1], v, adj)
+        for i in range(p):
+            res[m + i] = adj[int(work[s + m + i])]
+    return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_bound_common(rows, work, res):
+    """``run_into_common`` of a bound call."""
+    end = bound_end(rows, work)
+    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
+    status = run_into_common(rows, work, res)
+    if status == 0:
+        bound_out(work, end, res)
+    return status
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_bound_fused_common(rows, work, res):
+    """``run_fused_common`` of a bound call."""
+    end = bound_end(rows, work)
+    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
+    status = run_fused_common(rows, work, res)
+    if status == 0:
+        bound_out(work, end, res)
+    return status
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -961,8 +1588,8 @@ from . import _atomic  # noqa: E402  (run_block's signal to a worker thread)
 
 
 @njit_cached(error_model="numpy", nogil=True)
-def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw, signal,
-              number):
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw,
+              signal, number):
     """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (rows of ``X``:
     ``X[j, i]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
     into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``
@@ -1239,6 +1866,261 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                     Aw[ob + j] += gb
                 if m & 4:
                     Aw[oc + j] += gc
+    for i in range(in_slots.shape[0]):
+        oi = np.uint64(in_slots[i]) * u
+        for j in range(u):
+            G[ub0 + j, i] = Aw[oi + j]
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw,
+              signal, number):
+    """``forward`` and, with ``grad``, ``reverse`` for samples ``b0:b1`` (rows of ``X``:
+    ``X[j, i]`` input ``i`` of sample ``j``; of ``S``, the seeds at the outputs), written
+    into ``status`` (1 + the row of the sample's first failed guard), ``outs`` and ``G``
+    (a row a sample too). The block's values and adjoints (row ``k``, sample ``j`` at
+    ``k * (b1 - b0) + j``: rows x samples) live in ``Vw`` and ``Aw``, flat buffers of at
+    least rows x samples reused from block to block. A ``number`` above 0 is stored in
+    ``signal[0]`` first: a parallel batch's worker thread spins on it, and sees it once this
+    thread has let the GIL go (so it takes the GIL without waiting for it), of ``COMMON`` ops only."""
+    if number > 0:
+        _atomic.store_release(signal, 0, number)
+    n = rows.shape[0]
+    nb = b1 - b0
+    u = np.uint64(nb)
+    ub0 = np.uint64(b0)
+    st = status[b0:b1]
+    for k in range(n):
+        op = int(rows[k, 0])
+        ok = np.uint64(k) * u
+        if op == 35 or op == 36:  # add, sub: a + s * b with s = +-1.0
+            s = 1.0 if op == 35 else -1.0
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                Vw[ok + j] = Vw[oa + j] + s * Vw[ob + j]
+        elif op == 26 or op == 28:  # addc, rsubc: s * a + c0 with s = +-1.0
+            s = 1.0 if op == 26 else -1.0
+            c0 = rows[k, 4]
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                Vw[ok + j] = s * Vw[oa + j] + c0
+        elif op == 37:  # mul
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                Vw[ok + j] = (a * b)
+        elif op == 31:  # powc
+            c0 = rows[k, 4]
+            oa = np.uint64(int(rows[k, 1])) * u
+            if c0 == 2.0:
+                for j in range(u):
+                    a = Vw[oa + j]
+                    Vw[ok + j] = (a * a if 2.0 == 2.0 else a ** 2.0)
+            else:
+                for j in range(u):
+                    a = Vw[oa + j]
+                    Vw[ok + j] = (a * a if c0 == 2.0 else a ** c0)
+        elif op == 27:  # mulc
+            c0 = rows[k, 4]
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (a * c0)
+        elif op == 24:  # square
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (a * a)
+        elif op == 38:  # div
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                Vw[ok + j] = (a / b)
+        elif op == 3:  # neg
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (-a)
+        elif op == 29:  # divc
+            c0 = rows[k, 4]
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (a / c0)
+        elif op == 4:  # exp
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.exp(a)
+        elif op == 5:  # log
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.log(a)
+        elif op == 8:  # sqrt
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.sqrt(a)
+        elif op == 10:  # sin
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.sin(a)
+        elif op == 11:  # cos
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.cos(a)
+        elif op == 18:  # tanh
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = math.tanh(a)
+        elif op == 19:  # sigmoid
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                Vw[ok + j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
+        elif op == LEAF:
+            i = np.uint64(int(rows[k, 4]))
+            for j in range(u):
+                Vw[ok + j] = X[ub0 + j, i]
+        elif op == CONST:
+            c0 = rows[k, 4]
+            for j in range(u):
+                Vw[ok + j] = c0
+        elif op == GUARD:
+            oa = np.uint64(int(rows[k, 1])) * u
+            e = rows[k, 4] != 0.0
+            for j in range(u):
+                t = Vw[oa + j]
+                Vw[ok + j] = t
+                if (t != 0.0) != e and st[j] == 0:
+                    st[j] = k + 1
+    for i in range(out_slots.shape[0]):
+        oo = np.uint64(out_slots[i]) * u
+        for j in range(u):
+            outs[ub0 + j, i] = Vw[oo + j]
+    if not grad:
+        return
+    Aw[:n * nb] = 0.0
+    for i in range(out_slots.shape[0]):
+        oo = np.uint64(out_slots[i]) * u
+        for j in range(u):
+            Aw[oo + j] += S[ub0 + j, i]
+    for k in range(n - 1, -1, -1):
+        op = int(rows[k, 0])
+        ok = np.uint64(k) * u
+        if op == 35 or op == 36:  # add, sub: g to a, s * g to b
+            s = 1.0 if op == 35 else -1.0
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                g = Aw[ok + j]
+                Aw[oa + j] += g
+                Aw[ob + j] += s * g
+        elif op == 3 or op == 26 or op == 28:  # neg, addc, rsubc: s * g to a
+            s = 1.0 if op == 26 else -1.0
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                Aw[oa + j] += s * Aw[ok + j]
+        elif op == 37:  # mul
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * b)
+                Aw[ob + j] += (g * a)
+        elif op == 31:  # powc
+            oa = np.uint64(int(rows[k, 1])) * u
+            c0 = rows[k, 4]
+            if c0 == 2.0:
+                for j in range(u):
+                    a = Vw[oa + j]
+                    g = Aw[ok + j]
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
+            else:
+                for j in range(u):
+                    a = Vw[oa + j]
+                    g = Aw[ok + j]
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 27:  # mulc
+            oa = np.uint64(int(rows[k, 1])) * u
+            c0 = rows[k, 4]
+            for j in range(u):
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * c0)
+        elif op == 24:  # square
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((g * 2.0) * a)
+        elif op == 38:  # div
+            oa = np.uint64(int(rows[k, 1])) * u
+            ob = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / b)
+                Aw[ob + j] += (((-g) * a) / (b * b))
+        elif op == 29:  # divc
+            oa = np.uint64(int(rows[k, 1])) * u
+            c0 = rows[k, 4]
+            for j in range(u):
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / c0)
+        elif op == 4:  # exp
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * out)
+        elif op == 5:  # log
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / a)
+        elif op == 8:  # sqrt
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / (2.0 * out))
+        elif op == 10:  # sin
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * math.cos(a))
+        elif op == 11:  # cos
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((-g) * math.sin(a))
+        elif op == 18:  # tanh
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * (1.0 - (out * out)))
+        elif op == 19:  # sigmoid
+            oa = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((g * (1.0 - out)) * out)
     for i in range(in_slots.shape[0]):
         oi = np.uint64(in_slots[i]) * u
         for j in range(u):

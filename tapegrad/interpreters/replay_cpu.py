@@ -6,105 +6,56 @@ import contextvars
 import functools
 import threading
 import time
+import weakref
 
 import numba
 import numpy as np
 
 from .._jit import njit_cached
 from .. import _threads
-from ._bound import bound_in, bound_out
-from ._generated_replay import (  # noqa: F401  (run_fused: the entry of fused rows)
-    HEADER, forward, reverse, reverse_multi, run_block, run_fused)
+from . import _generated_replay as _g
+from ._generated_replay import (  # noqa: F401  (the entries, named from here)
+    COMMON, HEADER, forward, reverse, reverse_multi, run_bound, run_bound_fused, run_fused,
+    run_into)
+from .fuse import BASE
 
 BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
 
 
-# ``run_into``'s ``work``: ``HEADER`` (_codegen_replay.py says its layout, which
-# ``run_fused`` shares: the one-sample entry of rows with superinstructions, interpreters/
-# fuse.py)
+# the one-sample entries (``run_into``, of rows as traced; ``run_fused``, of rows with
+# superinstructions, interpreters/fuse.py; ``run_bound`` and ``run_bound_fused``, a bound
+# call's) and the batch's ``run_block``, each generated in two forms (``_codegen_replay.
+# FORMS``): of any rows, and of rows of common ops only (``*_common``), which compiles in
+# half the time; ``entry`` and ``run_block`` pick the form by the rows (``common``).
+# ``work``: ``HEADER`` (_codegen_replay.py says its layout)
+
+#: each entry's form for rows of common ops only
+_COMMON_FORM = {}
+for _name in ("run_into", "run_fused", "run_bound", "run_bound_fused", "run_block"):
+    _COMMON_FORM[getattr(_g, _name)] = getattr(_g, _name + "_common")
 
 
-@njit_cached(error_model="numpy", nogil=True)
-def run_into(rows, work, res):
-    """Forward at the inputs held in ``work`` (laid out as ``HEADER`` says); when ``res`` has
-    room for the gradient (m + p values), the reverse sweep seeded at the outputs. ``res``:
-    the outputs, then the gradient. Returns the status (0, or 1 + the row of a failed
-    guard).
-
-    The caller owns the buffers (the one-sample calls reuse ``work``): nothing is allocated
-    or boxed here but the status, which took a third of a small program's call (the entry
-    returning three fresh arrays cost 1.4 us on a 12-row program, this one 0.55 us). Three
-    arguments: Numba's dispatch types and unboxes each one on every call (the six of the
-    entry before, slots, inputs and a bool among them, cost 0.2 us more)."""
-    n = rows.shape[0]
-    m, p, nx = int(work[0]), int(work[1]), int(work[2])
-    s = HEADER + m  # the output slots, then the input slots
-    o = s + m + p  # the inputs, then the values, then the adjoints
-    v = work[o + nx:o + nx + n]
-    end = o + nx + 2 * n  # a bound call's arrays past it (``run_bound``)
-    status = forward(rows, work[o:o + nx], v)
-    for i in range(m):
-        res[i] = v[int(work[s + i])]
-    if res.shape[0] > m and status == 0:
-        adj = work[o + nx + n:end]
-        adj[:] = 0.0
-        top = 0
-        for i in range(m):
-            t = int(work[s + i])
-            adj[t] += work[HEADER + i]
-            top = max(top, t)
-        # from the last output: the rows after it read no output, so their adjoints stay
-        # zero (a pruned program has only guards and leaves there; a one-sample hvp's
-        # program keeps the function's value there, ``_program_code._hvp_code``)
-        reverse(rows[:top + 1], v, adj)
-        for i in range(p):
-            res[m + i] = adj[int(work[s + m + i])]
-    return status
-
-
-# A bound call (``Program.buffer``) in one compiled call: its inputs copied in from the
-# arrays' addresses kept past ``work``'s adjoints (``_bound``), the entry, its results copied
-# out. Entries of their own, compiled only for a program bound to arrays: inside
-# ``run_into`` the copies cost every program's first call 0.3 s of cold compile.
-
-@njit_cached(error_model="numpy", nogil=True)
-def run_bound(rows, work, res):
-    """``run_into`` of a bound call."""
-    end = _bound_end(rows, work)
-    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
-    status = run_into(rows, work, res)
-    if status == 0:
-        bound_out(work, end, res)
-    return status
-
-
-@njit_cached(error_model="numpy", nogil=True)
-def run_bound_fused(rows, work, res):
-    """``run_fused`` of a bound call."""
-    end = _bound_end(rows, work)
-    bound_in(work, end, work[end - 2 * rows.shape[0] - int(work[2]):end - 2 * rows.shape[0]])
-    status = run_fused(rows, work, res)
-    if status == 0:
-        bound_out(work, end, res)
-    return status
-
-
-@njit_cached(error_model="numpy", nogil=True)
-def _bound_end(rows, work):
-    """Where a bound call's arrays start in ``work`` (past the inputs, values and adjoints
-    laid out as ``HEADER`` says)."""
-    m, p, nx = int(work[0]), int(work[1]), int(work[2])
-    return HEADER + 2 * m + p + nx + 2 * rows.shape[0]
+def common(rows):
+    """Whether ``rows`` (as traced, or with superinstructions: ``fuse.BASE`` and above) hold
+    only ops that the ``*_common`` entries run (``COMMON``): never a rare op's row, which
+    those would skip."""
+    op = rows[:, 0].astype(np.int64)
+    inside = op < COMMON.shape[0]
+    return bool(COMMON[op[inside]].all()) and bool((op[~inside] >= BASE).all()) \
+        and bool((op >= 0).all())
 
 
 def entry(rows, work, fn=None):
-    """``run_into`` for this program's arrays without Numba's dispatch: the compiled wrapper
-    of their signature (compiled, or loaded from the cache, now), called with the arrays
-    only. The dispatcher types each argument to pick it on every call (0.11 us of 0.41);
+    """``run_into`` (or ``fn``) for this program's arrays without Numba's dispatch: the
+    compiled wrapper of their signature (compiled, or loaded from the cache, now), called
+    with the arrays only, in its form of common ops (``common``) for rows that have only
+    those. The dispatcher types each argument to pick it on every call (0.11 us of 0.41);
     the one-sample calls pass only arrays they made (``rows``, ``work`` and a fresh float64
     result vector), of the signature picked here, so that check has nothing to catch. The
     dispatcher itself without the JIT (``NUMBA_DISABLE_JIT=1``)."""
     fn = run_into if fn is None else fn  # (program_arrays' run_into: the same arguments)
+    if fn in _COMMON_FORM and common(rows):
+        fn = _COMMON_FORM[fn]
     if not hasattr(fn, "compile"):
         return fn
     return fn.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work)))
@@ -195,8 +146,34 @@ def run_batch(rows, X, out_slots, S, in_slots, grad, block):
 
 _NO_SIGNAL = np.zeros(1, dtype=np.int64)  # run_block's signal where no worker waits
 
+#: the form of ``run_block`` (``_g.run_block`` or ``_g.run_block_common``) of the rows a
+#: batch ran last, by their identity (with a weak reference to check it: an id is reused
+#: once its array is gone): ``common`` reads every row, 10 us at 9,000 rows. One tuple,
+#: replaced whole: a thread reads the three at once (a list changed in place could give it
+#: one program's id and another's form)
+_last_form = (None, None, None)  # (id, weak reference, form)
 
-_compiled = False  # run_block has run once in this process (compiled or loaded)
+
+def form_of(rows):
+    """``run_block``'s form for ``rows``: of common ops only where ``common`` holds."""
+    global _last_form
+    key, ref, form = _last_form
+    if key == id(rows) and ref() is rows:
+        return form
+    form = _COMMON_FORM[_g.run_block] if common(rows) else _g.run_block
+    _last_form = id(rows), weakref.ref(rows), form
+    return form
+
+
+def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw, signal,
+              number):
+    """The generated ``run_block`` in its form for ``rows`` (``form_of``): its arguments
+    and results."""
+    return form_of(rows)(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw,
+                         Aw, signal, number)
+
+
+_compiled = set()  # the forms of run_block that have run in this process (compiled or loaded)
 
 
 #: row-samples (rows x samples) a batch needs for ``target="parallel"`` to spread it over
@@ -256,7 +233,6 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     them, the pool of ``_threads``; they take blocks in turn, each block writes its own
     rows of the results). While the threads do not pay (``PAYOFF``), batches run serially
     for a while."""
-    global _compiled
     if ADAPT and _pause[0] > 0:  # a pause (first: numba.get_num_threads() costs 2 us)
         _pause[0] -= 1
         _counts["batches_paused"] += 1
@@ -273,14 +249,15 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     B = X.shape[0]
     n = min(numba.get_num_threads(), B)
     pool = _threads._pool
-    if n < 2 or not _compiled or not _threads.jit_on() \
+    form = form_of(rows)
+    if n < 2 or form not in _compiled or not _threads.jit_on() \
             or not pool.busy.acquire(blocking=False):
         # one thread, the first batch (run_block compiles once, before threads call it),
         # no JIT (the hand-over would spin holding the GIL), or another thread's batch has
         # the workers (and the cores)
-        if n >= 2 and _compiled and _threads.jit_on():
+        if n >= 2 and form in _compiled and _threads.jit_on():
             _counts["batches_busy"] += 1
-        _compiled = True
+        _compiled.add(form)
         return run_batch(rows, X, out_slots, S, in_slots, grad, block)
     K = _threads._k()
     try:
