@@ -1,0 +1,154 @@
+"""Runs of elementwise instructions as one NumPy call (tapegrad/interpreters/
+program_arrays.py ``_ew_group``): consecutive instructions of one op and shape whose
+operands step evenly (gmm's ``x - mu``, one instruction per component and coordinate) run
+an exp's or log's forward, and a broadcast operand's reverse, over (C, g, n) views. What
+eager mode computes: within rounding of the expansion and of torch, the forward of the
+arithmetic ones (compiled) bit for bit, the same bits on every call and thread. The
+threshold is forced down here, above one instruction's length and below a run's."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad.interpreters import program_arrays as PA
+
+from harness import replay_forms as RF
+from test_replay_arrays_large import SCALAR, assert_near_expansion_and_torch
+
+torch = pytest.importorskip("torch")
+
+K, D, N = 3, 4, 20  # 12 instructions of 20 elements in each run
+
+
+def runs(monkeypatch):
+    # a run of 240 elements is one call, one instruction (20) is not
+    monkeypatch.setattr(PA, "NUMPY_MIN", dict.fromkeys(PA.NUMPY_MIN, 100))
+
+
+def mixture(M, x):
+    """gmm's shapes over one input vector: centres (K, D), points (D, N), both taking
+    gradients; the points' rows again for each centre (a run in batches), the centres
+    broadcast along the points (their gradients summed), an exp and a log of runs."""
+    mu = x[:K * D].reshape(K, D)
+    X = x[K * D:].reshape(D, N)
+    xc = X[None, :, :] - mu[:, :, None]                   # (K, D, N)
+    e = M.exp(xc.permute(1, 0, 2))                         # (D, K, N) of (K, D, N) slots
+    z = M.log((xc * xc + 1.0).permute(1, 0, 2))
+    return M.sum(e * 0.1) + M.sum(z) + M.sum(xc * mu[:, :, None])
+
+
+def grp_steps(code):
+    rows = code.arows
+    plan = PA._plan(rows)
+    fw = [op for *_, op in plan if type(op) is tuple and op[0] is PA.GRP]
+    rv = [k for *_, k in PA._reverse_plan(rows, plan) if type(k) is tuple and k[0] is PA.GRP]
+    return fw, rv
+
+
+def trace_both(f, x0):
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: f(tg, x), x0)
+    with RF.array_instructions(SCALAR):
+        S = tg.trace(lambda x: f(tg, x), x0)
+    return P, S
+
+
+def test_runs_within_rounding_of_the_expansion_and_torch(monkeypatch):
+    runs(monkeypatch)
+    rng = np.random.default_rng(11)
+    x0, v = rng.normal(size=K * D + D * N), rng.normal(size=K * D + D * N)
+    P, S = trace_both(mixture, x0)
+    fw, rv = grp_steps(P._code)
+    shapes = {(op[1].name, op[2]) for op in fw}
+    # x - mu: 3 batches (centres) of 4 rows (coordinates); the exps and logs of the
+    # permuted slots: 4 batches (coordinates) of 3 rows
+    assert ("sub", (K, D, N)) in shapes and ("exp", (D, K, N)) in shapes, shapes
+    assert ("log", (D, K, N)) in shapes, shapes
+    # reverse in NumPy: x - mu (both operands: the points' rows summed over the centres,
+    # mu over the points), xc * mu; not the exps (no broadcast operand: compiled)
+    assert {k[1].name for k in rv} == {"sub", "mul"}, rv
+    assert_near_expansion_and_torch(P, S, mixture, x0, v, 1e-14)
+    # the arithmetic runs' forward is compiled: their values are the expansion's, bit for
+    # bit; the exps' and logs' NumPy's, within rounding (checked above)
+    xt = tg.tensor(x0, requires_grad=True)
+    gx, = tg.autograd.grad(P(xt), xt, create_graph=True)   # create_graph through them
+    hx, = tg.autograd.grad((gx * tg.tensor(v)).sum(), xt)
+    np.testing.assert_allclose(hx.detach().numpy(), P.hvp((x0,), (v,))[1], rtol=1e-12,
+                               atol=1e-13)
+
+
+def test_runs_without_exp_are_the_expansions_bits_forward(monkeypatch):
+    runs(monkeypatch)
+
+    def f(M, x):
+        mu = x[:K * D].reshape(K, D)
+        X = x[K * D:].reshape(D, N)
+        xc = X[None, :, :] - mu[:, :, None]
+        return M.sum(xc * xc)
+    x0 = np.random.default_rng(12).normal(size=K * D + D * N)
+    P, S = trace_both(f, x0)
+    fw, rv = grp_steps(P._code)
+    assert [op[1].name for op in fw] == ["sub"] and not fw[0][-1] and rv, (fw, rv)
+    assert P(x0) == S(x0)
+    a, s = P.value_and_grad(x0), S.value_and_grad(x0)
+    assert a[0] == s[0]
+    np.testing.assert_allclose(a[1], s[1], rtol=1e-13)
+    xt = torch.tensor(x0, requires_grad=True)
+    gt, = torch.autograd.grad(f(torch, xt), xt)
+    np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("special", ["nan", "inf", "negzero"])
+def test_runs_with_nan_inf_and_negative_zero(monkeypatch, special):
+    runs(monkeypatch)
+    x0 = np.random.default_rng(13).normal(size=K * D + D * N)
+    P, S = trace_both(mixture, x0)
+    x = x0.copy()
+    x[[1, K * D + 3, K * D + 45]] = {"nan": np.nan, "inf": np.inf, "negzero": -0.0}[special]
+    a, s = P.value_and_grad(x), S.value_and_grad(x)
+    np.testing.assert_allclose(a[0], s[0], rtol=1e-13)
+    np.testing.assert_allclose(a[1], s[1], rtol=1e-12, atol=1e-14)
+    assert np.array_equal(np.isnan(a[1]), np.isnan(s[1]))
+    assert np.array_equal(np.signbit(a[1]), np.signbit(s[1]))
+    xt = torch.tensor(x, requires_grad=True)
+    gt, = torch.autograd.grad(mixture(torch, xt), xt)
+    np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_runs_non_contiguous_input_and_the_same_bits_every_call_and_thread(monkeypatch):
+    runs(monkeypatch)
+    rng = np.random.default_rng(14)
+    big = rng.normal(size=2 * (K * D + D * N))
+    P, S = trace_both(mixture, np.ascontiguousarray(big[::2]))
+    xs = [(big * (1 + 0.1 * i))[1::2] for i in range(6)]  # strided: not contiguous
+    assert not xs[0].flags.c_contiguous
+    want = [P.value_and_grad(x) for x in xs]
+    np.testing.assert_allclose(want[0][1], S.value_and_grad(xs[0])[1], rtol=1e-12)
+    with ThreadPoolExecutor(3) as pool:
+        for _ in range(2):
+            for (va, ga), (vb, gb) in zip(want, pool.map(P.value_and_grad, xs)):
+                assert va == vb
+                np.testing.assert_array_equal(ga, gb)
+
+
+def test_a_run_whose_gradients_overlap_is_no_run(monkeypatch):
+    # A - A[:, :1]: each row less its first element, both operands taking gradients, the
+    # broadcast one's slot inside the other's grid: added in the compiled loop's order
+    # only there, so the instructions stay compiled; the gradient is the expansion's
+    runs(monkeypatch)
+
+    def f(M, x):
+        A = x.reshape(D * K, N)
+        t = A - A[:, :1]
+        return M.sum(t * t * 0.5)
+    x0 = np.random.default_rng(15).normal(size=D * K * N)
+    P, S = trace_both(f, x0)
+    assert grp_steps(P._code) == ([], [])
+    a, s = P.value_and_grad(x0), S.value_and_grad(x0)
+    assert a[0] == s[0]
+    np.testing.assert_array_equal(a[1], s[1])
+    xt = torch.tensor(x0, requires_grad=True)
+    gt, = torch.autograd.grad(f(torch, xt), xt)
+    np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-14)
