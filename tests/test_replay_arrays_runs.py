@@ -152,3 +152,43 @@ def test_a_run_whose_gradients_overlap_is_no_run(monkeypatch):
     xt = torch.tensor(x0, requires_grad=True)
     gt, = torch.autograd.grad(f(torch, xt), xt)
     np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def lse(M, x):
+    a = M.max(x)
+    return a + M.log(M.sum(M.exp(x - a)))
+
+
+@pytest.mark.parametrize("case", ["ties", "nan", "inf", "negzero"])
+def test_a_max_s_picks_not_run_give_the_same_bits(monkeypatch, case):
+    # the picks (-0.0 each) that only their sum reads are not run, the sum written -0.0:
+    # the same bits as running them, ties, NaN, inf and -0.0 included; and torch's
+    monkeypatch.setattr(PA, "NUMPY_RED_MIN", 4)
+    monkeypatch.setattr(PA, "NUMPY_MIN", dict.fromkeys(PA.NUMPY_MIN, 4))
+    x = np.random.default_rng(16).normal(size=300)
+    x[[3, 100, 299]] = {"ties": x.max() + 1.0, "nan": np.nan, "inf": np.inf,
+                        "negzero": -0.0}[case]
+    if case == "negzero":
+        x = -np.abs(x)
+        x[[3, 100]] = 0.0
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: lse(tg, x), x)
+    a = P.value_and_grad(x)
+    rows = P._code.arows
+    calls = []
+    real = PA._skip_picks  # Q runs its picks: the plan without them only recorded
+    monkeypatch.setattr(PA, "_skip_picks", lambda *args: calls.append(
+        real(*args)) or args[1])
+    with RF.array_instructions(4):
+        Q = tg.trace(lambda x: lse(tg, x), x)
+    b = Q.value_and_grad(x)
+    assert calls and any(type(op) is tuple and op[0] is PA.FILL for *_, op in calls[0])
+    assert rows.shape == Q._code.arows.shape
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert np.array_equal(np.signbit(a[1]), np.signbit(b[1]))
+    xt = torch.tensor(x, requires_grad=True)
+    y = lse(torch, xt)
+    gt, = torch.autograd.grad(y, xt)
+    np.testing.assert_allclose(a[0], y.item(), rtol=1e-13)
+    np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-15)
