@@ -192,3 +192,28 @@ def test_a_max_s_picks_not_run_give_the_same_bits(monkeypatch, case):
     gt, = torch.autograd.grad(y, xt)
     np.testing.assert_allclose(a[0], y.item(), rtol=1e-13)
     np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("case", ["plain", "nan", "inf", "negzero"])
+def test_a_square_s_reverse_in_a_register_is_the_expansions_bits(case):
+    # x * x (one operand twice, strided too): its reverse adds both rules' g * a to the
+    # slot in a register, in the loop's order: the expansion's bits, hvp and torch's
+    def f(M, x):
+        A = x.reshape(6, 20)
+        y = A * 0.7 - 0.1
+        s = (y * y).sum() + (A[:, ::2] * A[:, ::2] * A[:, 1::2]).sum()
+        return s + ((y * y) * (y * y)).sum() * 0.01
+    x = np.random.default_rng(17).normal(size=120)
+    if case != "plain":
+        x[[5, 60]] = {"nan": np.nan, "inf": np.inf, "negzero": -0.0}[case]
+    P, S = trace_both(f, x)
+    a, s = P.value_and_grad(x), S.value_and_grad(x)
+    np.testing.assert_array_equal(a[0], s[0])
+    np.testing.assert_array_equal(a[1], s[1])
+    assert np.array_equal(np.signbit(a[1]), np.signbit(s[1]))
+    xt = torch.tensor(x, requires_grad=True)
+    gt, = torch.autograd.grad(f(torch, xt), xt)
+    np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-14)
+    if case == "plain":
+        v = np.random.default_rng(18).normal(size=120)
+        np.testing.assert_allclose(P.hvp((x,), (v,))[1], S.hvp((x,), (v,))[1], rtol=1e-12)
