@@ -952,21 +952,18 @@ def _mm_reverse(step, v, adj):
 
 
 #: a run of consecutive elementwise instructions of the same op, length, strides and
-#: constants whose operands' first slots step evenly from one to the next (a (G, n) grid
-#: each: gmm's 250 ``x - mu`` of 1,000 points, one per component and coordinate, and its 250
-#: ``Qxc * Qxc``) is one NumPy call over 2-D views (``_grp_forward``, ``_grp_reverse``) when
-#: its elements together reach the op's ``NUMPY_MIN``: what eager mode computes over the
-#: whole array, within rounding of the expansion (a broadcast operand's gradient summed
-#: pairwise per instruction; exp and log by NumPy's loops), bit for bit otherwise, the same
-#: on every call. The compiled loop of a 1,000-element instruction is not vectorized (its
-#: strides are read at run time) and a broadcast operand's gradient there is a chain of
-#: adds each waiting on the last (gmm's compiled reverse: 0.8 ms)
+#: constants whose operands' first slots step evenly from one to the next, in batches (a
+#: (C, g, n) grid each: gmm's 250 ``x - mu`` of 1,000 points, the points' 10 rows again for
+#: each of 25 components) runs as NumPy calls over views when its elements together reach
+#: the op's ``NUMPY_MIN`` (``_ew_group``): an exp's or log's forward (``_grp_forward``:
+#: NumPy's SIMD loops), the reverse when an operand's gradients are summed
+#: (``_grp_reverse``: a broadcast one's pairwise over each instruction's elements, as
+#: eager mode's sum over the broadcast axis, where the compiled loop's adds each wait on
+#: the last: gmm's 250 ``x - mu``, 0.3 ms). What eager mode computes, within rounding of
+#: the expansion, the same bits on every call and thread. The arithmetic forwards and the
+#: other rules stay compiled: over 2-D views of gmm's strided slots NumPy's ``x - mu``
+#: took 0.25 ms, the loop 0.12; its rules take two passes where the loop takes one
 GRP = "grp"
-#: the ops a run of instructions may run as one call (``_np_apply``'s; with a gradient, those
-#: of ``NP_RULES``)
-GROUPED = frozenset(("add", "sub", "mul", "neg", "mulc", "addc", "divc", "square", "exp",
-                     "log", "select", "detach", "eq", "ne", "lt", "le", "gt", "ge", "div",
-                     "sqrt", "tanh", "sin", "cos", "log1p", "expm1"))
 
 
 def _grid_span(s0, strides, shape):
@@ -976,10 +973,12 @@ def _grid_span(s0, strides, shape):
 
 def _ew_group(rows, h, at):
     """((row after, (GRP, op, (C, g, n), the operands' (first slot, strides) or None, c0,
-    c1, the gradients' (index, first slot, strides), whether the reverse runs in NumPy)) of
+    c1, the gradients' (index, first slot, strides), whether the reverse runs in NumPy,
+    whether the forward does)) of
     the run of elementwise instructions from row ``h`` run as one NumPy call over (C, g,
     n) views, or None; and the row after the instructions looked at. One call: at least
-    two instructions of the same op (``GROUPED``), length, strides, constants and inactive
+    two instructions of the same op (an exp or log, ``TRANSCENDENTAL``, or one of
+    ``NP_RULES``), length, strides, constants and inactive
     marks, consecutive, strides not negative, every operand's first slot affine in (batch,
     instruction) with steps not negative (gmm's ``x - mu``: the points' rows again for
     each of 25 components), no operand reading the run's own outputs, ``NUMPY_MIN``
@@ -992,7 +991,7 @@ def _ew_group(rows, h, at):
     summed axes, apart from the others' or the same slots (``x * x``)."""
     n, code, st = info(rows, h)
     op = OPS[code]
-    if op.name not in GROUPED or min(st) < 0:
+    if op.name not in TRANSCENDENTAL and op.name not in NP_RULES or min(st) < 0:
         return None, h
     nr = rows.shape[0]
     hs = [h]
