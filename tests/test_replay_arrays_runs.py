@@ -217,3 +217,41 @@ def test_a_square_s_reverse_in_a_register_is_the_expansions_bits(case):
     if case == "plain":
         v = np.random.default_rng(18).normal(size=120)
         np.testing.assert_allclose(P.hvp((x,), (v,))[1], S.hvp((x,), (v,))[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("reread", [False, True])
+def test_a_batched_product_writes_its_operand_s_adjoints_first(monkeypatch, reread):
+    # Q @ xc, xc = x - mu read by the product alone: its reverse writes xc's adjoints
+    # (0.0 + A^T G), not zeroed first: the same bits as adding to zeros; read again after
+    # the product (reread), it adds as before
+    monkeypatch.setattr(PA, "NUMPY_MM_MIN", 4)
+
+    def f(M, x):
+        Q = x[:K * D * D].reshape(K, D, D)
+        mu = x[K * D * D:K * D * D + K * D].reshape(K, D)
+        X = x[K * D * D + K * D:].reshape(D, N)
+        xc = X[None, :, :] - mu[:, :, None]
+        y = M.matmul(Q, xc)
+        s = M.sum(y * y)
+        return s + M.sum(xc * 0.5) if reread else s
+    size = K * D * D + K * D + D * N
+    x = np.random.default_rng(19).normal(size=size)
+    x[K * D * D + K * D + 7] = -0.0
+    P, S = trace_both(f, x)
+    rows = P._code.arows
+    plan = PA._plan(rows)
+    back = PA._reverse_plan(rows, plan)
+    assert any(type(k) is tuple and k[0] is PA.MM for *_, k in back)
+    firsts = PA._mm_first(rows, back, P._code.out_slots)
+    assert bool(firsts) != reread, firsts
+    a = P.value_and_grad(x)
+    monkeypatch.setattr(PA, "_mm_first", lambda *args: {})
+    P2, _ = trace_both(f, x)
+    b = P2.value_and_grad(x)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    s = S.value_and_grad(x)
+    np.testing.assert_allclose(a[1], s[1], rtol=1e-12, atol=1e-14)
+    xt = torch.tensor(x, requires_grad=True)
+    gt, = torch.autograd.grad(f(torch, xt), xt)
+    np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-13)

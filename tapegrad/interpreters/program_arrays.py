@@ -526,7 +526,9 @@ def entry(rows, work):
         back = [(r0, int(at[r0]), r0, (ASSIGN,)) if kind is RED and r0 == r1 - META
                 and r0 in sets else (r1, k, r0, kind) for r1, k, r0, kind in back]
     firsts = _first_operands(rows, back, out)
-    live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f])
+    mm_firsts = _mm_first(rows, back, out)
+    live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
+                 + list(mm_firsts.values()))
     if p and (ins == ins[0] + np.arange(p)).all():
         # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
         # not a gather (1 ms of lse's gradient at n = 640,000)
@@ -597,7 +599,7 @@ def entry(rows, work):
                         if kind[0] is GRP:
                             _grp_reverse(kind, v, adj, k)
                         else:
-                            _mm_reverse(kind, v, adj)
+                            _mm_reverse(kind, v, adj, r in mm_firsts)
                 else:  # (an instruction's first row and slot)
                     with np.errstate(all="ignore"):
                         _np_reverse(kind, rows, r, k, v, adj, firsts.get(r, ()))
@@ -943,12 +945,16 @@ def _mm_forward(step, v):
     np.matmul(A, B, out=O)
 
 
-def _mm_reverse(step, v, adj):
-    """A batched product's reverse: ``G @ B^T`` added to A's adjoints, ``A^T @ G`` to B's."""
+def _mm_reverse(step, v, adj, first=False):
+    """A batched product's reverse: ``G @ B^T`` added to A's adjoints, ``A^T @ G`` to B's
+    (written, ``0.0 + t``, when ``first``: ``_mm_first``)."""
     A, B, _ = _mm_views(step, v)
     gA, gB, G = _mm_views(step, adj)
     gA += np.matmul(G, B.transpose(0, 2, 1))
-    gB += np.matmul(A.transpose(0, 2, 1), G)
+    if first:
+        np.add(0.0, np.matmul(A.transpose(0, 2, 1), G), out=gB)
+    else:
+        gB += np.matmul(A.transpose(0, 2, 1), G)
 
 
 #: a run of consecutive elementwise instructions of the same op, length, strides and
@@ -1355,27 +1361,51 @@ def _first_operands(rows, back, out):
         for j, s0, sj in _grad_operands(rows, h):
             if sj != 1 or ((outs >= s0) & (outs < s0 + n)).any():
                 continue
-            lo, hi = s0, s0 + n
-            later = rows[h + META + 1:]
-            scalar = later[:, 0] != TAIL
-            hl = heads[heads > h] - (h + META + 1)
-            scalar[hl[(later[hl, 0] == ARR) | (later[hl, 0] == RED)]] = False
-            ops = later[scalar, 1:4]
-            if ((ops >= lo) & (ops < hi)).any():
-                continue
-            read = False
-            for g in heads[heads > h].tolist():
-                m, code, st = info(rows, g)
-                spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
-                           (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
-                          if code == RED else
-                          [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
-                if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo
-                       for a, e in spans_):
-                    read = True
-                    break
-            if not read:
-                res.setdefault(h, []).append((lo, hi))
+            if not _read_after(rows, h + META + 1, s0, s0 + n, heads):
+                res.setdefault(h, []).append((s0, s0 + n))
+    return res
+
+
+def _read_after(rows, r, lo, hi, heads):
+    """Whether a row or instruction from row ``r`` on reads a slot in [lo, hi)."""
+    later = rows[r:]
+    scalar = later[:, 0] != TAIL
+    hl = heads[heads >= r] - r
+    scalar[hl[(later[hl, 0] == ARR) | (later[hl, 0] == RED)]] = False
+    ops = later[scalar, 1:4]
+    if ((ops >= lo) & (ops < hi)).any():
+        return True
+    for g in heads[heads >= r].tolist():
+        m, code, st = info(rows, g)
+        spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
+                   (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
+                  if code == RED else
+                  [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
+        if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo for a, e in spans_):
+            return True
+    return False
+
+
+def _mm_first(rows, back, out):
+    """{first row: (start, stop)} of the batched products (``_mm_group``) whose ``B`` is a
+    contiguous run of slots that no row or instruction after the product reads and no
+    output is: the reverse sweep reaches their adjoints first at the product, which writes
+    ``A^T @ G`` there as ``0.0 + t`` (what adding to zeros gives), so they are not zeroed
+    (gmm's ``x - mu``, 250,000 slots: their zeroing and a pass reading them)."""
+    res = {}
+    outs = np.asarray(out)
+    heads = heads_of(rows)
+    for r0, _, r1, kind in back:  # (a product's: its first row, slot, the row after)
+        if type(kind) is not tuple or kind[0] is not MM:
+            continue
+        _, (C, g, n, L), _, b, _ = kind
+        lo, hi = b[0], b[0] + C * L * n
+        if not (_injective(b[1:], (C, L, n))
+                and _grid_span(b[0], b[1:], (C, L, n))[1] == hi - 1):
+            continue
+        if ((outs >= lo) & (outs < hi)).any() or _read_after(rows, r1, lo, hi, heads):
+            continue
+        res[r0] = (lo, hi)
     return res
 
 
