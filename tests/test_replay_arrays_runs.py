@@ -255,3 +255,50 @@ def test_a_batched_product_writes_its_operand_s_adjoints_first(monkeypatch, rere
     xt = torch.tensor(x, requires_grad=True)
     gt, = torch.autograd.grad(f(torch, xt), xt)
     np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("reread", [False, True])
+def test_a_run_of_sums_as_one_call(monkeypatch, reread):
+    # sum(sq, 1) of sq (K, D, N): K sums of N outputs of D terms each, one np.add.reduce
+    # (within rounding of the expansion: its sums in order along a strided axis); their
+    # reverse writes the terms' adjoints when nothing after reads the terms (the same bits
+    # as adding to zeros), and adds when something does (reread)
+    monkeypatch.setattr(PA, "NUMPY_RED_MIN", 4)
+
+    def f(M, x):
+        mu = x[:K * D].reshape(K, D)
+        X = x[K * D:].reshape(D, N)
+        xc = X[None, :, :] - mu[:, :, None]
+        sq = xc * xc
+        b = M.sum(sq, 1)                                    # (K, N)
+        out = M.sum(M.exp(-0.1 * b))
+        return out + M.sum(sq * 0.01) if reread else out
+    x = np.random.default_rng(20).normal(size=K * D + D * N)
+    x[K * D + 9] = np.inf if reread else -0.0
+    P, S = trace_both(f, x)
+    rows = P._code.arows
+    plan = PA._plan(rows)
+    back = PA._reverse_plan(rows, plan)
+    runs_ = [op for *_, op in plan if type(op) is tuple and op[0] is PA.RGRP]
+    assert runs_ and runs_[0][2] == (1, K, N, D), runs_
+    firsts = PA._rgrp_first(rows, back, P._code.out_slots)
+    assert bool(firsts) != reread, firsts
+    a = P.value_and_grad(x)
+    monkeypatch.setattr(PA, "_rgrp_first", lambda *args: {})
+    P2, _ = trace_both(f, x)
+    b = P2.value_and_grad(x)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    s = S.value_and_grad(x)
+    np.testing.assert_allclose(a[0], s[0], rtol=1e-13)
+    np.testing.assert_allclose(a[1], s[1], rtol=1e-12, atol=1e-14)
+    xt = torch.tensor(x, requires_grad=True)
+    y = f(torch, xt)
+    gt, = torch.autograd.grad(y, xt)
+    np.testing.assert_allclose(a[0], y.item(), rtol=1e-13)
+    np.testing.assert_allclose(a[1], gt.numpy(), rtol=1e-12, atol=1e-13)
+    if not reread:
+        v = np.random.default_rng(21).normal(size=x.size)
+        x2 = np.random.default_rng(22).normal(size=x.size)
+        np.testing.assert_allclose(P.hvp((x2,), (v,))[1], S.hvp((x2,), (v,))[1], rtol=1e-10,
+                                   atol=1e-12)

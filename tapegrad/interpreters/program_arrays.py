@@ -527,8 +527,9 @@ def entry(rows, work):
                 and r0 in sets else (r1, k, r0, kind) for r1, k, r0, kind in back]
     firsts = _first_operands(rows, back, out)
     mm_firsts = _mm_first(rows, back, out)
+    rg_firsts = _rgrp_first(rows, back, out)
     live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
-                 + list(mm_firsts.values()))
+                 + list(mm_firsts.values()) + list(rg_firsts.values()))
     if p and (ins == ins[0] + np.arange(p)).all():
         # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
         # not a gather (1 ms of lse's gradient at n = 640,000)
@@ -563,7 +564,9 @@ def entry(rows, work):
                 v[op[1]:op[2]] = -0.0
             elif type(op) is tuple:
                 with np.errstate(all="ignore"):
-                    if op[0] is not GRP:
+                    if op[0] is RGRP:
+                        _rgrp_forward(op, v)
+                    elif op[0] is not GRP:
                         _mm_forward(op, v)
                     elif op[-1]:
                         _grp_forward(op, v, k0)
@@ -598,6 +601,8 @@ def entry(rows, work):
                     with np.errstate(all="ignore"):
                         if kind[0] is GRP:
                             _grp_reverse(kind, v, adj, k)
+                        elif kind[0] is RGRP:
+                            _rgrp_reverse(kind, v, adj, r in rg_firsts)
                         else:
                             _mm_reverse(kind, v, adj, r in mm_firsts)
                 else:  # (an instruction's first row and slot)
@@ -658,6 +663,9 @@ def _plan(rows):
             if rows[h, 0] == RED:
                 mm, tried = _mm_group(rows, h, at)
                 mm = None if mm is None else (mm[0], (MM,) + mm[1:])
+                if mm is None:
+                    mm, seen = _red_group(rows, h, at)
+                    tried = max(tried, seen)
             else:
                 mm, tried = _ew_group(rows, h, at)
         if mm is not None:
@@ -1119,6 +1127,103 @@ def _grp_reverse(step, v, adj, k):
         dst = as_strided(adj[s0:], t.shape, tuple(x * e for x in strides))
         add(dst, t, out=dst)
 
+
+#: (the plan's mark of a run of sums as one NumPy call: ``_red_group``)
+RGRP = "rgrp"
+
+
+def _red_group(rows, h, at):
+    """((row after, (RGRP, terms' (first slot, strides), their shape (C, g, n, L), the
+    outputs' (first slot, strides)) of the run of sum instructions from row ``h`` run as
+    one NumPy call, or None; the row after the instructions looked at. One call:
+    consecutive sums (no scalar row between) of the same shape, strides and inactive
+    marks, each's first term affine in (batch, instruction), strides not negative, the
+    terms' grid with no slot twice (their gradients added through a view), at least
+    ``NUMPY_RED_MIN`` terms in all (gmm's 25 sums over the coordinates of 1,000 points:
+    ``Qxc * Qxc`` summed, 250,000 terms). Forward ``np.add.reduce`` along the terms (in
+    order along a strided axis, as eager mode's sum over an axis), within rounding of the
+    expansion; reverse each term's ``g`` added once, the compiled loop's bits."""
+    if int(rows[h + 1, 5]) != ADD:
+        return None, h
+    n, _, (sa, sb, ta, tb, L) = info(rows, h)
+    nr = rows.shape[0]
+    hs = [h]
+    key = rows[h, 4:6].tolist() + rows[h + 1:h + META + 1, 4:6].ravel().tolist()
+    while hs[-1] + 2 * (META + 1) <= nr and rows[hs[-1] + META + 1, 0] == RED:
+        e = hs[-1] + META + 1
+        if rows[e, 4:6].tolist() + rows[e + 1:e + META + 1, 4:6].ravel().tolist() != key:
+            break
+        hs.append(e)
+    seen = hs[-1] + META + 1
+    G = len(hs)
+    if G < 2 or L < 2 or G * n * L < NUMPY_RED_MIN or min(sa, ta) < 0:
+        return None, seen
+    hs = np.array(hs)
+    d = np.diff(rows[hs, 1])
+    brk = np.nonzero(d != d[0])[0]
+    g = int(brk[0]) + 1 if brk.size else G
+    C = G // g
+    if C * g * n * L < NUMPY_RED_MIN:
+        return None, seen
+    af = _affine(rows[hs, 1], C, g)
+    if af is None or min(af[1:]) < 0:
+        return None, seen
+    shape = (C, g, n, L)
+    strides = (af[1], af[2], sa, ta)
+    if not _injective(strides, shape):
+        return None, seen
+    W = red_width(ADD, L)
+    o0 = int(at[h]) + n * (W - 1)
+    ostr = (g * n * W, n * W, 1)
+    lo, hi = _grid_span(af[0], strides, shape)
+    if not hi < int(at[h]):  # (terms before the sums' slots)
+        return None, seen
+    after = int(hs[C * g - 1]) + META + 1
+    return (after, (RGRP, (af[0], strides), shape, (o0, ostr))), seen
+
+
+def _rgrp_views(step, v):
+    from numpy.lib.stride_tricks import as_strided
+    _, (t0, ts), shape, (o0, os_) = step
+    e = v.itemsize
+    return (as_strided(v[t0:], shape, tuple(x * e for x in ts)),
+            as_strided(v[o0:], shape[:3], tuple(x * e for x in os_)))
+
+
+def _rgrp_forward(step, v):
+    T, O = _rgrp_views(step, v)
+    np.add.reduce(T, axis=3, out=O)
+
+
+def _rgrp_reverse(step, v, adj, first=False):
+    """Each term's ``g`` added to its adjoint (written, ``0.0 + g``, when ``first``:
+    ``_rgrp_first``)."""
+    T, G = _rgrp_views(step, adj)
+    if first:
+        np.add(0.0, G[..., None], out=T)
+    else:
+        np.add(T, G[..., None], out=T)
+
+
+def _rgrp_first(rows, back, out):
+    """{first row: (start, stop)} of the runs of sums (``_red_group``) whose terms are a
+    contiguous run of slots that no row or instruction after them reads and no output is:
+    their reverse writes the terms' adjoints first (``0.0 + g``), so they are not zeroed
+    (gmm's ``Qxc * Qxc``: 250,000 slots)."""
+    res = {}
+    outs = np.asarray(out)
+    heads = heads_of(rows)
+    for r0, _, r1, kind in back:
+        if type(kind) is not tuple or kind[0] is not RGRP:
+            continue
+        _, (t0, ts), shape, _ = kind
+        lo, hi = t0, t0 + shape[0] * shape[1] * shape[2] * shape[3]
+        if _grid_span(t0, ts, shape)[1] != hi - 1:
+            continue
+        if ((outs >= lo) & (outs < hi)).any() or _read_after(rows, r1, lo, hi, heads):
+            continue
+        res[r0] = (lo, hi)
+    return res
 
 def _np_reducible(rows, h):
     """Whether the reduction instruction at row ``h`` runs its forward in NumPy
