@@ -302,3 +302,18 @@ def test_a_run_of_sums_as_one_call(monkeypatch, reread):
         x2 = np.random.default_rng(22).normal(size=x.size)
         np.testing.assert_allclose(P.hvp((x2,), (v,))[1], S.hvp((x2,), (v,))[1], rtol=1e-10,
                                    atol=1e-12)
+
+
+def test_distinct_slot_grids_by_strides_as_np_unique():
+    # the derivative program's check that a rule's slot grid holds no slot twice, by its
+    # strides when affine (negative, zero, overlapping), by np.unique otherwise
+    from tapegrad.interpreters.program import _distinct
+    grids = [np.arange(12).reshape(3, 4), np.arange(12).reshape(3, 4)[::-1],
+             np.arange(12).reshape(4, 3).T, 5 + np.zeros((3, 4), dtype=np.int64),
+             np.arange(4)[None, :] + 2 * np.arange(3)[:, None],       # overlapping rows
+             np.arange(4)[None, :] * 3 + np.arange(3)[:, None],       # interleaved
+             np.arange(4)[None, :] - 4 * np.arange(3)[:, None] + 20,  # negative stride
+             np.array([[1, 2, 9], [4, 1, 7]]), np.array([[1, 2, 9], [4, 5, 7]]),
+             np.arange(5)[None, :], np.arange(5)[:, None], np.zeros((0, 3), dtype=np.int64)]
+    for S in grids:
+        assert _distinct(S) == (np.unique(S).size == S.size), S
