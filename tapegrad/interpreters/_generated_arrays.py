@@ -709,6 +709,8 @@ def reverse(rows, v, adj, r, k, lo):
                     and sa != 0 and (not wa or ib < min(ia, ia + (m - 1) * sa)
                                      or ib > max(ia, ia + (m - 1) * sa))):
                 lop = -2
+            if lop == MUL and ia == ib and sa == sb and sa != 0:
+                lop = -3
             if lop == -2:
                 fb = 1.0 if op == ADD else -1.0
                 rb = adj[np.uint64(ib)]
@@ -718,6 +720,13 @@ def reverse(rows, v, adj, r, k, lo):
                     if wa:
                         adj[np.uint64(ia + i * sa)] += g
                 adj[np.uint64(ib)] = rb
+            elif lop == -3:
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    j = np.uint64(ia + i * sa)
+                    a = v[j]
+                    t = adj[j] + (g * a)
+                    adj[j] = t + (g * a)
             elif lop == 4:  # exp
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]

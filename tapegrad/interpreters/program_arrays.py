@@ -410,7 +410,13 @@ def prune_arrays(rows, roots, guard, leaf):
     size[heads], span[heads], kept[heads] = spans(rows, heads)
     need = _needed(rows, at, nslots, np.asarray(roots, dtype=np.int64), guard, leaf, size,
                    span, kept)
-    new = np.where(need, np.cumsum(need) - 1, -1)
+    # (the kept slots numbered in order, in one array: a cumsum of the bools themselves
+    # took 1 s of gmm's Hessian-vector program's 17 million slots, NumPy's accumulate
+    # casting each bool; fresh arrays of that size cost their page faults, 0.1 s or more)
+    new = need.astype(np.int64)
+    np.cumsum(new, out=new)
+    new -= 1
+    new[~need] = -1
     out = rows[need[owner]]
     slots = out[:, 1:4]
     live = slots >= 0  # (an instruction's other rows hold -1 there)
@@ -520,13 +526,16 @@ def entry(rows, work):
         back = [(r0, int(at[r0]), r0, (ASSIGN,)) if kind is RED and r0 == r1 - META
                 and r0 in sets else (r1, k, r0, kind) for r1, k, r0, kind in back]
     firsts = _first_operands(rows, back, out)
-    live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f])
+    mm_firsts = _mm_first(rows, back, out)
+    rg_firsts = _rgrp_first(rows, back, out)
+    live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
+                 + list(mm_firsts.values()) + list(rg_firsts.values()))
     if p and (ins == ins[0] + np.arange(p)).all():
         # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
         # not a gather (1 ms of lse's gradient at n = 640,000)
         ins = slice(int(ins[0]), int(ins[0]) + p)
 
-    plan = _skip_detach(rows, plan, out)
+    plan = _skip_picks(rows, _skip_detach(rows, plan, out), sets)
     # the values begin where the inputs are when the first instruction is a large leaf
     # instruction copying them, in order, into the first slots: those slots are the
     # inputs themselves, and the copy is left out (0.26 ms of lse's 640,000 elements)
@@ -551,9 +560,20 @@ def entry(rows, work):
                     _np_red_forward(rows, r0, k0, v)
             elif type(op) is tuple and op[0] is NPRED:  # (of a detach's operand)
                 _np_red_forward(rows, r0, k0, v, op[1])
+            elif type(op) is tuple and op[0] is FILL:
+                v[op[1]:op[2]] = -0.0
             elif type(op) is tuple:
                 with np.errstate(all="ignore"):
-                    _mm_forward(op, v)
+                    if op[0] is RGRP:
+                        _rgrp_forward(op, v)
+                    elif op[0] is not GRP:
+                        _mm_forward(op, v)
+                    elif op[-1]:
+                        _grp_forward(op, v, k0)
+                    else:  # (its forward compiled: arithmetic, a pass of the loop)
+                        status = int(fw(rows, x, v, r0, r1, k0))
+                        if status:
+                            break
             else:
                 # (quiet, as the compiled loops: a log of 0 is -inf, not a warning)
                 with np.errstate(all="ignore"):
@@ -579,7 +599,12 @@ def entry(rows, work):
                     _red_assign(rows, r, k, adj)
                 elif type(kind) is tuple:
                     with np.errstate(all="ignore"):
-                        _mm_reverse(kind, v, adj)
+                        if kind[0] is GRP:
+                            _grp_reverse(kind, v, adj, k)
+                        elif kind[0] is RGRP:
+                            _rgrp_reverse(kind, v, adj, r in rg_firsts)
+                        else:
+                            _mm_reverse(kind, v, adj, r in mm_firsts)
                 else:  # (an instruction's first row and slot)
                     with np.errstate(all="ignore"):
                         _np_reverse(kind, rows, r, k, v, adj, firsts.get(r, ()))
@@ -597,8 +622,8 @@ def entry(rows, work):
 #: call; its other ops round exactly as the compiled loop does. The reverse sweep stays
 #: compiled, but for a broadcast operand's gradient (``NUMPY_BCAST_MIN``): the rules are
 #: arithmetic, and NumPy's rules over views take two passes where the loop takes one
-NUMPY_MIN = dict.fromkeys(("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh"),
-                          8192)
+TRANSCENDENTAL = frozenset(("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh"))
+NUMPY_MIN = dict.fromkeys(TRANSCENDENTAL, 8192)
 NUMPY_MIN.update(dict.fromkeys(("add", "sub", "mul", "neg", "mulc", "addc", "divc", "div",
                                 "square", "detach", "select", "pick", "eq", "ne", "lt", "le",
                                 "gt", "ge", "leaf", "eq_nan"), 65536))
@@ -632,15 +657,22 @@ def _plan(rows):
         if h < after:  # (in a batched product)
             continue
         mm = None
-        if rows[h, 0] == RED and h >= tried:
-            # (a run that is no batched product is not tried again from each of its rows:
-            # quadratic in its length)
-            mm, tried = _mm_group(rows, h, at)
+        if h >= tried:
+            # (a run that is no batched product, nor a run of instructions as one call, is
+            # not tried again from each of its rows: quadratic in its length)
+            if rows[h, 0] == RED:
+                mm, tried = _mm_group(rows, h, at)
+                mm = None if mm is None else (mm[0], (MM,) + mm[1:])
+                if mm is None:
+                    mm, seen = _red_group(rows, h, at)
+                    tried = max(tried, seen)
+            else:
+                mm, tried = _ew_group(rows, h, at)
         if mm is not None:
             after = mm[0]
             if h > r0:
                 plan.append((r0, h, slot(r0), slot(h), None))
-            plan.append((h, after, slot(h), slot(after), (MM,) + mm[1:]))
+            plan.append((h, after, slot(h), slot(after), mm[1]))
             r0 = after
             continue
         op = (NPRED if _np_reducible(rows, h) else RED) if rows[h, 0] == RED \
@@ -672,8 +704,10 @@ def _reverse_plan(rows, plan):
     for r0, r1, k0, k1, op in reversed(plan):
         if r1 == r0:
             continue
-        if isinstance(op, tuple):  # a batched product: all or none of it active
-            if rows[r0 + META, 5] != 1.0:
+        if isinstance(op, tuple) and op[0] is GRP and not op[-2]:
+            op = None  # (a run of instructions whose reverse is compiled)
+        if isinstance(op, tuple):  # a batched product or a run: all or none of it active
+            if rows[r0 + META, 5] != 1.0 and (op[0] is not GRP or op[6]):
                 out.append((r0, k0, r1, op))
             continue
         kind = RED if op is RED or op is NPRED else None
@@ -722,28 +756,33 @@ def _np_forward(op, rows, h, k, v, x):
         c0 = int(rows[h, 4])
         out[:] = x[c0:c0 + n]
         return
-    a, b, c = _operands(rows, h, n, v)
+    _np_apply(op, out, *_operands(rows, h, n, v), float(rows[h, 4]), float(rows[h, 5]))
+
+
+def _np_apply(op, out, a, b, c, c0, c1):
+    """``out[...] = op(a, b, c; c0, c1)`` by NumPy, elementwise over arrays of any shape
+    (``_np_forward``'s and ``_grp_forward``'s)."""
     if op.name == "select":
-        out[:] = c
+        out[...] = c
         np.copyto(out, b, where=a != 0.0)
     elif op.name == "pick":
         out.fill(-0.0)
     elif op.name == "detach":
-        out[:] = a
+        out[...] = a
     elif op.name == "eq_nan" and isinstance(b, float) and b == b:
         np.equal(a, b, out=out)  # (a max's ties: no NaN to tie with, one pass)
     elif op.name == "eq_nan" and isinstance(b, float):
         np.not_equal(a, a, out=out)  # (NaN's ties: the NaNs)
     elif op.name in _UFUNC_C:
-        _UFUNC_C[op.name](a, float(rows[h, 4]), out=out)
+        _UFUNC_C[op.name](a, c0, out=out)
     elif isinstance(op.np, np.ufunc):  # (comparisons: their bool as 1.0 or 0.0)
         op.np(*(a, b, c)[:op.np.nin], out=out)
     elif op.kind == UNARY_C:
-        out[:] = op.np(a, float(rows[h, 4]), float(rows[h, 5]))
+        out[...] = op.np(a, c0, c1)
     elif op.kind == BINARY or op.kind == COMPARE:
-        out[:] = op.np(a, b)
+        out[...] = op.np(a, b)
     else:
-        out[:] = op.np(a)
+        out[...] = op.np(a)
 
 
 def _g(g, a, b, out, c0, s):
@@ -914,13 +953,277 @@ def _mm_forward(step, v):
     np.matmul(A, B, out=O)
 
 
-def _mm_reverse(step, v, adj):
-    """A batched product's reverse: ``G @ B^T`` added to A's adjoints, ``A^T @ G`` to B's."""
+def _mm_reverse(step, v, adj, first=False):
+    """A batched product's reverse: ``G @ B^T`` added to A's adjoints, ``A^T @ G`` to B's
+    (written, ``0.0 + t``, when ``first``: ``_mm_first``)."""
     A, B, _ = _mm_views(step, v)
     gA, gB, G = _mm_views(step, adj)
     gA += np.matmul(G, B.transpose(0, 2, 1))
-    gB += np.matmul(A.transpose(0, 2, 1), G)
+    if first:
+        np.add(0.0, np.matmul(A.transpose(0, 2, 1), G), out=gB)
+    else:
+        gB += np.matmul(A.transpose(0, 2, 1), G)
 
+
+#: a run of consecutive elementwise instructions of the same op, length, strides and
+#: constants whose operands' first slots step evenly from one to the next, in batches (a
+#: (C, g, n) grid each: gmm's 250 ``x - mu`` of 1,000 points, the points' 10 rows again for
+#: each of 25 components) runs as NumPy calls over views when its elements together reach
+#: the op's ``NUMPY_MIN`` (``_ew_group``): an exp's or log's forward (``_grp_forward``:
+#: NumPy's SIMD loops), the reverse when an operand's gradients are summed
+#: (``_grp_reverse``: a broadcast one's pairwise over each instruction's elements, as
+#: eager mode's sum over the broadcast axis, where the compiled loop's adds each wait on
+#: the last: gmm's 250 ``x - mu``, 0.3 ms). What eager mode computes, within rounding of
+#: the expansion, the same bits on every call and thread. The arithmetic forwards and the
+#: other rules stay compiled: over 2-D views of gmm's strided slots NumPy's ``x - mu``
+#: took 0.25 ms, the loop 0.12; its rules take two passes where the loop takes one
+GRP = "grp"
+
+
+def _grid_span(s0, strides, shape):
+    """[first, last] slot of a grid of slots from ``s0`` (strides not negative)."""
+    return s0, s0 + sum((m - 1) * t for t, m in zip(strides, shape))
+
+
+def _ew_group(rows, h, at):
+    """((row after, (GRP, op, (C, g, n), the operands' (first slot, strides) or None, c0,
+    c1, the gradients' (index, first slot, strides), whether the reverse runs in NumPy,
+    whether the forward does)) of
+    the run of elementwise instructions from row ``h`` run as one NumPy call over (C, g,
+    n) views, or None; and the row after the instructions looked at. One call: at least
+    two instructions of the same op (an exp or log, ``TRANSCENDENTAL``, or one of
+    ``NP_RULES``), length, strides, constants and inactive
+    marks, consecutive, strides not negative, every operand's first slot affine in (batch,
+    instruction) with steps not negative (gmm's ``x - mu``: the points' rows again for
+    each of 25 components), no operand reading the run's own outputs, ``NUMPY_MIN``
+    elements in all. Its reverse runs in NumPy when an operand's gradients are summed
+    (a broadcast one: ``x - mu``'s ``mu``), which the compiled loop adds one at a time,
+    each add waiting on the last; the others' rules stay compiled (one pass over the
+    elements where NumPy's take two: gmm's ``Qxc * Qxc``). In NumPy: a rule in
+    ``NP_RULES``, and each operand that takes gradients (but one whose gradient reaches
+    no input: ``mark_inactive``'s bits, never read) with no slot twice but along the
+    summed axes, apart from the others' or the same slots (``x * x``)."""
+    n, code, st = info(rows, h)
+    op = OPS[code]
+    if op.name not in TRANSCENDENTAL and op.name not in NP_RULES or min(st) < 0:
+        return None, h
+    nr = rows.shape[0]
+    hs = [h]
+    key = rows[h, 4:6].tolist() + rows[h + 1:h + META + 1, 4:6].ravel().tolist()
+    while hs[-1] + 2 * (META + 1) <= nr and rows[hs[-1] + META + 1, 0] == ARR:
+        e = hs[-1] + META + 1
+        if rows[e, 4:6].tolist() + rows[e + 1:e + META + 1, 4:6].ravel().tolist() != key:
+            break
+        hs.append(e)
+    seen = hs[-1] + META + 1
+    G = len(hs)
+    if G < 2 or G * n < NUMPY_MIN.get(op.name, 1 << 62):
+        return None, seen
+    hs = np.array(hs)
+    present = [j for j in range(3) if rows[h, 1 + j] >= 0]
+    # g: the instructions of the first batch, those of the longest run from the first
+    # along which every operand steps evenly
+    g = G
+    for j in present:
+        d = np.diff(rows[hs, 1 + j])
+        brk = np.nonzero(d != d[0])[0]
+        if brk.size:
+            g = min(g, int(brk[0]) + 1)
+    C = G // g
+    if C * g * n < NUMPY_MIN.get(op.name, 1 << 62):
+        return None, seen
+    after = int(hs[C * g - 1]) + META + 1
+    k0 = int(at[h])
+    if not (at[hs[:C * g]] == k0 + n * np.arange(C * g)).all():
+        return None, seen
+    shape = (C, g, n)
+    opnds = [None] * 3
+    for j in present:
+        af = _affine(rows[hs, 1 + j], C, g)
+        if af is None or min(af[1:]) < 0:
+            return None, seen
+        strides = (af[1], af[2], st[j])
+        lo, hi = _grid_span(af[0], strides, shape)
+        if not (hi < k0 or lo >= k0 + C * g * n):
+            return None, seen
+        opnds[j] = (af[0], strides)
+    flag = rows[h + META, 5]
+    grads = []
+    numpy_rev = False
+    if flag != 1.0:
+        sk = int(-flag) if flag < 0 else 0
+        for j in present:
+            if GRAD_BITS[code] >> j & 1 and not sk >> j & 1:
+                s0, strides = opnds[j]
+                kept = [(t, m) for t, m in zip(strides, shape) if t != 0 and m > 1]
+                numpy_rev |= len(kept) < sum(m > 1 for m in shape)
+                if not _injective([t for t, _ in kept], [m for _, m in kept]):
+                    return None, seen
+                grads.append((j, s0, strides))
+        if numpy_rev:
+            if op.name not in NP_RULES:
+                return None, seen
+            for i, (_, s0, sa) in enumerate(grads):
+                for _, t0, tb in grads[i + 1:]:
+                    a0, a1 = _grid_span(s0, sa, shape)
+                    b0, b1 = _grid_span(t0, tb, shape)
+                    if (s0, sa) != (t0, tb) and not (a1 < b0 or b1 < a0):
+                        return None, seen
+    # (its forward in NumPy for a vectorized exp or log: arithmetic over 2-D views of
+    # strided slots took longer than the compiled loop, 0.25 against 0.12 ms for gmm's)
+    numpy_fw = op.name in TRANSCENDENTAL
+    if not (numpy_fw or numpy_rev):
+        return None, seen
+    return (after, (GRP, op, shape, tuple(opnds), float(rows[h, 4]), float(rows[h, 5]),
+                    tuple(grads), numpy_rev, numpy_fw)), seen
+
+
+def _grp_view(v, o, shape):
+    """The view of ``v`` at an operand's grid ``o`` (first slot, strides); a float for one
+    slot; None when absent."""
+    from numpy.lib.stride_tricks import as_strided
+    if o is None:
+        return None
+    s0, strides = o
+    if not any(strides):
+        return float(v[s0])
+    e = v.itemsize
+    return as_strided(v[s0:], shape, tuple(t * e for t in strides), writeable=False)
+
+
+def _grp_forward(step, v, k):
+    """A run of elementwise instructions (``_ew_group``) from slot ``k``, one NumPy call."""
+    _, op, shape, opnds, c0, c1, _, _, _ = step
+    _np_apply(op, v[k:k + shape[0] * shape[1] * shape[2]].reshape(shape),
+              *(_grp_view(v, o, shape) for o in opnds), c0, c1)
+
+
+def _grp_reverse(step, v, adj, k):
+    """The reverse of a run of elementwise instructions from slot ``k`` in NumPy: each
+    operand's gradients by its op's rule (``NP_RULES``), as the compiled loop computes
+    each; a broadcast operand's summed pairwise over the axes it is broadcast along
+    (``np.sum`` over them, as eager mode), within rounding of the expansion."""
+    from numpy.lib.stride_tricks import as_strided
+    _, op, shape, opnds, c0, _, grads, _, _ = step
+    m = shape[0] * shape[1] * shape[2]
+    g = adj[k:k + m].reshape(shape)
+    out = v[k:k + m].reshape(shape)
+    a, b = (_grp_view(v, o, shape) for o in opnds[:2])
+    rules = NP_RULES[op.name]
+    e = adj.itemsize
+    s = None
+    for j, s0, strides in grads:
+        rule, sign = rules[j]
+        if s is None and rule is not _g:
+            s = np.empty(shape)
+        t = rule(g, a, b, out, c0, s)
+        add = np.add if sign > 0 else np.subtract
+        summed = tuple(i for i in range(3) if strides[i] == 0 and shape[i] > 1)
+        if len(summed) == sum(x > 1 for x in shape):
+            adj[s0] += float(np.sum(t)) if sign > 0 else -float(np.sum(t))
+            continue
+        if summed:
+            t = np.add.reduce(t, axis=summed, keepdims=True)
+        dst = as_strided(adj[s0:], t.shape, tuple(x * e for x in strides))
+        add(dst, t, out=dst)
+
+
+#: (the plan's mark of a run of sums as one NumPy call: ``_red_group``)
+RGRP = "rgrp"
+
+
+def _red_group(rows, h, at):
+    """((row after, (RGRP, terms' (first slot, strides), their shape (C, g, n, L), the
+    outputs' (first slot, strides)) of the run of sum instructions from row ``h`` run as
+    one NumPy call, or None; the row after the instructions looked at. One call:
+    consecutive sums (no scalar row between) of the same shape, strides and inactive
+    marks, each's first term affine in (batch, instruction), strides not negative, the
+    terms' grid with no slot twice (their gradients added through a view), at least
+    ``NUMPY_RED_MIN`` terms in all (gmm's 25 sums over the coordinates of 1,000 points:
+    ``Qxc * Qxc`` summed, 250,000 terms). Forward ``np.add.reduce`` along the terms (in
+    order along a strided axis, as eager mode's sum over an axis), within rounding of the
+    expansion; reverse each term's ``g`` added once, the compiled loop's bits."""
+    if int(rows[h + 1, 5]) != ADD:
+        return None, h
+    n, _, (sa, sb, ta, tb, L) = info(rows, h)
+    nr = rows.shape[0]
+    hs = [h]
+    key = rows[h, 4:6].tolist() + rows[h + 1:h + META + 1, 4:6].ravel().tolist()
+    while hs[-1] + 2 * (META + 1) <= nr and rows[hs[-1] + META + 1, 0] == RED:
+        e = hs[-1] + META + 1
+        if rows[e, 4:6].tolist() + rows[e + 1:e + META + 1, 4:6].ravel().tolist() != key:
+            break
+        hs.append(e)
+    seen = hs[-1] + META + 1
+    G = len(hs)
+    if G < 2 or L < 2 or G * n * L < NUMPY_RED_MIN or min(sa, ta) < 0:
+        return None, seen
+    hs = np.array(hs)
+    d = np.diff(rows[hs, 1])
+    brk = np.nonzero(d != d[0])[0]
+    g = int(brk[0]) + 1 if brk.size else G
+    C = G // g
+    if C * g * n * L < NUMPY_RED_MIN:
+        return None, seen
+    af = _affine(rows[hs, 1], C, g)
+    if af is None or min(af[1:]) < 0:
+        return None, seen
+    shape = (C, g, n, L)
+    strides = (af[1], af[2], sa, ta)
+    if not _injective(strides, shape):
+        return None, seen
+    W = red_width(ADD, L)
+    o0 = int(at[h]) + n * (W - 1)
+    ostr = (g * n * W, n * W, 1)
+    lo, hi = _grid_span(af[0], strides, shape)
+    if not hi < int(at[h]):  # (terms before the sums' slots)
+        return None, seen
+    after = int(hs[C * g - 1]) + META + 1
+    return (after, (RGRP, (af[0], strides), shape, (o0, ostr))), seen
+
+
+def _rgrp_views(step, v):
+    from numpy.lib.stride_tricks import as_strided
+    _, (t0, ts), shape, (o0, os_) = step
+    e = v.itemsize
+    return (as_strided(v[t0:], shape, tuple(x * e for x in ts)),
+            as_strided(v[o0:], shape[:3], tuple(x * e for x in os_)))
+
+
+def _rgrp_forward(step, v):
+    T, O = _rgrp_views(step, v)
+    np.add.reduce(T, axis=3, out=O)
+
+
+def _rgrp_reverse(step, v, adj, first=False):
+    """Each term's ``g`` added to its adjoint (written, ``0.0 + g``, when ``first``:
+    ``_rgrp_first``)."""
+    T, G = _rgrp_views(step, adj)
+    if first:
+        np.add(0.0, G[..., None], out=T)
+    else:
+        np.add(T, G[..., None], out=T)
+
+
+def _rgrp_first(rows, back, out):
+    """{first row: (start, stop)} of the runs of sums (``_red_group``) whose terms are a
+    contiguous run of slots that no row or instruction after them reads and no output is:
+    their reverse writes the terms' adjoints first (``0.0 + g``), so they are not zeroed
+    (gmm's ``Qxc * Qxc``: 250,000 slots)."""
+    res = {}
+    outs = np.asarray(out)
+    heads = heads_of(rows)
+    for r0, _, r1, kind in back:
+        if type(kind) is not tuple or kind[0] is not RGRP:
+            continue
+        _, (t0, ts), shape, _ = kind
+        lo, hi = t0, t0 + shape[0] * shape[1] * shape[2] * shape[3]
+        if _grid_span(t0, ts, shape)[1] != hi - 1:
+            continue
+        if ((outs >= lo) & (outs < hi)).any() or _read_after(rows, r1, lo, hi, heads):
+            continue
+        res[r0] = (lo, hi)
+    return res
 
 def _np_reducible(rows, h):
     """Whether the reduction instruction at row ``h`` runs its forward in NumPy
@@ -1108,6 +1411,45 @@ def _skip_detach(rows, plan, out):
     return [p_ for p_ in new if p_ is not None]
 
 
+#: (the plan's mark of a sum of picks written as its value, -0.0: ``_skip_picks``)
+FILL = "fill"
+
+
+def _skip_picks(rows, plan, sets):
+    """``plan`` without the NumPy steps of the picks (a max's gradient's routes, each
+    -0.0) whose slots only a sum reads that writes their adjoints (``sets``,
+    ``_first_writers``'): their values are never read but by that sum, whose outputs are
+    then -0.0, what its adds of -0.0 give (lse's picks and their sum at 640,000
+    elements: two passes, 0.25 ms). The picks' reverse reads their tie weights, not their
+    values."""
+    pk = BY_NAME["pick"]
+    by_start = {sets[h][0]: h for h in sets}
+    sums, picks = set(), set()
+    for r0, r1, k0, k1, op in plan:
+        if op is not pk or r1 != r0 + META + 1:
+            continue
+        hs, at_ = [], k0  # the sums whose terms, one after another, are the picks' slots
+        while at_ < k1 and at_ in by_start:
+            hs.append(by_start[at_])
+            at_ = sets[hs[-1]][1]
+        if at_ == k1:
+            sums.update(hs)
+            picks.add(r0)
+    if not sums:
+        return plan
+    at = row_slots(rows)[0]
+    new = []
+    for r0, r1, k0, k1, op in plan:
+        if op is pk and r0 in picks:
+            continue
+        if op is NPRED and r0 in sums:
+            n, L = int(rows[r0 + 1, 4]), int(rows[r0, 4])
+            o = int(at[r0]) + n * (L - 2)  # (its outputs after the chains of L - 1 adds)
+            op = (FILL, o, o + n)
+        new.append((r0, r1, k0, k1, op))
+    return new
+
+
 def _first_operands(rows, back, out):
     """{first row: [(start, stop)]} of the elementwise instructions whose reverse runs in
     NumPy (``_np_reverse``) and is the first to reach an operand's adjoints: a contiguous
@@ -1124,27 +1466,51 @@ def _first_operands(rows, back, out):
         for j, s0, sj in _grad_operands(rows, h):
             if sj != 1 or ((outs >= s0) & (outs < s0 + n)).any():
                 continue
-            lo, hi = s0, s0 + n
-            later = rows[h + META + 1:]
-            scalar = later[:, 0] != TAIL
-            hl = heads[heads > h] - (h + META + 1)
-            scalar[hl[(later[hl, 0] == ARR) | (later[hl, 0] == RED)]] = False
-            ops = later[scalar, 1:4]
-            if ((ops >= lo) & (ops < hi)).any():
-                continue
-            read = False
-            for g in heads[heads > h].tolist():
-                m, code, st = info(rows, g)
-                spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
-                           (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
-                          if code == RED else
-                          [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
-                if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo
-                       for a, e in spans_):
-                    read = True
-                    break
-            if not read:
-                res.setdefault(h, []).append((lo, hi))
+            if not _read_after(rows, h + META + 1, s0, s0 + n, heads):
+                res.setdefault(h, []).append((s0, s0 + n))
+    return res
+
+
+def _read_after(rows, r, lo, hi, heads):
+    """Whether a row or instruction from row ``r`` on reads a slot in [lo, hi)."""
+    later = rows[r:]
+    scalar = later[:, 0] != TAIL
+    hl = heads[heads >= r] - r
+    scalar[hl[(later[hl, 0] == ARR) | (later[hl, 0] == RED)]] = False
+    ops = later[scalar, 1:4]
+    if ((ops >= lo) & (ops < hi)).any():
+        return True
+    for g in heads[heads >= r].tolist():
+        m, code, st = info(rows, g)
+        spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
+                   (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
+                  if code == RED else
+                  [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
+        if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo for a, e in spans_):
+            return True
+    return False
+
+
+def _mm_first(rows, back, out):
+    """{first row: (start, stop)} of the batched products (``_mm_group``) whose ``B`` is a
+    contiguous run of slots that no row or instruction after the product reads and no
+    output is: the reverse sweep reaches their adjoints first at the product, which writes
+    ``A^T @ G`` there as ``0.0 + t`` (what adding to zeros gives), so they are not zeroed
+    (gmm's ``x - mu``, 250,000 slots: their zeroing and a pass reading them)."""
+    res = {}
+    outs = np.asarray(out)
+    heads = heads_of(rows)
+    for r0, _, r1, kind in back:  # (a product's: its first row, slot, the row after)
+        if type(kind) is not tuple or kind[0] is not MM:
+            continue
+        _, (C, g, n, L), _, b, _ = kind
+        lo, hi = b[0], b[0] + C * L * n
+        if not (_injective(b[1:], (C, L, n))
+                and _grid_span(b[0], b[1:], (C, L, n))[1] == hi - 1):
+            continue
+        if ((outs >= lo) & (outs < hi)).any() or _read_after(rows, r1, lo, hi, heads):
+            continue
+        res[r0] = (lo, hi)
     return res
 
 
