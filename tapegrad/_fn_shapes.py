@@ -10,9 +10,11 @@ from .ops import ARRAY, OPS, ROW
 from .ops import BY_NAME as _O
 from .tape import STATE, bump
 from .tensor import (TORCH_NAMES, Tensor, _cat, _dim, _hint, _norm_value, _plain, _pyfloat,
-                     _to_dtype, array_op, result_dtype)
+                     _record, _to_dtype, array_op, result_dtype)
 
 _CLONE = _O["clone"].code
+_GETITEM = _O["getitem"].code | ARRAY
+_F64 = np.dtype(np.float64)
 
 
 def _shape_arg(shape):
@@ -132,6 +134,24 @@ def stack(tensors, dim=0):
 
 def cat(tensors, dim=0):
     """Join tensors along an existing ``dim``."""
+    if (tensors.__class__ is list or tensors.__class__ is tuple) and dim.__class__ is int \
+            and STATE.trace is None:
+        # float64 arrays (ode's right-hand side, many small joins): NumPy checks the shapes,
+        # the general path below only when it refuses (for torch's messages)
+        ds = []
+        for x in tensors:
+            d = x._d if x.__class__ is Tensor else None
+            if d.__class__ is not np.ndarray or d.dtype is not _F64:
+                break
+            ds.append(d)
+        else:
+            if ds and -ds[0].ndim <= dim < ds[0].ndim:
+                try:
+                    v = np.concatenate(ds, axis=dim)
+                except ValueError:
+                    v = None
+                if v is not None:
+                    return array_op(_O["cat"], tensors, v, (dim % ds[0].ndim,))
     ts = _seq(tensors, "cat")
     nd = ts[0].ndim
     if nd == 0:
@@ -246,7 +266,10 @@ def _record_view(x, v, index, shape):
     """Record ``v = x[index]`` for a basic index. A basic index gives a view: no copy. The
     tape keeps the view, and checks the base's version at backward, as torch's views share
     their base's version counter."""
-    res = array_op(_O["getitem"], [x], v, (index, shape, True))
+    if v.__class__ is np.ndarray:  # (the callers checked x._rg and grad mode: recorded)
+        res = _record(_GETITEM, x, None, 0.0, 0.0, v, (index, shape, True))
+    else:
+        res = array_op(_O["getitem"], [x], v, (index, shape, True))
     if isinstance(v, np.ndarray) and res._tape is not None:
         try:
             box = x._ver
