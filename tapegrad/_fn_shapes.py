@@ -267,7 +267,7 @@ def _record_view(x, v, index, shape):
     tape keeps the view, and checks the base's version at backward, as torch's views share
     their base's version counter."""
     if v.__class__ is np.ndarray:  # (the callers checked x._rg and grad mode: recorded)
-        res = _record(_GETITEM, x, None, 0.0, 0.0, v, (index, shape, True))
+        res = _record(_GETITEM, x, None, 0.0, 0.0, v, _view_aux(index, shape))
     else:
         res = array_op(_O["getitem"], [x], v, (index, shape, True))
     if isinstance(v, np.ndarray) and res._tape is not None:
@@ -275,10 +275,35 @@ def _record_view(x, v, index, shape):
             box = x._ver
         except AttributeError:
             box = x._ver = [0]
-        res._tape.viewed.append((res._slot, box, box[0]))
+        res._tape.viewed += (res._slot, box, box[0])  # (flat: no tuple kept per view)
     res._view = (x, index)
     res._alias = (x, lambda a, v: a.__setitem__(index, v), None)  # recorded: ``_view``
     return res
+
+
+#: (a slice's bounds, shape) -> the aux of a view's entry, shared: a loop's ``x[1:]``
+#: (ode's thousands) keeps one tuple and slice for the backward, not one per entry for
+#: the cyclic collector to scan
+_VIEW_AUX: dict = {}
+_BOUND = frozenset((int, type(None)))
+
+
+def _view_aux(index, shape):
+    """``(index, shape, True)``: for one slice of int bounds (ode's ``x[1:]``), the one
+    object per slice and shape (a dict lookup costs less than the collector's scans of
+    a tuple and a slice per entry); a new tuple for any other index."""
+    if index.__class__ is not slice:
+        return (index, shape, True)
+    a, b, c = index.start, index.stop, index.step
+    if a.__class__ not in _BOUND or b.__class__ not in _BOUND or c.__class__ not in _BOUND:
+        return (index, shape, True)
+    key = (a, b, c, shape)
+    aux = _VIEW_AUX.get(key)
+    if aux is None:
+        if len(_VIEW_AUX) >= 512:  # (a bound on the cache: any index kept is correct)
+            _VIEW_AUX.clear()
+        aux = _VIEW_AUX[key] = (index, shape, True)
+    return aux
 
 
 def _aliased(res, x, fn, inverse):

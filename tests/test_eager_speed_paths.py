@@ -159,3 +159,42 @@ def test_cat_mixed_dtypes_take_the_general_path():
     assert y.dtype == tg.float64
     (g,) = tg.autograd.grad(y.sum(), a)
     assert np.array_equal(g.numpy(), np.ones(2))
+
+
+def test_views_of_one_slice_share_their_entry_aux_and_keep_their_version_checks():
+    """A loop's ``x[1:]`` entries share one aux (nothing per entry for the collector); the
+    tape's flat view list still checks each view's base, as torch: a leaf changed in place
+    after its view was recorded raises for a gradient through that view only."""
+    from tapegrad._fn_shapes import _view_aux
+
+    def run(M):
+        x = M.tensor(np.arange(1.0, 6.0), dtype=M.float64, requires_grad=True)
+        w = M.tensor(np.arange(2.0, 7.0), dtype=M.float64, requires_grad=True)
+        vx, vw = x[1:], w[1:]
+        loss = (vx * vx).sum() + (vw * vw).sum() + (w[1:] * w[:-1]).sum()
+        with M.no_grad():
+            x.add_(1.0)
+        (gw,) = M.autograd.grad(loss, w, retain_graph=True)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            M.autograd.grad(loss, x)
+        return vx, vw, gw.numpy()
+
+    vx, vw, gw = run(tg)
+    assert np.array_equal(gw, run(torch)[2])
+    tape = vx._tape
+    assert tape.aux[vx._slot] is tape.aux[vw._slot]
+    assert _view_aux(slice(1, None), (5,)) is tape.aux[vx._slot]
+    assert _view_aux(slice(np.int64(1), None), (5,)) is not tape.aux[vx._slot]  # not cached
+
+
+def test_truncate_keeps_the_views_before_the_cut():
+    x = tg.tensor(np.arange(1.0, 6.0), requires_grad=True)
+    y = x * 2.0
+    v1 = y[1:]
+    tape = v1._tape
+    n = len(tape)
+    v2 = y[:-1]
+    assert len(tape.viewed) == 6 and tape.viewed[0::3] == [v1._slot, v2._slot]
+    tape.truncate(n)
+    assert tape.viewed[0::3] == [v1._slot] and len(tape.viewed) == 3
+    assert tape.viewed[1] is y._ver
