@@ -266,7 +266,8 @@ def _record_view(x, v, index, shape):
     """Record ``v = x[index]`` for a basic index. A basic index gives a view: no copy. The
     tape keeps the view, and checks the base's version at backward, as torch's views share
     their base's version counter."""
-    if v.__class__ is np.ndarray:  # (the callers checked x._rg and grad mode: recorded)
+    if v.__class__ is np.ndarray and v.ndim:  # (the callers checked x._rg and grad mode:
+        # recorded; a 0-d result, ``x[0, ...]``, becomes a float through array_op)
         res = _record(_GETITEM, x, None, 0.0, 0.0, v, _view_aux(index, shape))
     else:
         res = array_op(_O["getitem"], [x], v, (index, shape, True))

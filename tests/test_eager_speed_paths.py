@@ -228,3 +228,15 @@ def test_a_loop_of_views_keeps_few_objects_for_the_collector():
         yt = torch.cat([xt[:1], xt[1:] * yt[:-1]]) + yt
     (gt,) = torch.autograd.grad(yt.sum(), xt)
     np.testing.assert_allclose(g.numpy(), gt.numpy(), rtol=1e-12)
+
+
+def test_a_zero_dim_view_is_a_float_entry_as_before():
+    """``x[0, ...]`` of a vector is a 0-d view: recorded through array_op (a Python float
+    value, as every 0-d float64 result), not as a 0-d array entry."""
+    x = tg.tensor(np.array([2.0, 3.0]), requires_grad=True)
+    y = x[0, ...]
+    assert y._d.__class__ is float and y.shape == ()
+    (g,) = tg.autograd.grad(y * y, x)
+    xt = torch.tensor([2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    (gt,) = torch.autograd.grad(xt[0, ...] * xt[0, ...], xt)
+    assert np.array_equal(g.numpy(), gt.numpy())
