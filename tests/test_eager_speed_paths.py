@@ -240,3 +240,26 @@ def test_a_zero_dim_view_is_a_float_entry_as_before():
     xt = torch.tensor([2.0, 3.0], dtype=torch.float64, requires_grad=True)
     (gt,) = torch.autograd.grad(xt[0, ...] * xt[0, ...], xt)
     assert np.array_equal(g.numpy(), gt.numpy())
+
+
+def test_index_views_write_through_and_leaf_checks_as_torch():
+    """A recorded index view keeps no alias of its own (made from ``_view`` when asked):
+    an unrecorded in-place change of it still reaches its base, and an in-place op on a
+    view of a leaf still raises torch's error."""
+    def run(M):
+        out = []
+        x = M.tensor(np.arange(1.0, 5.0), dtype=M.float64, requires_grad=True)
+        with M.no_grad():
+            x[1:].mul_(2.0)  # reaches the leaf
+        out.append(x.detach().numpy().copy())
+        y = x * 1.0
+        v = y[:-1]
+        with M.no_grad():
+            v.add_(10.0)  # reaches y
+        out.append(y.detach().numpy().copy())
+        with pytest.raises(RuntimeError, match="view of a leaf Variable"):
+            x[1:].add_(1.0)
+        return out
+
+    for a, b in zip(run(tg), run(torch)):
+        assert np.array_equal(a, b)
