@@ -176,6 +176,17 @@ def __add__(self, other):
             if (self._rg or other._rg) and STATE.grad_enabled:
                 return _record(291, self, other, 0.0, 0.0, v)
             return _plain(v)
+    oc = other.__class__
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_ADD.np, d, other)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(282, self, None, e, 0.0, v)
+            if e < 0.0:
+                _addc_name(t, _ADD, e)
+            return t
+        return _plain(v)
     return binary_fallback(_ADD, self, other)
 
 
@@ -218,6 +229,16 @@ def __radd__(self, other):
         t._sid = -1
         t._slot = -1
         return t
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_ADD.np, other, d)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(282, self, None, e, 0.0, v)
+            if e < 0.0:
+                _addc_name(t, _ADD, e)
+            return t
+        return _plain(v)
     return binary_fallback(_ADD, other, self)
 
 
@@ -306,6 +327,17 @@ def __sub__(self, other):
             if (self._rg or other._rg) and STATE.grad_enabled:
                 return _record(292, self, other, 0.0, 0.0, v)
             return _plain(v)
+    oc = other.__class__
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_SUB.np, d, other)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(282, self, None, (-e if oc is _float else _NEG_INT_FLOAT[other]), 0.0, v)
+            if not e > 0.0:
+                _addc_name(t, _SUB, -e)
+            return t
+        return _plain(v)
     return binary_fallback(_SUB, self, other)
 
 
@@ -346,6 +378,14 @@ def __rsub__(self, other):
         t._sid = -1
         t._slot = -1
         return t
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_SUB.np, other, d)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(284, self, None, e, 0.0, v)
+            return t
+        return _plain(v)
     return binary_fallback(_SUB, other, self)
 
 
@@ -432,6 +472,15 @@ def __mul__(self, other):
             if (self._rg or other._rg) and STATE.grad_enabled:
                 return _record(293, self, other, 0.0, 0.0, v)
             return _plain(v)
+    oc = other.__class__
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_MUL.np, d, other)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(283, self, None, e, 0.0, v)
+            return t
+        return _plain(v)
     return binary_fallback(_MUL, self, other)
 
 
@@ -472,6 +521,14 @@ def __rmul__(self, other):
         t._sid = -1
         t._slot = -1
         return t
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_MUL.np, other, d)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(283, self, None, e, 0.0, v)
+            return t
+        return _plain(v)
     return binary_fallback(_MUL, other, self)
 
 
@@ -558,6 +615,15 @@ def __div__(self, other):
             if (self._rg or other._rg) and STATE.grad_enabled:
                 return _record(294, self, other, 0.0, 0.0, v)
             return _plain(v)
+    oc = other.__class__
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_DIV.np, d, other)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(285, self, None, e, 0.0, v)
+            return t
+        return _plain(v)
     return binary_fallback(_DIV, self, other)
 
 
@@ -598,6 +664,14 @@ def __rdiv__(self, other):
         t._sid = -1
         t._slot = -1
         return t
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_DIV.np, other, d)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(286, self, None, e, 0.0, v)
+            return t
+        return _plain(v)
     return binary_fallback(_DIV, other, self)
 
 
@@ -684,6 +758,15 @@ def __pow__(self, other):
             if (self._rg or other._rg) and STATE.grad_enabled:
                 return _record(295, self, other, 0.0, 0.0, v)
             return _plain(v)
+    oc = other.__class__
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_POW.np, d, other)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(287, self, None, e, 0.0, v)
+            return t
+        return _plain(v)
     return binary_fallback(_POW, self, other)
 
 
@@ -724,6 +807,14 @@ def __rpow__(self, other):
         t._sid = -1
         t._slot = -1
         return t
+    if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \
+            and d.ndim and STATE.trace is None:
+        v = quiet(_POW.np, other, d)
+        if self._rg and STATE.grad_enabled:
+            e = other if oc is _float else _INT_FLOAT[other]
+            t = _record(288, self, None, e, 0.0, v)
+            return t
+        return _plain(v)
     return binary_fallback(_POW, other, self)
 
 

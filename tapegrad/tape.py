@@ -203,7 +203,8 @@ class Tape:
         self.nary = []        # entries whose inputs are listed in their aux
         self.versioned = []   # leaf/constant entries: aux (tensor, version) to check
         self.dirty = {}       # slot -> entry of the in-place op that replaced its tensor
-        self.viewed = []      # (entry, base's version box, version): entries saving a view
+        self.viewed = []      # entry, base's version box, version, ...: entries saving a
+        # view, flat (a tuple per view kept thousands of objects for the collector to scan)
         self._cache = None    # (n, float matrix) of the rows converted so far
         self._vcache = None   # (n, float64 array) of the scalar values converted so far
         self.reentered = False  # a leaf was entered more than once (it has several slots)
@@ -327,7 +328,8 @@ class Tape:
         self.imports = [k for k in self.imports if k < n]
         self.nary = [k for k in self.nary if k < n]
         self.versioned = [k for k in self.versioned if k < n]
-        self.viewed = [v for v in self.viewed if v[0] < n]
+        vw = self.viewed
+        self.viewed = [x for i in range(0, len(vw), 3) if vw[i] < n for x in vw[i:i + 3]]
         for key, ks in list(self.leaf_items()):
             ks = [k for k in ks if k < n]
             if ks:

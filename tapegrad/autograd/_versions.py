@@ -32,7 +32,8 @@ def _check_versions(graph, need, reach):
                     first, saves_out = _first_savers(graph, need)
                 if reach[s] and first[s] < n:
                     _version_error(x, x._ver[0], ver)
-        for k, box, ver in t.viewed:
+        vw = t.viewed  # (flat: entry, box, version, ...)
+        for k, box, ver in zip(vw[0::3], vw[1::3], vw[2::3]):
             if box[0] != ver:
                 s = graph.slot(t, k)
                 if first is None:

@@ -146,6 +146,8 @@ def _binary_methods(op):
     src += _ind(_addc_hint(n, rname, _record("self", None, rc, neg if rs else "e"), True), 16)
     src += _ind(_PLAIN, 12)
     src += _ind(_same_arrays(op), 4)
+    src += "    oc = other.__class__\n"
+    src += _ind(_array_const(op, rname, rs, True), 4)
     src += f"    return binary_fallback(_{n.upper()}, self, other)\n"
     src += f"\n\ndef __r{n}__(self, other):\n"
     src += "    d = self._d\n    oc = other.__class__\n"
@@ -155,6 +157,7 @@ def _binary_methods(op):
     src += "        if self._rg:\n"
     src += _ind(_addc_hint(n, lname, _record("self", None, lc, neg if ls else "e"), False), 12)
     src += _ind(_PLAIN, 8)
+    src += _ind(_array_const(op, lname, ls, False), 4)
     src += f"    return binary_fallback(_{n.upper()}, other, self)\n"
     return src
 
@@ -170,6 +173,25 @@ def _same_arrays(op):
         if (self._rg or other._rg) and STATE.grad_enabled:
             return _record({op.code | ARRAY}, self, other, 0.0, 0.0, v)
         return _plain(v)"""
+
+
+def _array_const(op, cname, negated, right):
+    """Source for a float64 array tensor beside a Python float or int (ode's ``h * k``,
+    ``k / 2``): what ``_binary_general`` and ``_record_binary`` do for them (NumPy's call
+    on the number as given, the op's constant form recorded), without the calls and tests
+    for other cases."""
+    n = op.name
+    args = "d, other" if right else "other, d"
+    neg = "(-e if oc is _float else _NEG_INT_FLOAT[other])"
+    body = f"t = _record({BY_NAME_CODE(cname) | ARRAY}, self, None, {neg if negated else 'e'}, " \
+        "0.0, v)\nreturn t"
+    return f"""if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \\
+        and d.ndim and STATE.trace is None:
+    v = quiet(_{n.upper()}.np, {args})
+    if self._rg and STATE.grad_enabled:
+        e = other if oc is _float else _INT_FLOAT[other]
+{_ind(_addc_hint(n, cname, body, right), 8).rstrip(chr(10))}
+    return _plain(v)"""
 
 
 def _unary_function(op):

@@ -86,8 +86,10 @@ def sweep(graph, need, adj, adjd, arr, owned=None):
     entry = graph.row if graph.arrays is not None and len(ks) <= 16 else None
     token = _quiet_on()
     try:
+        # (a long tape's rows column by column, zipped: a list per row would be thousands
+        # of objects alive through the sweep for the cyclic collector to scan)
         for k, row in zip(ks, [_entry_row(entry(k)) for k in ks] if entry is not None
-                          else rows[arr].tolist()):
+                          else zip(*rows[arr].T.tolist())):
             if scalars and hi - k > 1 and (need_l is None or True in need_l[k + 1:hi]):
                 _generated_cpu.sweep(rows, vals, adj, need, hi, k + 1)
             array_vjp(graph, k, adj, adjd, row=row, owned=owned, wanted=wanted)

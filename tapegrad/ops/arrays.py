@@ -302,9 +302,37 @@ def _index_scatter(g, aux):
     z = np.zeros(shape, dtype=g.dtype if g.__class__ is np.ndarray else np.result_type(g))
     if (aux[2] if len(aux) > 2 else _basic(index)):
         z[index] = g
+    elif z.dtype.kind == "f" and _distinct(index, shape):
+        # no element repeats (ba's ``a[:, [1, 2, 0]]``): written, not ``add.at``'s slow
+        # accumulation (30 us to 4 for 3,000 numbers); ``+ 0.0`` gives add.at's bits
+        # (0.0 + g: a -0.0 of g becomes 0.0, as in torch's accumulating index_put)
+        z[index] = g
+        z += 0.0
     else:
         np.add.at(z, index, g)  # repeated indices accumulate
     return z
+
+
+def _distinct(index, shape):
+    """Whether advanced ``index`` into an array of ``shape`` reaches no element twice: one
+    integer array among slices and ints (no None or Ellipsis), its values distinct."""
+    items = index if index.__class__ is tuple else (index,)
+    arr = None
+    for ax, i in enumerate(items):
+        if i.__class__ is np.ndarray:
+            if arr is not None or i.dtype.kind not in "iu" or ax >= len(shape):
+                return False
+            arr, n = i, shape[ax]
+        elif i.__class__ is not slice and i.__class__ is not int:
+            return False
+    if arr is None or len(items) > len(shape):
+        return False
+    flat = arr.reshape(-1)
+    if flat.size <= 16:  # (ba's three columns: a set, not NumPy's sort)
+        vals = [v + n if v < 0 else v for v in flat.tolist()]
+        return len(set(vals)) == len(vals)
+    flat = np.where(flat < 0, flat + n, flat)
+    return np.unique(flat).size == flat.size
 
 
 register("getitem", A, np=lambda a, aux: np.asarray(a)[aux[0]], saves=False,  # aux: index,
