@@ -34,3 +34,22 @@ def test_orders_at_singular_points_against_torch(name):
         np.testing.assert_allclose(a, b, rtol=1e-14)  # inf and its sign, nan where torch's
         signs = [[math.copysign(1, v) for v in r if not math.isnan(v)] for r in (a, b)]
         assert signs[0] == signs[1]  # -0.0 and -inf as torch's (a nan's sign bit is noise)
+
+
+def test_atan2_at_the_origin_second_order_against_torch():
+    """atan2(c, c) * x with c zeroed where x > 0: the Hessian there is 0 (torch's); the
+    origin's branch of atan2's rule once divided 0 by 0, and the next order got 0 * nan."""
+    res = []
+    for M in (tapegrad, torch):
+        x = M.tensor([0.5, -1.0, 2.0], dtype=M.float64, requires_grad=True)
+        c = x.clone()
+        c[x > 0] = 0.0
+        (g,) = M.autograd.grad((M.atan2(c, c) * x).sum(), x, create_graph=True)
+        (h,) = M.autograd.grad(g.sum(), x)
+        a = M.tensor([0.0, 1.0], dtype=M.float64, requires_grad=True)
+        b = M.tensor([0.0, 2.0], dtype=M.float64, requires_grad=True)
+        ga, gb = M.autograd.grad(M.atan2(a, b).sum(), (a, b), create_graph=True)
+        hs = M.autograd.grad((ga * ga + gb).sum(), (a, b))
+        res.append([t.detach().numpy() for t in (g, h, ga, gb, *hs)])
+    for p, q in zip(*res):
+        np.testing.assert_allclose(p, q, rtol=1e-14)

@@ -224,7 +224,7 @@ def grads(op, a, b, c, out, g, c0, c1):
     elif op == 39:  # pow
         return float((0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))), float((0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))), 0.0
     elif op == 40:  # atan2
-        return float((0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))), float((0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))), 0.0
+        return float(((g * b) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))), float((((-g) * a) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))), 0.0
     elif op == 41:  # maximum
         return float(((g / 2.0) if (a == b) else (0.0 if (a < b) else g))), float(((g / 2.0) if (a == b) else (0.0 if (b < a) else g))), 0.0
     elif op == 42:  # minimum

@@ -869,8 +869,8 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-                ab[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
+                aa[j] += ((g * b) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))
+                ab[j] += (((-g) * a) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))
         elif op == 41:  # maximum
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1372,7 +1372,7 @@ def reverse_value(op, a, b, c, out, g, c0, c1):
     elif op == 39:  # pow
         return float((0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))), float((0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))), 0.0
     elif op == 40:  # atan2
-        return float((0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))), float((0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))), 0.0
+        return float(((g * b) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))), float((((-g) * a) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))), 0.0
     elif op == 41:  # maximum
         return float(((g / 2.0) if (a == b) else (0.0 if (a < b) else g))), float(((g / 2.0) if (a == b) else (0.0 if (b < a) else g))), 0.0
     elif op == 42:  # minimum

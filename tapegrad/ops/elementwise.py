@@ -262,9 +262,11 @@ def _pow_vjp(F, g, a, b, out):
 
 
 def _atan2_vjp(F, g, a, b, out):
+    # torch's: 1 / (a^2 + b^2) zeroed at the origin, the gradient 0 there; its next order
+    # is nan at the origin, and 0 where the origin's nan is masked away (a setitem)
     d = a * a + b * b
-    return (F.where(d == 0.0, F.zeros_like(g), g * b / d),
-            F.where(d == 0.0, F.zeros_like(g), -g * a / d))
+    r = F.where(d == 0.0, F.zeros_like(d), 1.0 / d)
+    return (g * b * r, -g * a * r)
 
 
 def _max_vjp(F, g, a, b, out):
