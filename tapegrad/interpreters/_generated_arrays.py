@@ -204,7 +204,7 @@ def grads(op, a, b, c, out, g, c0, c1):
     elif op == 29:  # divc
         return float((g / c0)), 0.0, 0.0
     elif op == 30:  # rdivc
-        return float(((-(g * c0)) * ((1.0 / a) * (1.0 / a)))), 0.0, 0.0
+        return float(((-g) * ((c0 / a) / a))), 0.0, 0.0
     elif op == 31:  # powc
         return float((0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))), 0.0, 0.0
     elif op == 32:  # rpowc

@@ -374,7 +374,7 @@ def reverse_one(rows, V, j, A, t):
             c0 = rows[k, 4]
             a = V[ia, j]
             g = A[k, t]
-            A[ia, t] += ((-(g * c0)) * ((1.0 / a) * (1.0 / a)))
+            A[ia, t] += ((-g) * ((c0 / a) / a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]

@@ -762,7 +762,7 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += ((-(g * c0)) * ((1.0 / a) * (1.0 / a)))
+                aa[j] += ((-g) * ((c0 / a) / a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -1362,7 +1362,7 @@ def reverse_value(op, a, b, c, out, g, c0, c1):
     elif op == 25:  # reciprocal
         return float(((-g) * (out * out))), 0.0, 0.0
     elif op == 30:  # rdivc
-        return float(((-(g * c0)) * ((1.0 / a) * (1.0 / a)))), 0.0, 0.0
+        return float(((-g) * ((c0 / a) / a))), 0.0, 0.0
     elif op == 32:  # rpowc
         return float((0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))), 0.0, 0.0
     elif op == 33:  # clamp
