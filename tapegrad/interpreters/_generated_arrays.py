@@ -204,7 +204,7 @@ def grads(op, a, b, c, out, g, c0, c1):
     elif op == 29:  # divc
         return float((g / c0)), 0.0, 0.0
     elif op == 30:  # rdivc
-        return float((((-g) * c0) / (a * a))), 0.0, 0.0
+        return float(((-g) * ((c0 / a) / a))), 0.0, 0.0
     elif op == 31:  # powc
         return float((0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))), 0.0, 0.0
     elif op == 32:  # rpowc
@@ -220,11 +220,11 @@ def grads(op, a, b, c, out, g, c0, c1):
     elif op == 37:  # mul
         return float((g * b)), float((g * a)), 0.0
     elif op == 38:  # div
-        return float((g / b)), float((((-g) * a) / (b * b))), 0.0
+        return float((g / b)), float(((-g) * ((a / b) / b))), 0.0
     elif op == 39:  # pow
         return float((0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))), float((0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))), 0.0
     elif op == 40:  # atan2
-        return float((0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))), float((0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))), 0.0
+        return float(((g * b) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))), float((((-g) * a) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))), 0.0
     elif op == 41:  # maximum
         return float(((g / 2.0) if (a == b) else (0.0 if (a < b) else g))), float(((g / 2.0) if (a == b) else (0.0 if (b < a) else g))), 0.0
     elif op == 42:  # minimum

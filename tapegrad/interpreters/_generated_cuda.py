@@ -374,7 +374,7 @@ def reverse_one(rows, V, j, A, t):
             c0 = rows[k, 4]
             a = V[ia, j]
             g = A[k, t]
-            A[ia, t] += (((-g) * c0) / (a * a))
+            A[ia, t] += ((-g) * ((c0 / a) / a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -429,7 +429,7 @@ def reverse_one(rows, V, j, A, t):
             b = V[ib, j]
             g = A[k, t]
             A[ia, t] += (g / b)
-            A[ib, t] += (((-g) * a) / (b * b))
+            A[ib, t] += ((-g) * ((a / b) / b))
         elif op == 39:  # pow
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -445,8 +445,8 @@ def reverse_one(rows, V, j, A, t):
             a = V[ia, j]
             b = V[ib, j]
             g = A[k, t]
-            A[ia, t] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-            A[ib, t] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
+            A[ia, t] += ((g * b) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))
+            A[ib, t] += (((-g) * a) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))
         elif op == 41:  # maximum
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])

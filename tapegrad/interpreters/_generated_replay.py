@@ -220,7 +220,7 @@ def reverse(rows, v, adj):
             b = v[np.uint64(ib)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / b)
-            adj[np.uint64(ib)] += (((-g) * a) / (b * b))
+            adj[np.uint64(ib)] += ((-g) * ((a / b) / b))
         elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]
             ia = int(rows[k, 1])
@@ -489,7 +489,7 @@ def run_fused(rows, work, res):
             b = v[np.uint64(ib)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / b)
-            adj[np.uint64(ib)] += (((-g) * a) / (b * b))
+            adj[np.uint64(ib)] += ((-g) * ((a / b) / b))
         elif op == 1001:  # sub then powc
             k0 = np.uint64(kk - 1)
             g = adj[np.uint64(k)]
@@ -1389,7 +1389,7 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += (((-g) * c0) / (a * a))
+                aa[j] += ((-g) * ((c0 / a) / a))
         elif op == 31:  # powc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -1472,7 +1472,7 @@ def reverse_multi(rows, v, A):
             for j in range(nb):
                 g = gk[j]
                 aa[j] += (g / b)
-                ab[j] += (((-g) * a) / (b * b))
+                ab[j] += ((-g) * ((a / b) / b))
         elif op == 39:  # pow
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1496,8 +1496,8 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))
-                ab[j] += (0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))
+                aa[j] += ((g * b) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))
+                ab[j] += (((-g) * a) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))
         elif op == 41:  # maximum
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1798,7 +1798,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 b = Vw[ob + j]
                 g = Aw[ok + j]
                 Aw[oa + j] += (g / b)
-                Aw[ob + j] += (((-g) * a) / (b * b))
+                Aw[ob + j] += ((-g) * ((a / b) / b))
         elif op == 29:  # divc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
@@ -2244,7 +2244,7 @@ def reverse_value(op, a, b, c, out, g, c0, c1):
     elif op == 25:  # reciprocal
         return float(((-g) * (out * out))), 0.0, 0.0
     elif op == 30:  # rdivc
-        return float((((-g) * c0) / (a * a))), 0.0, 0.0
+        return float(((-g) * ((c0 / a) / a))), 0.0, 0.0
     elif op == 32:  # rpowc
         return float((0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))), 0.0, 0.0
     elif op == 33:  # clamp
@@ -2254,7 +2254,7 @@ def reverse_value(op, a, b, c, out, g, c0, c1):
     elif op == 39:  # pow
         return float((0.0 if (b == 0.0) else ((g * b) * (a ** (b - 1.0))))), float((0.0 if ((a == 0.0) and (b >= 0.0)) else ((g * out) * math.log(a)))), 0.0
     elif op == 40:  # atan2
-        return float((0.0 if (((a * a) + (b * b)) == 0.0) else ((g * b) / ((a * a) + (b * b))))), float((0.0 if (((a * a) + (b * b)) == 0.0) else (((-g) * a) / ((a * a) + (b * b))))), 0.0
+        return float(((g * b) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))), float((((-g) * a) * (0.0 if (((a * a) + (b * b)) == 0.0) else (1.0 / ((a * a) + (b * b)))))), 0.0
     elif op == 41:  # maximum
         return float(((g / 2.0) if (a == b) else (0.0 if (a < b) else g))), float(((g / 2.0) if (a == b) else (0.0 if (b < a) else g))), 0.0
     elif op == 42:  # minimum
