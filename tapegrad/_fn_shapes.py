@@ -239,7 +239,7 @@ def getitem(x, idx):
         t = _plain(_norm_value(v))
         if isinstance(v, np.ndarray) and np.shares_memory(v, d):
             t._ver = x._ver  # a view: in-place writes through it bump the base's version
-        if x._d.__class__ is not _pyfloat and _basic_index(nidx):
+        if x._d.__class__ is not _pyfloat and (nidx.__class__ is int or _basic_index(nidx)):
             _register(x, t, nidx)  # a view (0-d ones too, as torch's)
         if tr is not None:
             return tr.plain_op(lambda a: getitem(a, idx), (x,), t)
@@ -293,8 +293,10 @@ def _register(base, view, arg, kind="index"):
         return
     vs.append(weakref.ref(view))
     n = len(vs)
-    if n >= 64 and not n & (n - 1):  # drop dead views now and then: amortized O(1)
-        vs[:] = [r for r in vs if r() is not None]
+    if n >= 64 and not n & (n - 1):  # drop dead views now and then: amortized O(1), as
+        live = [r for r in vs if r() is not None]  # kept only when half of them are dead
+        if len(live) <= n // 2:
+            vs[:] = live
 
 
 def _derive(kind, arg, a):

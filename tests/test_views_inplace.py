@@ -191,6 +191,15 @@ def plain_write_through_view_under_no_grad(L):
     return [c, v, *_grads(L, (c * 1.5).sum(), (a,))]
 
 
+def leaf_written_under_no_grad(L):
+    a = L.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    v = a[:2]
+    w = v * v
+    with L.no_grad():
+        a[0] = 5.0
+    return [v, w, *_grads(L, (v * 2).sum(), (a,))]
+
+
 def plain_views(L):
     p = L.tensor([[1.0, 2.0], [3.0, 4.0]])
     q = p.T
@@ -306,7 +315,8 @@ CASES = [base_setitem, base_mul_, transpose_then_write, reshape_permute_then_wri
          expand_then_write, no_grad_write, write_into_stale_view, view_of_view, zero_dim_view,
          plain_base_recorded_write, write_into_view_of_plain_base, chained_index_write,
          write_into_transposed_view, write_into_reshape_view,
-         plain_write_through_view_under_no_grad, plain_views, contiguous_copies,
+         plain_write_through_view_under_no_grad, leaf_written_under_no_grad, plain_views,
+         contiguous_copies,
          contiguous_of_contiguous_is_self, detach_write_not_saved, unary_inplace,
          add_sub_alpha, add_alpha_positional, negative_step, negative_step_tuple,
          negative_step_grad, view_not_viewable, view_viewable, expand_add_,
@@ -360,16 +370,41 @@ def test_create_graph_through_a_write_into_a_view():
     _same(f)
 
 
-def test_traced_write_into_a_view_matches_torch():
-    def f(L, x):
-        out = L.zeros(2, 2)
-        out[0][1] = x[0] * 2
-        row = out[1]
-        out[1] = x * x
-        return (out * out).sum() + x[1] + row.sum()
+def _traced_rows(L, x):
+    out = L.zeros(2, 2)
+    out[0][1] = x[0] * 2
+    row = out[1]
+    out[1] = x[:2] * x[:2]
+    return (out * out).sum() + x[1] + row.sum()
 
-    p = tg.trace(lambda x: f(tg, x), np.array([1.0, 2.0]))
-    for x in (np.array([3.0, 1.0]), np.array([-0.5, 2.5])):
+
+def _traced_base_write(L, x):
+    c = x * 1
+    v = c[:2]
+    c[0] = x[1] * 3
+    return (v * v).sum()
+
+
+def _traced_transposed_write(L, x):
+    c = x * 2
+    t = c.reshape(2, 2).T
+    t[0, 1] = x[0] * x[3]
+    return (c * c).sum() + t.sum()
+
+
+def _traced_mul_(L, x):
+    c = x * 1
+    v = c[1:]
+    c.mul_(x[0])
+    v.add_(1.0)
+    return (c * v[0]).sum()
+
+
+@pytest.mark.parametrize("f", [_traced_rows, _traced_base_write, _traced_transposed_write,
+                               _traced_mul_])
+def test_traced_write_into_a_view_matches_torch(f):
+    p = tg.trace(lambda x: f(tg, x), np.array([1.0, 2.0, 3.0, 4.0]))
+    for x in (np.array([3.0, 1.0, 2.0, -1.0]), np.array([-0.5, 2.5, 0.25, 2.0])):
         xt = torch.tensor(x, requires_grad=True)
         y = f(torch, xt)
         (g,) = torch.autograd.grad(y, xt)
