@@ -497,19 +497,20 @@ def _rebind(x, res):
         _rederive(x)
 
 
-def _inplace_write(x, write):
-    """Modify ``x``'s array in place (no recording): copy-on-write when a tape holds it."""
+def _inplace_write(x, write, detached=False):
+    """Modify ``x``'s array in place (no recording): copy-on-write when a tape holds it.
+    ``detached``: the write came through a ``detach``, whose writes are never recorded."""
     alias = getattr(x, "_alias", None)
     if alias is not None:  # a view: the write is made on its base, whose views all see it
         new = np.array(x._d, copy=True)
         write(new)
         base, kind, arg = alias
-        if kind != "detach" and base._rg and STATE.grad_enabled:
+        if not detached and kind != "detach" and base._rg and STATE.grad_enabled:
             raise RuntimeError("A view was created in no_grad mode and is being modified "
                                "inplace with grad mode enabled. Given that this use case is "
                                "ambiguous and error-prone, it is forbidden. Clone the view, or "
                                "take it with grad mode enabled.")
-        _inplace_write(base, lambda arr: _put(kind, arg, arr, new))
+        _inplace_write(base, lambda arr: _put(kind, arg, arr, new), detached or kind == "detach")
         return
     d = x._d
     if x._tape is not None or not d.flags.writeable:
@@ -568,10 +569,10 @@ def _write_back(t):
     if kind == "index":
         setitem(base, arg, t)  # writes back from base in turn
         return
-    if kind == "detach":  # torch: the base takes the value, not the graph
-        t._alias = None  # t has a graph of its own now
+    if kind == "detach":  # torch: the base takes the value, not the graph (and t keeps its
+        # own when derived again: _rebase)
         with _no_grad():
-            _inplace_write(base, lambda arr: np.copyto(arr, t._d, casting="unsafe"))
+            _inplace_write(base, lambda arr: np.copyto(arr, t._d, casting="unsafe"), True)
         return
     if kind == "reshape":
         new = reshape(t, arg[1])

@@ -299,7 +299,8 @@ class Tensor:
         t = _plain(d)
         if d.__class__ is not _pyfloat:
             t._ver = self._ver  # shares memory, and so the version counter
-            if self._tape is not None:  # writes through t are made on self, which a tape holds
+            if self._tape is not None or getattr(self, "_alias", None) is not None:
+                # writes through t are made on self (which a tape holds, or which is a view)
                 from ._fn_shapes import _register
                 _register(self, t, None, "detach")
         tr = STATE.trace

@@ -419,3 +419,108 @@ def test_views_list_stays_small():
     for i in range(1000):
         x[i % 10:]
     assert len(x._views) < 130
+
+
+# --- random programs of views and writes, against torch -------------------------------------
+
+
+def _program(seed, n_ops=10):
+    """A random program: views of views of a 3x4 tensor, and writes into any of them."""
+    rng = np.random.default_rng(seed)
+    prog, shapes = [], [(3, 4)]  # shapes[i]: tensor i's shape (0: the base)
+    for _ in range(n_ops):
+        i = int(rng.integers(len(shapes)))
+        shape = shapes[i]
+        k = rng.integers(8)
+        if k == 0 and len(shape) >= 1 and shape[0] > 1:  # a slice
+            lo = int(rng.integers(shape[0] - 1))
+            prog.append(("slice", i, lo))
+            shapes.append((shape[0] - lo,) + shape[1:])
+        elif k == 1 and len(shape) == 2:  # a row
+            r = int(rng.integers(shape[0]))
+            prog.append(("row", i, r))
+            shapes.append(shape[1:])
+        elif k == 2 and len(shape) == 2:
+            prog.append(("T", i))
+            shapes.append(shape[::-1])
+        elif k == 6:  # a reshape: a view when x's layout allows it, else a copy (as torch)
+            prog.append(("reshape", i))
+            shapes.append((int(np.prod(shape)),))
+        elif k == 7 and rng.random() < 0.3:  # detach: writes through it change x, untracked
+            prog.append(("detach", i))
+            shapes.append(shape)
+        elif k == 3 and shape:  # a write with grad: x[j] = w * value
+            j = int(rng.integers(shape[0]))
+            prog.append(("set", i, j, float(rng.normal())))
+        elif k == 4:  # x.mul_(w[0]) or x.add_(c)
+            prog.append(("mul_", i) if rng.random() < 0.5 else ("add_", i, float(rng.normal())))
+        else:  # a write under no_grad
+            prog.append(("nograd", i, float(rng.normal())))
+    return prog
+
+
+def _interpret(prog, L):
+    a = L.tensor(np.linspace(0.5, 2.0, 12).reshape(3, 4), requires_grad=True)
+    w = L.tensor([1.5, -0.5, 2.0, 0.25], requires_grad=True)
+    ts = [a * 1]
+    for op in prog:
+        x = ts[op[1]]
+        if op[0] == "slice":
+            ts.append(x[op[2]:])
+        elif op[0] == "row":
+            ts.append(x[op[2]])
+        elif op[0] == "T":
+            ts.append(x.T)
+        elif op[0] == "reshape":
+            ts.append(x.reshape(-1))
+        elif op[0] == "detach":
+            ts.append(x.detach())
+        elif op[0] == "set":
+            x[op[2]] = w[op[2] % 4] * op[3]
+        elif op[0] == "mul_":
+            x.mul_(w[0])
+        elif op[0] == "add_":
+            x.add_(op[2])
+        else:
+            with L.no_grad():
+                x.mul_(op[2])
+    y = sum((t * t).sum() * (i + 1) for i, t in enumerate(ts))
+    try:
+        ga, gw = L.autograd.grad(y, (a, w), allow_unused=True)
+    except RuntimeError as e:  # a value saved for backward was changed through a detach
+        return "modified by an inplace operation" in str(e)
+    return ([t.tolist() for t in ts], y.item(), ga.tolist(),
+            None if gw is None else gw.tolist())
+
+
+def _fuzz(seeds):
+    torch.set_default_dtype(torch.float64)
+    for seed in seeds:
+        prog = _program(seed)
+        try:
+            want = _interpret(prog, torch)
+        except RuntimeError:  # torch refuses a few writes through views of detached views
+            continue
+        got = _interpret(prog, tg)
+        if want is True or got is True:
+            assert got is want, (seed, prog, want, got)
+            continue
+        close = dict(rtol=1e-10, atol=1e-10, err_msg=f"seed {seed}: {prog}")
+        assert len(got[0]) == len(want[0])
+        for wt, gt in zip(want[0], got[0]):  # every tensor, views included
+            np.testing.assert_allclose(np.asarray(gt), np.asarray(wt), **close)
+        np.testing.assert_allclose(got[1], want[1], **close)
+        np.testing.assert_allclose(np.asarray(got[2]), np.asarray(want[2]), **close)
+        if want[3] is None:  # torch: w unused; tapegrad may say zeros
+            assert got[3] is None or not np.any(got[3]), (seed, prog)
+        else:
+            np.testing.assert_allclose(np.asarray(got[3]), np.asarray(want[3]), **close)
+
+
+def test_random_views_and_writes_as_torch():
+    _fuzz(range(40))
+
+
+@pytest.mark.slow
+def test_random_views_and_writes_as_torch_long():
+    _fuzz(range(40, 2040))
