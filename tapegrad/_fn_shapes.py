@@ -285,7 +285,10 @@ def _aliased(res, x, kind, arg):
 
 
 def _register(base, view, arg, kind="index"):
-    view._alias = (base, kind, arg)
+    # an unrecorded view (a detach, one under no_grad) of a tensor in a graph refers to it
+    # weakly: it must not keep the tape alive (a list of y.detach() over the steps)
+    view._alias = (base if view._tape is not None or base._tape is None else
+                   weakref.ref(base), kind, arg)
     try:
         vs = base._views
     except AttributeError:
@@ -297,6 +300,12 @@ def _register(base, view, arg, kind="index"):
         live = [r for r in vs if r() is not None]  # kept only when half of them are dead
         if len(live) <= n // 2:
             vs[:] = live
+
+
+def _base(alias):
+    """The base of a view's ``_alias``; None when it is gone (see ``_register``)."""
+    b = alias[0]
+    return b() if b.__class__ is weakref.ReferenceType else b
 
 
 def _derive(kind, arg, a):
@@ -336,11 +345,14 @@ def _check_writable(x):
         alias = getattr(x, "_alias", None)
         if alias is None:
             return
-        if alias[1] == "expand" and np.asarray(x._d).size > np.asarray(alias[0]._d).size:
+        base = _base(alias)
+        if base is None:
+            return
+        if alias[1] == "expand" and np.asarray(x._d).size > np.asarray(base._d).size:
             raise RuntimeError("unsupported operation: more than one element of the written-to "
                                "tensor refers to a single memory location. Please clone() the "
                                "tensor before performing the operation.")
-        x = alias[0]
+        x = base
 
 
 def _rederive(base):
@@ -351,7 +363,7 @@ def _rederive(base):
     live = []
     for r in vs:
         v = r()
-        if v is None or getattr(v, "_alias", None) is None or v._alias[0] is not base:
+        if v is None or getattr(v, "_alias", None) is None or _base(v._alias) is not base:
             continue
         live.append(r)
         _rebase(v)
@@ -359,7 +371,8 @@ def _rederive(base):
 
 
 def _rebase(v):
-    base, kind, arg = v._alias
+    _, kind, arg = v._alias
+    base = _base(v._alias)
     if kind != "detach" and base._rg and STATE.grad_enabled:
         new = _derive_tensor(kind, arg, base)
         _rebind(v, new)  # derives v's views in turn
@@ -504,7 +517,21 @@ def _inplace_write(x, write, detached=False):
     if alias is not None:  # a view: the write is made on its base, whose views all see it
         new = np.array(x._d, copy=True)
         write(new)
-        base, kind, arg = alias
+        _, kind, arg = alias
+        base = _base(alias)
+        if base is None:  # the base is gone, but a tape may hold the array: x's own copy
+            x._alias = None
+            if x._d.__class__ is _pyfloat:
+                x._d = _pyfloat(new)
+            else:
+                x._d, x._ver = new, [0]
+            x._sid = -1
+            if x._tape is not None:
+                x._tape.dirty[x._slot] = len(x._tape)
+                _keep_on_tape(x)
+            if getattr(x, "_views", None):
+                _rederive(x)
+            return
         if not detached and kind != "detach" and base._rg and STATE.grad_enabled:
             raise RuntimeError("A view was created in no_grad mode and is being modified "
                                "inplace with grad mode enabled. Given that this use case is "
@@ -554,7 +581,9 @@ def _leaf_base(t):
         alias = getattr(t, "_alias", None)
         if alias is None:
             return None
-        t = alias[0]
+        t = _base(alias)
+        if t is None:
+            return None
         if t._rg and t._tape is None:
             return t
 
@@ -565,7 +594,10 @@ def _write_back(t):
     alias = getattr(t, "_alias", None)
     if alias is None:
         return
-    base, kind, arg = alias
+    _, kind, arg = alias
+    base = _base(alias)
+    if base is None:  # nothing else shows t's elements any more
+        return
     if kind == "index":
         setitem(base, arg, t)  # writes back from base in turn
         return

@@ -132,7 +132,7 @@ class Tensor:
     # _ver: [version] shared with views (arrays only)
     # _alias: (base, kind, arg) of a view, _views: weak references to a base's views
     # (_fn_shapes: torch's views share their base's storage)
-    __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains", "_view",
+    __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains",
                  "_alias", "_views", "_hooks", "_param", "__weakref__")
     __array_priority__ = 1000
     # No __init__: ``Tensor()`` is the recorder's constructor (the C one, 30 ns cheaper per op

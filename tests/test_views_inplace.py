@@ -524,3 +524,33 @@ def test_random_views_and_writes_as_torch():
 @pytest.mark.slow
 def test_random_views_and_writes_as_torch_long():
     _fuzz(range(40, 2040))
+
+
+def test_a_detached_result_does_not_keep_its_tape_alive():
+    import gc
+    import weakref
+    a = tg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = a * 2
+    tape = weakref.ref(y._tape)
+    d = y.detach()
+    with tg.no_grad():
+        v = y[1:]
+    del y
+    gc.collect()
+    assert tape() is None
+    d[0] = 7.0  # its base is gone: d (and v) write into their own arrays
+    v.mul_(10.0)
+    assert d.tolist() == [7.0, 4.0, 6.0] and v.tolist() == [40.0, 60.0]
+
+
+def detach_of_a_tensor_still_in_use(L):
+    a = L.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = a * 2
+    z = y * 1  # keeps the tape; y's value is not saved by it
+    d = y.detach()
+    d[0] = 7.0
+    return [y, z, *_grads(L, (y * z).sum(), (a,))]
+
+
+def test_detach_of_a_tensor_still_in_use_is_written_through_to_it():
+    _same(detach_of_a_tensor_still_in_use)
