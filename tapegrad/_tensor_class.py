@@ -299,8 +299,10 @@ class Tensor:
         t = _plain(d)
         if d.__class__ is not _pyfloat:
             t._ver = self._ver  # shares memory, and so the version counter
-            if self._tape is not None or getattr(self, "_alias", None) is not None:
-                # writes through t are made on self (which a tape holds, or which is a view)
+            if not self._rg or self._tape is not None or \
+                    getattr(self, "_alias", None) is not None:
+                # writes through t are made on self, and t sees self's (a leaf that requires
+                # grad is only ever written in place: t shares its array)
                 from ._fn_shapes import _register
                 _register(self, t, None, "detach")
         tr = STATE.trace

@@ -258,6 +258,15 @@ def detach_write_not_saved(L):
     return [c, d, d.requires_grad, *_grads(L, y, (a,))]
 
 
+def detach_of_plain_sees_a_recorded_write(L):
+    p = L.zeros(3)
+    d = p.detach()
+    b = L.tensor(2.0, requires_grad=True)
+    p[0] = b * 3
+    d[2] = 5.0
+    return [d, d.requires_grad, p, p.requires_grad, *_grads(L, (p * p).sum(), (b,))]
+
+
 def unary_inplace(L):
     outs = []
     for name in ("abs_", "sqrt_", "exp_", "neg_"):
@@ -317,7 +326,8 @@ CASES = [base_setitem, base_mul_, transpose_then_write, reshape_permute_then_wri
          write_into_transposed_view, write_into_reshape_view,
          plain_write_through_view_under_no_grad, leaf_written_under_no_grad, plain_views,
          contiguous_copies,
-         contiguous_of_contiguous_is_self, detach_write_not_saved, unary_inplace,
+         contiguous_of_contiguous_is_self, detach_write_not_saved,
+         detach_of_plain_sees_a_recorded_write, unary_inplace,
          add_sub_alpha, add_alpha_positional, negative_step, negative_step_tuple,
          negative_step_grad, view_not_viewable, view_viewable, expand_add_,
          expand_of_grad_mul_]
