@@ -302,6 +302,21 @@ def _register(base, view, arg, kind="index"):
             vs[:] = live
 
 
+def _register_detach(x, t):
+    """``t = x.detach()`` shares ``x``'s memory: a view of the first tensor up ``x``'s views
+    that is no view, through the same steps (``arg``: the path), so that a write through
+    ``t`` reaches it after ``x``, a temporary view (``a[1:].detach()``), is gone."""
+    path, root = (), x
+    while True:
+        alias = getattr(root, "_alias", None)
+        b = None if alias is None else _base(alias)
+        if b is None:
+            break
+        path = (alias[2] if alias[1] == "detach" else ((alias[1], alias[2]),)) + path
+        root = b
+    _register(root, t, path, "detach")
+
+
 def _base(alias):
     """The base of a view's ``_alias``; None when it is gone (see ``_register``)."""
     b = alias[0]
@@ -322,7 +337,9 @@ def _derive(kind, arg, a):
         return np.transpose(a, arg)
     if kind == "expand":
         return np.broadcast_to(a, arg)
-    return a  # detach
+    for k, g in arg:  # detach: the path from its base
+        a = _derive(k, g, a)
+    return a
 
 
 def _derive_tensor(kind, arg, base):
@@ -389,7 +406,7 @@ def _rebase(v):
         raise RuntimeError("an in-place change of a tensor that has a reshape view, whose "
                            "layout no longer allows the view: clone() the view, or the "
                            "tensor, before the write") from None
-    v._d = _norm_value(a) if kind != "detach" else base._d
+    v._d = _norm_value(a)
     if v._d.__class__ is not _pyfloat:
         v._ver = base._ver if np.shares_memory(v._d, d) else [0]
     v._sid = -1
@@ -560,8 +577,12 @@ def _inplace_write(x, write, detached=False):
 def _put(kind, arg, a, v):
     """Write ``v``, the new value of a view, into its base's array ``a``."""
     if kind == "detach":
-        np.copyto(a, v, casting="unsafe")
-        return
+        if not arg:
+            np.copyto(a, v, casting="unsafe")
+            return
+        for k, g in arg[:-1]:
+            a = _derive(k, g, a)
+        kind, arg = arg[-1]
     if kind == "index":
         a[arg] = v
         return
@@ -579,7 +600,7 @@ def _leaf_base(t):
     """The leaf that requires grad which view ``t`` (through views) is of, else None."""
     while True:
         alias = getattr(t, "_alias", None)
-        if alias is None:
+        if alias is None or alias[1] == "detach":  # (a detach's writes are no leaf's)
             return None
         t = _base(alias)
         if t is None:
@@ -604,7 +625,7 @@ def _write_back(t):
     if kind == "detach":  # torch: the base takes the value, not the graph (and t keeps its
         # own when derived again: _rebase)
         with _no_grad():
-            _inplace_write(base, lambda arr: np.copyto(arr, t._d, casting="unsafe"), True)
+            _inplace_write(base, lambda arr: _put(kind, arg, arr, t._d), True)
         return
     if kind == "reshape":
         new = reshape(t, arg[1])

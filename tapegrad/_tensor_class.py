@@ -303,8 +303,8 @@ class Tensor:
                     getattr(self, "_alias", None) is not None:
                 # writes through t are made on self, and t sees self's (a leaf that requires
                 # grad is only ever written in place: t shares its array)
-                from ._fn_shapes import _register
-                _register(self, t, None, "detach")
+                from ._fn_shapes import _register_detach
+                _register_detach(self, t)
         tr = STATE.trace
         if tr is not None:  # tracing: the value is recomputed at replay, without gradient
             return tr.on_detach(t, self)

@@ -267,6 +267,23 @@ def detach_of_plain_sees_a_recorded_write(L):
     return [d, d.requires_grad, p, p.requires_grad, *_grads(L, (p * p).sum(), (b,))]
 
 
+def grad_write_into_detach_of_a_leafs_view(L):
+    a = L.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    d = a[1:].detach()
+    b = L.tensor(2.0, requires_grad=True)
+    d[0] = b * 3
+    return [d, d.requires_grad, a, *_grads(L, (d * d).sum(), (b,))]
+
+
+def write_through_detach_of_a_temporary_view(L):
+    a = L.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    a[1:].detach().mul_(2.0)  # a leaf's storage, written in place: no saved value of it yet
+    c = a * 1
+    c.T[1].detach()[0] = -1.0  # c[0, 1]
+    c[0].detach().add_(10.0)
+    return [a, c, *_grads(L, (c * a).sum(), (a,))]
+
+
 def unary_inplace(L):
     outs = []
     for name in ("abs_", "sqrt_", "exp_", "neg_"):
@@ -327,7 +344,8 @@ CASES = [base_setitem, base_mul_, transpose_then_write, reshape_permute_then_wri
          plain_write_through_view_under_no_grad, leaf_written_under_no_grad, plain_views,
          contiguous_copies,
          contiguous_of_contiguous_is_self, detach_write_not_saved,
-         detach_of_plain_sees_a_recorded_write, unary_inplace,
+         detach_of_plain_sees_a_recorded_write, grad_write_into_detach_of_a_leafs_view,
+         write_through_detach_of_a_temporary_view, unary_inplace,
          add_sub_alpha, add_alpha_positional, negative_step, negative_step_tuple,
          negative_step_grad, view_not_viewable, view_viewable, expand_add_,
          expand_of_grad_mul_]
