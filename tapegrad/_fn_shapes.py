@@ -185,9 +185,6 @@ def _index_item(i):
         if a.dtype.kind == "f":
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
         return a
-    if i.__class__ is slice and i.step is not None and i.step < 1:
-        raise ValueError("step must be greater than zero (torch has no negative steps: "
-                         "x.flip(dim) reverses)")
     if isinstance(i, float):
         raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or byte "
                          "Variables are valid indices (got float)")
@@ -196,8 +193,7 @@ def _index_item(i):
 
 def getitem(x, idx):
     d = x._d
-    if idx.__class__ is slice and d.__class__ is np.ndarray and d.ndim and \
-            (idx.step is None or idx.step > 0):
+    if idx.__class__ is slice and d.__class__ is np.ndarray and d.ndim:
         v = d[idx]  # one slice: a view, the common case written out
         if not (x._rg and STATE.grad_enabled):
             t = _plain(v)
@@ -208,8 +204,7 @@ def getitem(x, idx):
             return t
         return _record_view(x, v, idx, d.shape)
     if idx.__class__ is tuple and d.__class__ is np.ndarray and d.ndim and \
-            STATE.trace is None and all([i.__class__ is slice and (i.step is None or i.step > 0)
-                                         or i is None for i in idx]):
+            STATE.trace is None and all([i.__class__ is slice or i is None for i in idx]):
         # slices and new axes (kmeans' C[:, :, None]): a view, the checks below not needed
         try:
             v = d[idx]
