@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import weakref
 
 import numpy as np
 
@@ -36,8 +37,8 @@ def reshape(input, *shape):
     except ValueError:
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {a.size}") \
             from None
-    return _aliased(array_op(_O["reshape"], [x], v, (v.shape, a.shape)), x,
-                    lambda b: b.reshape(shape), lambda t: reshape(t, a.shape))
+    return _aliased(array_op(_O["reshape"], [x], v, (v.shape, a.shape)), x, "reshape",
+                    (v.shape, a.shape))
 
 
 def flatten(input, start_dim=0, end_dim=-1):
@@ -75,8 +76,7 @@ def transpose(input, dim0, dim1):
     a = np.asarray(x._d)
     v = np.swapaxes(a, d0, d1) if nd else a
     return _aliased(array_op(_O["transpose"], [x], v, (d0, d1) if nd else (0, 0)), x,
-                    lambda b: np.swapaxes(b, d0, d1) if nd else b,
-                    lambda t: transpose(t, d0, d1) if nd else t)
+                    "transpose", (d0, d1) if nd else None)
 
 
 swapaxes = swapdims = transpose
@@ -94,8 +94,7 @@ def permute(input, *dims):
     if sorted(ds) != list(range(x.ndim)):
         raise RuntimeError(f"permute(): duplicate dims are not allowed: {dims}")
     return _aliased(array_op(_O["permute"], [x], np.transpose(np.asarray(x._d), ds), ds), x,
-                    lambda b: np.transpose(b, ds),
-                    lambda t: permute(t, tuple(int(i) for i in np.argsort(ds))))
+                    "permute", ds)
 
 
 def t(input):
@@ -182,7 +181,7 @@ def broadcast_to(input, size):
     except ValueError:
         raise RuntimeError(f"The expanded size of the tensor must match the existing size: "
                            f"cannot expand {list(a.shape)} to {list(shape)}") from None
-    return array_op(_O["expand"], [x], v, (v.shape, a.shape))
+    return _aliased(array_op(_O["expand"], [x], v, (v.shape, a.shape)), x, "expand", v.shape)
 
 
 # --- indexing ------------------------------------------------------------------------------
@@ -219,6 +218,7 @@ def getitem(x, idx):
         if not (x._rg and STATE.grad_enabled):
             t = _plain(v)
             t._ver = x._ver
+            _register(x, t, idx)
             if STATE.trace is not None:  # a slice of a traced comparison: recorded
                 return STATE.trace.plain_op(lambda a: getitem(a, idx), (x,), t)
             return t
@@ -235,6 +235,7 @@ def getitem(x, idx):
                 return _record_view(x, v, idx, d.shape)
             t = _plain(v)
             t._ver = x._ver
+            _register(x, t, idx)
             return t
     if d.__class__ is _pyfloat:
         d = np.asarray(d)
@@ -253,6 +254,8 @@ def getitem(x, idx):
         t = _plain(_norm_value(v))
         if isinstance(v, np.ndarray) and np.shares_memory(v, d):
             t._ver = x._ver  # a view: in-place writes through it bump the base's version
+        if x._d.__class__ is not _pyfloat and (nidx.__class__ is int or _basic_index(nidx)):
+            _register(x, t, nidx)  # a view (0-d ones too, as torch's)
         if tr is not None:
             return tr.plain_op(lambda a: getitem(a, idx), (x,), t)
         return t
@@ -277,21 +280,8 @@ def _record_view(x, v, index, shape):
         except AttributeError:
             box = x._ver = [0]
         res._tape.viewed += (res._slot, box, box[0])  # (flat: no tuple kept per view)
-    res._view = (x, index)  # (its alias, base and write, made from this: ``_alias_of``)
+    _register(x, res, index)
     return res
-
-
-def _alias_of(t):
-    """``t``'s alias ``(base, write, inverse)``, or None: a recorded index view's is made
-    from its ``_view`` when asked (kept per view, a tuple and a closure cost 4% of ode's
-    forward of 1,200 views)."""
-    alias = getattr(t, "_alias", None)
-    if alias is None:
-        view = getattr(t, "_view", None)
-        if view is not None:
-            index = view[1]
-            return (view[0], lambda a, v: a.__setitem__(index, v), None)
-    return alias
 
 
 #: (a slice's bounds, shape) -> the aux of a view's entry, shared: a loop's ``x[1:]``
@@ -319,21 +309,158 @@ def _view_aux(index, shape):
     return aux
 
 
-def _aliased(res, x, fn, inverse):
-    """``res`` is a view of ``x`` (``fn`` makes it from ``x``'s array): an unrecorded
-    in-place change of ``res`` writes through to ``x``, as torch's views share memory;
-    ``inverse`` maps a tensor of ``res``'s shape to ``x``'s (the recorded write-back)."""
-    def write(a, v):
-        view = fn(a)
-        if not np.shares_memory(view, a):  # never silently into a copy
-            raise RuntimeError("in-place change of a view whose base's layout changed: "
-                               "make it on a contiguous tensor (x.clone())")
-        np.copyto(view, v, casting="unsafe")
-
-    if res._tape is not None and res is not x and isinstance(res._d, np.ndarray) \
-            and isinstance(x._d, np.ndarray) and np.shares_memory(res._d, x._d):
-        res._alias = (x, write, inverse)
+def _aliased(res, x, kind, arg):
+    """``res`` is a view of ``x`` (``kind`` and ``arg`` make it from ``x``, see
+    ``_derive``): it shares ``x``'s memory, as torch's views do."""
+    if res is not x and isinstance(res._d, np.ndarray) and isinstance(x._d, np.ndarray) \
+            and np.shares_memory(res._d, x._d):
+        _register(x, res, arg, kind)
     return res
+
+
+# --- views: torch's views share their base's storage -----------------------------------------
+# A view ``v`` of ``base`` holds ``v._alias = (base, kind, arg)``, and ``base._views`` weak
+# references to its views (only tensors that have views pay for it). An in-place change of a
+# view is made on its base (``_write_back`` recorded, ``_inplace_write`` not); whenever a
+# base's array is replaced (an in-place op copied it, or recorded its new value), each live
+# view is derived again from the new array (``_rederive``): recorded as the view op of the
+# new base when grad is on, so the view's gradient flows through the write, as torch's views
+# are rebased; a plain re-slice otherwise. Without this a view kept its base's old value.
+
+
+def _register(base, view, arg, kind="index"):
+    # an unrecorded view (a detach, one under no_grad) of a tensor in a graph refers to it
+    # weakly: it must not keep the tape alive (a list of y.detach() over the steps)
+    view._alias = (base if view._tape is not None or base._tape is None else
+                   weakref.ref(base), kind, arg)
+    try:
+        vs = base._views
+    except AttributeError:
+        base._views = [weakref.ref(view)]
+        return
+    vs.append(weakref.ref(view))
+    n = len(vs)
+    if n >= 64 and not n & (n - 1):  # drop dead views now and then: amortized O(1), as
+        live = [r for r in vs if r() is not None]  # kept only when half of them are dead
+        if len(live) <= n // 2:
+            vs[:] = live
+
+
+def _register_detach(x, t):
+    """``t = x.detach()`` shares ``x``'s memory: a view of the first tensor up ``x``'s views
+    that is no view, through the same steps (``arg``: the path), so that a write through
+    ``t`` reaches it after ``x``, a temporary view (``a[1:].detach()``), is gone."""
+    path, root = (), x
+    while True:
+        alias = getattr(root, "_alias", None)
+        b = None if alias is None else _base(alias)
+        if b is None:
+            break
+        path = (alias[2] if alias[1] == "detach" else ((alias[1], alias[2]),)) + path
+        root = b
+    _register(root, t, path, "detach")
+
+
+def _base(alias):
+    """The base of a view's ``_alias``; None when it is gone (see ``_register``)."""
+    b = alias[0]
+    return b() if b.__class__ is weakref.ReferenceType else b
+
+
+def _derive(kind, arg, a):
+    """The view's array, from its base's array ``a``."""
+    if kind == "index":
+        return a[arg]
+    if kind == "reshape":
+        v = a.view()
+        v.shape = arg[0]  # AttributeError when that needs a copy: the caller raises
+        return v
+    if kind == "transpose":
+        return a if arg is None else np.swapaxes(a, *arg)
+    if kind == "permute":
+        return np.transpose(a, arg)
+    if kind == "expand":
+        return np.broadcast_to(a, arg)
+    for k, g in arg:  # detach: the path from its base
+        a = _derive(k, g, a)
+    return a
+
+
+def _derive_tensor(kind, arg, base):
+    """The view, recorded, of tensor ``base``."""
+    if kind == "index":
+        return getitem(base, arg)
+    if kind == "reshape":
+        return reshape(base, arg[0])
+    if kind == "transpose":
+        return base if arg is None else transpose(base, *arg)
+    if kind == "permute":
+        return permute(base, arg)
+    return broadcast_to(base, arg)
+
+
+def _check_writable(x):
+    """Raise before anything is written when ``x`` is (a view of) an expanded tensor, as
+    torch does: its elements share memory."""
+    while True:
+        alias = getattr(x, "_alias", None)
+        if alias is None:
+            return
+        base = _base(alias)
+        if base is None:
+            return
+        if alias[1] == "expand" and np.asarray(x._d).size > np.asarray(base._d).size:
+            raise RuntimeError("unsupported operation: more than one element of the written-to "
+                               "tensor refers to a single memory location. Please clone() the "
+                               "tensor before performing the operation.")
+        x = base
+
+
+def _rederive(base):
+    """``base``'s array was replaced: its live views take their values from the new one."""
+    vs = getattr(base, "_views", None)
+    if not vs:
+        return
+    live = []
+    for r in vs:
+        v = r()
+        if v is None or getattr(v, "_alias", None) is None or _base(v._alias) is not base:
+            continue
+        live.append(r)
+        _rebase(v)
+    base._views = live  # (the views recorded above registered themselves: not kept)
+
+
+def _rebase(v):
+    _, kind, arg = v._alias
+    base = _base(v._alias)
+    if kind != "detach" and base._rg and STATE.grad_enabled:
+        new = _derive_tensor(kind, arg, base)
+        _rebind(v, new)  # derives v's views in turn
+        v._alias = (base, kind, arg)
+        if new._d.__class__ is not _pyfloat:
+            v._ver = base._ver
+        return
+    d = base._d
+    if d.__class__ is _pyfloat:
+        d = np.asarray(d)
+    try:
+        a = _derive(kind, arg, d)
+    except AttributeError:  # a reshape view of a base whose layout changed
+        raise RuntimeError("an in-place change of a tensor that has a reshape view, whose "
+                           "layout no longer allows the view: clone() the view, or the "
+                           "tensor, before the write") from None
+    v._d = _norm_value(a)
+    if v._d.__class__ is not _pyfloat:
+        v._ver = base._ver if np.shares_memory(v._d, d) else [0]
+    v._sid = -1
+    tr = STATE.trace
+    if tr is not None:
+        tr.written(v, base, "an in-place change of a view's base")
+    if v._tape is not None:  # the view keeps its history, as torch's (see _keep_on_tape)
+        v._tape.dirty[v._slot] = len(v._tape)
+        _keep_on_tape(v)
+    _rederive(v)
 
 
 def _basic_index(index):
@@ -364,6 +491,7 @@ def setitem(x, idx, value):
                            f"broadcast to indexing result of shape {list(tshape)}") \
             from None
     grad = STATE.grad_enabled and (x._rg or (vt is not None and vt._rg))
+    _check_writable(x)
     if grad:
         if x._rg and x._tape is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
@@ -389,7 +517,7 @@ def setitem(x, idx, value):
         return
     if tr is not None:
         tr.written(x, v, "an index assignment (x[i] = v) of a traced value")
-    if scalar:
+    if scalar and getattr(x, "_alias", None) is None:
         out = np.array(d, copy=True)
         out[nidx] = vv
         x._d = _pyfloat(out)
@@ -397,7 +525,6 @@ def setitem(x, idx, value):
         if x._tape is not None:
             x._tape.dirty[x._slot] = len(x._tape)
             _keep_on_tape(x)
-            _write_through(x)
         return
     _inplace_write(x, lambda arr: arr.__setitem__(nidx, vv))
 
@@ -440,10 +567,39 @@ def _rebind(x, res):
     x._slot = res._slot
     if res._d.__class__ is not _pyfloat:
         x._ver = [0]  # a new array: what a tape saved of the old one is unchanged
+    if getattr(x, "_views", None):
+        _rederive(x)
 
 
-def _inplace_write(x, write):
-    """Modify ``x``'s array in place (no recording): copy-on-write when a tape holds it."""
+def _inplace_write(x, write, detached=False):
+    """Modify ``x``'s array in place (no recording): copy-on-write when a tape holds it.
+    ``detached``: the write came through a ``detach``, whose writes are never recorded."""
+    alias = getattr(x, "_alias", None)
+    if alias is not None:  # a view: the write is made on its base, whose views all see it
+        new = np.array(x._d, copy=True)
+        write(new)
+        _, kind, arg = alias
+        base = _base(alias)
+        if base is None:  # the base is gone, but a tape may hold the array: x's own copy
+            x._alias = None
+            if x._d.__class__ is _pyfloat:
+                x._d = _pyfloat(new)
+            else:
+                x._d, x._ver = new, [0]
+            x._sid = -1
+            if x._tape is not None:
+                x._tape.dirty[x._slot] = len(x._tape)
+                _keep_on_tape(x)
+            if getattr(x, "_views", None):
+                _rederive(x)
+            return
+        if not detached and kind != "detach" and base._rg and STATE.grad_enabled:
+            raise RuntimeError("A view was created in no_grad mode and is being modified "
+                               "inplace with grad mode enabled. Given that this use case is "
+                               "ambiguous and error-prone, it is forbidden. Clone the view, or "
+                               "take it with grad mode enabled.")
+        _inplace_write(base, lambda arr: _put(kind, arg, arr, new), detached or kind == "detach")
+        return
     d = x._d
     if x._tape is not None or not d.flags.writeable:
         d = np.array(d, copy=True)
@@ -458,46 +614,78 @@ def _inplace_write(x, write):
     x._sid = -1
     if x._tape is not None:
         _keep_on_tape(x)
-        _write_through(x)
+    if getattr(x, "_views", None):  # (0-d views, and those of a replaced array)
+        _rederive(x)
+
+
+def _put(kind, arg, a, v):
+    """Write ``v``, the new value of a view, into its base's array ``a``."""
+    if kind == "detach":
+        if not arg:
+            np.copyto(a, v, casting="unsafe")
+            return
+        for k, g in arg[:-1]:
+            a = _derive(k, g, a)
+        kind, arg = arg[-1]
+    if kind == "index":
+        a[arg] = v
+        return
+    try:
+        view = _derive(kind, arg, a)
+    except AttributeError:
+        view = None
+    if view is None or kind == "expand" or not np.shares_memory(view, a) and view.size:
+        raise RuntimeError("an in-place change of a view whose base's layout no longer allows "
+                           "the view: clone() the view before writing into it")
+    np.copyto(view, v, casting="unsafe")
 
 
 def _leaf_base(t):
     """The leaf that requires grad which view ``t`` (through views) is of, else None."""
     while True:
-        alias = _alias_of(t)
-        if alias is None:
+        alias = getattr(t, "_alias", None)
+        if alias is None or alias[1] == "detach":  # (a detach's writes are no leaf's)
             return None
-        t = alias[0]
+        t = _base(alias)
+        if t is None:
+            return None
         if t._rg and t._tape is None:
             return t
 
 
 def _write_back(t):
     """``t``, a view, was changed in place (recorded): its base takes the new value,
-    recorded too, and so on up the views (a reshape, transpose or permute view, or one of
-    a view, kept the base's old value before: a wrong number)."""
-    view = getattr(t, "_view", None)
-    if view is not None:
-        setitem(view[0], view[1], t)  # writes back from view[0] in turn
-        return
+    recorded too, and so on up the views; then the base's views are derived again."""
     alias = getattr(t, "_alias", None)
-    if alias is not None and alias[2] is not None:
-        base = alias[0]
-        new = alias[2](t)
-        if new.dtype is not base.dtype:
-            new = _to_dtype(new, base.dtype.np)
-        _rebind(base, new)
-        _write_back(base)
+    if alias is None:
+        return
+    _, kind, arg = alias
+    base = _base(alias)
+    if base is None:  # nothing else shows t's elements any more
+        return
+    if kind == "index":
+        setitem(base, arg, t)  # writes back from base in turn
+        return
+    if kind == "detach":  # torch: the base takes the value, not the graph (and t keeps its
+        # own when derived again: _rebase)
+        with _no_grad():
+            _inplace_write(base, lambda arr: _put(kind, arg, arr, t._d), True)
+        return
+    if kind == "reshape":
+        new = reshape(t, arg[1])
+    elif kind == "transpose":
+        new = t if arg is None else transpose(t, *arg)
+    else:  # permute (expand views refuse writes: _check_writable)
+        new = permute(t, tuple(int(i) for i in np.argsort(arg)))
+    if new.dtype is not base.dtype:
+        new = _to_dtype(new, base.dtype.np)
+    _rebind(base, new)
+    _write_back(base)
 
 
-def _write_through(x):
-    """``x``, a view of another tensor, was changed in place without recording (its array
-    copied, as the tape holds it): write its new value into its base, as torch's views share
-    memory (without this the base kept its old value: a wrong number)."""
-    alias = _alias_of(x)
-    if alias is not None:
-        base, write = alias[:2]
-        _inplace_write(base, lambda arr: write(arr, x._d))
+def _no_grad():
+    from ._grad_mode import no_grad
+    return no_grad()
 
 
 def _keep_on_tape(x):
@@ -541,6 +729,7 @@ def _inplace(op_fn):
         if bshape != self.shape:  # checked before anything is recorded
             raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
                                f"broadcast shape {list(bshape or oshape)}")
+        _check_writable(self)
         res = op_fn(self, other)
         if grad:
             if res.dtype is not self.dtype:
@@ -552,7 +741,7 @@ def _inplace(op_fn):
         tr = STATE.trace
         if tr is not None:  # self takes res's value: and its reference, when traced
             tr.rebind(self, res)
-        if self._d.__class__ is _pyfloat:
+        if self._d.__class__ is _pyfloat and getattr(self, "_alias", None) is None:
             self._d = v if v.__class__ is _pyfloat else float(v)
             self._sid = -1
             box = getattr(self, "_ver", None)
@@ -561,10 +750,11 @@ def _inplace(op_fn):
             if self._tape is not None:
                 self._tape.dirty[self._slot] = len(self._tape)
                 _keep_on_tape(self)
-                _write_through(self)
+            if getattr(self, "_views", None):
+                _rederive(self)
             return self
         rt = np.asarray(v).dtype
-        if _cat(rt) > _cat(self._d.dtype):  # torch's canCast: no float into int, int into bool
+        if _cat(rt) > _cat(self.dtype.np):  # torch's canCast: no float into int, int into bool
             raise RuntimeError(f"result type {TORCH_NAMES[rt.name]} can't be cast to the "
                                f"desired output type {TORCH_NAMES[self.dtype.name]}")
         _inplace_write(self, lambda arr: np.copyto(arr, v, casting="unsafe"))

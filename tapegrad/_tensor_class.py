@@ -130,8 +130,10 @@ class Tensor:
     # _tape/_slot: the tape entry that made a non-leaf (None/-1 for leaves);
     # _sid: sid of the tape whose slot _slot is valid (leaves: cache of their entering);
     # _ver: [version] shared with views (arrays only)
-    __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains", "_view",
-                 "_alias", "_hooks", "_param", "__weakref__")
+    # _alias: (base, kind, arg) of a view, _views: weak references to a base's views
+    # (_fn_shapes: torch's views share their base's storage)
+    __slots__ = ("_d", "_rg", "_tape", "_sid", "_slot", "_ver", "_grad", "_retains",
+                 "_alias", "_views", "_hooks", "_param", "__weakref__")
     __array_priority__ = 1000
     # No __init__: ``Tensor()`` is the recorder's constructor (the C one, 30 ns cheaper per op
     # than object.__new__(Tensor)); users make tensors with tapegrad.tensor(data, ...) or a
@@ -297,6 +299,12 @@ class Tensor:
         t = _plain(d)
         if d.__class__ is not _pyfloat:
             t._ver = self._ver  # shares memory, and so the version counter
+            if not self._rg or self._tape is not None or \
+                    getattr(self, "_alias", None) is not None:
+                # writes through t are made on self, and t sees self's (a leaf that requires
+                # grad is only ever written in place: t shares its array)
+                from ._fn_shapes import _register_detach
+                _register_detach(self, t)
         tr = STATE.trace
         if tr is not None:  # tracing: the value is recomputed at replay, without gradient
             return tr.on_detach(t, self)

@@ -54,8 +54,10 @@ Tensor.__iadd__ = _inplace(lambda s, o: binary(_ADD, s, o))
 Tensor.__isub__ = _inplace(lambda s, o: binary(_SUB, s, o))
 Tensor.__imul__ = _inplace(lambda s, o: binary(_MUL, s, o))
 Tensor.__itruediv__ = _inplace(lambda s, o: binary(_DIV, s, o))
-Tensor.add_ = Tensor.__iadd__
-Tensor.sub_ = Tensor.__isub__
+Tensor.add_ = lambda self, other, *, alpha=1: Tensor.__iadd__(
+    self, other if alpha == 1 else other * alpha)
+Tensor.sub_ = lambda self, other, *, alpha=1: Tensor.__isub__(
+    self, other if alpha == 1 else other * alpha)
 Tensor.mul_ = Tensor.__imul__
 Tensor.div_ = Tensor.__itruediv__
 Tensor.pow_ = _inplace(lambda s, o: binary(_POW, s, o))
@@ -260,7 +262,23 @@ def _reshape_method(self, *shape):
 
 
 Tensor.reshape = _reshape_method
-Tensor.view = _reshape_method
+
+
+def _view_method(self, *shape):
+    a = self._d
+    if a.__class__ is np.ndarray and not a.flags.c_contiguous:
+        try:  # torch's view never copies: refuse where reshape would
+            a.view().shape = _shape_arg(shape)
+        except AttributeError:
+            raise RuntimeError("view size is not compatible with input tensor's size and "
+                               "stride (at least one dimension spans across two contiguous "
+                               "subspaces). Use .reshape(...) instead.") from None
+        except ValueError:
+            pass  # (reshape raises torch's message)
+    return reshape(self, *shape)
+
+
+Tensor.view = _view_method
 Tensor.view_as = lambda self, other: reshape(self, other.shape)
 Tensor.reshape_as = Tensor.view_as
 Tensor.expand = lambda self, *size: broadcast_to(self, tuple(
@@ -298,13 +316,38 @@ def _to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
 Tensor.to = _to
 Tensor.type = lambda self, dtype=None: self.dtype if dtype is None else _to(self, dtype)
 Tensor.cpu = lambda self: self
-Tensor.contiguous = lambda self: self
-Tensor.abs_ = _inplace(lambda s, o: s.abs())
+
+
+def _contiguous(self):
+    """torch's contiguous() of a non-contiguous tensor is a copy (recorded): writes into it
+    leave the tensor as it was."""
+    d = self._d
+    if d.__class__ is not np.ndarray or d.flags.c_contiguous:
+        return self
+    out = clone(self)  # (NumPy's copy keeps the layout, as torch's clone)
+    c = np.ascontiguousarray(out._d)
+    tape = out._tape
+    if tape is not None and tape.arrays.get(out._slot) is out._d:
+        tape.arrays[out._slot] = c
+    out._d = c
+    return out
+
+
+Tensor.contiguous = _contiguous
 Tensor.clamp_ = lambda self, min=None, max=None: _inplace(
     lambda s, o: clamp(s, min, max))(self, 0.0)
-Tensor.sqrt_ = _inplace(lambda s, o: s.sqrt())
-Tensor.exp_ = _inplace(lambda s, o: s.exp())
-Tensor.neg_ = _inplace(lambda s, o: s.neg())
+
+
+def _unary_(fn):
+    """A unary in-place method (``x.exp_()``: no argument, as torch's)."""
+    write = _inplace(lambda s, o: fn(s))
+    return lambda self: write(self, 0.0)
+
+
+Tensor.abs_ = _unary_(lambda s: s.abs())
+Tensor.sqrt_ = _unary_(lambda s: s.sqrt())
+Tensor.exp_ = _unary_(lambda s: s.exp())
+Tensor.neg_ = _unary_(lambda s: s.neg())
 del _name, _fn
 
 # gathered after the surface is built, as where they were written: _surface reads this

@@ -804,7 +804,7 @@ def reverse_common(rows, v, adj):
             b = v[np.uint64(ib)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / b)
-            adj[np.uint64(ib)] += (((-g) * a) / (b * b))
+            adj[np.uint64(ib)] += ((-g) * ((a / b) / b))
     return 0
 
 
@@ -1051,7 +1051,7 @@ def run_fused_common(rows, work, res):
             b = v[np.uint64(ib)]
             g = adj[np.uint64(k)]
             adj[np.uint64(ia)] += (g / b)
-            adj[np.uint64(ib)] += (((-g) * a) / (b * b))
+            adj[np.uint64(ib)] += ((-g) * ((a / b) / b))
         elif op == 1001:  # sub then powc
             k0 = np.uint64(kk - 1)
             g = adj[np.uint64(k)]
@@ -2072,7 +2072,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 b = Vw[ob + j]
                 g = Aw[ok + j]
                 Aw[oa + j] += (g / b)
-                Aw[ob + j] += (((-g) * a) / (b * b))
+                Aw[ob + j] += ((-g) * ((a / b) / b))
         elif op == 29:  # divc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
