@@ -339,6 +339,10 @@ def forward(rows, x, v, r, nr, k):
             if op == LEAF:
                 for i in range(m):
                     v[np.uint64(k + i)] = x[np.uint64(int(c0) + i)]
+            elif op == 3:  # neg
+                for i in range(m):
+                    a = v[np.uint64(ia + i * sa)]
+                    v[np.uint64(k + i)] = (-a)
             elif op == 4:  # exp
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
@@ -727,6 +731,10 @@ def reverse(rows, v, adj, r, k, lo):
                     a = v[j]
                     t = adj[j] + (g * a)
                     adj[j] = t + (g * a)
+            elif lop == 3:  # neg
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    adj[np.uint64(ia + i * sa)] += (-g)
             elif lop == 4:  # exp
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]

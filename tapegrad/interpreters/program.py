@@ -555,16 +555,24 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
     for s, seed in zip(out_slots, seeds):
         _accumulate(L, adj, int(s), seed if not isinstance(seed, int) else _R(L, seed))
     r = rows.shape[0] - 1
+    # broadcast operands' sums not recorded yet (``_accumulate_range``), until the walk
+    # reaches the rows that compute them (their slots: at most ``_bsums_top``)
+    L._bsums, L._bsums_top = [], -1
     while r >= 0:
         if rows[r, 0] == _arr.TAIL:  # an array instruction's last row
             r -= _arr.META
+            k = int(at[r])
+            if L._bsums and k <= L._bsums_top:
+                _flush_sums(L, adj)  # (its values' adjoints may be among them)
             if rows[r, 0] == _arr.RED:
-                _red_rule(L, F, adj, rows, r, int(at[r]))
+                _red_rule(L, F, adj, rows, r, k)
             else:
-                _array_rule(L, F, adj, rows, r, int(at[r]))
+                _array_rule(L, F, adj, rows, r, k)
             r -= 1
             continue
         k = int(at[r])
+        if L._bsums and k <= L._bsums_top:
+            _flush_sums(L, adj)
         g = adj[k]
         op = OPS[int(rows[r, 0])]
         row = rows[r]
@@ -573,6 +581,8 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
             continue
         for s, gr in rule_rows(L, F, op, _R(L, int(g)), row, k):
             _accumulate(L, adj, s, gr)
+    _flush_sums(L, adj)
+    del L._bsums
     grads = []
     for s in in_slots:
         g = adj[int(s)]
@@ -704,6 +714,10 @@ def _accumulate_range(L, adj, slots, g):
         g = _R(L, L.const(float(g)))
     gv = np.broadcast_to(np.asarray(g.s, dtype=np.int64), slots.shape)
     if slots[0] == slots[-1]:  # stride 0: every element's gradient goes to one slot
+        if getattr(L, "_bsums", None) is not None:
+            L._bsums.append((int(slots[0]), gv))
+            L._bsums_top = max(L._bsums_top, int(slots[0]))
+            return
         from ..ops.lowering import reduce
         _accumulate(L, adj, int(slots[0]),
                     _R(L, int(np.asarray(reduce(L, "add", gv, None, False, 0.0)))))
@@ -715,6 +729,29 @@ def _accumulate_range(L, adj, slots, g):
     if (prev < 0).any():
         prev = np.where(prev < 0, L.const(0.0), prev)
     adj[slots] = L.op("add", prev, gv)
+
+
+def _flush_sums(L, adj):
+    """Record the pending sums of broadcast operands' gradients (``_accumulate_range``),
+    those of one length as one reduction over their rows, and add them to the adjoints in
+    the order they came: a run of instructions broadcasting scalars (kmeans' 80 ``x - c``
+    of 1,000 points, one per centroid's coordinate) gets its rules' elementwise
+    instructions in a run and their sums after them, where each rule's own sum between
+    them made the driver alternate between short stretches and sums (kmeans' `hvp`)."""
+    pending, L._bsums = L._bsums, None
+    from ..ops.lowering import reduce
+    sums = [None] * len(pending)
+    by_len = {}
+    for i, (_, gv) in enumerate(pending):
+        by_len.setdefault(gv.shape[0], []).append(i)
+    for idx in by_len.values():
+        G = np.stack([pending[i][1] for i in idx])
+        out = np.asarray(reduce(L, "add", G, (1,), False, 0.0)).reshape(-1)
+        for i, o in zip(idx, out.tolist()):
+            sums[i] = o
+    for (s, _), o in zip(pending, sums):
+        _accumulate(L, adj, s, _R(L, int(o)))
+    L._bsums, L._bsums_top = [], -1
 
 
 def _accumulate(L, adj, s, g):
