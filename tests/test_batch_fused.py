@@ -66,6 +66,16 @@ def test_batch_pairs_give_the_rows_as_traced_and_single_calls_to_the_bit(f, monk
     brows = fuse.batch_rows(rows)
     heads = brows[:, 0] >= fuse.BASE
     assert heads.any() and (brows[:, 0] < fuse.LEAF_RUN).all()  # pairs, leaves as traced
+    # a powc tail pairs as a square only (the batch's pair loops): others run as traced
+    powc = (rows[:, 0] == tg.ops.BY_NAME["powc"].code) & (rows[:, 4] != 2.0)
+    assert (brows[powc, 0] == rows[powc, 0]).all()
+    assert (brows[np.nonzero(powc)[0] - 1, 0] == rows[np.nonzero(powc)[0] - 1, 0]).all()
+    # pairs outside fuse.BATCH_PAIRS (mul then add) too, their operands as traced
+    i = fuse.PAIRS.index(("mul", "add", 1))
+    fused = fuse.fuse(rows)
+    tails = np.nonzero(fused[:, 0] == fuse.BASE + 2 * i + 1)[0]
+    assert tails.size and (brows[tails] == rows[tails]).all()
+    assert (brows[tails - 1, 0] == rows[tails - 1, 0]).all()
     fresh(monkeypatch, True)
     form, run = replay_cpu.batch_of(rows)
     assert form is replay_cpu._g.run_block_common

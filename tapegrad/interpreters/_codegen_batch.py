@@ -43,20 +43,15 @@ SIGNED_REVERSE = '''        if op == {add} or op == {sub}:  # add, sub: g to a, 
             s = 1.0 if op == {add} else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
-            aw_ob = Aw[ob:ob + u]
             for j in range(u):
-                g = aw_ok[j]
-                aw_oa[j] += g
-                aw_ob[j] += s * g
+                g = Aw[ok + j]
+                Aw[oa + j] += g
+                Aw[ob + j] += s * g
         elif op == {neg} or op == {addc} or op == {rsubc}:  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == {addc} else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                aw_oa[j] += s * aw_ok[j]
+                Aw[oa + j] += s * Aw[ok + j]
 '''
 
 
@@ -210,33 +205,6 @@ def _loops(head, inner, exprs):
     return out + ["else:"] + ["    " + x for x in loop]
 
 
-_FLAT = re.compile(r"\b(Aw|Vw)\[(o\w*) \+ j\]")
-
-
-def _sliced(lines):
-    """``lines`` (a reverse branch: offsets, then loops over the block's samples) with each
-    row's values and adjoints read through a slice of it bound before the loops
-    (``Aw[oa + j]`` -> ``aw_oa[j]``): LLVM then vectorizes the loops with a check that the
-    rows do not overlap, where at flat offsets of one buffer the reverse's ``+=`` loops ran
-    1.6 to 2.7x slower (a two-operand add's reverse, 9,000 rows, blocks of 32 and 64).
-    Each slice takes and drops a reference (about 2 ns): n=1000 Rosenbrock's batch 1.15 to
-    1.3 ns a row and sample in blocks of 64 against 1.35 to 1.57 at flat offsets, n=100's
-    0.74 to 0.77 against 0.87 to 0.92 in 128 (CPU time, taking turns in one process),
-    1.6 against 1.45 in blocks of 16; the forward's loops, slower sliced (0.69 against
-    0.62 at n=100), stay at flat offsets."""
-    found = []
-    for x in lines:
-        for m in _FLAT.finditer(x):
-            if m.groups() not in found:
-                found.append(m.groups())
-    if not found:
-        return lines
-    at = next(i for i, x in enumerate(lines) if x.startswith(("for ", "if ")))
-    binds = [f"{b.lower()}_{o} = {b}[{o}:{o} + u]" for b, o in found]
-    body = [_FLAT.sub(lambda m: f"{m.group(1).lower()}_{m.group(2)}[j]", x) for x in lines]
-    return body[:at] + binds + body[at:]
-
-
 def _offset(n):
     return f"o{n} = np.uint64(int(rows[k, {ROW_COLS[n]}])) * u"
 
@@ -266,7 +234,7 @@ def _flat_reverse(op):
     inner = [f"{n} = Vw[{'ok' if n == 'out' else 'o' + n} + j]" for n in reads]
     inner.append("g = Aw[ok + j]")
     inner += [f"Aw[o{n} + j] += {e}" for n, e in exprs.items()]
-    return _sliced(_loops(head, inner, exprs.values()))
+    return _loops(head, inner, exprs.values())
 
 
 def _pair_forward(head, tail, p):
@@ -288,7 +256,7 @@ def _pair_forward(head, tail, p):
     pre += [f"ot{n} = np.uint64(int(rows[k + 1, {ROW_COLS[n]}])) * u" for n in tins]
     inner = [f"h{n} = Vw[oh{n} + j]" for n in hins] + [f"hv = {he}", "Vw[ok + j] = hv"]
     inner += [f"t{n} = Vw[ot{n} + j]" for n in tins] + [f"Vw[ok1 + j] = {te}"]
-    return _loops(pre, inner, [he, te])
+    return _square(tail, _loops(pre, inner, [he, te]))
 
 
 def _pair_reverse(head, tail, p):
@@ -322,16 +290,31 @@ def _pair_reverse(head, tail, p):
             e = exprs.get(p)
             inner += ["gh = Aw[ok0 + j]" + ("" if e is None else f" + {_renamed(e, names)}"),
                       "Aw[ok0 + j] = gh"]
-    return _sliced(_loops(pre, inner, [x for x in inner if "==" in x]))
+    return _square(tail, _loops(pre, inner, [x for x in inner if "==" in x]))
+
+
+def _square(tail, lines):
+    """A pair's branch whose tail is powc as its square only (``fuse.batch_rows`` pairs no
+    other exponent; the others run as traced): the loop ``_loops`` specialized to
+    ``tc0 == 2.0``, without the test and the general loop (each pair's loop with
+    ``a ** c0`` cost about 0.25 s of the first batched call's compile)."""
+    if tail.name != "powc":
+        return lines
+    assert lines[-1].startswith("    ") and "else:" in lines, lines
+    at = next(i for i, x in enumerate(lines) if x == "if tc0 == 2.0:")
+    end = lines.index("else:")
+    return lines[:at] + [x[4:] for x in lines[at + 1:end]]
 
 
 def _pairs(forward):
     """The ``elif`` branches of ``fuse.PAIRS`` in ``run_block``'s forward (at each head's
     opcode; a tail's falls through every branch) or reverse (at each tail's)."""
     from ..ops import BY_NAME
-    from .fuse import BASE, PAIRS
+    from .fuse import BASE, BATCH_PAIRS, PAIRS
     src = []
     for i, (h, tl, p) in enumerate(PAIRS):
+        if (h, tl, p) not in BATCH_PAIRS:
+            continue
         head, tail = BY_NAME[h], BY_NAME[tl]
         body = (_pair_forward if forward else _pair_reverse)(head, tail, _inputs(tail)[p])
         src.append(" " * 8 + f"elif op == {BASE + 2 * i + (0 if forward else 1)}:  "

@@ -1747,152 +1747,106 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             s = 1.0 if op == 35 else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
-            aw_ob = Aw[ob:ob + u]
             for j in range(u):
-                g = aw_ok[j]
-                aw_oa[j] += g
-                aw_ob[j] += s * g
+                g = Aw[ok + j]
+                Aw[oa + j] += g
+                Aw[ob + j] += s * g
         elif op == 3 or op == 26 or op == 28:  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == 26 else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                aw_oa[j] += s * aw_ok[j]
+                Aw[oa + j] += s * Aw[ok + j]
         elif op == 37:  # mul
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
-            vw_oa = Vw[oa:oa + u]
-            vw_ob = Vw[ob:ob + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
-            aw_ob = Aw[ob:ob + u]
             for j in range(u):
-                a = vw_oa[j]
-                b = vw_ob[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g * b)
-                aw_ob[j] += (g * a)
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * b)
+                Aw[ob + j] += (g * a)
         elif op == 31:  # powc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             if c0 == 2.0:
                 for j in range(u):
-                    a = vw_oa[j]
-                    g = aw_ok[j]
-                    aw_oa[j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
+                    a = Vw[oa + j]
+                    g = Aw[ok + j]
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
             else:
                 for j in range(u):
-                    a = vw_oa[j]
-                    g = aw_ok[j]
-                    aw_oa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+                    a = Vw[oa + j]
+                    g = Aw[ok + j]
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 27:  # mulc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                g = aw_ok[j]
-                aw_oa[j] += (g * c0)
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * c0)
         elif op == 24:  # square
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                a = vw_oa[j]
-                g = aw_ok[j]
-                aw_oa[j] += ((g * 2.0) * a)
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((g * 2.0) * a)
         elif op == 38:  # div
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
-            vw_oa = Vw[oa:oa + u]
-            vw_ob = Vw[ob:ob + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
-            aw_ob = Aw[ob:ob + u]
             for j in range(u):
-                a = vw_oa[j]
-                b = vw_ob[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g / b)
-                aw_ob[j] += (((-g) * a) / (b * b))
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / b)
+                Aw[ob + j] += (((-g) * a) / (b * b))
         elif op == 29:  # divc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                g = aw_ok[j]
-                aw_oa[j] += (g / c0)
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / c0)
         elif op == 4:  # exp
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_ok = Vw[ok:ok + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                out = vw_ok[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g * out)
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * out)
         elif op == 5:  # log
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                a = vw_oa[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g / a)
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / a)
         elif op == 8:  # sqrt
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_ok = Vw[ok:ok + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                out = vw_ok[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g / (2.0 * out))
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / (2.0 * out))
         elif op == 10:  # sin
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                a = vw_oa[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g * math.cos(a))
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * math.cos(a))
         elif op == 11:  # cos
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                a = vw_oa[j]
-                g = aw_ok[j]
-                aw_oa[j] += ((-g) * math.sin(a))
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((-g) * math.sin(a))
         elif op == 18:  # tanh
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_ok = Vw[ok:ok + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                out = vw_ok[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g * (1.0 - (out * out)))
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * (1.0 - (out * out)))
         elif op == 19:  # sigmoid
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_ok = Vw[ok:ok + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                out = vw_ok[j]
-                g = aw_ok[j]
-                aw_oa[j] += ((g * (1.0 - out)) * out)
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((g * (1.0 - out)) * out)
         elif SHARED[op] and GRADS[op] != 0:
             m = GRADS[op]
             ia = int(rows[k, 1])
@@ -2038,37 +1992,22 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             tc0 = rows[k + 1, 4]
             oha = np.uint64(int(rows[k, 1])) * u
             ohb = np.uint64(int(rows[k, 2])) * u
-            if tc0 == 2.0:
-                for j in range(u):
-                    ha = Vw[oha + j]
-                    hb = Vw[ohb + j]
-                    hv = (ha - hb)
-                    Vw[ok + j] = hv
-                    Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
-            else:
-                for j in range(u):
-                    ha = Vw[oha + j]
-                    hb = Vw[ohb + j]
-                    hv = (ha - hb)
-                    Vw[ok + j] = hv
-                    Vw[ok1 + j] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            for j in range(u):
+                ha = Vw[oha + j]
+                hb = Vw[ohb + j]
+                hv = (ha - hb)
+                Vw[ok + j] = hv
+                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
         elif op == 1002:  # rsubc then powc
             ok1 = ok + u
             hc0 = rows[k, 4]
             tc0 = rows[k + 1, 4]
             oha = np.uint64(int(rows[k, 1])) * u
-            if tc0 == 2.0:
-                for j in range(u):
-                    ha = Vw[oha + j]
-                    hv = (hc0 - ha)
-                    Vw[ok + j] = hv
-                    Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
-            else:
-                for j in range(u):
-                    ha = Vw[oha + j]
-                    hv = (hc0 - ha)
-                    Vw[ok + j] = hv
-                    Vw[ok1 + j] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            for j in range(u):
+                ha = Vw[oha + j]
+                hv = (hc0 - ha)
+                Vw[ok + j] = hv
+                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
         elif op == 1004:  # mulc then add
             ok1 = ok + u
             hc0 = rows[k, 4]
@@ -2077,18 +2016,6 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 ha = Vw[oha + j]
                 hv = (ha * hc0)
-                Vw[ok + j] = hv
-                ta = Vw[ota + j]
-                Vw[ok1 + j] = (ta + hv)
-        elif op == 1006:  # mul then add
-            ok1 = ok + u
-            oha = np.uint64(int(rows[k, 1])) * u
-            ohb = np.uint64(int(rows[k, 2])) * u
-            ota = np.uint64(int(rows[k + 1, 1])) * u
-            for j in range(u):
-                ha = Vw[oha + j]
-                hb = Vw[ohb + j]
-                hv = (ha * hb)
                 Vw[ok + j] = hv
                 ta = Vw[ota + j]
                 Vw[ok1 + j] = (ta + hv)
@@ -2126,236 +2053,139 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             s = 1.0 if op == 35 else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
-            aw_ob = Aw[ob:ob + u]
             for j in range(u):
-                g = aw_ok[j]
-                aw_oa[j] += g
-                aw_ob[j] += s * g
+                g = Aw[ok + j]
+                Aw[oa + j] += g
+                Aw[ob + j] += s * g
         elif op == 3 or op == 26 or op == 28:  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == 26 else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                aw_oa[j] += s * aw_ok[j]
+                Aw[oa + j] += s * Aw[ok + j]
         elif op == 37:  # mul
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
-            vw_oa = Vw[oa:oa + u]
-            vw_ob = Vw[ob:ob + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
-            aw_ob = Aw[ob:ob + u]
             for j in range(u):
-                a = vw_oa[j]
-                b = vw_ob[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g * b)
-                aw_ob[j] += (g * a)
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * b)
+                Aw[ob + j] += (g * a)
         elif op == 31:  # powc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             if c0 == 2.0:
                 for j in range(u):
-                    a = vw_oa[j]
-                    g = aw_ok[j]
-                    aw_oa[j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
+                    a = Vw[oa + j]
+                    g = Aw[ok + j]
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
             else:
                 for j in range(u):
-                    a = vw_oa[j]
-                    g = aw_ok[j]
-                    aw_oa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+                    a = Vw[oa + j]
+                    g = Aw[ok + j]
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 27:  # mulc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                g = aw_ok[j]
-                aw_oa[j] += (g * c0)
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * c0)
         elif op == 24:  # square
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                a = vw_oa[j]
-                g = aw_ok[j]
-                aw_oa[j] += ((g * 2.0) * a)
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((g * 2.0) * a)
         elif op == 38:  # div
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
-            vw_oa = Vw[oa:oa + u]
-            vw_ob = Vw[ob:ob + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
-            aw_ob = Aw[ob:ob + u]
             for j in range(u):
-                a = vw_oa[j]
-                b = vw_ob[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g / b)
-                aw_ob[j] += (((-g) * a) / (b * b))
+                a = Vw[oa + j]
+                b = Vw[ob + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / b)
+                Aw[ob + j] += (((-g) * a) / (b * b))
         elif op == 29:  # divc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                g = aw_ok[j]
-                aw_oa[j] += (g / c0)
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / c0)
         elif op == 4:  # exp
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_ok = Vw[ok:ok + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                out = vw_ok[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g * out)
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * out)
         elif op == 5:  # log
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                a = vw_oa[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g / a)
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / a)
         elif op == 8:  # sqrt
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_ok = Vw[ok:ok + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                out = vw_ok[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g / (2.0 * out))
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g / (2.0 * out))
         elif op == 10:  # sin
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                a = vw_oa[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g * math.cos(a))
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * math.cos(a))
         elif op == 11:  # cos
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_oa = Vw[oa:oa + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                a = vw_oa[j]
-                g = aw_ok[j]
-                aw_oa[j] += ((-g) * math.sin(a))
+                a = Vw[oa + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((-g) * math.sin(a))
         elif op == 18:  # tanh
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_ok = Vw[ok:ok + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                out = vw_ok[j]
-                g = aw_ok[j]
-                aw_oa[j] += (g * (1.0 - (out * out)))
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += (g * (1.0 - (out * out)))
         elif op == 19:  # sigmoid
             oa = np.uint64(int(rows[k, 1])) * u
-            vw_ok = Vw[ok:ok + u]
-            aw_ok = Aw[ok:ok + u]
-            aw_oa = Aw[oa:oa + u]
             for j in range(u):
-                out = vw_ok[j]
-                g = aw_ok[j]
-                aw_oa[j] += ((g * (1.0 - out)) * out)
+                out = Vw[ok + j]
+                g = Aw[ok + j]
+                Aw[oa + j] += ((g * (1.0 - out)) * out)
         elif op == 1001:  # sub then powc
             ok0 = ok - u
             tc0 = rows[k, 4]
             oha = np.uint64(int(rows[k - 1, 1])) * u
             ohb = np.uint64(int(rows[k - 1, 2])) * u
-            aw_ok = Aw[ok:ok + u]
-            vw_ok0 = Vw[ok0:ok0 + u]
-            aw_ok0 = Aw[ok0:ok0 + u]
-            aw_oha = Aw[oha:oha + u]
-            aw_ohb = Aw[ohb:ohb + u]
-            if tc0 == 2.0:
-                for j in range(u):
-                    g = aw_ok[j]
-                    hv = vw_ok0[j]
-                    gh = aw_ok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
-                    aw_ok0[j] = gh
-                    aw_oha[j] += gh
-                    aw_ohb[j] += (-gh)
-            else:
-                for j in range(u):
-                    g = aw_ok[j]
-                    hv = vw_ok0[j]
-                    gh = aw_ok0[j] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
-                    aw_ok0[j] = gh
-                    aw_oha[j] += gh
-                    aw_ohb[j] += (-gh)
+            for j in range(u):
+                g = Aw[ok + j]
+                hv = Vw[ok0 + j]
+                gh = Aw[ok0 + j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
+                Aw[ok0 + j] = gh
+                Aw[oha + j] += gh
+                Aw[ohb + j] += (-gh)
         elif op == 1003:  # rsubc then powc
             ok0 = ok - u
             tc0 = rows[k, 4]
             oha = np.uint64(int(rows[k - 1, 1])) * u
-            aw_ok = Aw[ok:ok + u]
-            vw_ok0 = Vw[ok0:ok0 + u]
-            aw_ok0 = Aw[ok0:ok0 + u]
-            aw_oha = Aw[oha:oha + u]
-            if tc0 == 2.0:
-                for j in range(u):
-                    g = aw_ok[j]
-                    hv = vw_ok0[j]
-                    gh = aw_ok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
-                    aw_ok0[j] = gh
-                    aw_oha[j] += (-gh)
-            else:
-                for j in range(u):
-                    g = aw_ok[j]
-                    hv = vw_ok0[j]
-                    gh = aw_ok0[j] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
-                    aw_ok0[j] = gh
-                    aw_oha[j] += (-gh)
+            for j in range(u):
+                g = Aw[ok + j]
+                hv = Vw[ok0 + j]
+                gh = Aw[ok0 + j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
+                Aw[ok0 + j] = gh
+                Aw[oha + j] += (-gh)
         elif op == 1005:  # mulc then add
             ok0 = ok - u
             ota = np.uint64(int(rows[k, 1])) * u
             oha = np.uint64(int(rows[k - 1, 1])) * u
             hc0 = rows[k - 1, 4]
-            aw_ok = Aw[ok:ok + u]
-            aw_ota = Aw[ota:ota + u]
-            aw_ok0 = Aw[ok0:ok0 + u]
-            aw_oha = Aw[oha:oha + u]
             for j in range(u):
-                g = aw_ok[j]
-                aw_ota[j] += g
-                gh = aw_ok0[j] + g
-                aw_ok0[j] = gh
-                aw_oha[j] += (gh * hc0)
-        elif op == 1007:  # mul then add
-            ok0 = ok - u
-            ota = np.uint64(int(rows[k, 1])) * u
-            oha = np.uint64(int(rows[k - 1, 1])) * u
-            ohb = np.uint64(int(rows[k - 1, 2])) * u
-            aw_ok = Aw[ok:ok + u]
-            aw_ota = Aw[ota:ota + u]
-            aw_ok0 = Aw[ok0:ok0 + u]
-            vw_oha = Vw[oha:oha + u]
-            vw_ohb = Vw[ohb:ohb + u]
-            aw_oha = Aw[oha:oha + u]
-            aw_ohb = Aw[ohb:ohb + u]
-            for j in range(u):
-                g = aw_ok[j]
-                aw_ota[j] += g
-                gh = aw_ok0[j] + g
-                aw_ok0[j] = gh
-                ha = vw_oha[j]
-                hb = vw_ohb[j]
-                aw_oha[j] += (gh * hb)
-                aw_ohb[j] += (gh * ha)
+                g = Aw[ok + j]
+                Aw[ota + j] += g
+                gh = Aw[ok0 + j] + g
+                Aw[ok0 + j] = gh
+                Aw[oha + j] += (gh * hc0)
     for i in range(in_slots.shape[0]):
         oi = np.uint64(in_slots[i]) * u
         for j in range(u):

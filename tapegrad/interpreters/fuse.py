@@ -103,6 +103,11 @@ def _leaf_runs(out, leaf):
     out[first, 5] = out[end - 1, 5] = end - first
 
 
+#: the pairs of ``PAIRS`` a batch runs as superinstructions (the others' rows as traced):
+#: each costs about 0.25 s of the first batched call's compile (2 shared cores, CPU time),
+#: so the batch keeps the pairs of squared residuals and sums of scaled terms
+BATCH_PAIRS = (("sub", "powc", 0), ("rsubc", "powc", 0), ("mulc", "add", 1))
+
 #: False: batches run their rows as traced (``ENABLED`` False turns both off; tests force
 #: each form)
 BATCH = True
@@ -119,6 +124,16 @@ def batch_rows(rows):
     if out is rows:
         return rows
     from ..ops import BY_NAME
+    # pairs not in BATCH_PAIRS, and a powc tail other than a square
+    # (``_codegen_batch._square``): both rows as traced (a swapped tail's operands too)
+    for i, pair in enumerate(PAIRS):
+        t = out[:, 0] == BASE + 2 * i + 1
+        if pair[1] == "powc" and pair in BATCH_PAIRS:
+            t &= rows[:, 4] != 2.0
+        elif pair in BATCH_PAIRS:
+            continue
+        t = np.nonzero(t)[0]
+        out[t], out[t - 1, 0] = rows[t], rows[t - 1, 0]
     run = out[:, 0] >= LEAF_RUN
     out[run, 0] = BY_NAME["leaf"].code
     out[run, 5] = rows[run, 5]
