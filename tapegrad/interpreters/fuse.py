@@ -116,8 +116,10 @@ BATCH = True
 def batch_rows(rows):
     """The rows a batch's ``run_block`` (its form of common ops) runs: ``fuse``'s pairs, each
     one loop over the block's samples (the head's value and adjoint in a register: n=1000
-    Rosenbrock's reverse, 6,000 of its 8,992 rows in pairs, ... ns a row and sample less),
-    and leaves as traced (a block's leaf is a loop over samples already)."""
+    Rosenbrock, 5,992 of its 8,992 rows in pairs, 1.29 to 1.39 ns a row and sample in
+    blocks of 32 against 1.53 to 1.62 as traced; n=100 in blocks of 128 0.86 to 0.88
+    against 0.95 to 0.99, CPU time taking turns in one process), and leaves as traced (a
+    block's leaf is a loop over samples already)."""
     if not BATCH:
         return rows
     out = fuse(rows)
