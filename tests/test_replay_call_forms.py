@@ -154,7 +154,7 @@ def test_the_batch_form_is_found_again_for_other_rows(monkeypatch):
     assert replay_cpu.form_of(rare_rows) is G.run_block
     assert replay_cpu.form_of(common_rows) is G.run_block_common
     monkeypatch.setattr(replay_cpu, "_last_form",
-                        (id(rare_rows), lambda: None, G.run_block_common))
+                        (id(rare_rows), lambda: None, G.run_block_common, rare_rows))
     assert replay_cpu.form_of(rare_rows) is G.run_block
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from ..ops import OPS, rule_inputs
-from ._codegen_emit import ROW_COLS, _consts_of, _forward_expr, _inputs, _uses, chain, rule_exprs
+from ._codegen_emit import (ROW_COLS, _consts_of, _forward_expr, _inputs, _renamed, _uses, chain,
+                             rule_exprs)
 
 #: the ops whose batch branches are loops of their own, which LLVM vectorizes over the
 #: block's samples: the common ones in traced programs. The other ops share one loop that
@@ -184,7 +185,7 @@ BLOCK_END = '''    for i in range(in_slots.shape[0]):
 #: 2.0:`` with the literal for ``c0`` (so the tests fold away and the loop vectorizes), and
 #: else as it is; the expression is the same, so are the numbers (powc's reverse with the
 #: tests in its loop: n=100 Rosenbrock batch 1.07 ns a row and sample, 0.97 without)
-_SPECIAL = re.compile(r"\b(c0|c1) == (-?\d+\.\d+)")
+_SPECIAL = re.compile(r"\b([th]?c[01]) == (-?\d+\.\d+)")  # (t, h: a pair's tail, head)
 
 
 def _loops(head, inner, exprs):
@@ -236,6 +237,92 @@ def _flat_reverse(op):
     return _loops(head, inner, exprs.values())
 
 
+def _pair_forward(head, tail, p):
+    """A superinstruction's forward branch in ``run_block`` (at the head's row ``k``; the
+    tail's row ``k + 1`` is ``fuse.fuse``'s pair, whose operand ``p`` is row ``k``): one
+    loop over the block's samples, the head's value kept in a register for the tail and
+    stored too (outputs and the reverse read it). The two rows' own expressions, in their
+    order: the same numbers as the unfused rows."""
+    he = head.nb.format(**{n: "h" + n for n in _inputs(head) + _consts_of(head)})
+    te = tail.nb.format(**{n: "hv" if n == p else "t" + n
+                           for n in _inputs(tail) + _consts_of(tail)})
+    pre = ["ok1 = ok + u"]
+    pre += [f"h{n} = rows[k, {ROW_COLS[n]}]" for n in _consts_of(head) if _uses(he, "h" + n)]
+    pre += [f"t{n} = rows[k + 1, {ROW_COLS[n]}]" for n in _consts_of(tail)
+            if _uses(te, "t" + n)]
+    hins = [n for n in _inputs(head) if _uses(he, "h" + n)]
+    tins = [n for n in _inputs(tail) if n != p and _uses(te, "t" + n)]
+    pre += [f"oh{n} = np.uint64(int(rows[k, {ROW_COLS[n]}])) * u" for n in hins]
+    pre += [f"ot{n} = np.uint64(int(rows[k + 1, {ROW_COLS[n]}])) * u" for n in tins]
+    inner = [f"h{n} = Vw[oh{n} + j]" for n in hins] + [f"hv = {he}", "Vw[ok + j] = hv"]
+    inner += [f"t{n} = Vw[ot{n} + j]" for n in tins] + [f"Vw[ok1 + j] = {te}"]
+    return _square(tail, _loops(pre, inner, [he, te]))
+
+
+def _pair_reverse(head, tail, p):
+    """A superinstruction's reverse branch in ``run_block`` (at the tail's row ``k``, the
+    head's ``k - 1``): the tail's rule, the head's adjoint completed in a register (every
+    later row has added to it) and stored, then the head's rule: the adjoints the unfused
+    rows add, in their order."""
+    pre, inner = ["ok0 = ok - u"], ["g = Aw[ok + j]"]
+    for rule, row, x, g in ((tail, "k", "t", "g"), (head, "k - 1", "h", "gh")):
+        exprs = rule_exprs(rule)
+        names = {n: x + n for n in rule_inputs(rule) + ("out", "c0", "c1")}
+        names["g"] = g
+        if rule is tail:
+            names[p] = "hv"
+        used = {n for n in rule_inputs(rule) + ("out",) if any(_uses(e, n) for e in exprs.values())}
+        ins = [n for n in rule_inputs(rule) if (n != p or rule is head)
+               and (n in exprs or n in used)]
+        pre += [f"o{x}{n} = np.uint64(int(rows[{row}, {ROW_COLS[n]}])) * u" for n in ins]
+        pre += [f"{x}{n} = rows[{row}, {ROW_COLS[n]}]" for n in ("c0", "c1")
+                if any(_uses(e, n) for e in exprs.values())]
+        if rule is tail and p in used:
+            inner.append("hv = Vw[ok0 + j]")
+        inner += [f"{x}{n} = Vw[o{x}{n} + j]" for n in ins if n in used]
+        if "out" in used:
+            inner.append(f"{x}out = Vw[{'ok' if rule is tail else 'ok0'} + j]")
+        for n, e in exprs.items():
+            if rule is tail and n == p:
+                continue
+            inner.append(f"Aw[o{x}{n} + j] += {_renamed(e, names)}")
+        if rule is tail:
+            e = exprs.get(p)
+            inner += ["gh = Aw[ok0 + j]" + ("" if e is None else f" + {_renamed(e, names)}"),
+                      "Aw[ok0 + j] = gh"]
+    return _square(tail, _loops(pre, inner, [x for x in inner if "==" in x]))
+
+
+def _square(tail, lines):
+    """A pair's branch whose tail is powc as its square only (``fuse.batch_rows`` pairs no
+    other exponent; the others run as traced): the loop ``_loops`` specialized to
+    ``tc0 == 2.0``, without the test and the general loop (each pair's loop with
+    ``a ** c0`` cost about 0.25 s of the first batched call's compile)."""
+    if tail.name != "powc":
+        return lines
+    assert lines[-1].startswith("    ") and "else:" in lines, lines
+    at = next(i for i, x in enumerate(lines) if x == "if tc0 == 2.0:")
+    end = lines.index("else:")
+    return lines[:at] + [x[4:] for x in lines[at + 1:end]]
+
+
+def _pairs(forward):
+    """The ``elif`` branches of ``fuse.PAIRS`` in ``run_block``'s forward (at each head's
+    opcode; a tail's falls through every branch) or reverse (at each tail's)."""
+    from ..ops import BY_NAME
+    from .fuse import BASE, BATCH_PAIRS, PAIRS
+    src = []
+    for i, (h, tl, p) in enumerate(PAIRS):
+        if (h, tl, p) not in BATCH_PAIRS:
+            continue
+        head, tail = BY_NAME[h], BY_NAME[tl]
+        body = (_pair_forward if forward else _pair_reverse)(head, tail, _inputs(tail)[p])
+        src.append(" " * 8 + f"elif op == {BASE + 2 * i + (0 if forward else 1)}:  "
+                   f"# {h} then {tl}\n")
+        src += [" " * 12 + f"{x}\n" for x in body]
+    return src
+
+
 #: the branches of the chain in this order first (then by opcode): the common ops of traced
 #: programs, so a row takes fewer tests
 COMMON_FIRST = ("mul", "powc", "mulc", "square", "div", "neg", "divc")
@@ -255,9 +342,13 @@ def _block_source(looped, suffix, shared, which):
     return ([BLOCK_HEADER.replace("{suffix}", suffix).replace("{which}", which),
              SIGNED_FORWARD.format(**codes)]
             + chain(fwd, _flat_forward, first=False)
+            # superinstructions (``fuse.batch_rows``) in the form of common ops only: the
+            # rows of a rare op run as traced, and that form compiles as before
+            + ([] if shared else _pairs(True))
             + [BLOCK_LEAVES, SHARED_FORWARD if shared else "", BLOCK_MIDDLE,
                SIGNED_REVERSE.format(**codes)]
             + chain(rev, _flat_reverse, first=False)
+            + ([] if shared else _pairs(False))
             + [SHARED_REVERSE if shared else "", BLOCK_END])
 
 

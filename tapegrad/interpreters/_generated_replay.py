@@ -1987,6 +1987,38 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 a = Vw[oa + j]
                 Vw[ok + j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
+        elif op == 1000:  # sub then powc
+            ok1 = ok + u
+            tc0 = rows[k + 1, 4]
+            oha = np.uint64(int(rows[k, 1])) * u
+            ohb = np.uint64(int(rows[k, 2])) * u
+            for j in range(u):
+                ha = Vw[oha + j]
+                hb = Vw[ohb + j]
+                hv = (ha - hb)
+                Vw[ok + j] = hv
+                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
+        elif op == 1002:  # rsubc then powc
+            ok1 = ok + u
+            hc0 = rows[k, 4]
+            tc0 = rows[k + 1, 4]
+            oha = np.uint64(int(rows[k, 1])) * u
+            for j in range(u):
+                ha = Vw[oha + j]
+                hv = (hc0 - ha)
+                Vw[ok + j] = hv
+                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
+        elif op == 1004:  # mulc then add
+            ok1 = ok + u
+            hc0 = rows[k, 4]
+            oha = np.uint64(int(rows[k, 1])) * u
+            ota = np.uint64(int(rows[k + 1, 1])) * u
+            for j in range(u):
+                ha = Vw[oha + j]
+                hv = (ha * hc0)
+                Vw[ok + j] = hv
+                ta = Vw[ota + j]
+                Vw[ok1 + j] = (ta + hv)
         elif op == LEAF:
             i = np.uint64(int(rows[k, 4]))
             for j in range(u):
@@ -2121,6 +2153,39 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 out = Vw[ok + j]
                 g = Aw[ok + j]
                 Aw[oa + j] += ((g * (1.0 - out)) * out)
+        elif op == 1001:  # sub then powc
+            ok0 = ok - u
+            tc0 = rows[k, 4]
+            oha = np.uint64(int(rows[k - 1, 1])) * u
+            ohb = np.uint64(int(rows[k - 1, 2])) * u
+            for j in range(u):
+                g = Aw[ok + j]
+                hv = Vw[ok0 + j]
+                gh = Aw[ok0 + j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
+                Aw[ok0 + j] = gh
+                Aw[oha + j] += gh
+                Aw[ohb + j] += (-gh)
+        elif op == 1003:  # rsubc then powc
+            ok0 = ok - u
+            tc0 = rows[k, 4]
+            oha = np.uint64(int(rows[k - 1, 1])) * u
+            for j in range(u):
+                g = Aw[ok + j]
+                hv = Vw[ok0 + j]
+                gh = Aw[ok0 + j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
+                Aw[ok0 + j] = gh
+                Aw[oha + j] += (-gh)
+        elif op == 1005:  # mulc then add
+            ok0 = ok - u
+            ota = np.uint64(int(rows[k, 1])) * u
+            oha = np.uint64(int(rows[k - 1, 1])) * u
+            hc0 = rows[k - 1, 4]
+            for j in range(u):
+                g = Aw[ok + j]
+                Aw[ota + j] += g
+                gh = Aw[ok0 + j] + g
+                Aw[ok0 + j] = gh
+                Aw[oha + j] += (gh * hc0)
     for i in range(in_slots.shape[0]):
         oi = np.uint64(in_slots[i]) * u
         for j in range(u):

@@ -17,7 +17,7 @@ from . import _generated_replay as _g
 from ._generated_replay import (  # noqa: F401  (the entries, named from here)
     COMMON, HEADER, forward, reverse, reverse_multi, run_bound, run_bound_fused, run_fused,
     run_into)
-from .fuse import BASE
+from .fuse import BASE, batch_rows
 
 BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
 
@@ -148,29 +148,40 @@ _NO_SIGNAL = np.zeros(1, dtype=np.int64)  # run_block's signal where no worker w
 
 #: the form of ``run_block`` (``_g.run_block`` or ``_g.run_block_common``) of the rows a
 #: batch ran last, by their identity (with a weak reference to check it: an id is reused
-#: once its array is gone): ``common`` reads every row, 10 us at 9,000 rows. One tuple,
-#: replaced whole: a thread reads the three at once (a list changed in place could give it
-#: one program's id and another's form)
-_last_form = (None, None, None)  # (id, weak reference, form)
+#: once its array is gone), and the rows it runs (``fuse.batch_rows``): ``common`` reads
+#: every row, 10 us at 9,000 rows, and the pairs 0.1 ms. One tuple, replaced whole: a
+#: thread reads them at once (a list changed in place could give it one program's id and
+#: another's form)
+_last_form = (None, None, None, None)  # (id, weak reference, form, rows it runs)
+
+
+def batch_of(rows):
+    """``run_block``'s form for ``rows`` (of common ops only where ``common`` holds) and the
+    rows it runs: in that form, with the superinstructions of ``fuse.batch_rows``."""
+    global _last_form
+    key, ref, form, brows = _last_form
+    if key == id(rows) and ref() is rows:
+        return form, brows
+    if common(rows):
+        form, brows = _COMMON_FORM[_g.run_block], batch_rows(rows)
+    else:
+        form, brows = _g.run_block, rows
+    _last_form = id(rows), weakref.ref(rows), form, brows
+    return form, brows
 
 
 def form_of(rows):
-    """``run_block``'s form for ``rows``: of common ops only where ``common`` holds."""
-    global _last_form
-    key, ref, form = _last_form
-    if key == id(rows) and ref() is rows:
-        return form
-    form = _COMMON_FORM[_g.run_block] if common(rows) else _g.run_block
-    _last_form = id(rows), weakref.ref(rows), form
-    return form
+    """``run_block``'s form for ``rows`` (``batch_of``)."""
+    return batch_of(rows)[0]
 
 
 def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw, signal,
               number):
-    """The generated ``run_block`` in its form for ``rows`` (``form_of``): its arguments
-    and results."""
-    return form_of(rows)(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw,
-                         Aw, signal, number)
+    """The generated ``run_block`` in its form for ``rows`` (``batch_of``), of the rows
+    that form runs: its arguments and results."""
+    form, brows = batch_of(rows)
+    return form(brows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw,
+                signal, number)
 
 
 _compiled = set()  # the forms of run_block that have run in this process (compiled or loaded)
