@@ -192,7 +192,7 @@ def einsum(equation, *operands):
                 raise RuntimeError(f"einsum(): subscript {c} has size {n} for operand {i} "
                                    f"which does not broadcast with previously seen size "
                                    f"{seen}")
-            sizes[c] = builtins.max(seen, n)
+            sizes[c] = n if seen == 1 else seen  # (1 against 0 broadcasts to 0)
     terms = []
     for lab, op in zip(labels, operands):
         full = tuple(sizes[c] for c in lab)
@@ -268,7 +268,8 @@ def _polygamma_np(n, x):
             poly = -math.pi * np.polynomial.Polynomial([1.0, 0.0, 1.0]) * poly.deriv()
         xn = x[neg]
         with np.errstate(divide="ignore", invalid="ignore"):
-            c = np.cos(math.pi * xn) / np.sin(math.pi * xn)
+            fr = xn - np.rint(xn)  # (exact) cot(pi x) has period 1: near a pole, pi * x
+            c = np.cos(math.pi * fr) / np.sin(math.pi * fr)  # itself would lose digits
             pole = xn == np.floor(xn)  # poles at 0, -1, -2, ...: torch's +0 limit at 0, else nan
             refl = (-1) ** n * _polygamma_np(n, 1.0 - xn) - math.pi * poly(c)
         out = np.empty_like(x)
@@ -546,7 +547,21 @@ def _floor_function(name, np_fn):
 _FLOOR = {}
 
 
+def _remainder_np(a, b):
+    """torch's remainder: C's fmod, plus ``b`` where it is nonzero and its sign is not
+    ``b``'s; a zero keeps ``a``'s sign (NumPy's gives it ``b``'s: 1 / (x % y) was +inf where
+    torch's is -inf)."""
+    if a.dtype.kind != "f":
+        return np.remainder(a, b)
+    with np.errstate(invalid="ignore"):
+        m = np.fmod(a, b)
+        return np.where((m != 0) & ((b < 0) != (m < 0)), m + b, m)
+
+
 def _floor_op(name, np_fn, input, other):
+    if name == "fmod" and not isinstance(input, Tensor):
+        raise TypeError(f"fmod(): argument 'input' (position 1) must be Tensor, not "
+                        f"{type(input).__name__}")
     x, y, a, b = _floor_operands(input, other, name)
     if name == "remainder" and not isinstance(input, Tensor):
         name = "rremainder"  # a number % a tensor: torch has no derivative for it
@@ -573,7 +588,7 @@ def remainder(input, other):
     >>> (tapegrad.tensor([5., -5.]) % 3).tolist()
     [2.0, 1.0]
     """
-    return _floor_op("remainder", np.remainder, input, other)
+    return _floor_op("remainder", _remainder_np, input, other)
 
 
 def fmod(input, other):

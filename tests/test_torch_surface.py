@@ -159,3 +159,22 @@ def test_conversions_and_small_functions_as_torch():
         assert tuple(M.empty(2, device="cpu").shape) == (2,)
         with pytest.raises(TypeError):
             M.empty()
+
+
+def test_remainder_zero_keeps_the_sign_of_input_as_torch():
+    """torch's remainder is C's fmod plus ``other`` where they differ in sign: a zero keeps
+    ``input``'s sign (NumPy's takes ``other``'s, so 1 / (x % y) was +inf for torch's -inf)."""
+    a = np.array([-5.0, -0.0, 5.0, 0.0, 7.5, -7.5, -1e-300, 1e-300, -6.0])
+    b = np.array([2.5, 3.0, -2.5, -3.0, 2.0, 2.0, 3.0, -3.0, -3.0])
+    r = [(M.tensor(a) % M.tensor(b)).numpy() for M in (tapegrad, torch)]
+    _same(*r)
+    assert np.signbit(r[0]).tolist() == np.signbit(r[1]).tolist()
+    inv = [(1.0 / (M.tensor(a) % M.tensor(b))).numpy() for M in (tapegrad, torch)]
+    _same(*inv)
+
+
+def test_fmod_of_a_number_and_einsum_of_an_empty_dimension_as_torch():
+    for M in (tapegrad, torch):
+        with pytest.raises(TypeError):
+            M.fmod(2.5, M.ones(2))
+        assert tuple(M.einsum("i,i->i", M.ones(1), M.ones(0)).shape) == (0,)
