@@ -370,10 +370,17 @@ class _Running:
                 if st == 0:
                     outs[:, b], grads[:, b] = o, g
                     break
-            else:
+            else:  # re-traced at this sample (or raised): its variant runs it, and the
+                # loop goes on (running the batch again recursed once per such sample: a
+                # RecursionError for a batch of thousands of distinct float() guards)
                 self._no_variant(code, int(status[b]) - 1, [_host(a)[b] for a in xs],
                                  sample=b)
-                return self._run(xs, seeds, grad, select)
+                st, o, g = select(self._variants[-1]).run_fresh(xb, sb, grad)
+                if st != 0:
+                    raise GuardError(f"sample {b} of the batch fails the guards of the "
+                                     "program re-traced at it: the traced function does "
+                                     "not trace the same way twice at one input")
+                outs[:, b], grads[:, b] = o, g
         if outs_dev:
             outs, grads = self._cuda.to_device(outs), self._cuda.to_device(grads)
         return code, outs, grads, batch, as_tensor

@@ -322,3 +322,28 @@ def test_batch_samples_that_fail_a_guard_take_the_other_variants(monkeypatch):
     _same(g.ravel(), np.array([2.0, 0.0, 3.0, 0.0, 2.0, 0.0]))
     _same(prog(X[::-1]), np.array([4.0, 3.0, 2.0]))
     assert len(runs) == 2 and g.flags.c_contiguous
+
+
+def _valued(x):
+    return (x * x).sum() if float(x[0]) > 0 else x.cos().sum()
+
+
+def test_batch_samples_that_each_retrace_do_not_recurse():
+    """A float() guard holds at one value only, so each sample of a retrace=True batch
+    traces its own variant; the batch went on by running itself again, a recursion per
+    such sample (a RecursionError at about 330 samples). Each sample's numbers are eager's."""
+    import tapegrad as tg
+    X = np.random.default_rng(4).normal(size=(60, 3))
+    prog = tg.trace(_valued, np.array([0.5, 0.1, 0.2]), retrace=True)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(150)  # the old recursion needed about 3 frames per sample
+    try:
+        v, g = prog.value_and_grad(X)
+    finally:
+        sys.setrecursionlimit(limit)
+    for i in range(len(X)):
+        x = tg.tensor(X[i], requires_grad=True)
+        y = _valued(x)
+        (gx,) = tg.autograd.grad(y, x)
+        _same(np.array([v[i]]), np.array([y.item()]))
+        _same(g[i], gx.numpy())
