@@ -118,57 +118,13 @@ def rosen():
 def test_overlapping_pairs_fuse_every_other_one(rosen):
     rows, fused = rosen._code.rows, rosen._code.frows
     ops = fused[:, 0].astype(int)
-    leaves = ops >= fuse.LEAF_RUN  # the run of 12 leaves (below)
-    assert np.nonzero(leaves)[0].tolist() == [0, 11]
-    ops = np.where(leaves, 0, ops)
     heads = np.nonzero((ops >= fuse.BASE) & (ops % 2 == 0))[0]
     # (sub, powc), (mulc, add), (rsubc, powc) of each term; the first adds to 0.0 (addc)
     assert len(heads) == 3 * 11 - 1
     assert (ops[heads + 1] == ops[heads] + 1).all()  # each head, then its own tail
     assert ((ops >= fuse.BASE) & (ops % 2 == 1)).sum() == len(heads)
-    assert np.array_equal(fused[:, 1:5], rows[:, 1:5])  # no operand moved (no add swapped)
-    assert np.array_equal(fused[~leaves, 5], rows[~leaves, 5])
+    assert np.array_equal(fused[:, 1:], rows[:, 1:])  # no operand moved (no add swapped)
     assert (rows[:, 0] < fuse.BASE).all()
-
-
-def test_runs_of_leaves_are_marked_with_their_length():
-    """``fuse.LEAF_RUN``: runs of two leaves or more, first and last row, length in c1."""
-    from tapegrad.ops import BY_NAME
-    leaf, add = BY_NAME["leaf"].code, BY_NAME["add"].code
-    ops = [leaf, leaf, leaf, add, leaf, add, leaf, leaf, add]
-    rows = np.zeros((len(ops), 6))
-    rows[:, 0] = ops
-    rows[:, 4] = np.arange(len(ops))
-    fuse._leaf_runs(rows, rows[:, 0] == leaf)
-    assert rows[:, 0].tolist() == [fuse.LEAF_RUN, leaf, fuse.LEAF_RUN + 1, add, leaf, add,
-                                   fuse.LEAF_RUN, fuse.LEAF_RUN + 1, add]
-    assert rows[:, 5].tolist() == [3, 0, 3, 0, 0, 0, 2, 2, 0]
-    assert rows[:, 4].tolist() == list(range(len(ops)))  # the inputs' indices kept
-
-
-@pytest.mark.parametrize("at", [0, 2, 4])
-def test_a_gradient_from_an_output_inside_a_run_of_leaves(at):
-    """An output that is an input (a leaf at the run's first, a middle or its last row):
-    the reverse sweep starts inside the run, and leaves it (no rule) with the gradient of
-    rows as traced and torch's; a branch's comparison (a rare op) runs the form of any rows,
-    whose shared switch the run's rows never reach."""
-    def fn(M, x):
-        if ((x[1] - x[3]) ** 2).sum() > 0.0:
-            return x[at] * 1.0
-        return x[at] * 2.0
-    x = np.linspace(0.2, 1.0, 5)
-    with fusion(True):
-        P = tg.trace(lambda x: fn(tg, x), x)
-        got = P.value_and_grad(x)
-        rows = P._code.frows
-    assert rows[0, 0] == fuse.LEAF_RUN and rows[4, 0] == fuse.LEAF_RUN + 1
-    assert not replay_cpu.common(rows)  # (gt: the form of any rows)
-    with fusion(False):
-        want = tg.trace(lambda x: fn(tg, x), x).value_and_grad(x)
-    assert got[0] == want[0] and np.array_equal(got[1], want[1])
-    xt = torch.tensor(x, requires_grad=True)
-    (g,) = torch.autograd.grad(fn(torch, xt), xt)
-    np.testing.assert_array_equal(got[1], g.numpy())
 
 
 def test_few_pairs_run_the_rows_as_traced():
@@ -182,8 +138,7 @@ def test_few_pairs_run_the_rows_as_traced():
     with fusion(True):
         Q = tg.trace(fn, x)
         assert Q.value_and_grad(x)[0] == v and np.array_equal(Q.grad(x), g)
-    ops = Q._code.frows[:, 0]
-    assert ((ops >= fuse.BASE) & (ops < fuse.LEAF_RUN)).sum() == 2  # one pair (sub, powc)
+    assert (Q._code.frows[:, 0] >= fuse.BASE).sum() == 2  # one pair (sub, powc)
 
 
 def test_other_interpreters_and_files_get_the_rows_as_traced(rosen, tmp_path):

@@ -6,7 +6,7 @@ import pathlib
 
 from ._codegen_emit import (
     CUDA, REPLAY_MULTI, REPLAY_ONE, _replay_ops, dispatch, dispatch_pairs)
-from .fuse import LEAF_RUN, PAIRS
+from .fuse import PAIRS
 
 # --- traced-program interpreters ------------------------------------------------------------
 # A traced program is a matrix of scalar rows (opcode, a, b, c, c0, c1) with absolute slots:
@@ -242,23 +242,6 @@ COMMON = np.array({common}, dtype=np.bool_)
 '''
 
 
-# a run of leaves in fused rows (``fuse.LEAF_RUN``: its length in column c1 of its first and
-# last rows): the forward copies its inputs in one branch, the reverse (leaves have no rule)
-# jumps from its last row past its first; its first row's own branch keeps a sweep that
-# starts at an output inside the run from the shared switch (whose tables end below it)
-LEAF_RUN_FORWARD = '''        elif op == {head}:  # a run of leaves
-            m = np.uint64(int(rows[k, 5]))
-            for t in range(m):
-                v[k + t] = x[int(rows[k + t, 4])]
-            kk += int(m) - 1
-'''
-LEAF_RUN_REVERSE = '''        elif op == {tail}:  # a run of leaves (no rule): past its first row
-            kk -= int(rows[k, 5]) - 1
-        elif op == {head}:  # (a sweep that started inside the run, at an output leaf)
-            kk -= 0
-'''
-
-
 def _one_sweeps(looped, pairs, own, fail, shared=True):
     """The branches of one sample's forward and reverse loops: the common ops', the
     superinstructions' (``pairs``), and (``shared``) the rare ops' through the shared
@@ -266,12 +249,8 @@ def _one_sweeps(looped, pairs, own, fail, shared=True):
     fwd = [FORWARD_START.replace("{fail}", fail)]
     fwd += dispatch(looped, REPLAY_ONE, forward=True, first=False)
     fwd += dispatch_pairs(pairs, REPLAY_ONE, forward=True)
-    if pairs:  # (the fused rows' runs of leaves: ``fuse.LEAF_RUN``)
-        fwd.append(LEAF_RUN_FORWARD.format(head=LEAF_RUN))
     rev = dispatch(looped, REPLAY_ONE)
     rev += dispatch_pairs(pairs, REPLAY_ONE)
-    if pairs:
-        rev.append(LEAF_RUN_REVERSE.format(tail=LEAF_RUN + 1, head=LEAF_RUN))
     if shared:
         fwd.append(SHARED_ONE_FORWARD.replace("{own}", own))
         rev.append(SHARED_ONE_REVERSE.replace("{own}", own))

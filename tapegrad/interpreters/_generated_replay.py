@@ -366,11 +366,6 @@ def run_fused(rows, work, res):
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
             kk += 1
-        elif op == 1008:  # a run of leaves
-            m = np.uint64(int(rows[k, 5]))
-            for t in range(m):
-                v[k + t] = x[int(rows[k + t, 4])]
-            kk += int(m) - 1
         elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -537,10 +532,6 @@ def run_fused(rows, work, res):
             adj[np.uint64(iha)] += (gh * hb)
             adj[np.uint64(ihb)] += (gh * ha)
             kk -= 1
-        elif op == 1009:  # a run of leaves (no rule): past its first row
-            kk -= int(rows[k, 5]) - 1
-        elif op == 1008:  # (a sweep that started inside the run, at an output leaf)
-            kk -= 0
         elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]
             ia = int(rows[k, 1])
@@ -934,11 +925,6 @@ def run_fused_common(rows, work, res):
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
             kk += 1
-        elif op == 1008:  # a run of leaves
-            m = np.uint64(int(rows[k, 5]))
-            for t in range(m):
-                v[k + t] = x[int(rows[k + t, 4])]
-            kk += int(m) - 1
         kk += 1
     for i in range(nout):
         res[i] = v[int(work[slots + i])]
@@ -1099,10 +1085,6 @@ def run_fused_common(rows, work, res):
             adj[np.uint64(iha)] += (gh * hb)
             adj[np.uint64(ihb)] += (gh * ha)
             kk -= 1
-        elif op == 1009:  # a run of leaves (no rule): past its first row
-            kk -= int(rows[k, 5]) - 1
-        elif op == 1008:  # (a sweep that started inside the run, at an output leaf)
-            kk -= 0
         kk -= 1
     for i in range(nin):
         res[nout + i] = adj[int(work[slots + nout + i])]

@@ -22,13 +22,6 @@ COMMUTATIVE = ("add", "mul")
 #: every registry opcode; only the one-sample ``forward`` and ``reverse`` know them)
 BASE = 1000
 
-#: a run of at least two leaves in fused rows (each input element's row: a program's first
-#: rows), run as one branch: its first row's opcode ``LEAF_RUN``, its last row's
-#: ``LEAF_RUN + 1``, both with the run's length in column c1 (which leaves do not use). The
-#: forward copies the run's inputs in one loop (a dispatch a leaf before: 1,000 of n=1000
-#: Rosenbrock's 8,992 rows), the reverse jumps over it (leaves have no rule)
-LEAF_RUN = BASE + 2 * len(PAIRS)
-
 #: False: the one-sample entry runs the rows as traced (tests force both forms)
 ENABLED = True
 
@@ -88,19 +81,7 @@ def fuse(rows):
     out[heads + 1, 0] = BASE + 2 * which[chosen] + 1
     s = heads[swap[chosen]] + 1
     out[s, 1], out[s, 2] = rows[s, 2], rows[s, 1]
-    _leaf_runs(out, op == BY_NAME["leaf"].code)
     return out
-
-
-def _leaf_runs(out, leaf):
-    """Mark the runs of at least two leaves (``leaf``: which rows are) of fused rows ``out``
-    as ``LEAF_RUN``s, in place."""
-    edges = np.diff(np.concatenate(([0], leaf.astype(np.int8), [0])))
-    first, end = np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]
-    long = end - first >= 2
-    first, end = first[long], end[long]
-    out[first, 0], out[end - 1, 0] = LEAF_RUN, LEAF_RUN + 1
-    out[first, 5] = out[end - 1, 5] = end - first
 
 
 #: the pairs of ``PAIRS`` a batch runs as superinstructions (the others' rows as traced):
@@ -125,7 +106,6 @@ def batch_rows(rows):
     out = fuse(rows)
     if out is rows:
         return rows
-    from ..ops import BY_NAME
     # pairs not in BATCH_PAIRS, and a powc tail other than a square
     # (``_codegen_batch._square``): both rows as traced (a swapped tail's operands too)
     for i, pair in enumerate(PAIRS):
@@ -136,7 +116,4 @@ def batch_rows(rows):
             continue
         t = np.nonzero(t)[0]
         out[t], out[t - 1, 0] = rows[t], rows[t - 1, 0]
-    run = out[:, 0] >= LEAF_RUN
-    out[run, 0] = BY_NAME["leaf"].code
-    out[run, 5] = rows[run, 5]
     return out
