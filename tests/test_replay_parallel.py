@@ -404,24 +404,38 @@ def test_the_counts_say_what_the_batches_did(progs, monkeypatch):
 
 def test_a_batch_that_lost_time_pauses_the_threads_until_its_loss_is_small(monkeypatch):
     """``_judge``: a batch that paid ends the pause; one that did not pay but lost nothing
-    pauses for 1, 2, 4 ... batches; one that took longer than the serial batch would have
-    pauses long enough that its loss is ``LOSS`` of the time the pause runs (up to
-    ``LOSS_MAX`` batches)."""
+    pauses for 1, 2, 4 ... batches; one that took longer than the serial batch would have,
+    right after another miss, pauses long enough that its loss is ``LOSS`` of the time the
+    pause runs (up to ``LOSS_MAX`` batches); a lone stall among batches that paid pauses
+    for one batch."""
     monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+    monkeypatch.setattr(replay_cpu, "_tries", [0])
+    monkeypatch.setattr(replay_cpu, "WARM_TRIES", 2)
+    replay_cpu._judge(1.5, 1.0)  # the first tries: misses, not losses
+    replay_cpu._judge(1.5, 1.0)
+    assert replay_cpu._pause == [2, 2]
+    replay_cpu._pause[:] = [0, 0]
     monkeypatch.setattr(replay_cpu, "LOSS", 0.05)
     monkeypatch.setattr(replay_cpu, "LOSS_MAX", 100)
     replay_cpu._judge(1.0, 1.0)  # no faster, no slower
     assert replay_cpu._pause == [1, 1]
     replay_cpu._judge(0.5, 1.0)
     assert replay_cpu._pause == [1, 0]  # (the pause running ends; no next one)
-    replay_cpu._judge(1.5, 1.0)  # 0.5 lost: 10 batches of 1.0 at 5%
-    assert replay_cpu._pause == [10, 1]
+    replay_cpu._judge(30.0, 1.0)  # a lone stall after a batch that paid: one batch
+    assert replay_cpu._pause == [1, 1]
+    replay_cpu._judge(0.5, 1.0)
+    replay_cpu._judge(1.0, 1.0)
+    replay_cpu._judge(1.5, 1.0)  # 0.5 lost after a miss: 10 batches of 1.0 at 5%
+    assert replay_cpu._pause == [10, 2]
+    replay_cpu._pause[1] = 1
     replay_cpu._judge(1.5, 1.0)
     assert replay_cpu._pause == [10, 2]
+    replay_cpu._judge(1.5, 1.0, woken=True)  # a worker's wake-up: a miss, not a loss
+    assert replay_cpu._pause == [4, 4]
     replay_cpu._judge(50.0, 1.0)
-    assert replay_cpu._pause == [100, 4]  # (at most LOSS_MAX)
+    assert replay_cpu._pause == [100, 8]  # (at most LOSS_MAX)
     replay_cpu._judge(1.0, 0.0)  # (no CPU time measured: no loss computed)
-    assert replay_cpu._pause == [8, 8]
+    assert replay_cpu._pause == [16, 16]  # (at most PAUSE_MAX)
 
 
 
