@@ -985,6 +985,20 @@ def _grid_span(s0, strides, shape):
     return s0, s0 + sum((m - 1) * t for t, m in zip(strides, shape))
 
 
+def _run_of(rows, h, kind):
+    """The heads of the consecutive instructions of ``kind`` from ``h`` on whose head and
+    meta rows carry ``h``'s shape columns (4 and 5), and the row after the last of them."""
+    nr = rows.shape[0]
+    hs = [h]
+    key = rows[h, 4:6].tolist() + rows[h + 1:h + META + 1, 4:6].ravel().tolist()
+    while hs[-1] + 2 * (META + 1) <= nr and rows[hs[-1] + META + 1, 0] == kind:
+        e = hs[-1] + META + 1
+        if rows[e, 4:6].tolist() + rows[e + 1:e + META + 1, 4:6].ravel().tolist() != key:
+            break
+        hs.append(e)
+    return hs, hs[-1] + META + 1
+
+
 def _ew_group(rows, h, at):
     """((row after, (GRP, op, (C, g, n), the operands' (first slot, strides) or None, c0,
     c1, the gradients' (index, first slot, strides), whether the reverse runs in NumPy,
@@ -1007,15 +1021,7 @@ def _ew_group(rows, h, at):
     op = OPS[code]
     if op.name not in TRANSCENDENTAL and op.name not in NP_RULES or min(st) < 0:
         return None, h
-    nr = rows.shape[0]
-    hs = [h]
-    key = rows[h, 4:6].tolist() + rows[h + 1:h + META + 1, 4:6].ravel().tolist()
-    while hs[-1] + 2 * (META + 1) <= nr and rows[hs[-1] + META + 1, 0] == ARR:
-        e = hs[-1] + META + 1
-        if rows[e, 4:6].tolist() + rows[e + 1:e + META + 1, 4:6].ravel().tolist() != key:
-            break
-        hs.append(e)
-    seen = hs[-1] + META + 1
+    hs, seen = _run_of(rows, h, ARR)
     G = len(hs)
     if G < 2 or G * n < NUMPY_MIN.get(op.name, 1 << 62):
         return None, seen
@@ -1146,15 +1152,7 @@ def _red_group(rows, h, at):
     if int(rows[h + 1, 5]) != ADD:
         return None, h
     n, _, (sa, sb, ta, tb, L) = info(rows, h)
-    nr = rows.shape[0]
-    hs = [h]
-    key = rows[h, 4:6].tolist() + rows[h + 1:h + META + 1, 4:6].ravel().tolist()
-    while hs[-1] + 2 * (META + 1) <= nr and rows[hs[-1] + META + 1, 0] == RED:
-        e = hs[-1] + META + 1
-        if rows[e, 4:6].tolist() + rows[e + 1:e + META + 1, 4:6].ravel().tolist() != key:
-            break
-        hs.append(e)
-    seen = hs[-1] + META + 1
+    hs, seen = _run_of(rows, h, RED)
     G = len(hs)
     if G < 2 or L < 2 or G * n * L < NUMPY_RED_MIN or min(sa, ta) < 0:
         return None, seen
