@@ -528,8 +528,9 @@ def entry(rows, work):
     firsts = _first_operands(rows, back, out)
     mm_firsts = _mm_first(rows, back, out)
     rg_firsts = _rgrp_first(rows, back, out)
+    back, shifts = _exp_shift(rows, back, out, sets)
     live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
-                 + list(mm_firsts.values()) + list(rg_firsts.values()))
+                 + list(mm_firsts.values()) + list(rg_firsts.values()) + shifts)
     if p and (ins == ins[0] + np.arange(p)).all():
         # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
         # not a gather (1 ms of lse's gradient at n = 640,000)
@@ -597,6 +598,11 @@ def entry(rows, work):
                     rrv(rows, v, adj, r, k, lo)
                 elif type(kind) is tuple and kind[0] is ASSIGN:
                     _red_assign(rows, r, k, adj)
+                elif type(kind) is tuple and kind[0] is EXPSUB:
+                    with np.errstate(all="ignore"):
+                        _exp_shift_reverse(kind, v, adj)
+                        _np_reverse(kind[1], rows, kind[2], kind[3], v, adj,
+                                    firsts.get(kind[2], ()))
                 elif type(kind) is tuple:
                     with np.errstate(all="ignore"):
                         if kind[0] is GRP:
@@ -1520,6 +1526,79 @@ def _red_assign(rows, h, k, adj):
     o = k + n * (L - 2)  # (the outputs after the chains of L - 1 adds)
     a = int(rows[h, 1])
     adj[a:a + n * L].reshape(n, L)[...] = (adj[o:o + n] + 0.0)[:, None]
+
+
+#: (the reverse plan's mark of a sum of exps of a shift, ``_exp_shift``)
+EXPSUB = "expsub"
+
+
+def _exp_shift(rows, back, out, sets):
+    """The reverse plan with each sum of ``exp(x - a)`` (lse's, softmax's: a sum that writes
+    its terms' adjoints, ``_first_writers``, of an exp instruction whose operand is the
+    elementwise ``sub`` just before it, run in NumPy, ``_np_reversible``) as one step
+    (``_exp_shift_reverse``), and the shifts' adjoints [start, stop), which that step
+    writes and does not add to, so they are not zeroed. The exps' adjoints (each ``0.0 +
+    g``) are neither stored nor read back: 640,000 of each in lse's gradient."""
+    res, shifts, i = [], [], 0
+    heads = None
+    while i < len(back):
+        step = back[i]
+        if i + 2 < len(back) and type(step[3]) is tuple and step[3][0] is ASSIGN:
+            fused = _exp_shift_step(rows, back[i:i + 3], out, sets, heads)
+            heads = fused[1]
+            if fused[0] is not None:
+                res.append((step[0], step[1], step[2], fused[0]))
+                shifts.append((fused[0][3], fused[0][3] + fused[0][5] * fused[0][6]))
+                i += 3
+                continue
+        res.append(step)
+        i += 1
+    return res, shifts
+
+
+def _exp_shift_step(rows, steps, out, sets, heads):
+    """(EXPSUB, sub's op, its first row, its first slot, the exps' first slot, the sum's
+    outputs n, terms L each, its outputs' first slot) for the three reverse steps
+    ``steps`` (the sum's, the exp's, the shift's) when they are such a sum, else None;
+    and ``heads`` (computed once)."""
+    (s, _, _, _), (re, ke, e, kind_e), (b, kb, b2, op) = steps
+    if kind_e is not None or op is None or type(op) is tuple or op is RED \
+            or op.name != "sub" or b2 != b or s not in sets:
+        return None, heads
+    if rows[e, 0] != ARR or rows[b, 0] != ARR or e != b + META + 1 or re != e + META:
+        return None, heads
+    n, code, st = info(rows, e)
+    if OPS[code].name != "exp" or st[0] != 1 or int(rows[e, 1]) != kb \
+            or int(rows[b + 1, 4]) != n or not _np_reversible(rows, b):
+        return None, heads
+    ke0 = ke - n + 1  # (the exp's first slot: the step names its last)
+    ns, _, (sa, _, ta, _, L) = info(rows, s)
+    if int(rows[s + 1, 5]) != ADD or ta != 1 or (sa != L and ns != 1) \
+            or int(rows[s, 1]) != ke0 or ns * L != n:
+        return None, heads
+    outs = np.asarray(out)
+    if ((outs >= kb) & (outs < kb + n)).any():
+        return None, heads
+    heads = heads_of(rows) if heads is None else heads
+    # the shift read by its exp alone: its adjoint gets the exp's rule and nothing else
+    if _read_after(rows, e + META + 1, kb, kb + n, heads):
+        return None, heads
+    o = int(row_slots(rows)[0][s]) + ns * (L - 2)  # (the sum's outputs, _red_assign's)
+    return (EXPSUB, OPS[int(rows[b + 1, 5])], b, kb, ke0, ns, L, o), heads
+
+
+def _exp_shift_reverse(step, v, adj):
+    """The shift's adjoints of a sum of exps (``_exp_shift``): the exp's rule ``g * out``
+    of each exp's adjoint ``0.0 + g`` (the sum's rule), added to the zeroed shift's
+    adjoints (``0.0 + t``), as the sum's assignment and the compiled exp rule compute
+    them, to the bit, in two passes that store none of the exps' adjoints; the shift's
+    own rule then runs on them (``_np_reverse``)."""
+    _, _, _, kb, ke, ns, L, o = step
+    n = ns * L
+    t = adj[kb:kb + n]
+    np.multiply(v[ke:ke + n].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
+                out=t.reshape(ns, L))
+    np.add(0.0, t, out=t)
 
 
 def _live(rows, nslots, assigned=()):
