@@ -26,7 +26,8 @@ def sums(M, x):
 
 def aliased(M, x):
     """Heads read by other rows too, tails whose other operand is the head's operand,
-    squares as mul heads, powc exponents 3, 0.5 and -0.0."""
+    squares as mul heads, powc exponents 3, 0.5 and -0.0, sub and add of one row twice
+    (their reverse's two sliced operands are one row)."""
     f = 0.0
     for i in range(x.shape[0] - 1):
         a, b = x[i], x[i + 1]
@@ -40,6 +41,7 @@ def aliased(M, x):
         f = f + w + u * w                            # mul -> add, w read again
         f = f + (9.0 - a) ** 0.5                      # rsubc -> powc(0.5)
         f = f + (b - a) ** -0.0
+        f = f + (a - a) ** 2 + (b + b)               # one row as both operands: same slices
     return f
 
 

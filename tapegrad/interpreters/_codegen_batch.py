@@ -43,10 +43,13 @@ SIGNED_REVERSE = '''        if op == {add} or op == {sub}:  # add, sub: g to a, 
             s = 1.0 if op == {add} else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
+            Aok = Aw[ok:ok + u]
+            Aoa = Aw[oa:oa + u]
+            Aob = Aw[ob:ob + u]
             for j in range(u):
-                g = Aw[ok + j]
-                Aw[oa + j] += g
-                Aw[ob + j] += s * g
+                g = Aok[j]
+                Aoa[j] += g
+                Aob[j] += s * g
         elif op == {neg} or op == {addc} or op == {rsubc}:  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == {addc} else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
@@ -290,7 +293,23 @@ def _pair_reverse(head, tail, p):
             e = exprs.get(p)
             inner += ["gh = Aw[ok0 + j]" + ("" if e is None else f" + {_renamed(e, names)}"),
                       "Aw[ok0 + j] = gh"]
+    pre, inner = _sliced(pre, inner)
     return _square(tail, _loops(pre, inner, [x for x in inner if "==" in x]))
+
+
+_FLAT = re.compile(r"\b([AV])w\[(\w+) \+ j\]")
+
+
+def _sliced(pre, inner):
+    """``pre`` and ``inner`` with the rows ``inner`` reads and writes at flat offsets
+    (``Aw[oa + j]``) read through slices (``Aoa = Aw[oa:oa + u]``, then ``Aoa[j]``)."""
+    views = []
+    for x in inner:
+        for m in _FLAT.finditer(x):
+            if m.groups() not in views:
+                views.append(m.groups())
+    pre = pre + [f"{b}{o} = {b}w[{o}:{o} + u]" for b, o in views]
+    return pre, [_FLAT.sub(r"\1\2[j]", x) for x in inner]
 
 
 def _square(tail, lines):

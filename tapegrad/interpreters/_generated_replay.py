@@ -1729,10 +1729,13 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             s = 1.0 if op == 35 else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
+            Aok = Aw[ok:ok + u]
+            Aoa = Aw[oa:oa + u]
+            Aob = Aw[ob:ob + u]
             for j in range(u):
-                g = Aw[ok + j]
-                Aw[oa + j] += g
-                Aw[ob + j] += s * g
+                g = Aok[j]
+                Aoa[j] += g
+                Aob[j] += s * g
         elif op == 3 or op == 26 or op == 28:  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == 26 else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
@@ -2035,10 +2038,13 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             s = 1.0 if op == 35 else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
+            Aok = Aw[ok:ok + u]
+            Aoa = Aw[oa:oa + u]
+            Aob = Aw[ob:ob + u]
             for j in range(u):
-                g = Aw[ok + j]
-                Aw[oa + j] += g
-                Aw[ob + j] += s * g
+                g = Aok[j]
+                Aoa[j] += g
+                Aob[j] += s * g
         elif op == 3 or op == 26 or op == 28:  # neg, addc, rsubc: s * g to a
             s = 1.0 if op == 26 else -1.0
             oa = np.uint64(int(rows[k, 1])) * u
@@ -2140,34 +2146,47 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             tc0 = rows[k, 4]
             oha = np.uint64(int(rows[k - 1, 1])) * u
             ohb = np.uint64(int(rows[k - 1, 2])) * u
+            Aok = Aw[ok:ok + u]
+            Vok0 = Vw[ok0:ok0 + u]
+            Aok0 = Aw[ok0:ok0 + u]
+            Aoha = Aw[oha:oha + u]
+            Aohb = Aw[ohb:ohb + u]
             for j in range(u):
-                g = Aw[ok + j]
-                hv = Vw[ok0 + j]
-                gh = Aw[ok0 + j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
-                Aw[ok0 + j] = gh
-                Aw[oha + j] += gh
-                Aw[ohb + j] += (-gh)
+                g = Aok[j]
+                hv = Vok0[j]
+                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
+                Aok0[j] = gh
+                Aoha[j] += gh
+                Aohb[j] += (-gh)
         elif op == 1003:  # rsubc then powc
             ok0 = ok - u
             tc0 = rows[k, 4]
             oha = np.uint64(int(rows[k - 1, 1])) * u
+            Aok = Aw[ok:ok + u]
+            Vok0 = Vw[ok0:ok0 + u]
+            Aok0 = Aw[ok0:ok0 + u]
+            Aoha = Aw[oha:oha + u]
             for j in range(u):
-                g = Aw[ok + j]
-                hv = Vw[ok0 + j]
-                gh = Aw[ok0 + j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
-                Aw[ok0 + j] = gh
-                Aw[oha + j] += (-gh)
+                g = Aok[j]
+                hv = Vok0[j]
+                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
+                Aok0[j] = gh
+                Aoha[j] += (-gh)
         elif op == 1005:  # mulc then add
             ok0 = ok - u
             ota = np.uint64(int(rows[k, 1])) * u
             oha = np.uint64(int(rows[k - 1, 1])) * u
             hc0 = rows[k - 1, 4]
+            Aok = Aw[ok:ok + u]
+            Aota = Aw[ota:ota + u]
+            Aok0 = Aw[ok0:ok0 + u]
+            Aoha = Aw[oha:oha + u]
             for j in range(u):
-                g = Aw[ok + j]
-                Aw[ota + j] += g
-                gh = Aw[ok0 + j] + g
-                Aw[ok0 + j] = gh
-                Aw[oha + j] += (gh * hc0)
+                g = Aok[j]
+                Aota[j] += g
+                gh = Aok0[j] + g
+                Aok0[j] = gh
+                Aoha[j] += (gh * hc0)
     for i in range(in_slots.shape[0]):
         oi = np.uint64(in_slots[i]) * u
         for j in range(u):
