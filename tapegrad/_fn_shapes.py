@@ -312,8 +312,9 @@ def _view_aux(index, shape):
 def _aliased(res, x, kind, arg):
     """``res`` is a view of ``x`` (``kind`` and ``arg`` make it from ``x``, see
     ``_derive``): it shares ``x``'s memory, as torch's views do."""
-    if res is not x and isinstance(res._d, np.ndarray) and isinstance(x._d, np.ndarray) \
-            and np.shares_memory(res._d, x._d):
+    if res is not x and isinstance(x._d, np.ndarray) and (
+            isinstance(res._d, np.ndarray) and np.shares_memory(res._d, x._d)
+            or res._d.__class__ is _pyfloat and x._d.size == 1):  # a 0-d view: a float here
         _register(x, res, arg, kind)
     return res
 

@@ -567,3 +567,33 @@ def detach_of_a_tensor_still_in_use(L):
 
 def test_detach_of_a_tensor_still_in_use_is_written_through_to_it():
     _same(detach_of_a_tensor_still_in_use)
+
+
+def test_writes_into_0d_views_reach_their_base():
+    """A 0-d view (reshape(()), squeeze() of one element) holds a float, not an array view:
+    its writes were lost (review8); it is registered on its base as the other views are."""
+    def case(L):
+        b = L.tensor([1.0, 2.0]) * 1
+        b[0:1].squeeze().add_(10.0)
+        c = L.tensor([3.0]) * 1
+        c.reshape(()).mul_(2.0)
+        a = L.tensor([[1.0, 2.0]], requires_grad=True)
+        w = L.tensor(5.0, requires_grad=True)
+        d = a * 1
+        d[:, 1].squeeze(0).add_(w)
+        loss = (d * d).sum()
+        return [b, c, d, loss] + _grads(L, loss, (a, w))
+    _same(case)
+
+    def chain(L):
+        a = L.tensor(np.arange(12.0).reshape(3, 4), requires_grad=True)
+        w = L.tensor(5.0, requires_grad=True)
+        b = a * 1
+        s = b[1::2]
+        c = s[:, 1]
+        f = c.reshape(-1)
+        q = f.squeeze(0)
+        q.add_(w)
+        loss = (b * b).sum() + (s * s).sum() + (c * c).sum() + (f * f).sum() + q * q
+        return [b, s, c, f, q, loss] + _grads(L, loss, (a, w))
+    _same(chain)
