@@ -266,7 +266,10 @@ Tensor.reshape = _reshape_method
 
 def _view_method(self, *shape):
     a = self._d
-    if a.__class__ is np.ndarray and not a.flags.c_contiguous:
+    # a view's layout is torch's (transpose, permute, expand, slices); other results' are
+    # NumPy's (a ufunc of an expanded input may come out in Fortran order): reshape there
+    if a.__class__ is np.ndarray and not a.flags.c_contiguous \
+            and getattr(self, "_alias", None) is not None:
         try:  # torch's view never copies: refuse where reshape would
             a.view().shape = _shape_arg(shape)
         except AttributeError:

@@ -597,3 +597,19 @@ def test_writes_into_0d_views_reach_their_base():
         loss = (b * b).sum() + (s * s).sum() + (c * c).sum() + (f * f).sum() + q * q
         return [b, s, c, f, q, loss] + _grads(L, loss, (a, w))
     _same(chain)
+
+
+def test_view_of_a_clone_of_an_expanded_tensor_as_torch():
+    """torch's clone of an expanded (overlapping) tensor is contiguous, so .view works; the
+    differential harness's slow tier found view() refusing it (NumPy's copy kept a Fortran
+    order), and a view of an op result whose layout NumPy chose is reshaped."""
+    def case(L):
+        x = L.tensor([[1.0, 2.0, 3.0, 4.0]], requires_grad=True)
+        v = L.clone(x.expand((2, 4))).view((8,))
+        w = (x.expand((2, 4)) * 2.0).view(-1)
+        y = (v * w).sum()
+        return [v, w, y] + _grads(L, y, (x,))
+    _same(case)
+    for L in (tg, torch):  # a transposed view still refuses, as torch
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            L.ones(2, 3).T.view(-1)

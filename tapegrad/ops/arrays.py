@@ -187,7 +187,9 @@ def _outer_batch(values, out, g, aux, B):
 
 
 # --- shapes -----------------------------------------------------------------------------------
-register("clone", UNARY, py=lambda a: a, np=lambda a: np.array(a, copy=True), nb="{a}",
+register("clone", UNARY, py=lambda a: a, np=lambda a: np.array(  # torch: an expanded
+    a, copy=True, order="C" if 0 in np.shape(a) or 0 in np.asarray(a).strides else "K"),
+    nb="{a}",  # (overlapping) tensor's clone is contiguous, a dense one keeps its strides
          torch="clone", vjp=lambda F, g, a, out: (g,), saves=False, api=("clone",), method=True)
 register("reshape", A, np=lambda a, aux: np.reshape(a, aux[0]), torch="reshape", saves=False,
          vjp=lambda F, g, v, out, aux: (F.reshape(g, (aux[1], aux[0])),),
