@@ -6,7 +6,7 @@ import weakref
 
 import numpy as np
 
-from ._fn_elementwise import _t, _tn
+from ._fn_elementwise import _t, _tn, clone
 from .ops import ARRAY, OPS, ROW
 from .ops import BY_NAME as _O
 from .tape import STATE, bump
@@ -680,6 +680,14 @@ def _write_back(t):
         new = permute(t, tuple(int(i) for i in np.argsort(arg)))
     if new.dtype is not base.dtype:
         new = _to_dtype(new, base.dtype.np)
+    old = base._d
+    if new._d.__class__ is np.ndarray and old.__class__ is np.ndarray \
+            and old.flags.c_contiguous and not new._d.flags.c_contiguous:
+        # the base keeps its layout, as torch's storage does: as a view of t's new array
+        # (t.T written by t.copy_) a later reshape of t gave a view of the base where
+        # torch's copies (t is not contiguous), and its writes reached the base
+        new = clone(new)
+        new._d = np.ascontiguousarray(new._d)
     _rebind(base, new)
     _write_back(base)
 

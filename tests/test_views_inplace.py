@@ -613,3 +613,20 @@ def test_view_of_a_clone_of_an_expanded_tensor_as_torch():
     for L in (tg, torch):  # a transposed view still refuses, as torch
         with pytest.raises(RuntimeError, match="view size is not compatible"):
             L.ones(2, 3).T.view(-1)
+
+
+def test_a_base_written_through_its_transposed_view_keeps_its_layout():
+    """``t = b.T; t.copy_(v)``: b's array became a view of t's new one, so ``t.reshape(-1)``
+    (a copy in torch: t is not contiguous) was a view of b, and its writes reached b
+    (review8)."""
+    def case(L):
+        a = L.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+        w = L.tensor(2.0, requires_grad=True)
+        b = a * 1
+        t = b.T
+        t.copy_(w * a.detach().T)
+        f = t.reshape(-1)
+        f.unsqueeze(0).mul_(10.0)
+        loss = (b * b).sum() + (f * f).sum()
+        return [b, t, f, loss] + _grads(L, loss, (a, w))
+    _same(case)
