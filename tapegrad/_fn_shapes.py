@@ -456,6 +456,16 @@ def _rebase(v):
         v._ver = base._ver if np.shares_memory(v._d, d) else [0]
     v._sid = -1
     tr = STATE.trace
+    if tr is not None and kind == "detach" and not arg and tr.ref(v) is not None:
+        # a traced detach of base, recorded again from base's new value (replay read the
+        # value before the write: a wrong number, review8)
+        t = tr.on_detach(_plain(v._d), base)
+        if tr.ref(t) is not None:
+            v._tape, v._sid, v._slot = t._tape, t._sid, t._slot
+            tr.refs[id(v)] = (v, tr.ref(t))
+            tr.detached.add(id(v))
+            _rederive(v)
+            return
     if tr is not None:
         tr.written(v, base, "an in-place change of a view's base")
     if v._tape is not None:  # the view keeps its history, as torch's (see _keep_on_tape)

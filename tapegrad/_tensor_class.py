@@ -297,6 +297,10 @@ class Tensor:
     def detach(self):
         d = self._d
         t = _plain(d)
+        tr = STATE.trace
+        if tr is not None:  # tracing: the value is recomputed at replay, without gradient
+            t = tr.on_detach(t, self)  # (the tensor returned is the one registered below:
+            # a write into self after this derives it again, recorded: _fn_shapes._rebase)
         if d.__class__ is not _pyfloat:
             t._ver = self._ver  # shares memory, and so the version counter
             if not self._rg or self._tape is not None or \
@@ -305,9 +309,6 @@ class Tensor:
                 # grad is only ever written in place: t shares its array)
                 from ._fn_shapes import _register_detach
                 _register_detach(self, t)
-        tr = STATE.trace
-        if tr is not None:  # tracing: the value is recomputed at replay, without gradient
-            return tr.on_detach(t, self)
         return t
 
     def detach_(self):

@@ -630,3 +630,25 @@ def test_a_base_written_through_its_transposed_view_keeps_its_layout():
         loss = (b * b).sum() + (f * f).sum()
         return [b, t, f, loss] + _grads(L, loss, (a, w))
     _same(case)
+
+
+def test_traced_detach_sees_a_later_write_into_its_base():
+    """``d = b.detach(); b[0] = w * 0.3``: the traced program replayed d's value from before
+    the write (review8), at the traced inputs and at new ones; torch's d sees the write."""
+    def make(L):
+        def f(a, w):
+            b = a * 1
+            d = b.detach()
+            b[0] = w * 0.3
+            return (b * b).sum() + 2 * (d * d).sum()
+        return f
+    a0, w0 = np.linspace(0.5, 2.0, 12).reshape(3, 4), np.array(1.5)
+    prog = tg.trace(make(tg), a0, w0)
+    for a, w in ((a0, w0), (a0[::-1].copy() * 2, np.array(-0.7))):
+        ta, tw = torch.tensor(a, requires_grad=True), torch.tensor(w, requires_grad=True)
+        y = make(torch)(ta, tw)
+        ga, gw = torch.autograd.grad(y, (ta, tw))
+        v, (pa, pw) = prog.value_and_grad(a, w)
+        np.testing.assert_allclose(v, y.item(), rtol=1e-14)
+        np.testing.assert_allclose(pa, ga.numpy(), rtol=1e-14)
+        np.testing.assert_allclose(pw, gw.numpy(), rtol=1e-14)
