@@ -151,6 +151,9 @@ class _Code:
     get_hv = None
     with_value = None
     value_at = None
+    # ``Program._one``'s entry after the tier-up, for a few small 1-D inputs (``replay_cpu.
+    # takes_args``): (``run_args`` for this program's arrays, the rows it runs), or None
+    args = None
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
         # ``arows``: the rows as traced, with array instructions (interpreters/
@@ -261,7 +264,8 @@ class _Code:
         calls switch to after ``fuse.TIER`` calls of the rows as traced. ``run`` is set
         before ``frows``, so a thread that reads both between the two sees ``run_fused`` with
         the rows as traced (which it runs too: the same numbers), never ``run_into`` with
-        fused rows (which it does not know)."""
+        fused rows (which it does not know). For a few small 1-D inputs it also sets
+        ``args``, the entry that takes them as arguments (``replay_cpu.run_args``)."""
         if self.arrays or self.frows is not None and self.frows is not self.arows:
             return
         if work is None:
@@ -275,6 +279,8 @@ class _Code:
             run = _cpu.entry(frows, work, _cpu.run_fused)
         self.run = run
         self.frows = frows
+        if self.all_f64 and _cpu.takes_args(self.in_shapes):
+            self.args = (_cpu.entry_args(frows, work, frows is not self.arows), frows)
 
     def run1(self, x, grad):
         """(status, fresh results: outputs then gradient) of one sample ``x``."""
@@ -289,6 +295,7 @@ class _Code:
         state = self.__dict__.copy()
         # the one-sample calls' buffers and entry (compiled code) are made again when needed
         state["_free"], state["run"], state["frows"] = [], None, None
+        state.pop("args", None)
         state.pop("_ones", None)
         return state
 

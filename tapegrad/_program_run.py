@@ -13,11 +13,25 @@ from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain
 
 _ND, _empty, _count_nonzero = np.ndarray, np.empty, np.count_nonzero
+_NO_X = _cpu.NO_X
 
 
 def _same_code(code):
     """``_run``'s ``select`` of the code itself."""
     return code
+
+
+def _one_consts(code):
+    """``code._one_consts``: for ``Program._one`` without and with the gradient, (inputs
+    taken (-1: none), their shapes, the results' size, the getter of the results or None,
+    (getter of the outputs, of the gradient)); worked out on a code's first such call (and
+    again after unpickling, which keeps it)."""
+    get_vg = code.get_vg
+    consts = ((code.n_fast[0], code.in_shapes, code.res_size[0], code.get_out, None),
+              (code.n_fast[1], code.in_shapes, code.res_size[1], get_vg,
+               None if get_vg is not None else (code.get_out, code.get_grad)))
+    code._one_consts = consts
+    return consts
 
 
 ONES_KEPT = 1 << 16  # seeds a program keeps for its batches (``_batch``): 512 KB at most
@@ -158,9 +172,15 @@ class _Running:
         of them (``_batch``); None for other inputs (``_run_one`` or the general path takes
         them, or says what is wrong),
         and when a guard failed in every variant (``_run`` says which, or re-traces).
-        Measured: the steps of a call of 3 inputs cost 0.1 to 0.25 us each."""
+        Measured: the steps of a call of 3 inputs cost 0.1 to 0.25 us each; the code's
+        constants of this call come in one tuple (``_one_consts``: 0.1 us of a call less
+        than reading them one attribute at a time)."""
         code = self._variants[0]
-        if len(xs) != code.n_fast[grad] or self._cuda is not None:
+        try:
+            n, shapes, size, get, get2 = code._one_consts[grad]
+        except AttributeError:
+            n, shapes, size, get, get2 = _one_consts(code)[grad]
+        if len(xs) != n or self._cuda is not None:
             return None
         free = code._free
         if free:
@@ -169,39 +189,63 @@ class _Running:
             # the first call (or threads at once): the buffers compile the one-sample entry,
             # which a batch's call must not do (seconds of a cold first batch)
             if code.run is None and any(x.__class__ is not _ND or x.shape != s
-                                        for x, s in zip(xs, code.in_shapes)):
+                                        for x, s in zip(xs, shapes)):
                 return self._batch(code, xs, grad)
             buf = code.buffers()
         try:
-            if code.single_in:  # one input: no loop (60 ns of a call)
-                x = xs[0]
-                # another float64 dtype object (byte order, metadata) takes the general path
-                if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != code.in_shapes[0]:
-                    return self._batch(code, xs, grad)  # a batch, or the general path
-                buf[2][0][...] = x  # into the entry's buffer: strided inputs too, no compile
-            else:
-                # indexing two tuples: 40 ns an input cheaper than a zip of three
-                shapes, views, i = code.in_shapes, buf[2], 0
+            args = code.args
+            if args is not None:
+                # one to three 1-D inputs (after the tier-up): passed to the entry as they
+                # are, which copies them into its buffer (``replay_cpu.run_args``: 0.13 us
+                # an input cheaper than the copy below)
+                i = 0
                 for x in xs:
                     if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[i]:
-                        return self._batch(code, xs, grad)
-                    views[i][...] = x
+                        return self._batch(code, xs, grad)  # a batch, or the general path
                     i += 1
-            res = _empty(code.res_size[grad])
-            if code.run(code.frows, buf[0], res):  # a guard failed: the other variants
+                res = _empty(size)
+                entry, rows = args
+                if n == 1:
+                    status = entry(rows, buf[0], res, xs[0], _NO_X, _NO_X)
+                elif n == 2:
+                    status = entry(rows, buf[0], res, xs[0], xs[1], _NO_X)
+                else:
+                    status = entry(rows, buf[0], res, xs[0], xs[1], xs[2])
+            else:
+                views = buf[2]
+                if n == 1:  # one input: no loop (60 ns of a call)
+                    x = xs[0]
+                    # another float64 dtype object (byte order, metadata) takes the general
+                    # path
+                    if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[0]:
+                        return self._batch(code, xs, grad)  # a batch, or the general path
+                    views[0][...] = x  # into the entry's buffer: strided inputs too
+                else:
+                    # indexing two tuples: 40 ns an input cheaper than a zip of three
+                    i = 0
+                    for x in xs:
+                        if x.__class__ is not _ND or x.dtype is not _F64 \
+                                or x.shape != shapes[i]:
+                            return self._batch(code, xs, grad)
+                        views[i][...] = x
+                        i += 1
+                res = _empty(size)
+                status = code.run(code.frows, buf[0], res)
+            if status:  # a guard failed: the other variants (the inputs are in buf[1])
+                if status < 0:
+                    raise RuntimeError("tapegrad: the inputs' sizes did not add up in the "
+                                       "one-sample entry (a bug: please report it)")
                 for c in self._variants[1:]:
                     status, res = c.run1(buf[1], grad)
                     if status == 0:
-                        code = c  # the results' layout is every variant's
-                        break
+                        break  # (the results' layout is every variant's: the same getters)
                 else:
                     return None
         finally:
             free.append(buf)
-        if grad:
-            vg = code.get_vg
-            return vg(res) if vg is not None else (code.get_out(res), code.get_grad(res))
-        return code.get_out(res)
+        if get is not None:
+            return get(res)
+        return get2[0](res), get2[1](res)
 
     def _hvp_one(self, xs, vs):
         """``hvp``'s optimization-loop call: (value, H v) of one sample of float64 ndarrays
