@@ -152,7 +152,8 @@ class _Code:
     with_value = None
     value_at = None
     # ``Program._one``'s entry after the tier-up, for a few small 1-D inputs (``replay_cpu.
-    # takes_args``): (``run_args`` for this program's arrays, the rows it runs), or None
+    # takes_args``): (``run_args`` for this program's arrays, or None until the first call
+    # that runs it, the rows it runs), or None
     args = None
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
@@ -280,7 +281,7 @@ class _Code:
         self.run = run
         self.frows = frows
         if self.all_f64 and _cpu.takes_args(self.in_shapes):
-            self.args = (_cpu.entry_args(frows, work, frows is not self.arows), frows)
+            self.args = (None, frows)  # (compiled at ``Program._one``'s first use of it)
 
     def run1(self, x, grad):
         """(status, fresh results: outputs then gradient) of one sample ``x``."""

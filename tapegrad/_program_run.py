@@ -34,6 +34,16 @@ def _one_consts(code):
     return consts
 
 
+def _args_entry(code, rows, work):
+    """``code.args``' entry (``replay_cpu.run_args`` for its arrays), compiled or loaded from
+    Numba's cache at its first call rather than at the tier-up: a program bound to arrays
+    (``Program.buffer``) or a Hessian-vector program's (``hvp``) tiers up too, and never
+    calls it (about 1 s of cold compile)."""
+    entry = _cpu.entry_args(rows, work, rows is not code.arows)
+    code.args = (entry, rows)
+    return entry
+
+
 ONES_KEPT = 1 << 16  # seeds a program keeps for its batches (``_batch``): 512 KB at most
 
 
@@ -205,6 +215,8 @@ class _Running:
                     i += 1
                 res = _empty(size)
                 entry, rows = args
+                if entry is None:  # its first call: compiled (or loaded) now
+                    entry = _args_entry(code, rows, buf[0])
                 if n == 1:
                     status = entry(rows, buf[0], res, xs[0], _NO_X, _NO_X)
                 elif n == 2:

@@ -47,6 +47,7 @@ def plain():
 def test_small_1d_inputs_take_the_entry_of_arguments(prog, monkeypatch):
     code = prog._code
     assert code.args is not None
+    prog.value_and_grad(*three(1))  # (the entry is compiled at its first call)
     entry, rows = code.args
     calls = []
 
@@ -136,6 +137,7 @@ def test_other_inputs_get_the_same_errors_and_paths(prog, plain):
 
 
 def test_the_entry_refuses_inputs_whose_sizes_do_not_add_up(prog):
+    prog.value_and_grad(*three(9))  # (the entry is compiled at its first call)
     code = prog._code
     entry, rows = code.args
     work, flat, _ = code.buffers()
@@ -176,6 +178,17 @@ def test_which_programs_take_arguments():
     assert tier(four) is None
     v, g = four.value_and_grad(*[np.full(2, 2.0)] * 4)
     assert v == 16.0 and [list(x) for x in g] == [[8.0, 0.0]] * 3 + [[0.0, 8.0]]
+
+
+def test_the_entry_compiles_at_its_first_call_not_at_the_tier_up():
+    x = np.arange(4.0)
+    bound = tg.trace(squares, np.ones(4))
+    g = np.empty(4)
+    step = bound.buffer(x, grad=g)  # tiers up: a bound call never runs the entry
+    step()
+    assert bound._code.args[0] is None and list(g) == [0.0, 2.0, 4.0, 6.0]
+    v, grad = bound.value_and_grad(x)  # its first call
+    assert bound._code.args[0] is not None and v == 14.0 and list(grad) == list(g)
 
 
 def test_one_input_and_two_inputs_match_torch():

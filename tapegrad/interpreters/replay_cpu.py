@@ -100,12 +100,13 @@ def _args_in(work, x0, x1, x2):
 
 
 # ``run_into`` and ``run_fused`` (each in its two forms) with the inputs as arguments: what
-# ``Program._one`` calls for programs of one to three 1-D inputs, after ``fuse.TIER`` calls
+# ``Program._one`` calls for a few small 1-D inputs (``takes_args``), after ``fuse.TIER`` calls
 # (``_Code.tier_up``). Numba's wrapper unboxes an array argument in 25 ns, where copying it
 # into the entry's buffer from Python (``view[...] = x``) took 160 ns: value_and_grad of 3
 # inputs of 2 elements 0.3 us faster (2.26 to 1.95 us, CPU time). Entries of their own
-# (1.1 to 1.2 s of cold compile each, at the tier-up), so that a program's first calls and
-# its batches never compile them. Status -1: the sizes did not add up (nothing ran).
+# (1.1 to 1.2 s of cold compile each, at the first call after the tier-up), so that a
+# program's first calls, its batches and its bound calls never compile them. Status -1: the
+# sizes did not add up (nothing ran).
 
 @njit_cached(error_model="numpy", nogil=True)
 def run_args(rows, work, res, x0, x1, x2):
