@@ -262,3 +262,39 @@ def test_pickles_without_the_entry(prog, plain):
     again._code.tier_up()
     assert again._code.args is not None
     assert again(*xs) == plain(*xs)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_one_or_two_inputs_refuse_what_the_copy_refuses(n):
+    progs = []
+    for args in (True, False):
+        p = tg.trace(squares, *[np.ones(3)] * n)
+        p._code.tier_up()
+        assert p._code.args is not None
+        if not args:
+            p._code.args = None
+        progs.append(p)
+    x = np.array([1.0, 2.0, 3.0])
+    wrong = [(x.astype(np.float32), TypeError, "input 0 has dtype float32"),
+             (np.arange(3), TypeError, "input 0 has dtype int64"),
+             (np.ones(4), ValueError, r"input 0 has shape \[4\]"),
+             (np.array(1.0), ValueError, r"input 0 has shape \[\]"),
+             (x[:, None], ValueError, r"input 0 has shape \[3, 1\]")]
+    for p in progs:
+        for bad, err, msg in wrong:
+            with pytest.raises(err, match=msg):
+                p.value_and_grad(bad, *[x] * (n - 1))
+            with pytest.raises(err, match=msg):
+                p(bad, *[x] * (n - 1))
+        if n == 2:
+            with pytest.raises(TypeError, match="input 1 has dtype int64"):
+                p.value_and_grad(x, np.arange(3))
+        assert len(p._code._free) == 1
+    want = 14.0  # (y[0] = 1)
+    for p in progs:
+        v, g = p.value_and_grad(*[x] * n)
+        assert v == want
+        assert p(list(x), *[x] * (n - 1)) == want  # a list: the general path
+        v, g = p.value_and_grad(x[::-1].copy()[::-1], *[x] * (n - 1))  # a negative stride
+        assert v == want
+    assert progs[0].value_and_grad(*[x] * n)[0] == progs[1].value_and_grad(*[x] * n)[0]
