@@ -24,8 +24,8 @@ def _same_code(code):
 def _one_consts(code):
     """``code._one_consts``: for ``Program._one`` without and with the gradient, (inputs
     taken (-1: none), their shapes, the results' size, the getter of the results or None,
-    (getter of the outputs, of the gradient)); worked out on a code's first such call (and
-    again after unpickling, which keeps it)."""
+    (getter of the outputs, of the gradient)); worked out at a code's first such call (a
+    pickle keeps it: its getters pickle)."""
     get_vg = code.get_vg
     consts = ((code.n_fast[0], code.in_shapes, code.res_size[0], code.get_out, None),
               (code.n_fast[1], code.in_shapes, code.res_size[1], get_vg,
@@ -183,13 +183,12 @@ class _Running:
         them, or says what is wrong),
         and when a guard failed in every variant (``_run`` says which, or re-traces).
         Measured: the steps of a call of 3 inputs cost 0.1 to 0.25 us each; the code's
-        constants of this call come in one tuple (``_one_consts``: 0.1 us of a call less
-        than reading them one attribute at a time)."""
+        constants of this call come in one tuple (``_one_consts``: one attribute read)."""
         code = self._variants[0]
-        try:
-            n, shapes, size, get, get2 = code._one_consts[grad]
-        except AttributeError:
-            n, shapes, size, get, get2 = _one_consts(code)[grad]
+        consts = code._one_consts
+        if consts is None:
+            consts = _one_consts(code)
+        n, shapes, size, get, get2 = consts[grad]
         if len(xs) != n or self._cuda is not None:
             return None
         free = code._free
