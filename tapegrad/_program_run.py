@@ -8,6 +8,7 @@ import numpy as np
 
 from . import _notice
 from ._program_code import _F64, _flat_one, _host, _hvp_of, _is_device
+from ._program_code import one_consts as _one_consts
 from ._trace import GuardError, _trace_code
 from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain
@@ -21,17 +22,10 @@ def _same_code(code):
     return code
 
 
-def _one_consts(code):
-    """``code._one_consts``: for ``Program._one`` without and with the gradient, (inputs
-    taken (-1: none), their shapes, the results' size, the getter of the results or None,
-    (getter of the outputs, of the gradient)); worked out at a code's first such call (a
-    pickle keeps it: its getters pickle)."""
-    get_vg = code.get_vg
-    consts = ((code.n_fast[0], code.in_shapes, code.res_size[0], code.get_out, None),
-              (code.n_fast[1], code.in_shapes, code.res_size[1], get_vg,
-               None if get_vg is not None else (code.get_out, code.get_grad)))
-    code._one_consts = consts
-    return consts
+def _fast_grad(code):
+    """How many inputs ``Program._one`` takes with the gradient (-1: none)."""
+    consts = code._one_consts
+    return (consts if consts is not None else _one_consts(code))[1][0]
 
 
 def _args_entry(code, rows, work):
@@ -40,7 +34,7 @@ def _args_entry(code, rows, work):
     (``Program.buffer``) or a Hessian-vector program's (``hvp``) tiers up too, and never
     calls it (about 1 s of cold compile)."""
     entry = _cpu.entry_args(rows, work, rows is not code.arows)
-    code.args = (entry, rows)
+    code._one_consts = code._one_consts[:2] + ((entry, rows),)
     return entry
 
 
@@ -186,8 +180,8 @@ class _Running:
         constants of this call come in one tuple (``_one_consts``: one attribute read)."""
         code = self._variants[0]
         consts = code._one_consts
-        if consts is None:
-            consts = _one_consts(code)
+        if consts is None:  # (a program pickled before it)
+            consts = code._one_consts = _one_consts(code)
         n, shapes, size, get, get2 = consts[grad]
         if len(xs) != n or self._cuda is not None:
             return None
@@ -202,7 +196,7 @@ class _Running:
                 return self._batch(code, xs, grad)
             buf = code.buffers()
         try:
-            args = code.args
+            args = consts[2]
             if args is not None:
                 # a few small 1-D inputs (``replay_cpu.takes_args``), after the tier-up:
                 # passed to the entry as they are, which copies them into its buffer
@@ -279,7 +273,7 @@ class _Running:
         program with array instructions; the first call builds it."""
         code = self._variants[0]
         n = len(code.in_shapes)
-        if len(xs) != n or len(vs) != n or code.n_fast[1] < 0 or self._cuda is not None:
+        if len(xs) != n or len(vs) != n or _fast_grad(code) < 0 or self._cuda is not None:
             return None
         h = (code._derived.get("hvp") or _hvp_of(code)).with_value
         if h is None:
