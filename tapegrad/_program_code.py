@@ -217,7 +217,7 @@ class _Code:
         (``replay_cpu.takes_args``): (``run_args`` for this program's arrays, or None until
         the first call that runs it, the rows it runs), or None."""
         consts = self._one_consts
-        return None if consts is None else consts[2]
+        return None if consts is None else consts[0][5]
 
     @property
     def rows(self):
@@ -284,7 +284,7 @@ class _Code:
         self.frows = frows
         if self.all_f64 and _cpu.takes_args(self.in_shapes):
             # (compiled at ``Program._one``'s first use of it)
-            self._one_consts = (self._one_consts or one_consts(self))[:2] + ((None, frows),)
+            self._one_consts = with_args(self._one_consts or one_consts(self), (None, frows))
 
     def run1(self, x, grad):
         """(status, fresh results: outputs then gradient) of one sample ``x``."""
@@ -300,7 +300,7 @@ class _Code:
         # the one-sample calls' buffers and entry (compiled code) are made again when needed
         state["_free"], state["run"], state["frows"] = [], None, None
         if state.get("_one_consts") is not None:  # (not its entry of arguments)
-            state["_one_consts"] = state["_one_consts"][:2] + (None,)
+            state["_one_consts"] = with_args(state["_one_consts"], None)
         state.pop("_ones", None)
         return state
 
@@ -315,17 +315,22 @@ def one_consts(code):
     """``code._one_consts``: ``Program._one``'s constants without and with the gradient,
     each (the number of float64 ndarrays it takes (-1: none, when the program has an input
     or output of another dtype, or for value_and_grad of several outputs, which the general
-    path refuses), their shapes, the results' size, the getter of the results or None, and
-    then (the getter of the outputs, of the gradient)), and its entry of arguments
-    (``_Code.args``; None until the tier-up). One attribute: a 30th attribute of a ``_Code``
+    path refuses), their shapes, the results' size, the getter of the results or None,
+    (the getter of the outputs, of the gradient), and the entry of arguments (``_Code.args``;
+    None until the tier-up): in each, as the call unpacks them (a read of it apart cost 20
+    to 30 ns of every call). One attribute: a 30th attribute of a ``_Code``
     would make each of its attribute reads slower (Python 3.11 keeps 29 in the instance's
     own values: 10 reads took 95 ns with 29 attributes, 109 with 30)."""
     nf = len(code.inputs) if code.all_f64 else -1
     get_vg = code.get_vg
-    return ((nf, code.in_shapes, code.res_size[0], code.get_out, None),
+    return ((nf, code.in_shapes, code.res_size[0], code.get_out, None, None),
             (nf if len(code.out_slots) == 1 else -1, code.in_shapes, code.res_size[1], get_vg,
-             None if get_vg is not None else (code.get_out, code.get_grad)),
-            None)
+             None if get_vg is not None else (code.get_out, code.get_grad), None))
+
+
+def with_args(consts, args):
+    """``consts`` (``one_consts``) with the entry of arguments ``args``."""
+    return tuple(c[:5] + (args,) for c in consts)
 
 
 def _tiered(code, plain):

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _notice
 from ._program_code import _F64, _flat_one, _host, _hvp_of, _is_device
-from ._program_code import one_consts as _one_consts
+from ._program_code import one_consts as _one_consts, with_args as _with_args
 from ._trace import GuardError, _trace_code
 from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain
@@ -34,7 +34,7 @@ def _args_entry(code, rows, work):
     (``Program.buffer``) or a Hessian-vector program's (``hvp``) tiers up too, and never
     calls it (about 1 s of cold compile)."""
     entry = _cpu.entry_args(rows, work, rows is not code.arows)
-    code._one_consts = code._one_consts[:2] + ((entry, rows),)
+    code._one_consts = _with_args(code._one_consts, (entry, rows))
     return entry
 
 
@@ -182,7 +182,7 @@ class _Running:
         consts = code._one_consts
         if consts is None:  # (a program pickled before it)
             consts = code._one_consts = _one_consts(code)
-        n, shapes, size, get, get2 = consts[grad]
+        n, shapes, size, get, get2, args = consts[grad]
         if len(xs) != n or self._cuda is not None:
             return None
         free = code._free
@@ -196,7 +196,6 @@ class _Running:
                 return self._batch(code, xs, grad)
             buf = code.buffers()
         try:
-            args = consts[2]
             if args is not None:
                 # a few small 1-D inputs (``replay_cpu.takes_args``), after the tier-up:
                 # passed to the entry as they are, which copies them into its buffer

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tapegrad as tg
+from tapegrad._program_code import with_args
 from tapegrad.interpreters import replay_cpu
 
 torch = pytest.importorskip("torch")
@@ -37,7 +38,7 @@ def prog():
 
 def no_args(p):
     """``p`` without its entry of arguments: the copy into the entry's buffer."""
-    p._code._one_consts = p._code._one_consts[:2] + (None,)
+    p._code._one_consts = with_args(p._code._one_consts, None)
     assert p._code.args is None
 
 
@@ -60,7 +61,7 @@ def test_small_1d_inputs_take_the_entry_of_arguments(prog, monkeypatch):
     def counted(*a):
         calls.append(len(a))
         return entry(*a)
-    monkeypatch.setattr(code, "_one_consts", code._one_consts[:2] + ((counted, rows),))
+    monkeypatch.setattr(code, "_one_consts", with_args(code._one_consts, (counted, rows)))
     monkeypatch.setattr(code, "run", None)  # the buffer's entry is not called
     xs = three(1)
     prog.value_and_grad(*xs)
