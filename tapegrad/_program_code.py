@@ -151,6 +151,8 @@ class _Code:
     get_hv = None
     with_value = None
     value_at = None
+    # (a pickle of a program made before ``_one_consts``: worked out at its first call)
+    _one_consts = None
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
         # ``arows``: the rows as traced, with array instructions (interpreters/
@@ -188,11 +190,6 @@ class _Code:
         self.grad_layout = tuple((sh, o + m, k, r) for sh, o, k, r in self.in_layout)
         self.out_keys = _keys(self.out_layout)
         self.grad_keys = _keys(self.grad_layout)
-        # the inputs ``Program._one`` takes, for a call and for value_and_grad: this many
-        # float64 ndarrays (-1: none, when the program has an input or output of another
-        # dtype, or value_and_grad of several outputs, which the general path refuses)
-        nf = len(inputs) if self.all_f64 else -1
-        self.n_fast = (nf, nf if len(self.out_slots) == 1 else -1)
         # the results' size without and with the gradient (``run_into`` sweeps back when
         # there is room), and the functions that take the outputs and the gradient out of
         # them (``operator.itemgetter``: one C call, 0.23 us for three vectors, a Python
@@ -206,12 +203,21 @@ class _Code:
         self.get_vg = itemgetter(self.out_keys[0], self.grad_keys[0]) if (
             self.single_out and self.single_in and self.out_keys is not None
             and self.grad_keys is not None) else None
+        self._one_consts = one_consts(self)
         self._free = []
         self.run = None  # ``replay_cpu.run_into`` for this program's arrays, set by buffers()
         # the rows ``run`` runs, set with it: ``arows``, and after ``fuse.TIER`` one-sample
         # calls (``tier_up``) scalar rows with superinstructions (``interpreters/fuse.py``:
         # ``run`` is then ``replay_cpu.run_fused``, the only interpreter that knows them)
         self.frows = None
+
+    @property
+    def args(self):
+        """``Program._one``'s entry after the tier-up, for a few small 1-D inputs
+        (``replay_cpu.takes_args``): (``run_args`` for this program's arrays, or None until
+        the first call that runs it, the rows it runs), or None."""
+        consts = self._one_consts
+        return None if consts is None else consts[0][5]
 
     @property
     def rows(self):
@@ -261,7 +267,8 @@ class _Code:
         calls switch to after ``fuse.TIER`` calls of the rows as traced. ``run`` is set
         before ``frows``, so a thread that reads both between the two sees ``run_fused`` with
         the rows as traced (which it runs too: the same numbers), never ``run_into`` with
-        fused rows (which it does not know)."""
+        fused rows (which it does not know). For a few small 1-D inputs it also sets
+        ``args``, the entry that takes them as arguments (``replay_cpu.run_args``)."""
         if self.arrays or self.frows is not None and self.frows is not self.arows:
             return
         if work is None:
@@ -275,6 +282,9 @@ class _Code:
             run = _cpu.entry(frows, work, _cpu.run_fused)
         self.run = run
         self.frows = frows
+        if self.all_f64 and _cpu.takes_args(self.in_shapes):
+            # (compiled at ``Program._one``'s first use of it)
+            self._one_consts = with_args(self._one_consts or one_consts(self), (None, frows))
 
     def run1(self, x, grad):
         """(status, fresh results: outputs then gradient) of one sample ``x``."""
@@ -289,6 +299,8 @@ class _Code:
         state = self.__dict__.copy()
         # the one-sample calls' buffers and entry (compiled code) are made again when needed
         state["_free"], state["run"], state["frows"] = [], None, None
+        if state.get("_one_consts") is not None:  # (not its entry of arguments)
+            state["_one_consts"] = with_args(state["_one_consts"], None)
         state.pop("_ones", None)
         return state
 
@@ -297,6 +309,28 @@ class _Code:
         if c is None:
             c = self._derived[key] = build()
         return c
+
+
+def one_consts(code):
+    """``code._one_consts``: ``Program._one``'s constants without and with the gradient,
+    each (the number of float64 ndarrays it takes (-1: none, when the program has an input
+    or output of another dtype, or for value_and_grad of several outputs, which the general
+    path refuses), their shapes, the results' size, the getter of the results or None,
+    (the getter of the outputs, of the gradient), and the entry of arguments (``_Code.args``;
+    None until the tier-up): in each, as the call unpacks them (a read of it apart cost 20
+    to 30 ns of every call). One attribute: a 30th attribute of a ``_Code``
+    would make each of its attribute reads slower (Python 3.11 keeps 29 in the instance's
+    own values: 10 reads took 95 ns with 29 attributes, 109 with 30)."""
+    nf = len(code.inputs) if code.all_f64 else -1
+    get_vg = code.get_vg
+    return ((nf, code.in_shapes, code.res_size[0], code.get_out, None, None),
+            (nf if len(code.out_slots) == 1 else -1, code.in_shapes, code.res_size[1], get_vg,
+             None if get_vg is not None else (code.get_out, code.get_grad), None))
+
+
+def with_args(consts, args):
+    """``consts`` (``one_consts``) with the entry of arguments ``args``."""
+    return tuple(c[:5] + (args,) for c in consts)
 
 
 def _tiered(code, plain):

@@ -8,16 +8,34 @@ import numpy as np
 
 from . import _notice
 from ._program_code import _F64, _flat_one, _host, _hvp_of, _is_device
+from ._program_code import one_consts as _one_consts, with_args as _with_args
 from ._trace import GuardError, _trace_code
 from .interpreters import replay_cpu as _cpu
 from .tensor import Tensor, _plain
 
 _ND, _empty, _count_nonzero = np.ndarray, np.empty, np.count_nonzero
+_NO_X = _cpu.NO_X
 
 
 def _same_code(code):
     """``_run``'s ``select`` of the code itself."""
     return code
+
+
+def _fast_grad(code):
+    """How many inputs ``Program._one`` takes with the gradient (-1: none)."""
+    consts = code._one_consts
+    return (consts if consts is not None else _one_consts(code))[1][0]
+
+
+def _args_entry(code, rows, work):
+    """``code.args``' entry (``replay_cpu.run_args`` for its arrays), compiled or loaded from
+    Numba's cache at its first call rather than at the tier-up: a program bound to arrays
+    (``Program.buffer``) or a Hessian-vector program's (``hvp``) tiers up too, and never
+    calls it (about 1 s of cold compile)."""
+    entry = _cpu.entry_args(rows, work, rows is not code.arows)
+    code._one_consts = _with_args(code._one_consts, (entry, rows))
+    return entry
 
 
 ONES_KEPT = 1 << 16  # seeds a program keeps for its batches (``_batch``): 512 KB at most
@@ -158,9 +176,14 @@ class _Running:
         of them (``_batch``); None for other inputs (``_run_one`` or the general path takes
         them, or says what is wrong),
         and when a guard failed in every variant (``_run`` says which, or re-traces).
-        Measured: the steps of a call of 3 inputs cost 0.1 to 0.25 us each."""
+        Measured: the steps of a call of 3 inputs cost 0.1 to 0.25 us each; the code's
+        constants of this call come in one tuple (``_one_consts``: one attribute read)."""
         code = self._variants[0]
-        if len(xs) != code.n_fast[grad] or self._cuda is not None:
+        consts = code._one_consts
+        if consts is None:  # (a program pickled before it)
+            consts = code._one_consts = _one_consts(code)
+        n, shapes, size, get, get2, args = consts[grad]
+        if len(xs) != n or self._cuda is not None:
             return None
         free = code._free
         if free:
@@ -169,39 +192,74 @@ class _Running:
             # the first call (or threads at once): the buffers compile the one-sample entry,
             # which a batch's call must not do (seconds of a cold first batch)
             if code.run is None and any(x.__class__ is not _ND or x.shape != s
-                                        for x, s in zip(xs, code.in_shapes)):
+                                        for x, s in zip(xs, shapes)):
                 return self._batch(code, xs, grad)
             buf = code.buffers()
         try:
-            if code.single_in:  # one input: no loop (60 ns of a call)
-                x = xs[0]
-                # another float64 dtype object (byte order, metadata) takes the general path
-                if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != code.in_shapes[0]:
-                    return self._batch(code, xs, grad)  # a batch, or the general path
-                buf[2][0][...] = x  # into the entry's buffer: strided inputs too, no compile
-            else:
-                # indexing two tuples: 40 ns an input cheaper than a zip of three
-                shapes, views, i = code.in_shapes, buf[2], 0
-                for x in xs:
-                    if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[i]:
+            if args is not None:
+                # a few small 1-D inputs (``replay_cpu.takes_args``), after the tier-up:
+                # passed to the entry as they are, which copies them into its buffer
+                # (``run_args``: 0.13 us an input cheaper than the copy below); each count
+                # of inputs checked without a loop (90 ns of a call of three)
+                if n == 1:
+                    x0 = xs[0]
+                    if x0.__class__ is not _ND or x0.dtype is not _F64 or x0.shape != shapes[0]:
+                        return self._batch(code, xs, grad)  # a batch, or the general path
+                    x1 = x2 = _NO_X
+                elif n == 2:
+                    x0, x1 = xs
+                    if x0.__class__ is not _ND or x1.__class__ is not _ND \
+                            or x0.dtype is not _F64 or x1.dtype is not _F64 \
+                            or (x0.shape, x1.shape) != shapes:
                         return self._batch(code, xs, grad)
-                    views[i][...] = x
-                    i += 1
-            res = _empty(code.res_size[grad])
-            if code.run(code.frows, buf[0], res):  # a guard failed: the other variants
+                    x2 = _NO_X
+                else:
+                    x0, x1, x2 = xs
+                    if x0.__class__ is not _ND or x1.__class__ is not _ND \
+                            or x2.__class__ is not _ND or x0.dtype is not _F64 \
+                            or x1.dtype is not _F64 or x2.dtype is not _F64 \
+                            or (x0.shape, x1.shape, x2.shape) != shapes:
+                        return self._batch(code, xs, grad)
+                res = _empty(size)
+                entry, rows = args
+                if entry is None:  # its first call: compiled (or loaded) now
+                    entry = _args_entry(code, rows, buf[0])
+                status = entry(rows, buf[0], res, x0, x1, x2)
+            else:
+                views = buf[2]
+                if n == 1:  # one input: no loop (60 ns of a call)
+                    x = xs[0]
+                    # another float64 dtype object (byte order, metadata) takes the general
+                    # path
+                    if x.__class__ is not _ND or x.dtype is not _F64 or x.shape != shapes[0]:
+                        return self._batch(code, xs, grad)  # a batch, or the general path
+                    views[0][...] = x  # into the entry's buffer: strided inputs too
+                else:
+                    # indexing two tuples: 40 ns an input cheaper than a zip of three
+                    i = 0
+                    for x in xs:
+                        if x.__class__ is not _ND or x.dtype is not _F64 \
+                                or x.shape != shapes[i]:
+                            return self._batch(code, xs, grad)
+                        views[i][...] = x
+                        i += 1
+                res = _empty(size)
+                status = code.run(code.frows, buf[0], res)
+            if status:  # a guard failed: the other variants (the inputs are in buf[1])
+                if status < 0:
+                    raise RuntimeError("tapegrad: the inputs' sizes did not add up in the "
+                                       "one-sample entry (a bug: please report it)")
                 for c in self._variants[1:]:
                     status, res = c.run1(buf[1], grad)
                     if status == 0:
-                        code = c  # the results' layout is every variant's
-                        break
+                        break  # (the results' layout is every variant's: the same getters)
                 else:
                     return None
         finally:
             free.append(buf)
-        if grad:
-            vg = code.get_vg
-            return vg(res) if vg is not None else (code.get_out(res), code.get_grad(res))
-        return code.get_out(res)
+        if get is not None:
+            return get(res)
+        return get2[0](res), get2[1](res)
 
     def _hvp_one(self, xs, vs):
         """``hvp``'s optimization-loop call: (value, H v) of one sample of float64 ndarrays
@@ -214,7 +272,7 @@ class _Running:
         program with array instructions; the first call builds it."""
         code = self._variants[0]
         n = len(code.in_shapes)
-        if len(xs) != n or len(vs) != n or code.n_fast[1] < 0 or self._cuda is not None:
+        if len(xs) != n or len(vs) != n or _fast_grad(code) < 0 or self._cuda is not None:
             return None
         h = (code._derived.get("hvp") or _hvp_of(code)).with_value
         if h is None:

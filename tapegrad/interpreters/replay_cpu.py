@@ -16,7 +16,7 @@ from .. import _threads
 from . import _generated_replay as _g
 from ._generated_replay import (  # noqa: F401  (the entries, named from here)
     COMMON, HEADER, forward, reverse, reverse_multi, run_bound, run_bound_fused, run_fused,
-    run_into)
+    run_fused_common, run_into, run_into_common)
 from .fuse import BASE, batch_rows
 
 BLOCK = 128  # samples per block: the block's values (rows x BLOCK) stay in cache
@@ -59,6 +59,103 @@ def entry(rows, work, fn=None):
     if not hasattr(fn, "compile"):
         return fn
     return fn.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work)))
+
+
+#: the most inputs ``run_args`` takes, and its stand-in for an input it is not given (it
+#: always takes three arrays: one signature, one compile per form)
+ARGS_MAX = 3
+NO_X = np.empty(0)
+#: the most input elements ``run_args`` takes: its copy (any strides) costs about 1 ns an
+#: element, NumPy's of a contiguous input 0.1 to 0.2 ns after 160 ns of call; one input of
+#: 100 elements ran as fast either way (n=100 Rosenbrock), so larger inputs keep NumPy's
+ARGS_SIZE = 64
+
+
+def takes_args(shapes):
+    """Whether ``run_args`` runs the one-sample calls of a program of inputs of these
+    shapes: one to ``ARGS_MAX`` 1-D inputs of ``ARGS_SIZE`` elements in all at most."""
+    return 1 <= len(shapes) <= ARGS_MAX and all(len(s) == 1 for s in shapes) \
+        and sum(s[0] for s in shapes) <= ARGS_SIZE
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def _args_in(work, x0, x1, x2):
+    """Copy the inputs ``x0``, ``x1``, ``x2`` (1-D, any strides, one after the other) into
+    ``work``'s inputs; False, with nothing written, when their sizes do not add up to the
+    inputs' count."""
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    n0, n1, n2 = x0.shape[0], x1.shape[0], x2.shape[0]
+    if n0 + n1 + n2 != nx:
+        return False
+    o = HEADER + 2 * m + p
+    for i in range(n0):
+        work[o + i] = x0[i]
+    o += n0
+    for i in range(n1):
+        work[o + i] = x1[i]
+    o += n1
+    for i in range(n2):
+        work[o + i] = x2[i]
+    return True
+
+
+# ``run_into`` and ``run_fused`` (each in its two forms) with the inputs as arguments: what
+# ``Program._one`` calls for a few small 1-D inputs (``takes_args``), after ``fuse.TIER`` calls
+# (``_Code.tier_up``). Numba's wrapper unboxes an array argument in 25 ns, where copying it
+# into the entry's buffer from Python (``view[...] = x``) took 160 ns: value_and_grad of 3
+# inputs of 2 elements 0.3 us faster (2.26 to 1.95 us, CPU time). Entries of their own
+# (1.1 to 1.2 s of cold compile each, at the first call after the tier-up), so that a
+# program's first calls, its batches and its bound calls never compile them. Status -1: the
+# sizes did not add up (nothing ran).
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_args(rows, work, res, x0, x1, x2):
+    """``run_into`` of inputs ``x0``, ``x1``, ``x2`` (``_args_in``)."""
+    if not _args_in(work, x0, x1, x2):
+        return -1
+    return run_into(rows, work, res)
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_args_common(rows, work, res, x0, x1, x2):
+    """``run_into_common`` of inputs ``x0``, ``x1``, ``x2`` (``_args_in``)."""
+    if not _args_in(work, x0, x1, x2):
+        return -1
+    return run_into_common(rows, work, res)
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_args_fused(rows, work, res, x0, x1, x2):
+    """``run_fused`` of inputs ``x0``, ``x1``, ``x2`` (``_args_in``)."""
+    if not _args_in(work, x0, x1, x2):
+        return -1
+    return run_fused(rows, work, res)
+
+
+@njit_cached(error_model="numpy", nogil=True)
+def run_args_fused_common(rows, work, res, x0, x1, x2):
+    """``run_fused_common`` of inputs ``x0``, ``x1``, ``x2`` (``_args_in``)."""
+    if not _args_in(work, x0, x1, x2):
+        return -1
+    return run_fused_common(rows, work, res)
+
+
+_COMMON_FORM[run_args] = run_args_common
+_COMMON_FORM[run_args_fused] = run_args_fused_common
+
+
+def entry_args(rows, work, fused):
+    """``entry`` of ``run_args`` (``fused``: ``run_args_fused``): the compiled wrapper for
+    this program's arrays and three inputs of any strides (Numba's layout "A": the wrapper
+    reads an array's strides, and the one-sample call passes only 1-D float64 ndarrays of
+    the traced sizes, ``NO_X`` for the inputs a program does not have)."""
+    fn = run_args_fused if fused else run_args
+    if fn in _COMMON_FORM and common(rows):
+        fn = _COMMON_FORM[fn]
+    if not hasattr(fn, "compile"):
+        return fn
+    x = numba.types.float64[:]
+    return fn.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work), x, x, x))
 
 
 def new_work(n, out_slots, in_slots, nx):
