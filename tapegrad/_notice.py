@@ -19,6 +19,12 @@ _WHAT = {
     "fused": ("the replay interpreter's superinstructions, for a program called many times",
               2, [("tapegrad.interpreters.replay_cpu", "run_fused"),
                   ("tapegrad.interpreters._generated_replay", "run_fused_common")]),
+    # (small inputs passed to the compiled entry, at the first call after the tier-up)
+    "args": ("the replay entry of small inputs, for a program called many times", 1,
+             [("tapegrad.interpreters.replay_cpu", "run_args"),
+              ("tapegrad.interpreters.replay_cpu", "run_args_common"),
+              ("tapegrad.interpreters.replay_cpu", "run_args_fused"),
+              ("tapegrad.interpreters.replay_cpu", "run_args_fused_common")]),
     "arrays": ("the replay interpreter of traced array programs", 5,
                [("tapegrad.interpreters._generated_arrays", "forward"),
                 ("tapegrad.interpreters._generated_arrays", "reverse")]),

@@ -33,6 +33,8 @@ def _args_entry(code, rows, work):
     Numba's cache at its first call rather than at the tier-up: a program bound to arrays
     (``Program.buffer``) or a Hessian-vector program's (``hvp``) tiers up too, and never
     calls it (about 1 s of cold compile)."""
+    if "args" in _notice.PENDING:  # a cold cache compiles it for about a second: say so
+        _notice.announce("args")
     entry = _cpu.entry_args(rows, work, rows is not code.arows)
     code._one_consts = _with_args(code._one_consts, (entry, rows))
     return entry
