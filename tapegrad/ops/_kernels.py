@@ -111,7 +111,7 @@ def _rows_op(x, y, op, out):  # pragma: no cover (compiled)
 
 
 def _as3(v):
-    return v.reshape((1,) * (3 - v.ndim) + v.shape)
+    return v if v.ndim == 3 else v.reshape((1,) * (3 - v.ndim) + v.shape)
 
 
 def _compact(v):
@@ -131,6 +131,26 @@ def _readonly(v):
     return v
 
 
+def broadcast_pair(xs, ys):
+    """``np.broadcast_shapes(xs, ys)`` for two shapes, or None where they do not broadcast:
+    NumPy's builds an array per shape and a broadcast object (1.7 us alone, several in
+    place, once per compiled pass; this takes a few tenths)."""
+    if xs == ys:
+        return xs
+    nx, ny = len(xs), len(ys)
+    if nx < ny:
+        xs, ys, nx, ny = ys, xs, ny, nx
+    out = list(xs)
+    for i in range(1, ny + 1):
+        a, b = xs[-i], ys[-i]
+        if a != b:
+            if a == 1:
+                out[-i] = b
+            elif b != 1:
+                return None
+    return tuple(out)
+
+
 def rows_op(op, x, y):
     """``x op y`` (op: ``ADD``, ``SUB``, ``MUL`` or ``MUL2``: ``x * y + x * y``; x, y float64
     arrays of 1 to 3 dims),
@@ -144,9 +164,8 @@ def rows_op(op, x, y):
     if not (0 < x.ndim <= 3 and 0 < y.ndim <= 3) or x.shape == y.shape and \
             0 not in x.strides and 0 not in y.strides:
         return None  # (the same shapes, nothing broadcast: NumPy's one loop)
-    try:
-        shape = np.broadcast_shapes(x.shape, y.shape)
-    except ValueError:
+    shape = broadcast_pair(x.shape, y.shape)
+    if shape is None:
         return None  # (NumPy's error, from the caller's path)
     n = shape[-1]
     if n < 64 or n * (shape[-2] if len(shape) > 1 else 1) * (shape[0] if len(shape) > 2
@@ -224,9 +243,8 @@ def par_ufunc(ufunc, x, y):
     if x.__class__ is not np.ndarray or y.__class__ is not np.ndarray \
             or x.dtype is not _F64 or y.dtype is not _F64 or x.ndim != y.ndim or not x.ndim:
         return None
-    try:
-        shape = np.broadcast_shapes(x.shape, y.shape)
-    except ValueError:
+    shape = broadcast_pair(x.shape, y.shape)
+    if shape is None:
         return None
     size = 1
     for k in shape:
