@@ -232,6 +232,65 @@ def sum_middle(a, axis, keepdims):
     return out.reshape(shape)
 
 
+@njit_cached(nogil=True)
+def _scatter_add(z, idx, g):  # pragma: no cover (compiled)
+    # z: (pre, n, post), idx: (m,), g: (pre, m, post): z[p, idx[j], q] += g[p, j, q], j in
+    # order (np.add.at's order for each element of z); False, nothing written, where an
+    # index is out of range
+    pre, n, post = z.shape
+    m = idx.shape[0]
+    for j in range(m):
+        if idx[j] < -n or idx[j] >= n:
+            return False
+    for p in range(pre):
+        for j in range(m):
+            c = idx[j]
+            if c < 0:
+                c += n
+            zr = z[p, c]
+            gr = g[p, j]
+            for q in range(post):
+                zr[q] += gr[q]
+    return True
+
+
+def scatter_add(z, index, g):
+    """``np.add.at(z, index, g)`` bit for bit, in one compiled pass, for a float64 ``z`` and
+    ``g`` and an index of one 1-d integer array among full slices (gmm's gather of Q from l,
+    ``lpad[:, idx]`` with idx repeating 0: NumPy's add.at took 24 us for 2,500 numbers):
+    each element of z gets its numbers added in the index's order, from 0.0 for a zeroed
+    z. Returns False where that does not apply (nothing written), for add.at."""
+    if z.__class__ is not np.ndarray or g.__class__ is not np.ndarray \
+            or z.dtype is not _F64 or g.dtype is not _F64 or not z.flags.c_contiguous:
+        return False
+    items = index if index.__class__ is tuple else (index,)
+    if len(items) > z.ndim:
+        return False
+    ax = -1
+    for i, it in enumerate(items):
+        if it.__class__ is np.ndarray:
+            if ax >= 0 or it.ndim != 1 or it.dtype.kind not in "iu":
+                return False
+            ax = i
+        elif not (it.__class__ is slice and it.start is None and it.stop is None
+                  and it.step is None):
+            return False
+    if ax < 0:
+        return False
+    shape = z.shape
+    idx = items[ax]
+    if g.shape != shape[:ax] + (idx.shape[0],) + shape[ax + 1:]:
+        return False  # (a broadcast g: add.at's)
+    pre = 1
+    for k in shape[:ax]:
+        pre *= k
+    post = z.size // (pre * shape[ax]) if z.size else 0
+    if not z.size or not g.size:
+        return False
+    return _scatter_add(z.reshape(pre, shape[ax], post), idx.astype(np.int64, copy=False),
+                        np.ascontiguousarray(g).reshape(pre, idx.shape[0], post))
+
+
 # --- NumPy passes on threads -------------------------------------------------------------
 
 
