@@ -90,8 +90,15 @@ def test_scatter_add_same_bits_as_add_at():
 def test_scatter_add_declines_what_it_does_not_cover(index):
     from tapegrad.ops._kernels import scatter_add
     z = np.zeros((4, 6))
-    g = np.ones(z[index].shape)
-    assert scatter_add(z, index, g)
+    g = np.arange(float(z[index].size)).reshape(z[index].shape)
+    ro = g.copy()
+    ro.flags.writeable = False
+    want = np.zeros((4, 6))
+    np.add.at(want, index, g)
+    for gi in (g, ro, np.asfortranarray(g)):  # any flags and layout: add.at's numbers
+        z = np.zeros((4, 6))
+        assert scatter_add(z, index, gi)
+        assert np.array_equal(z, want)
     assert not scatter_add(np.zeros((4, 6), dtype=np.float32), index,
                            g.astype(np.float32))  # (other dtypes: add.at)
     assert not scatter_add(np.zeros((4, 6)), index, np.ones(1))  # a broadcast g: add.at

@@ -287,8 +287,10 @@ def scatter_add(z, index, g):
     post = z.size // (pre * shape[ax]) if z.size else 0
     if not z.size or not g.size:
         return False
-    return _scatter_add(z.reshape(pre, shape[ax], post), idx.astype(np.int64, copy=False),
-                        np.ascontiguousarray(g).reshape(pre, idx.shape[0], post))
+    # (read-only views of the index and g: one compiled signature whatever their flags)
+    return _scatter_add(z.reshape(pre, shape[ax], post),
+                        _readonly(idx.astype(np.int64, copy=False)),
+                        _readonly(g.reshape(pre, idx.shape[0], post)))
 
 
 # --- NumPy passes on threads -------------------------------------------------------------
