@@ -529,6 +529,7 @@ def entry(rows, work):
     mm_firsts = _mm_first(rows, back, out)
     rg_firsts = _rgrp_first(rows, back, out)
     back, shifts = _exp_shift(rows, back, out, sets)
+    back = _exp_shift_direct(rows, back, firsts)
     live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
                  + list(mm_firsts.values()) + list(rg_firsts.values()) + shifts)
     if p and (ins == ins[0] + np.arange(p)).all():
@@ -537,6 +538,7 @@ def entry(rows, work):
         ins = slice(int(ins[0]), int(ins[0]) + p)
 
     plan = _flat_extremes(rows, _skip_picks(rows, _skip_detach(rows, plan, out), sets), out)
+    plan, back = _ties(rows, plan, back, out, sets)
     # the values begin where the inputs are when the first instruction is a large leaf
     # instruction copying them, in order, into the first slots: those slots are the
     # inputs themselves, and the copy is left out (0.26 ms of lse's 640,000 elements)
@@ -549,6 +551,7 @@ def entry(rows, work):
         v = work[base:base + n]
         x = work[o:o + nx]
         status = 0
+        masks = {}
         for r0, r1, k0, k1, op in plan:
             if op is None:
                 status = int(fw(rows, x, v, r0, r1, k0))
@@ -563,6 +566,8 @@ def entry(rows, work):
                 _np_red_forward(rows, r0, k0, v, op[1])
             elif type(op) is tuple and op[0] is FILL:
                 v[op[1]:op[2]] = -0.0
+            elif type(op) is tuple and op[0] is TIES:
+                _ties_forward(op, v, masks)
             elif type(op) is tuple and op[0] is XRED:
                 if not _xred_forward(op, v):
                     for q0, q1, j0, _, qop in op[-1]:  # the tree's own steps
@@ -610,6 +615,12 @@ def entry(rows, work):
                     rrv(rows, v, adj, r, k, lo)
                 elif type(kind) is tuple and kind[0] is ASSIGN:
                     _red_assign(rows, r, k, adj)
+                elif type(kind) is tuple and kind[0] is EXPSUBX:
+                    with np.errstate(all="ignore"):
+                        _exp_shift_direct_reverse(kind, v, adj)
+                elif type(kind) is tuple and kind[0] is TIESREV:
+                    with np.errstate(all="ignore"):
+                        _ties_reverse(kind, adj, masks)
                 elif type(kind) is tuple and kind[0] is EXPSUB:
                     with np.errstate(all="ignore"):
                         _exp_shift_reverse(kind, v, adj)
@@ -1574,6 +1585,144 @@ def _xred_forward(step, v):
     return False
 
 
+#: (the plans' marks of a max's ties and their count, and of its picks' reverse: ``_ties``)
+TIES = "ties"
+TIESREV = "tiesrev"
+
+
+def _tie_readers(rows, lo, hi, heads):
+    """The instructions that read a slot in [lo, hi), or None when a scalar row does."""
+    scalar = rows[:, 0] != TAIL
+    scalar[heads[(rows[heads, 0] == ARR) | (rows[heads, 0] == RED)]] = False
+    ops = rows[scalar, 1:4]
+    if ((ops >= lo) & (ops < hi)).any():
+        return None
+    res = []
+    for g in heads.tolist():
+        m, code, st = info(rows, g)
+        spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
+                   (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
+                  if code == RED else
+                  [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
+        if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo for a, e in spans_):
+            res.append(g)
+    return res
+
+
+def _ties(rows, plan, back, out, sets):
+    """(plan, back) with a max's ties (``eq`` or ``eq_nan`` of a run of slots and one
+    slot: the max) that only their count (a sum, any order of whose adds gives the
+    count) and their picks read, the picks skipped and their sum's reverse writing their
+    adjoints (``_skip_picks``, ``_first_writers``), as one forward step (TIES: the tie
+    mask as NumPy bools, kept for the reverse, and its ``count_nonzero`` written as the
+    count's value) and one reverse step for the picks' sum and rule (TIESREV): the tie
+    values, the count's partial sums and the picks' adjoints are never stored. Eager
+    mode, likewise, makes its mask in the backward alone (lse at 640,000 elements: the
+    ties and their count took 0.9 ms as two passes over float slots)."""
+    pk = BY_NAME["pick"]
+    heads = None
+    at, nslots = row_slots(rows)
+    nr = rows.shape[0]
+    slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
+    outs = np.asarray(out)
+    for i, (t, t1, kt, kt1, op) in enumerate(plan):
+        if op is None or type(op) is tuple or op is RED or op is NPRED \
+                or op.name not in ("eq", "eq_nan") or t1 != t + META + 1:
+            continue
+        n, _, st = info(rows, t)
+        if st[0] != 1 or st[1] != 0 or rows[t, 3] >= 0 or int(rows[t, 2]) < 0:
+            continue
+        if ((outs >= kt) & (outs < kt + n)).any():
+            continue
+        heads = heads_of(rows) if heads is None else heads
+        readers = _tie_readers(rows, kt, kt + n, heads)
+        if readers is None or len(readers) != 2:
+            continue
+        c, p = sorted(readers, key=lambda g: rows[g, 0] != RED)
+        if rows[c, 0] != RED or rows[p, 0] != ARR or int(rows[p + 1, 5]) != pk.code:
+            continue
+        np_, _, pst = info(rows, p)
+        if np_ != n or int(rows[p, 2]) != kt or pst[1] != 1 or pst[0] != 1 \
+                or any(q[0] == p for q in plan):  # (the picks skipped: _skip_picks)
+            continue
+        # the count: a sum of the ties alone, reduced to one slot, whose other slots no
+        # row after it reads
+        ci = [j for j, q in enumerate(plan) if q[0] == c and (q[4] is NPRED or q[4] is RED)]
+        if not ci or int(rows[c + 1, 5]) != ADD or int(rows[c, 1]) != kt:
+            continue
+        tree = _extreme_tree(rows, c, at, set(heads.tolist()))
+        if tree is None or tree[2] != n or tree[3]:
+            continue
+        last, Fc, _, _ = tree
+        kc = int(at[c])
+        if ((outs >= kc) & (outs < Fc)).any() or _read_after(rows, last + 1, kc, Fc, heads):
+            continue
+        e = ci[0]
+        while e < len(plan) and plan[e][1] <= last:
+            e += 1
+        if e == len(plan) or plan[e][4] is not RED and plan[e][4] is not NPRED \
+                and plan[e][4] is not None:
+            continue
+        # the picks' sum, one run in NumPy writing their adjoints, then their rule
+        ps = [h for h in sets if sets[h] == (int(at[p]), int(at[p]) + n)]
+        bi = [j for j, b in enumerate(back[:-1]) if ps and b[0] == ps[0]
+              and type(b[3]) is tuple and b[3][0] is ASSIGN]
+        if not bi:
+            continue
+        j = bi[0]
+        r, k, lo, kind = back[j + 1]
+        if kind is not None or not (lo <= p and r >= p + META):
+            continue
+        h = ps[0]
+        ns, L = int(rows[h + 1, 4]), int(rows[h, 4])
+        o = int(at[h]) + ns * (L - 2)  # (its outputs after the chains of L - 1 adds)
+        spec = (TIES, op.name == "eq_nan", int(rows[t, 1]), n, int(rows[t, 2]), Fc, t)
+        rev = (TIESREV, int(rows[p, 1]), n, ns, L, o, t)
+        nb = [(r, k, p + META + 1, None)] if r > p + META else []
+        nb.append((p, int(at[p]), p, rev))
+        if lo < p:
+            nb.append((p - 1, int(at[p]) - 1, lo, None))
+        back = back[:j] + nb + back[j + 2:]
+        cut = [] if plan[e][1] == last + 1 else [
+            (last + 1,) + plan[e][1:2] + (slot(last + 1),) + plan[e][3:]]
+        if cut and plan[e][4] is NPRED:
+            continue
+        plan = plan[:i] + [(t, t1, kt, kt1, spec)] + plan[i + 1:ci[0]] + cut + plan[e + 1:]
+        return plan, back
+    return plan, back
+
+
+def _ties_forward(step, v, masks):
+    """TIES (``_ties``): the tie mask, kept in ``masks``, and its count as the count's
+    value."""
+    _, nan, a0, n, ms, F, t = step
+    a, m = v[a0:a0 + n], v[ms]
+    mask = np.equal(a, m)
+    if nan and m != m:
+        mask |= np.isnan(a)
+    masks[t] = mask
+    v[F] = float(np.count_nonzero(mask))
+
+
+def _ties_reverse(step, adj, masks):
+    """TIESREV (``_ties``): each pick's adjoint ``0.0 + g`` (its sum's rule), times its tie
+    (1.0 or 0.0: the pick's rule ``g * b``) added to its operand's adjoint, the same
+    bits: where every ``g`` is one finite number, the non-ties' ``g * 0.0`` is a zero
+    (which leaves an adjoint as it was) and only the ties get ``g``."""
+    _, a0, n, ns, L, o, t = step
+    mask = masks[t]
+    G = adj[o:o + ns] + 0.0
+    dst = adj[a0:a0 + n]
+    g = G[0]
+    if np.isfinite(g) and (G == g).all():
+        # (g * 0.0 is a zero, and adding a zero to an adjoint leaves it as it was: the
+        # sweep reads no adjoint that is -0.0, each zeroed or first written ``0.0 + t``,
+        # then only added to, and x + y is -0.0 only when both are)
+        dst[np.flatnonzero(mask)] += g
+    else:
+        dst += np.multiply(mask.reshape(ns, L), G[:, None]).reshape(n)
+
+
 #: (the plan's mark of a sum of picks written as its value, -0.0: ``_skip_picks``)
 FILL = "fill"
 
@@ -1758,6 +1907,44 @@ def _exp_shift_reverse(step, v, adj):
     np.multiply(v[ke:ke + n].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
                 out=t.reshape(ns, L))
     np.add(0.0, t, out=t)
+
+
+#: (the reverse plan's mark of a sum of exps of a shift whose rule writes its operand's
+#: adjoints directly: ``_exp_shift_direct``)
+EXPSUBX = "expsubx"
+
+
+def _exp_shift_direct(rows, back, firsts):
+    """``back`` with each sum of exps of a shift (EXPSUB) whose shift is ``sub`` of a run
+    of slots and a broadcast one, both taking gradients, and which is the first to write
+    the run's adjoints (``_first_operands``) as (EXPSUBX, ..): the exp's rule written
+    straight into the run's adjoints, whose ``0.0 +`` the shift's rule is (``0.0 + t`` is
+    never -0.0, and adding it to a zero is itself), and their sum subtracted from the
+    broadcast operand's adjoint, the bits of ``_exp_shift_reverse`` then ``_np_reverse``
+    with one pass fewer: the shift's adjoints are not stored (lse's 640,000)."""
+    res = []
+    for step in back:
+        kind = step[3]
+        if type(kind) is tuple and kind[0] is EXPSUB and kind[1].name == "sub":
+            _, _, b, kb, ke, ns, L, o = kind
+            ops = _grad_operands(rows, b)
+            n = ns * L
+            if len(ops) == 2 and ops[0][0] == 0 and ops[0][2] == 1 and ops[1][0] == 1 \
+                    and ops[1][2] == 0 and (ops[0][1], ops[0][1] + n) in firsts.get(b, ()):
+                step = step[:3] + ((EXPSUBX, ops[0][1], ops[1][1], ke, ns, L, o),)
+        res.append(step)
+    return res
+
+
+def _exp_shift_direct_reverse(step, v, adj):
+    """EXPSUBX (``_exp_shift_direct``)."""
+    _, a0, bs, ke, ns, L, o = step
+    n = ns * L
+    t = adj[a0:a0 + n]
+    np.multiply(v[ke:ke + n].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
+                out=t.reshape(ns, L))
+    np.add(0.0, t, out=t)
+    adj[bs] += -float(np.sum(t))
 
 
 def _live(rows, nslots, assigned=()):
