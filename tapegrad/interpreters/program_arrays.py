@@ -1590,15 +1590,19 @@ TIES = "ties"
 TIESREV = "tiesrev"
 
 
-def _tie_readers(rows, lo, hi, heads):
-    """The instructions that read a slot in [lo, hi), or None when a scalar row does."""
+def _tie_readers(rows, lo, hi, heads, skip):
+    """The instructions that read a slot in [lo, hi), but for the rows in ``skip`` (first,
+    last); None when a scalar row does."""
     scalar = rows[:, 0] != TAIL
     scalar[heads[(rows[heads, 0] == ARR) | (rows[heads, 0] == RED)]] = False
+    scalar[skip[0]:skip[1] + 1] = False
     ops = rows[scalar, 1:4]
     if ((ops >= lo) & (ops < hi)).any():
         return None
     res = []
     for g in heads.tolist():
+        if skip[0] <= g <= skip[1]:
+            continue
         m, code, st = info(rows, g)
         spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
                    (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
@@ -1611,20 +1615,22 @@ def _tie_readers(rows, lo, hi, heads):
 
 def _ties(rows, plan, back, out, sets):
     """(plan, back) with a max's ties (``eq`` or ``eq_nan`` of a run of slots and one
-    slot: the max) that only their count (a sum, any order of whose adds gives the
-    count) and their picks read, the picks skipped and their sum's reverse writing their
-    adjoints (``_skip_picks``, ``_first_writers``), as one forward step (TIES: the tie
-    mask as NumPy bools, kept for the reverse, and its ``count_nonzero`` written as the
-    count's value) and one reverse step for the picks' sum and rule (TIESREV): the tie
-    values, the count's partial sums and the picks' adjoints are never stored. Eager
-    mode, likewise, makes its mask in the backward alone (lse at 640,000 elements: the
-    ties and their count took 0.9 ms as two passes over float slots)."""
+    slot: the max) that only their count (a sum of them all, reduced to one slot: any
+    order of its adds gives the count) and their picks read, the picks skipped and their
+    sums' reverse writing their adjoints (``_skip_picks``, ``_first_writers``), as one
+    forward step (TIES: the tie mask as NumPy bools, kept for the reverse, and its
+    ``count_nonzero`` written as the count's value) and one reverse step for the picks'
+    sums and rule (TIESREV): the tie values, the count's partial sums and the picks'
+    adjoints are never stored. Eager mode, likewise, makes its mask in the backward
+    alone (lse at 640,000 elements: the ties and their count took 0.9 ms as two passes
+    over float slots)."""
     pk = BY_NAME["pick"]
     heads = None
     at, nslots = row_slots(rows)
     nr = rows.shape[0]
     slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
     outs = np.asarray(out)
+    by_start = {sets[h][0]: h for h in sets}
     for i, (t, t1, kt, kt1, op) in enumerate(plan):
         if op is None or type(op) is tuple or op is RED or op is NPRED \
                 or op.name not in ("eq", "eq_nan") or t1 != t + META + 1:
@@ -1635,27 +1641,30 @@ def _ties(rows, plan, back, out, sets):
         if ((outs >= kt) & (outs < kt + n)).any():
             continue
         heads = heads_of(rows) if heads is None else heads
-        readers = _tie_readers(rows, kt, kt + n, heads)
-        if readers is None or len(readers) != 2:
+        # the count: a sum of the ties alone, from their first, reduced to one slot whose
+        # tree's other slots no row after it reads
+        ci = [j for j, q in enumerate(plan) if (q[4] is NPRED or q[4] is RED)
+              and rows[q[0], 0] == RED and int(rows[q[0], 1]) == kt
+              and int(rows[q[0] + 1, 5]) == ADD and rows[q[0], 2] < 0]
+        if not ci:
             continue
-        c, p = sorted(readers, key=lambda g: rows[g, 0] != RED)
-        if rows[c, 0] != RED or rows[p, 0] != ARR or int(rows[p + 1, 5]) != pk.code:
-            continue
-        np_, _, pst = info(rows, p)
-        if np_ != n or int(rows[p, 2]) != kt or pst[1] != 1 or pst[0] != 1 \
-                or any(q[0] == p for q in plan):  # (the picks skipped: _skip_picks)
-            continue
-        # the count: a sum of the ties alone, reduced to one slot, whose other slots no
-        # row after it reads
-        ci = [j for j, q in enumerate(plan) if q[0] == c and (q[4] is NPRED or q[4] is RED)]
-        if not ci or int(rows[c + 1, 5]) != ADD or int(rows[c, 1]) != kt:
-            continue
+        c = plan[ci[0]][0]
         tree = _extreme_tree(rows, c, at, set(heads.tolist()))
-        if tree is None or tree[2] != n or tree[3]:
+        if tree is None or tree[2] != n:
             continue
         last, Fc, _, _ = tree
         kc = int(at[c])
         if ((outs >= kc) & (outs < Fc)).any() or _read_after(rows, last + 1, kc, Fc, heads):
+            continue
+        readers = _tie_readers(rows, kt, kt + n, heads, (c, last))
+        if readers is None or len(readers) != 1:
+            continue
+        p = readers[0]
+        if rows[p, 0] != ARR or int(rows[p + 1, 5]) != pk.code:
+            continue
+        np_, _, pst = info(rows, p)
+        if np_ != n or int(rows[p, 2]) != kt or pst[1] != 1 or pst[0] != 1 \
+                or any(q[0] == p for q in plan):  # (the picks skipped: _skip_picks)
             continue
         e = ci[0]
         while e < len(plan) and plan[e][1] <= last:
@@ -1663,30 +1672,37 @@ def _ties(rows, plan, back, out, sets):
         if e == len(plan) or plan[e][4] is not RED and plan[e][4] is not NPRED \
                 and plan[e][4] is not None:
             continue
-        # the picks' sum, one run in NumPy writing their adjoints, then their rule
-        ps = [h for h in sets if sets[h] == (int(at[p]), int(at[p]) + n)]
-        bi = [j for j, b in enumerate(back[:-1]) if ps and b[0] == ps[0]
-              and type(b[3]) is tuple and b[3][0] is ASSIGN]
-        if not bi:
-            continue
-        j = bi[0]
-        r, k, lo, kind = back[j + 1]
-        if kind is not None or not (lo <= p and r >= p + META):
-            continue
-        h = ps[0]
-        ns, L = int(rows[h + 1, 4]), int(rows[h, 4])
-        o = int(at[h]) + ns * (L - 2)  # (its outputs after the chains of L - 1 adds)
-        spec = (TIES, op.name == "eq_nan", int(rows[t, 1]), n, int(rows[t, 2]), Fc, t)
-        rev = (TIESREV, int(rows[p, 1]), n, ns, L, o, t)
-        nb = [(r, k, p + META + 1, None)] if r > p + META else []
-        nb.append((p, int(at[p]), p, rev))
-        if lo < p:
-            nb.append((p - 1, int(at[p]) - 1, lo, None))
-        back = back[:j] + nb + back[j + 2:]
         cut = [] if plan[e][1] == last + 1 else [
             (last + 1,) + plan[e][1:2] + (slot(last + 1),) + plan[e][3:]]
         if cut and plan[e][4] is NPRED:
             continue
+        # the picks' sums, one after another over their slots, each run in NumPy writing
+        # their adjoints (ASSIGN), before the picks' rule in the reverse
+        hs, k = [], int(at[p])
+        while k < int(at[p]) + n and k in by_start:
+            hs.append(by_start[k])
+            k = sets[hs[-1]][1]
+        if k != int(at[p]) + n:
+            continue
+        pos = {b[0]: j for j, b in enumerate(back)
+               if type(b[3]) is tuple and b[3][0] is ASSIGN}
+        pj = [j for j, b in enumerate(back) if b[3] is None and b[2] <= p <= b[0] - META]
+        if not pj or any(h not in pos or pos[h] > pj[0] for h in hs):
+            continue
+        r, k, lo, _ = back[pj[0]]
+        sums = []
+        for h in hs:
+            ns, L = int(rows[h + 1, 4]), int(rows[h, 4])
+            sums.append((int(at[h]) + ns * (L - 2), ns, L))  # (outputs after the chains)
+        spec = (TIES, op.name == "eq_nan", int(rows[t, 1]), n, int(rows[t, 2]), Fc, t)
+        rev = (TIESREV, int(rows[p, 1]), n, tuple(sums), t)
+        nb = [(r, k, p + META + 1, None)] if r > p + META else []
+        nb.append((p, int(at[p]), p, rev))
+        if lo < p:
+            nb.append((p - 1, int(at[p]) - 1, lo, None))
+        drop = {pos[h] for h in hs}
+        back = [b for j, b in enumerate(back[:pj[0]]) if j not in drop] + nb \
+            + back[pj[0] + 1:]
         plan = plan[:i] + [(t, t1, kt, kt1, spec)] + plan[i + 1:ci[0]] + cut + plan[e + 1:]
         return plan, back
     return plan, back
@@ -1709,18 +1725,19 @@ def _ties_reverse(step, adj, masks):
     (1.0 or 0.0: the pick's rule ``g * b``) added to its operand's adjoint, the same
     bits: where every ``g`` is one finite number, the non-ties' ``g * 0.0`` is a zero
     (which leaves an adjoint as it was) and only the ties get ``g``."""
-    _, a0, n, ns, L, o, t = step
+    _, a0, n, sums, t = step
     mask = masks[t]
-    G = adj[o:o + ns] + 0.0
+    G = [adj[o:o + ns] + 0.0 for o, ns, _ in sums]
     dst = adj[a0:a0 + n]
-    g = G[0]
-    if np.isfinite(g) and (G == g).all():
+    g = G[0][0]
+    if np.isfinite(g) and all((Gi == g).all() for Gi in G):
         # (g * 0.0 is a zero, and adding a zero to an adjoint leaves it as it was: the
         # sweep reads no adjoint that is -0.0, each zeroed or first written ``0.0 + t``,
         # then only added to, and x + y is -0.0 only when both are)
         dst[np.flatnonzero(mask)] += g
     else:
-        dst += np.multiply(mask.reshape(ns, L), G[:, None]).reshape(n)
+        gp = np.concatenate([np.repeat(Gi, L) for Gi, (_, _, L) in zip(G, sums)])
+        dst += np.multiply(gp, mask)
 
 
 #: (the plan's mark of a sum of picks written as its value, -0.0: ``_skip_picks``)
