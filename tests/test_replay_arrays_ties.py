@@ -225,3 +225,36 @@ def test_hvp_and_create_graph_through_the_max(f, monkeypatch):
     if f is lse:
         hx, = tg.autograd.grad((gx * tg.tensor(v)).sum(), xs)
         np.testing.assert_allclose(hx.detach().numpy(), hv, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("f", [max3, amax3, neg_lse])
+def test_a_compiled_rest_after_the_blocks(f, monkeypatch):
+    """The blocks' sums in NumPy, the rest's (44 terms) compiled, as at n = 200,000 with
+    the default thresholds: the rest's sum writes its terms' adjoints too
+    (``_first_writers``, its reverse step split out), so that the picks are skipped and
+    the ties are one step."""
+    small(monkeypatch)
+    monkeypatch.setattr(PA, "NUMPY_RED_MIN", 200)
+    n = 300
+    x0 = next(inputs(n))
+    seen = spies(monkeypatch)
+    assigned = []
+    real = PA._red_assign
+    monkeypatch.setattr(PA, "_red_assign", lambda rows, h, k, adj: (
+        assigned.append(int(rows[h, 4])), real(rows, h, k, adj)))
+    P = trace(f, x0, 4)
+    S = trace(f, x0, 1 << 40)
+    for x in inputs(n):
+        for k in seen:
+            seen[k].clear()
+        assigned.clear()
+        a, b = P.value_and_grad(x), S.value_and_grad(x)
+        assert len(seen["ties"]) == 1 and len(seen["tiesrev"]) == 1
+        if f is neg_lse:  # (the exps' rest: compiled, written first)
+            assert 44 in assigned
+            y, g = torch_grad(f, x)
+            np.testing.assert_allclose(a[0], y, rtol=1e-13)
+            np.testing.assert_allclose(a[1], g, rtol=1e-12, atol=1e-15)
+        else:
+            same_bits(a[0], b[0])
+            same_bits(a[1], b[1])

@@ -523,8 +523,21 @@ def entry(rows, work):
     sets = _first_writers(rows, plan, out)
     if sets:  # (a sum's reverse step alone: its last row and slot, its first row)
         at = row_slots(rows)[0]
-        back = [(r0, int(at[r0]), r0, (ASSIGN,)) if kind is RED and r0 == r1 - META
-                and r0 in sets else (r1, k, r0, kind) for r1, k, r0, kind in back]
+        split = []
+        for step in back:
+            r1, k, r0, kind = step
+            if kind is not RED:
+                split.append(step)
+                continue
+            hs = [h for h in sets if r0 <= h <= r1 - META]
+            for h in sorted(hs, reverse=True):  # (the rows after it, it, the rest)
+                if r1 > h + META:
+                    split.append((r1, k, h + META + 1, RED))
+                split.append((h, int(at[h]), h, (ASSIGN,)))
+                r1, k = h - 1, int(at[h]) - 1
+            if r1 >= r0:
+                split.append((r1, k, r0, kind))
+        back = split
     firsts = _first_operands(rows, back, out)
     mm_firsts = _mm_first(rows, back, out)
     rg_firsts = _rgrp_first(rows, back, out)
@@ -1343,13 +1356,29 @@ def _first_writers(rows, plan, out):
     zeroed adjoint gives, to the bit), so they are not zeroed first (lse's sums of its
     exps and picks: 1.3 million slots, 0.3 ms of zeroing)."""
     cands = {}
+    ew = None
     for r0, r1, _, _, op in plan:
-        if op is not NPRED or rows[r0 + META, 5] == 1.0 or int(rows[r0 + 1, 5]) != ADD:
+        hs = [r0]
+        if op is RED and r1 - r0 > META + 1:
+            # (and the sums of one output in a run of compiled reductions whose terms an
+            # elementwise instruction made: the rest after a long sum's blocks, lse's
+            # last 64 exps and picks at n = 200,000; their step is split in reverse)
+            if ew is None:
+                at = row_slots(rows)[0]
+                hh = heads_of(rows)
+                hh = hh[rows[hh, 0] == ARR]
+                ew = (at[hh], at[hh] + rows[hh + 1, 4].astype(np.int64))
+            hs = [h for h in range(r0, r1) if rows[h, 0] == RED and rows[h + 1, 4] == 1.0
+                  and np.any((ew[0] <= rows[h, 1]) & (rows[h, 1] + rows[h, 4] <= ew[1]))]
+        elif op is not NPRED:
             continue
-        n, _, (sa, sb, ta, tb, L) = info(rows, r0)
-        if ta == 1 and (sa == L or n == 1):
-            a = int(rows[r0, 1])
-            cands[r0] = (a, a + n * L)
+        for h in hs:
+            if rows[h + META, 5] == 1.0 or int(rows[h + 1, 5]) != ADD or rows[h, 2] >= 0:
+                continue
+            n, _, (sa, sb, ta, tb, L) = info(rows, h)
+            if ta == 1 and (sa == L or n == 1):
+                a = int(rows[h, 1])
+                cands[h] = (a, a + n * L)
     if not cands:
         return cands
     lo = np.array([c[0] for c in cands.values()])
@@ -1664,7 +1693,7 @@ def _ties(rows, plan, back, out, sets):
             continue
         np_, _, pst = info(rows, p)
         if np_ != n or int(rows[p, 2]) != kt or pst[1] != 1 or pst[0] != 1 \
-                or any(q[0] == p for q in plan):  # (the picks skipped: _skip_picks)
+                or any(q[0] == p and q[4] is pk for q in plan):  # (skipped: _skip_picks)
             continue
         e = ci[0]
         while e < len(plan) and plan[e][1] <= last:
@@ -1767,9 +1796,13 @@ def _skip_picks(rows, plan, sets):
     if not sums:
         return plan
     at = row_slots(rows)[0]
+    npred = {p_[0] for p_ in plan if p_[4] is NPRED}
     new = []
     for r0, r1, k0, k1, op in plan:
         if op is pk and r0 in picks:
+            # (the picks that a compiled sum reads, as their values: -0.0)
+            new.extend((r0, r1, k0, k1, (FILL,) + sets[h]) for h in sorted(sums)
+                       if h not in npred and k0 <= sets[h][0] < k1)
             continue
         if op is NPRED and r0 in sums:
             n, L = int(rows[r0 + 1, 4]), int(rows[r0, 4])
