@@ -231,8 +231,8 @@ def test_hvp_and_create_graph_through_the_max(f, monkeypatch):
 def test_a_compiled_rest_after_the_blocks(f, monkeypatch):
     """The blocks' sums in NumPy, the rest's (44 terms) compiled, as at n = 200,000 with
     the default thresholds: the rest's sum writes its terms' adjoints too
-    (``_first_writers``, its reverse step split out), so that the picks are skipped and
-    the ties are one step."""
+    (``_first_writers``, its reverse step split out), so that the picks are skipped, the
+    ties are one step and lse's exp and shift one reverse step (``_exp_shift``)."""
     small(monkeypatch)
     monkeypatch.setattr(PA, "NUMPY_RED_MIN", 200)
     n = 300
@@ -242,16 +242,23 @@ def test_a_compiled_rest_after_the_blocks(f, monkeypatch):
     real = PA._red_assign
     monkeypatch.setattr(PA, "_red_assign", lambda rows, h, k, adj: (
         assigned.append(int(rows[h, 4])), real(rows, h, k, adj)))
+    fused = []
+
+    def counted(real):
+        return lambda *a: (fused.append(1), real(*a))
+    for name in ("_exp_shift_reverse", "_exp_shift_direct_reverse"):
+        monkeypatch.setattr(PA, name, counted(getattr(PA, name)))
     P = trace(f, x0, 4)
     S = trace(f, x0, 1 << 40)
     for x in inputs(n):
         for k in seen:
             seen[k].clear()
         assigned.clear()
+        fused.clear()
         a, b = P.value_and_grad(x), S.value_and_grad(x)
         assert len(seen["ties"]) == 1 and len(seen["tiesrev"]) == 1
-        if f is neg_lse:  # (the exps' rest: compiled, written first)
-            assert 44 in assigned
+        if f is neg_lse:  # (the exps' rest: compiled, written first, read by the fused
+            assert 44 in assigned and fused == [1]  # step of the exp and its shift)
             y, g = torch_grad(f, x)
             np.testing.assert_allclose(a[0], y, rtol=1e-13)
             np.testing.assert_allclose(a[1], g, rtol=1e-12, atol=1e-15)

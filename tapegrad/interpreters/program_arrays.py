@@ -1899,14 +1899,17 @@ def _exp_shift(rows, back, out, sets):
     g``) are neither stored nor read back: 640,000 of each in lse's gradient."""
     res, shifts, i = [], [], 0
     heads = None
+    done = set()  # (the sums that wrote their terms' adjoints before this step)
     while i < len(back):
         step = back[i]
+        if type(step[3]) is tuple and step[3][0] is ASSIGN and step[0] in sets:
+            done.add(step[0])
         if i + 2 < len(back) and type(step[3]) is tuple and step[3][0] is ASSIGN:
-            fused = _exp_shift_step(rows, back[i:i + 3], out, sets, heads)
+            fused = _exp_shift_step(rows, back[i:i + 3], out, sets, heads, done)
             heads = fused[1]
             if fused[0] is not None:
                 res.append((step[0], step[1], step[2], fused[0]))
-                shifts.append((fused[0][3], fused[0][3] + fused[0][5] * fused[0][6]))
+                shifts.append((fused[0][3], fused[0][3] + fused[0][8]))
                 i += 3
                 continue
         res.append(step)
@@ -1914,7 +1917,7 @@ def _exp_shift(rows, back, out, sets):
     return res, shifts
 
 
-def _exp_shift_step(rows, steps, out, sets, heads):
+def _exp_shift_step(rows, steps, out, sets, heads, done=()):
     """(EXPSUB, sub's op, its first row, its first slot, the exps' first slot, the sum's
     outputs n, terms L each, its outputs' first slot) for the three reverse steps
     ``steps`` (the sum's, the exp's, the shift's) when they are such a sum, else None;
@@ -1932,7 +1935,15 @@ def _exp_shift_step(rows, steps, out, sets, heads):
     ke0 = ke - n + 1  # (the exp's first slot: the step names its last)
     ns, _, (sa, _, ta, _, L) = info(rows, s)
     if int(rows[s + 1, 5]) != ADD or ta != 1 or (sa != L and ns != 1) \
-            or int(rows[s, 1]) != ke0 or ns * L != n:
+            or int(rows[s, 1]) != ke0 or ns * L > n:
+        return None, heads
+    # the exps after the sum's terms (a long sum's rest): summed by sums that wrote their
+    # adjoints earlier in the sweep (``done``), which the step reads
+    k = ke0 + ns * L
+    by_start = {sets[h][0]: h for h in done}
+    while k < ke0 + n and k in by_start:
+        k = sets[by_start[k]][1]
+    if k != ke0 + n:
         return None, heads
     outs = np.asarray(out)
     if ((outs >= kb) & (outs < kb + n)).any():
@@ -1942,7 +1953,7 @@ def _exp_shift_step(rows, steps, out, sets, heads):
     if _read_after(rows, e + META + 1, kb, kb + n, heads):
         return None, heads
     o = int(row_slots(rows)[0][s]) + ns * (L - 2)  # (the sum's outputs, _red_assign's)
-    return (EXPSUB, OPS[int(rows[b + 1, 5])], b, kb, ke0, ns, L, o), heads
+    return (EXPSUB, OPS[int(rows[b + 1, 5])], b, kb, ke0, ns, L, o, n), heads
 
 
 def _exp_shift_reverse(step, v, adj):
@@ -1951,11 +1962,13 @@ def _exp_shift_reverse(step, v, adj):
     adjoints (``0.0 + t``), as the sum's assignment and the compiled exp rule compute
     them, to the bit, in two passes that store none of the exps' adjoints; the shift's
     own rule then runs on them (``_np_reverse``)."""
-    _, _, _, kb, ke, ns, L, o = step
-    n = ns * L
+    _, _, _, kb, ke, ns, L, o, n = step
     t = adj[kb:kb + n]
-    np.multiply(v[ke:ke + n].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
-                out=t.reshape(ns, L))
+    m = ns * L
+    np.multiply(v[ke:ke + m].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
+                out=t[:m].reshape(ns, L))
+    if m < n:  # (the rest's exps: their adjoints written by their own sums)
+        np.multiply(v[ke + m:ke + n], adj[ke + m:ke + n], out=t[m:])
     np.add(0.0, t, out=t)
 
 
@@ -1976,23 +1989,24 @@ def _exp_shift_direct(rows, back, firsts):
     for step in back:
         kind = step[3]
         if type(kind) is tuple and kind[0] is EXPSUB and kind[1].name == "sub":
-            _, _, b, kb, ke, ns, L, o = kind
+            _, _, b, kb, ke, ns, L, o, n = kind
             ops = _grad_operands(rows, b)
-            n = ns * L
             if len(ops) == 2 and ops[0][0] == 0 and ops[0][2] == 1 and ops[1][0] == 1 \
                     and ops[1][2] == 0 and (ops[0][1], ops[0][1] + n) in firsts.get(b, ()):
-                step = step[:3] + ((EXPSUBX, ops[0][1], ops[1][1], ke, ns, L, o),)
+                step = step[:3] + ((EXPSUBX, ops[0][1], ops[1][1], ke, ns, L, o, n),)
         res.append(step)
     return res
 
 
 def _exp_shift_direct_reverse(step, v, adj):
     """EXPSUBX (``_exp_shift_direct``)."""
-    _, a0, bs, ke, ns, L, o = step
-    n = ns * L
+    _, a0, bs, ke, ns, L, o, n = step
     t = adj[a0:a0 + n]
-    np.multiply(v[ke:ke + n].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
-                out=t.reshape(ns, L))
+    m = ns * L
+    np.multiply(v[ke:ke + m].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
+                out=t[:m].reshape(ns, L))
+    if m < n:  # (the rest's exps: their adjoints written by their own sums)
+        np.multiply(v[ke + m:ke + n], adj[ke + m:ke + n], out=t[m:])
     np.add(0.0, t, out=t)
     adj[bs] += -float(np.sum(t))
 
