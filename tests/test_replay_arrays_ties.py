@@ -232,7 +232,8 @@ def test_a_compiled_rest_after_the_blocks(f, monkeypatch):
     """The blocks' sums in NumPy, the rest's (44 terms) compiled, as at n = 200,000 with
     the default thresholds: the rest's sum writes its terms' adjoints too
     (``_first_writers``, its reverse step split out), so that the picks are skipped, the
-    ties are one step and lse's exp and shift one reverse step (``_exp_shift``)."""
+    ties are one step and lse's exp and shift one reverse step (``_exp_shift``); the
+    detach that the rest's sum reads runs only before the tree's steps (a zero maximum)."""
     small(monkeypatch)
     monkeypatch.setattr(PA, "NUMPY_RED_MIN", 200)
     n = 300

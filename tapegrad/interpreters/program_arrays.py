@@ -588,9 +588,11 @@ def entry(rows, work):
                             status = int(fw(rows, x, v, q0, q1, j0))
                         elif qop is RED:
                             rfw(rows, v, q0, q1, j0)
-                        else:
+                        elif qop is NPRED or type(qop) is tuple:
                             _np_red_forward(rows, q0, j0, v,
                                             qop[1] if type(qop) is tuple else 0)
+                        else:  # (the detach that only the tree reads)
+                            _np_forward(qop, rows, q0, j0, v, x)
                     if status:
                         break
             elif type(op) is tuple:
@@ -1589,9 +1591,21 @@ def _flat_extremes(rows, plan, out):
             continue
         sub = plan[i:e] + [plan[e][:1] + (last + 1,) + plan[e][2:3] + (slot(last + 1),)
                            + plan[e][4:]]
-        new.extend(plan[j:i])
+        lo = int(rows[h, 1]) + shift
+        # the detach in NumPy whose slots only the tree reads (the rest's terms kept it,
+        # ``_skip_detach``): the flat extreme reads its operand, and the copy runs only
+        # before the tree's steps (lse at n = 200,000: 0.1 ms)
+        dt = [d for d in range(j, i) if plan[d][4] is BY_NAME["detach"] and shift == 0
+              and plan[d][1] == plan[d][0] + META + 1 and plan[d][2] <= lo
+              and lo + M <= plan[d][3] and info(rows, plan[d][0])[2][0] == 1
+              and not ((outs >= plan[d][2]) & (outs < plan[d][3])).any()
+              and _tie_readers(rows, plan[d][2], plan[d][3], heads, (h, last)) == []]
+        if dt:
+            sub = [plan[dt[0]]] + sub
+            lo += int(rows[plan[dt[0]][0], 1]) - plan[dt[0]][2]
+        new.extend(p_ for d, p_ in enumerate(plan[j:i], j) if d not in dt[:1])
         new.append((h, last + 1, k0, slot(last + 1),
-                    (XRED, int(rows[h + 1, 5]), int(rows[h, 1]) + shift, M, F, sub)))
+                    (XRED, int(rows[h + 1, 5]), lo, M, F, sub)))
         if plan[e][1] > last + 1:
             if plan[e][4] is not None and plan[e][4] is not RED:
                 new.pop()
