@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 
 def small(monkeypatch):
+    monkeypatch.setattr(PA, "FLAT_MIN", 4)
     monkeypatch.setattr(PA, "NUMPY_RED_MIN", 4)
     monkeypatch.setattr(PA, "NUMPY_BCAST_MIN", 4)
     monkeypatch.setattr(PA, "NUMPY_MIN", dict.fromkeys(PA.NUMPY_MIN, 4))

@@ -1381,6 +1381,11 @@ def _first_writers(rows, plan, out):
             if ta == 1 and (sa == L or n == 1):
                 a = int(rows[h, 1])
                 cands[h] = (a, a + n * L)
+    # (a compiled one only as the rest after a sum in NumPy: elsewhere its own step in
+    # reverse costs the driver more than the zeroing it saves)
+    npred = {p_[0] for p_ in plan if p_[4] is NPRED}
+    ends = {c[1] for h, c in cands.items() if h in npred}
+    cands = {h: c for h, c in cands.items() if h in npred or c[0] in ends}
     if not cands:
         return cands
     lo = np.array([c[0] for c in cands.values()])
@@ -1472,6 +1477,9 @@ def _skip_detach(rows, plan, out):
 #: (the plan's mark of a max or min of detached values over one run of slots, as a flat
 #: NumPy extreme where no zero is its result: ``_flat_extremes``)
 XRED = "xred"
+#: a flat extreme's run has at least this many terms: a NumPy call and a step of the
+#: driver cost about what a compiled tree of a few thousand maxima does (gmm's of 25)
+FLAT_MIN = 8192
 
 
 def _extreme_tree(rows, h, at, heads_set, limit=256):
@@ -1574,7 +1582,8 @@ def _flat_extremes(rows, plan, out):
             continue
         last, F, M, raw = tree
         k0 = int(at[h])
-        if ((outs >= k0) & (outs < F)).any() or _read_after(rows, last + 1, k0, F, heads):
+        if M < FLAT_MIN or ((outs >= k0) & (outs < F)).any() \
+                or _read_after(rows, last + 1, k0, F, heads):
             continue
         if raw:  # the rest's terms read from the run too: a detach's slots
             if not any(rows[g, 0] == ARR and OPS[int(rows[g + 1, 5])].name == "detach"
