@@ -79,11 +79,16 @@ def test_fused_sum_of_exps_gives_the_unfused_bits_and_torchs_numbers(f, monkeypa
     small(monkeypatch)
     x0 = next(inputs())
     calls = []
-    real = PA._exp_shift_reverse
-    monkeypatch.setattr(PA, "_exp_shift_reverse", lambda *a: (calls.append(1), real(*a)))
+    real, direct = PA._exp_shift_reverse, PA._exp_shift_direct_reverse
+
+    def spy():  # (lse's shift writes x's adjoints directly: _exp_shift_direct)
+        monkeypatch.setattr(PA, "_exp_shift_reverse", lambda *a: (calls.append(1), real(*a)))
+        monkeypatch.setattr(PA, "_exp_shift_direct_reverse",
+                            lambda *a: (calls.append(1), direct(*a)))
+    spy()
     P = traced(f, x0, monkeypatch, True)
     Q = traced(f, x0, monkeypatch, False)
-    monkeypatch.setattr(PA, "_exp_shift_reverse", lambda *a: (calls.append(1), real(*a)))
+    spy()
     for x in inputs():
         calls.clear()
         a, b = P.value_and_grad(x), Q.value_and_grad(x)

@@ -186,7 +186,10 @@ def test_a_max_s_picks_not_run_give_the_same_bits(monkeypatch, case):
     assert rows.shape == Q._code.arows.shape
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
-    assert np.array_equal(np.signbit(a[1]), np.signbit(b[1]))
+    # (zeros' signs; not a NaN's: the compiled rule's vectorized body and its remainder
+    # give NaN + NaN different signs, and the ties' step, ``_ties``, adds in NumPy)
+    ok = ~np.isnan(a[1])
+    assert np.array_equal(np.signbit(a[1][ok]), np.signbit(b[1][ok]))
     xt = torch.tensor(x, requires_grad=True)
     y = lse(torch, xt)
     gt, = torch.autograd.grad(y, xt)

@@ -523,12 +523,26 @@ def entry(rows, work):
     sets = _first_writers(rows, plan, out)
     if sets:  # (a sum's reverse step alone: its last row and slot, its first row)
         at = row_slots(rows)[0]
-        back = [(r0, int(at[r0]), r0, (ASSIGN,)) if kind is RED and r0 == r1 - META
-                and r0 in sets else (r1, k, r0, kind) for r1, k, r0, kind in back]
+        split = []
+        for step in back:
+            r1, k, r0, kind = step
+            if kind is not RED:
+                split.append(step)
+                continue
+            hs = [h for h in sets if r0 <= h <= r1 - META]
+            for h in sorted(hs, reverse=True):  # (the rows after it, it, the rest)
+                if r1 > h + META:
+                    split.append((r1, k, h + META + 1, RED))
+                split.append((h, int(at[h]), h, (ASSIGN,)))
+                r1, k = h - 1, int(at[h]) - 1
+            if r1 >= r0:
+                split.append((r1, k, r0, kind))
+        back = split
     firsts = _first_operands(rows, back, out)
     mm_firsts = _mm_first(rows, back, out)
     rg_firsts = _rgrp_first(rows, back, out)
     back, shifts = _exp_shift(rows, back, out, sets)
+    back = _exp_shift_direct(rows, back, firsts)
     live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
                  + list(mm_firsts.values()) + list(rg_firsts.values()) + shifts)
     if p and (ins == ins[0] + np.arange(p)).all():
@@ -536,7 +550,8 @@ def entry(rows, work):
         # not a gather (1 ms of lse's gradient at n = 640,000)
         ins = slice(int(ins[0]), int(ins[0]) + p)
 
-    plan = _skip_picks(rows, _skip_detach(rows, plan, out), sets)
+    plan = _flat_extremes(rows, _skip_picks(rows, _skip_detach(rows, plan, out), sets), out)
+    plan, back = _ties(rows, plan, back, out, sets)
     # the values begin where the inputs are when the first instruction is a large leaf
     # instruction copying them, in order, into the first slots: those slots are the
     # inputs themselves, and the copy is left out (0.26 ms of lse's 640,000 elements)
@@ -549,6 +564,7 @@ def entry(rows, work):
         v = work[base:base + n]
         x = work[o:o + nx]
         status = 0
+        masks = {}
         for r0, r1, k0, k1, op in plan:
             if op is None:
                 status = int(fw(rows, x, v, r0, r1, k0))
@@ -563,6 +579,22 @@ def entry(rows, work):
                 _np_red_forward(rows, r0, k0, v, op[1])
             elif type(op) is tuple and op[0] is FILL:
                 v[op[1]:op[2]] = -0.0
+            elif type(op) is tuple and op[0] is TIES:
+                _ties_forward(op, v, masks)
+            elif type(op) is tuple and op[0] is XRED:
+                if not _xred_forward(op, v):
+                    for q0, q1, j0, _, qop in op[-1]:  # the tree's own steps
+                        if qop is None:
+                            status = int(fw(rows, x, v, q0, q1, j0))
+                        elif qop is RED:
+                            rfw(rows, v, q0, q1, j0)
+                        elif qop is NPRED or type(qop) is tuple:
+                            _np_red_forward(rows, q0, j0, v,
+                                            qop[1] if type(qop) is tuple else 0)
+                        else:  # (the detach that only the tree reads)
+                            _np_forward(qop, rows, q0, j0, v, x)
+                    if status:
+                        break
             elif type(op) is tuple:
                 with np.errstate(all="ignore"):
                     if op[0] is RGRP:
@@ -598,6 +630,12 @@ def entry(rows, work):
                     rrv(rows, v, adj, r, k, lo)
                 elif type(kind) is tuple and kind[0] is ASSIGN:
                     _red_assign(rows, r, k, adj)
+                elif type(kind) is tuple and kind[0] is EXPSUBX:
+                    with np.errstate(all="ignore"):
+                        _exp_shift_direct_reverse(kind, v, adj)
+                elif type(kind) is tuple and kind[0] is TIESREV:
+                    with np.errstate(all="ignore"):
+                        _ties_reverse(kind, adj, masks)
                 elif type(kind) is tuple and kind[0] is EXPSUB:
                     with np.errstate(all="ignore"):
                         _exp_shift_reverse(kind, v, adj)
@@ -1320,13 +1358,34 @@ def _first_writers(rows, plan, out):
     zeroed adjoint gives, to the bit), so they are not zeroed first (lse's sums of its
     exps and picks: 1.3 million slots, 0.3 ms of zeroing)."""
     cands = {}
+    ew = None
     for r0, r1, _, _, op in plan:
-        if op is not NPRED or rows[r0 + META, 5] == 1.0 or int(rows[r0 + 1, 5]) != ADD:
+        hs = [r0]
+        if op is RED and r1 - r0 > META + 1:
+            # (and the sums of one output in a run of compiled reductions whose terms an
+            # elementwise instruction made: the rest after a long sum's blocks, lse's
+            # last 64 exps and picks at n = 200,000; their step is split in reverse)
+            if ew is None:
+                at = row_slots(rows)[0]
+                hh = heads_of(rows)
+                hh = hh[rows[hh, 0] == ARR]
+                ew = (at[hh], at[hh] + rows[hh + 1, 4].astype(np.int64))
+            hs = [h for h in range(r0, r1) if rows[h, 0] == RED and rows[h + 1, 4] == 1.0
+                  and np.any((ew[0] <= rows[h, 1]) & (rows[h, 1] + rows[h, 4] <= ew[1]))]
+        elif op is not NPRED:
             continue
-        n, _, (sa, sb, ta, tb, L) = info(rows, r0)
-        if ta == 1 and (sa == L or n == 1):
-            a = int(rows[r0, 1])
-            cands[r0] = (a, a + n * L)
+        for h in hs:
+            if rows[h + META, 5] == 1.0 or int(rows[h + 1, 5]) != ADD or rows[h, 2] >= 0:
+                continue
+            n, _, (sa, sb, ta, tb, L) = info(rows, h)
+            if ta == 1 and (sa == L or n == 1):
+                a = int(rows[h, 1])
+                cands[h] = (a, a + n * L)
+    # (a compiled one only as the rest after a sum in NumPy: elsewhere its own step in
+    # reverse costs the driver more than the zeroing it saves)
+    npred = {p_[0] for p_ in plan if p_[4] is NPRED}
+    ends = {c[1] for h, c in cands.items() if h in npred}
+    cands = {h: c for h, c in cands.items() if h in npred or c[0] in ends}
     if not cands:
         return cands
     lo = np.array([c[0] for c in cands.values()])
@@ -1415,6 +1474,324 @@ def _skip_detach(rows, plan, out):
     return [p_ for p_ in new if p_ is not None]
 
 
+#: (the plan's mark of a max or min of detached values over one run of slots, as a flat
+#: NumPy extreme where no zero is its result: ``_flat_extremes``)
+XRED = "xred"
+#: a flat extreme's run has at least this many terms: a NumPy call and a step of the
+#: driver cost about what a compiled tree of a few thousand maxima does (gmm's of 25)
+FLAT_MIN = 8192
+
+
+def _extreme_tree(rows, h, at, heads_set, limit=256):
+    """(last row, its result's slot, terms M, raw terms read by scalar rows or later
+    instructions) when the rows from the reduction instruction at row ``h`` (a max or min
+    of contiguous terms) on are a tree of the same extreme whose result is that of terms
+    ``[0, M)`` (the slots from the first term's): each row's operands the outputs of
+    earlier rows of the tree, or terms after the instruction's own (a long reduction's
+    blocks, then the rest); else None."""
+    n, _, (sa, _, ta, _, L) = info(rows, h)
+    step = int(rows[h + 1, 5])
+    if ta != 1 or (sa != L and n != 1):
+        return None
+    base, N = int(rows[h, 1]), n * L
+    cover = {int(o): (i * L, (i + 1) * L) for i, o in
+             enumerate(red_outputs(int(at[h]), n, step, L).tolist())}
+    raw, best = set(), None
+    nr = rows.shape[0]
+    r = h + META + 1
+    if len(cover) == 1:
+        best = (h + META, next(iter(cover)), N, False)
+
+    def take(s):  # the terms' interval that slot s holds, consumed
+        if s in cover:
+            return cover.pop(s)
+        t = s - base
+        if N <= t and s < int(at[h]) and t not in raw:
+            raw.add(t)
+            return (t, t + 1)
+        return None
+    while r < nr and r < h + limit:
+        code = int(rows[r, 0])
+        if code == RED and r in heads_set:
+            m, _, (sa2, _, ta2, _, L2) = info(rows, r)
+            if int(rows[r + 1, 5]) != step or rows[r, 2] >= 0 or rows[r + META, 5] != 1.0:
+                break
+            A = red_grids(rows, r)[0]
+            outs = red_outputs(int(at[r]), m, step, L2).tolist()
+            ok = True
+            for i in range(m):
+                iv = [take(int(s)) for s in A[i].tolist()]
+                if any(x is None for x in iv):
+                    ok = False
+                    break
+                iv.sort()
+                if any(iv[j][1] != iv[j + 1][0] for j in range(len(iv) - 1)):
+                    ok = False
+                    break
+                cover[int(outs[i])] = (iv[0][0], iv[-1][1])
+            if not ok:
+                break
+            r += META + 1
+        elif code == step:
+            a, b = take(int(rows[r, 1])), take(int(rows[r, 2]))
+            if a is None or b is None:
+                break
+            lo, hi = sorted((a, b))
+            if lo[1] != hi[0]:
+                break
+            cover[int(at[r])] = (lo[0], hi[1])
+            r += 1
+        else:
+            break
+        if len(cover) == 1:
+            (s, (lo, hi)), = cover.items()
+            if lo == 0 and hi >= N:
+                best = (r - 1, s, hi, bool(raw))
+    return best
+
+
+def _flat_extremes(rows, plan, out):
+    """``plan`` with each max or min of detached values over a contiguous run of slots (a
+    reduction instruction and the tree that reduces its outputs and the rest's terms to
+    one slot: ``_extreme_tree``) as one step (XRED, ..) that takes the flat extreme of the
+    run by NumPy (``np.max``, vectorized: lse's 640,000 terms took 0.6 ms as 5,000
+    maxima of 128 then theirs, 0.06 ms so). The tree's other slots are read by no row
+    after it: when that extreme is neither zero nor NaN, the tree's result is it
+    whatever the order (equal numbers other than zeros have the same bits), and it is
+    written alone; else the tree's steps run as before (their order sets the sign of a
+    zero maximum, and which NaN). A max whose gradient matters is no such tree: its
+    terms are detached values (``reduce_terms``), the tree's rows flagged inactive."""
+    idx = [i for i, p_ in enumerate(plan) if (p_[4] is NPRED or p_[4] is RED or (
+        type(p_[4]) is tuple and p_[4][0] is NPRED)) and rows[p_[0], 0] == RED
+        and int(rows[p_[0] + 1, 5]) in (MAX, MIN) and rows[p_[0] + META, 5] == 1.0]
+    if not idx:
+        return plan
+    at, nslots = row_slots(rows)
+    heads = heads_of(rows)
+    heads_set = set(heads.tolist())
+    outs = np.asarray(out)
+    nr = rows.shape[0]
+    slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
+    new, j = [], 0
+    for i in idx:
+        if i < j:
+            continue
+        h = plan[i][0]
+        tree = _extreme_tree(rows, h, at, heads_set)
+        if tree is None:
+            continue
+        last, F, M, raw = tree
+        k0 = int(at[h])
+        if M < FLAT_MIN or ((outs >= k0) & (outs < F)).any() \
+                or _read_after(rows, last + 1, k0, F, heads):
+            continue
+        if raw:  # the rest's terms read from the run too: a detach's slots
+            if not any(rows[g, 0] == ARR and OPS[int(rows[g + 1, 5])].name == "detach"
+                       and int(at[g]) <= int(rows[h, 1]) and int(rows[h, 1]) + M
+                       <= int(at[g]) + int(rows[g + 1, 4]) for g in heads.tolist()):
+                continue
+        shift = plan[i][4][1] if type(plan[i][4]) is tuple else 0
+        e = i  # the steps of the tree's rows, the last cut after its last row
+        while e < len(plan) and plan[e][1] <= last:
+            e += 1
+        if e == len(plan) or any(p_[4] is not None and p_[4] is not RED and p_[4] is not NPRED
+                                 and not (type(p_[4]) is tuple and p_[4][0] is NPRED)
+                                 for p_ in plan[i:e + 1]):
+            continue
+        sub = plan[i:e] + [plan[e][:1] + (last + 1,) + plan[e][2:3] + (slot(last + 1),)
+                           + plan[e][4:]]
+        lo = int(rows[h, 1]) + shift
+        # the detach in NumPy whose slots only the tree reads (the rest's terms kept it,
+        # ``_skip_detach``): the flat extreme reads its operand, and the copy runs only
+        # before the tree's steps (lse at n = 200,000: 0.1 ms)
+        dt = [d for d in range(j, i) if plan[d][4] is BY_NAME["detach"] and shift == 0
+              and plan[d][1] == plan[d][0] + META + 1 and plan[d][2] <= lo
+              and lo + M <= plan[d][3] and info(rows, plan[d][0])[2][0] == 1
+              and not ((outs >= plan[d][2]) & (outs < plan[d][3])).any()
+              and _tie_readers(rows, plan[d][2], plan[d][3], heads, (h, last)) == []]
+        if dt:
+            sub = [plan[dt[0]]] + sub
+            lo += int(rows[plan[dt[0]][0], 1]) - plan[dt[0]][2]
+        new.extend(p_ for d, p_ in enumerate(plan[j:i], j) if d not in dt[:1])
+        new.append((h, last + 1, k0, slot(last + 1),
+                    (XRED, int(rows[h + 1, 5]), lo, M, F, sub)))
+        if plan[e][1] > last + 1:
+            if plan[e][4] is not None and plan[e][4] is not RED:
+                new.pop()
+                new.extend(plan[i:e + 1])
+            else:
+                new.append((last + 1,) + plan[e][1:2] + (slot(last + 1),) + plan[e][3:])
+        j = e + 1
+    new.extend(plan[j:])
+    return new
+
+
+def _xred_forward(step, v):
+    """Whether the flat extreme of an XRED step (``_flat_extremes``) is its tree's result,
+    which it then writes: neither zero nor NaN."""
+    _, code, lo, M, F, _ = step
+    f = (np.maximum if code == MAX else np.minimum).reduce(v[lo:lo + M])
+    if f != 0.0 and f == f:
+        v[F] = f
+        return True
+    return False
+
+
+#: (the plans' marks of a max's ties and their count, and of its picks' reverse: ``_ties``)
+TIES = "ties"
+TIESREV = "tiesrev"
+
+
+def _tie_readers(rows, lo, hi, heads, skip):
+    """The instructions that read a slot in [lo, hi), but for the rows in ``skip`` (first,
+    last); None when a scalar row does."""
+    scalar = rows[:, 0] != TAIL
+    scalar[heads[(rows[heads, 0] == ARR) | (rows[heads, 0] == RED)]] = False
+    scalar[skip[0]:skip[1] + 1] = False
+    ops = rows[scalar, 1:4]
+    if ((ops >= lo) & (ops < hi)).any():
+        return None
+    res = []
+    for g in heads.tolist():
+        if skip[0] <= g <= skip[1]:
+            continue
+        m, code, st = info(rows, g)
+        spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
+                   (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
+                  if code == RED else
+                  [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
+        if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo for a, e in spans_):
+            res.append(g)
+    return res
+
+
+def _ties(rows, plan, back, out, sets):
+    """(plan, back) with a max's ties (``eq`` or ``eq_nan`` of a run of slots and one
+    slot: the max) that only their count (a sum of them all, reduced to one slot: any
+    order of its adds gives the count) and their picks read, the picks skipped and their
+    sums' reverse writing their adjoints (``_skip_picks``, ``_first_writers``), as one
+    forward step (TIES: the tie mask as NumPy bools, kept for the reverse, and its
+    ``count_nonzero`` written as the count's value) and one reverse step for the picks'
+    sums and rule (TIESREV): the tie values, the count's partial sums and the picks'
+    adjoints are never stored. Eager mode, likewise, makes its mask in the backward
+    alone (lse at 640,000 elements: the ties and their count took 0.9 ms as two passes
+    over float slots)."""
+    pk = BY_NAME["pick"]
+    heads = None
+    at, nslots = row_slots(rows)
+    nr = rows.shape[0]
+    slot = lambda r: int(at[r]) if r < nr else nslots  # noqa: E731
+    outs = np.asarray(out)
+    by_start = {sets[h][0]: h for h in sets}
+    for i, (t, t1, kt, kt1, op) in enumerate(plan):
+        if op is None or type(op) is tuple or op is RED or op is NPRED \
+                or op.name not in ("eq", "eq_nan") or t1 != t + META + 1:
+            continue
+        n, _, st = info(rows, t)
+        if st[0] != 1 or st[1] != 0 or rows[t, 3] >= 0 or int(rows[t, 2]) < 0:
+            continue
+        if ((outs >= kt) & (outs < kt + n)).any():
+            continue
+        heads = heads_of(rows) if heads is None else heads
+        # the count: a sum of the ties alone, from their first, reduced to one slot whose
+        # tree's other slots no row after it reads
+        ci = [j for j, q in enumerate(plan) if (q[4] is NPRED or q[4] is RED)
+              and rows[q[0], 0] == RED and int(rows[q[0], 1]) == kt
+              and int(rows[q[0] + 1, 5]) == ADD and rows[q[0], 2] < 0]
+        if not ci:
+            continue
+        c = plan[ci[0]][0]
+        tree = _extreme_tree(rows, c, at, set(heads.tolist()))
+        if tree is None or tree[2] != n:
+            continue
+        last, Fc, _, _ = tree
+        kc = int(at[c])
+        if ((outs >= kc) & (outs < Fc)).any() or _read_after(rows, last + 1, kc, Fc, heads):
+            continue
+        readers = _tie_readers(rows, kt, kt + n, heads, (c, last))
+        if readers is None or len(readers) != 1:
+            continue
+        p = readers[0]
+        if rows[p, 0] != ARR or int(rows[p + 1, 5]) != pk.code:
+            continue
+        np_, _, pst = info(rows, p)
+        if np_ != n or int(rows[p, 2]) != kt or pst[1] != 1 or pst[0] != 1 \
+                or any(q[0] == p and q[4] is pk for q in plan):  # (skipped: _skip_picks)
+            continue
+        e = ci[0]
+        while e < len(plan) and plan[e][1] <= last:
+            e += 1
+        if e == len(plan) or plan[e][4] is not RED and plan[e][4] is not NPRED \
+                and plan[e][4] is not None:
+            continue
+        cut = [] if plan[e][1] == last + 1 else [
+            (last + 1,) + plan[e][1:2] + (slot(last + 1),) + plan[e][3:]]
+        if cut and plan[e][4] is NPRED:
+            continue
+        # the picks' sums, one after another over their slots, each run in NumPy writing
+        # their adjoints (ASSIGN), before the picks' rule in the reverse
+        hs, k = [], int(at[p])
+        while k < int(at[p]) + n and k in by_start:
+            hs.append(by_start[k])
+            k = sets[hs[-1]][1]
+        if k != int(at[p]) + n:
+            continue
+        pos = {b[0]: j for j, b in enumerate(back)
+               if type(b[3]) is tuple and b[3][0] is ASSIGN}
+        pj = [j for j, b in enumerate(back) if b[3] is None and b[2] <= p <= b[0] - META]
+        if not pj or any(h not in pos or pos[h] > pj[0] for h in hs):
+            continue
+        r, k, lo, _ = back[pj[0]]
+        sums = []
+        for h in hs:
+            ns, L = int(rows[h + 1, 4]), int(rows[h, 4])
+            sums.append((int(at[h]) + ns * (L - 2), ns, L))  # (outputs after the chains)
+        spec = (TIES, op.name == "eq_nan", int(rows[t, 1]), n, int(rows[t, 2]), Fc, t)
+        rev = (TIESREV, int(rows[p, 1]), n, tuple(sums), t)
+        nb = [(r, k, p + META + 1, None)] if r > p + META else []
+        nb.append((p, int(at[p]), p, rev))
+        if lo < p:
+            nb.append((p - 1, int(at[p]) - 1, lo, None))
+        drop = {pos[h] for h in hs}
+        back = [b for j, b in enumerate(back[:pj[0]]) if j not in drop] + nb \
+            + back[pj[0] + 1:]
+        plan = plan[:i] + [(t, t1, kt, kt1, spec)] + plan[i + 1:ci[0]] + cut + plan[e + 1:]
+        return plan, back
+    return plan, back
+
+
+def _ties_forward(step, v, masks):
+    """TIES (``_ties``): the tie mask, kept in ``masks``, and its count as the count's
+    value."""
+    _, nan, a0, n, ms, F, t = step
+    a, m = v[a0:a0 + n], v[ms]
+    mask = np.equal(a, m)
+    if nan and m != m:
+        mask |= np.isnan(a)
+    masks[t] = mask
+    v[F] = float(np.count_nonzero(mask))
+
+
+def _ties_reverse(step, adj, masks):
+    """TIESREV (``_ties``): each pick's adjoint ``0.0 + g`` (its sum's rule), times its tie
+    (1.0 or 0.0: the pick's rule ``g * b``) added to its operand's adjoint, the same
+    bits: where every ``g`` is one finite number, the non-ties' ``g * 0.0`` is a zero
+    (which leaves an adjoint as it was) and only the ties get ``g``."""
+    _, a0, n, sums, t = step
+    mask = masks[t]
+    G = [adj[o:o + ns] + 0.0 for o, ns, _ in sums]
+    dst = adj[a0:a0 + n]
+    g = G[0][0]
+    if np.isfinite(g) and all((Gi == g).all() for Gi in G):
+        # (g * 0.0 is a zero, and adding a zero to an adjoint leaves it as it was: the
+        # sweep reads no adjoint that is -0.0, each zeroed or first written ``0.0 + t``,
+        # then only added to, and x + y is -0.0 only when both are)
+        dst[np.flatnonzero(mask)] += g
+    else:
+        gp = np.concatenate([np.repeat(Gi, L) for Gi, (_, _, L) in zip(G, sums)])
+        dst += np.multiply(gp, mask)
+
+
 #: (the plan's mark of a sum of picks written as its value, -0.0: ``_skip_picks``)
 FILL = "fill"
 
@@ -1442,9 +1819,13 @@ def _skip_picks(rows, plan, sets):
     if not sums:
         return plan
     at = row_slots(rows)[0]
+    npred = {p_[0] for p_ in plan if p_[4] is NPRED}
     new = []
     for r0, r1, k0, k1, op in plan:
         if op is pk and r0 in picks:
+            # (the picks that a compiled sum reads, as their values: -0.0)
+            new.extend((r0, r1, k0, k1, (FILL,) + sets[h]) for h in sorted(sums)
+                       if h not in npred and k0 <= sets[h][0] < k1)
             continue
         if op is NPRED and r0 in sums:
             n, L = int(rows[r0 + 1, 4]), int(rows[r0, 4])
@@ -1541,14 +1922,17 @@ def _exp_shift(rows, back, out, sets):
     g``) are neither stored nor read back: 640,000 of each in lse's gradient."""
     res, shifts, i = [], [], 0
     heads = None
+    done = set()  # (the sums that wrote their terms' adjoints before this step)
     while i < len(back):
         step = back[i]
+        if type(step[3]) is tuple and step[3][0] is ASSIGN and step[0] in sets:
+            done.add(step[0])
         if i + 2 < len(back) and type(step[3]) is tuple and step[3][0] is ASSIGN:
-            fused = _exp_shift_step(rows, back[i:i + 3], out, sets, heads)
+            fused = _exp_shift_step(rows, back[i:i + 3], out, sets, heads, done)
             heads = fused[1]
             if fused[0] is not None:
                 res.append((step[0], step[1], step[2], fused[0]))
-                shifts.append((fused[0][3], fused[0][3] + fused[0][5] * fused[0][6]))
+                shifts.append((fused[0][3], fused[0][3] + fused[0][8]))
                 i += 3
                 continue
         res.append(step)
@@ -1556,7 +1940,7 @@ def _exp_shift(rows, back, out, sets):
     return res, shifts
 
 
-def _exp_shift_step(rows, steps, out, sets, heads):
+def _exp_shift_step(rows, steps, out, sets, heads, done=()):
     """(EXPSUB, sub's op, its first row, its first slot, the exps' first slot, the sum's
     outputs n, terms L each, its outputs' first slot) for the three reverse steps
     ``steps`` (the sum's, the exp's, the shift's) when they are such a sum, else None;
@@ -1574,7 +1958,15 @@ def _exp_shift_step(rows, steps, out, sets, heads):
     ke0 = ke - n + 1  # (the exp's first slot: the step names its last)
     ns, _, (sa, _, ta, _, L) = info(rows, s)
     if int(rows[s + 1, 5]) != ADD or ta != 1 or (sa != L and ns != 1) \
-            or int(rows[s, 1]) != ke0 or ns * L != n:
+            or int(rows[s, 1]) != ke0 or ns * L > n:
+        return None, heads
+    # the exps after the sum's terms (a long sum's rest): summed by sums that wrote their
+    # adjoints earlier in the sweep (``done``), which the step reads
+    k = ke0 + ns * L
+    by_start = {sets[h][0]: h for h in done}
+    while k < ke0 + n and k in by_start:
+        k = sets[by_start[k]][1]
+    if k != ke0 + n:
         return None, heads
     outs = np.asarray(out)
     if ((outs >= kb) & (outs < kb + n)).any():
@@ -1584,7 +1976,7 @@ def _exp_shift_step(rows, steps, out, sets, heads):
     if _read_after(rows, e + META + 1, kb, kb + n, heads):
         return None, heads
     o = int(row_slots(rows)[0][s]) + ns * (L - 2)  # (the sum's outputs, _red_assign's)
-    return (EXPSUB, OPS[int(rows[b + 1, 5])], b, kb, ke0, ns, L, o), heads
+    return (EXPSUB, OPS[int(rows[b + 1, 5])], b, kb, ke0, ns, L, o, n), heads
 
 
 def _exp_shift_reverse(step, v, adj):
@@ -1593,12 +1985,53 @@ def _exp_shift_reverse(step, v, adj):
     adjoints (``0.0 + t``), as the sum's assignment and the compiled exp rule compute
     them, to the bit, in two passes that store none of the exps' adjoints; the shift's
     own rule then runs on them (``_np_reverse``)."""
-    _, _, _, kb, ke, ns, L, o = step
-    n = ns * L
+    _, _, _, kb, ke, ns, L, o, n = step
     t = adj[kb:kb + n]
-    np.multiply(v[ke:ke + n].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
-                out=t.reshape(ns, L))
+    m = ns * L
+    np.multiply(v[ke:ke + m].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
+                out=t[:m].reshape(ns, L))
+    if m < n:  # (the rest's exps: their adjoints written by their own sums)
+        np.multiply(v[ke + m:ke + n], adj[ke + m:ke + n], out=t[m:])
     np.add(0.0, t, out=t)
+
+
+#: (the reverse plan's mark of a sum of exps of a shift whose rule writes its operand's
+#: adjoints directly: ``_exp_shift_direct``)
+EXPSUBX = "expsubx"
+
+
+def _exp_shift_direct(rows, back, firsts):
+    """``back`` with each sum of exps of a shift (EXPSUB) whose shift is ``sub`` of a run
+    of slots and a broadcast one, both taking gradients, and which is the first to write
+    the run's adjoints (``_first_operands``) as (EXPSUBX, ..): the exp's rule written
+    straight into the run's adjoints, whose ``0.0 +`` the shift's rule is (``0.0 + t`` is
+    never -0.0, and adding it to a zero is itself), and their sum subtracted from the
+    broadcast operand's adjoint, the bits of ``_exp_shift_reverse`` then ``_np_reverse``
+    with one pass fewer: the shift's adjoints are not stored (lse's 640,000)."""
+    res = []
+    for step in back:
+        kind = step[3]
+        if type(kind) is tuple and kind[0] is EXPSUB and kind[1].name == "sub":
+            _, _, b, kb, ke, ns, L, o, n = kind
+            ops = _grad_operands(rows, b)
+            if len(ops) == 2 and ops[0][0] == 0 and ops[0][2] == 1 and ops[1][0] == 1 \
+                    and ops[1][2] == 0 and (ops[0][1], ops[0][1] + n) in firsts.get(b, ()):
+                step = step[:3] + ((EXPSUBX, ops[0][1], ops[1][1], ke, ns, L, o, n),)
+        res.append(step)
+    return res
+
+
+def _exp_shift_direct_reverse(step, v, adj):
+    """EXPSUBX (``_exp_shift_direct``)."""
+    _, a0, bs, ke, ns, L, o, n = step
+    t = adj[a0:a0 + n]
+    m = ns * L
+    np.multiply(v[ke:ke + m].reshape(ns, L), (adj[o:o + ns] + 0.0)[:, None],
+                out=t[:m].reshape(ns, L))
+    if m < n:  # (the rest's exps: their adjoints written by their own sums)
+        np.multiply(v[ke + m:ke + n], adj[ke + m:ke + n], out=t[m:])
+    np.add(0.0, t, out=t)
+    adj[bs] += -float(np.sum(t))
 
 
 def _live(rows, nslots, assigned=()):
