@@ -1347,21 +1347,17 @@ def _first_writers(rows, plan, out):
         idx = np.searchsorted(srt, lo)
         read |= (idx < srt.size) & (srt[np.minimum(idx, srt.size - 1)] < hi)
     names = list(cands)
-    for h in heads.tolist():
-        if rows[h, 0] == RED:
-            n, _, (sa, sb, ta, tb, L) = info(rows, h)
-            spans_ = [(int(rows[h, 1]), sa, ta), (int(rows[h, 2]), sb, tb)]
-            for s0, si, ti in spans_:
-                if s0 >= 0:
-                    hit = reads(s0, s0 + (n - 1) * si + (L - 1) * ti)
-                    hit[[i for i, c in enumerate(names) if c == h]] = False
-                    read |= hit
-        elif rows[h, 0] == ARR:
-            n, _, st = info(rows, h)
-            for j in range(3):
-                s0 = int(rows[h, 1 + j])
-                if s0 >= 0:
-                    read |= reads(s0, s0 + (n - 1) * st[j])
+    if heads.size:
+        # each operand's lowest and highest slot over its strides of either sign (a
+        # reversed gather's span from its first slot alone misses the slots below it)
+        _, sp, _ = spans(rows, heads)
+        owner = np.repeat(heads, 3)
+        s0, s1 = sp[..., 0].ravel(), sp[..., 1].ravel()
+        has = s0 >= 0
+        owner, s0, s1 = owner[has], s0[has], s1[has]
+        for i, h in enumerate(names):  # (a sum's own terms are no other reader)
+            other = owner != h
+            read[i] |= bool(((s0 <= hi[i] - 1) & (s1 >= lo[i]) & other).any())
     return {h: c for h, c, r in zip(names, cands.values(), read.tolist()) if not r}
 
 
@@ -1466,13 +1462,29 @@ def _first_operands(rows, back, out):
     for h, _, _, kind in back:
         if kind is None or kind is RED or type(kind) is tuple:
             continue
-        n = int(rows[h + 1, 4])
+        n, _, st = info(rows, h)
         for j, s0, sj in _grad_operands(rows, h):
             if sj != 1 or ((outs >= s0) & (outs < s0 + n)).any():
+                continue
+            # another operand of its own over these slots (``x[:1] - x``: the broadcast
+            # one's rule adds to x[0]'s adjoint before this one would write it) is a
+            # reader too: not sure to be first, it adds
+            if any(i != j and int(rows[h, 1 + i]) >= 0 and _overlaps(
+                    int(rows[h, 1 + i]), ((st[i], n),), s0, s0 + n) for i in range(3)):
                 continue
             if not _read_after(rows, h + META + 1, s0, s0 + n, heads):
                 res.setdefault(h, []).append((s0, s0 + n))
     return res
+
+
+def _overlaps(s0, grid, lo, hi):
+    """Whether the slots from ``s0`` on a grid of (stride, count) pairs, strides of either
+    sign, may reach a slot in [lo, hi): its exact lowest and highest slot against them."""
+    a = b = s0
+    for t, m in grid:
+        a += min(0, t * (m - 1))
+        b += max(0, t * (m - 1))
+    return a < hi and b >= lo
 
 
 def _read_after(rows, r, lo, hi, heads):
@@ -1484,15 +1496,14 @@ def _read_after(rows, r, lo, hi, heads):
     ops = later[scalar, 1:4]
     if ((ops >= lo) & (ops < hi)).any():
         return True
-    for g in heads[heads >= r].tolist():
-        m, code, st = info(rows, g)
-        spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
-                   (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
-                  if code == RED else
-                  [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
-        if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo for a, e in spans_):
-            return True
-    return False
+    hs = heads[heads >= r]
+    if not hs.size:
+        return False
+    # each operand's lowest and highest slot over all its strides, of either sign (a
+    # reduction's first term and its span per output and per term: a row-reversed gather,
+    # sa > 0 and ta < 0, reads below its first slot)
+    _, sp, _ = spans(rows, hs)
+    return bool(((sp[..., 0] >= 0) & (sp[..., 0] < hi) & (sp[..., 1] >= lo)).any())
 
 
 def _mm_first(rows, back, out):
@@ -1507,10 +1518,14 @@ def _mm_first(rows, back, out):
     for r0, _, r1, kind in back:  # (a product's: its first row, slot, the row after)
         if type(kind) is not tuple or kind[0] is not MM:
             continue
-        _, (C, g, n, L), _, b, _ = kind
+        _, (C, g, n, L), a, b, _ = kind
         lo, hi = b[0], b[0] + C * L * n
         if not (_injective(b[1:], (C, L, n))
                 and _grid_span(b[0], b[1:], (C, L, n))[1] == hi - 1):
+            continue
+        # A over B's slots (``A @ A``, ``A @ A.T``): A's gradient, added first, would be
+        # written over
+        if _overlaps(a[0], zip(a[1:], (C, g, L)), lo, hi):
             continue
         if ((outs >= lo) & (outs < hi)).any() or _read_after(rows, r1, lo, hi, heads):
             continue
