@@ -632,7 +632,7 @@ TRANSCENDENTAL = frozenset(("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos"
 NUMPY_MIN = dict.fromkeys(TRANSCENDENTAL, 8192)
 NUMPY_MIN.update(dict.fromkeys(("add", "sub", "mul", "neg", "mulc", "addc", "divc", "div",
                                 "square", "detach", "select", "pick", "eq", "ne", "lt", "le",
-                                "gt", "ge", "leaf", "eq_nan"), 65536))
+                                "gt", "ge", "leaf", "eq_nan", "pick_where"), 65536))
 
 
 def _numpyable(rows, h):
@@ -771,7 +771,7 @@ def _np_apply(op, out, a, b, c, c0, c1):
     if op.name == "select":
         out[...] = c
         np.copyto(out, b, where=a != 0.0)
-    elif op.name == "pick":
+    elif op.name == "pick" or op.name == "pick_where":
         out.fill(-0.0)
     elif op.name == "detach":
         out[...] = a
@@ -1422,11 +1422,11 @@ def _skip_picks(rows, plan, sets):
     then -0.0, what its adds of -0.0 give (lse's picks and their sum at 640,000
     elements: two passes, 0.25 ms). The picks' reverse reads their tie weights, not their
     values."""
-    pk = BY_NAME["pick"]
+    pk = (BY_NAME["pick"], BY_NAME["pick_where"])
     by_start = {sets[h][0]: h for h in sets}
     sums, picks = set(), set()
     for r0, r1, k0, k1, op in plan:
-        if op is not pk or r1 != r0 + META + 1:
+        if op not in pk or r1 != r0 + META + 1:
             continue
         hs, at_ = [], k0  # the sums whose terms, one after another, are the picks' slots
         while at_ < k1 and at_ in by_start:
@@ -1440,7 +1440,7 @@ def _skip_picks(rows, plan, sets):
     at = row_slots(rows)[0]
     new = []
     for r0, r1, k0, k1, op in plan:
-        if op is pk and r0 in picks:
+        if op in pk and r0 in picks:
             continue
         if op is NPRED and r0 in sums:
             n, L = int(rows[r0 + 1, 4]), int(rows[r0, 4])
