@@ -263,7 +263,8 @@ def test_saved_reduction_program_loads_and_runs_its_expansion_elsewhere(tmp_path
 def test_exact_ops_in_numpy_give_the_compiled_loops_numbers(monkeypatch):
     # inputs, comparisons, select, pick, detach and arithmetic in NumPy round exactly as
     # the compiled loops (and the expansion): the same numbers, bit for bit
-    names = ("leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul", "add", "eq_nan")
+    names = ("leaf", "detach", "select", "pick", "eq", "ne", "sub", "mul", "add", "eq_nan",
+             "pick_where")
     monkeypatch.setattr(PA, "NUMPY_MIN", dict.fromkeys(names, 16))
     x0 = np.random.default_rng(6).normal(size=300)
     x0[7] = x0[8] = x0.max()  # a tie: the max's gradient shared
@@ -273,7 +274,7 @@ def test_exact_ops_in_numpy_give_the_compiled_loops_numbers(monkeypatch):
         return a + M.log(M.sum(M.exp(x - a))) + M.sum((x * x) * 0.5 - x)
     P = tg.trace(lambda x: f(tg, x), x0)
     ran = {op.name for *_, op in PA._plan(P._code.arows) if op not in (None, PA.RED)}
-    assert ran >= {"leaf", "detach", "pick", "eq_nan", "sub", "mul"}, ran
+    assert ran >= {"leaf", "detach", "pick_where", "eq_nan", "sub", "mul"}, ran  # (max())
     assert_as_scalar_rows_and_torch(P, f, x0)
 
 

@@ -68,7 +68,7 @@ def _array_reverse(op):
 #: times slower), because each own loop costs about 0.1 s of cold compile on 2 cores (the
 #: 25 of before: 11 s for the first array gradient)
 LOOPED = frozenset(("add", "sub", "mul", "exp", "log", "mulc", "maximum", "select", "pick",
-                    "eq", "ne", "detach", "eq_nan", "neg"))
+                    "eq", "ne", "detach", "eq_nan", "neg", "pick_where"))
 
 
 def _value_source(ops):

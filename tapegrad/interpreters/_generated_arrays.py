@@ -22,7 +22,7 @@ MAX = 41
 MIN = 42
 
 #: by opcode: the inputs its rule gives gradients to (bits a, b, c)
-GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0], dtype=np.int64)
+GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1], dtype=np.int64)
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -144,6 +144,8 @@ def value(op, a, b, c, c0, c1):
         return float(np.float64(np.float32(a)))
     elif op == 92:  # eq_nan
         return float((1.0 if (a == b or (a != a and b != b)) else 0.0))
+    elif op == 93:  # pick_where
+        return float((-0.0))
     return 0.0
 
 
@@ -241,6 +243,8 @@ def grads(op, a, b, c, out, g, c0, c1):
         return float((g * b)), 0.0, 0.0
     elif op == 88:  # round_f32
         return float(np.float64(np.float32(g))), 0.0, 0.0
+    elif op == 93:  # pick_where
+        return float((g if (b != 0.0) else 0.0)), 0.0, 0.0
     return 0.0, 0.0, 0.0
 
 
@@ -403,6 +407,9 @@ def forward(rows, x, v, r, nr, k):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (1.0 if (a == b or (a != a and b != b)) else 0.0)
+            elif op == 93:  # pick_where
+                for i in range(m):
+                    v[np.uint64(k + i)] = (-0.0)
             else:
                 for i in range(m):
                     v[np.uint64(k + i)] = value(op, v[np.uint64(ia + i * sa)],
@@ -784,6 +791,11 @@ def reverse(rows, v, adj, r, k, lo):
                     g = adj[np.uint64(k + i)]
                     b = v[np.uint64(ib + i * sb)]
                     adj[np.uint64(ia + i * sa)] += (g * b)
+            elif lop == 93:  # pick_where
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    b = v[np.uint64(ib + i * sb)]
+                    adj[np.uint64(ia + i * sa)] += (g if (b != 0.0) else 0.0)
             else:
                 bits = GRAD_BITS[op] & ~sk
                 if bits != 0:

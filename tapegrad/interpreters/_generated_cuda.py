@@ -233,6 +233,8 @@ def forward_one(rows, X, V, j):
             a = V[int(rows[k, 1]), j]
             b = V[int(rows[k, 2]), j]
             V[k, j] = (1.0 if (a == b or (a != a and b != b)) else 0.0)
+        elif op == 93:  # pick_where
+            V[k, j] = (-0.0)
     return 0
 
 
@@ -501,4 +503,10 @@ def reverse_one(rows, V, j, A, t):
             ia = int(rows[k, 1])
             g = A[k, t]
             A[ia, t] += np.float64(np.float32(g))
+        elif op == 93:  # pick_where
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            b = V[ib, j]
+            g = A[k, t]
+            A[ia, t] += (g if (b != 0.0) else 0.0)
     return 0

@@ -15,11 +15,11 @@ GUARD = 87
 
 #: by opcode: whether its batch branch is the shared loop (``forward_value``,
 #: ``reverse_value``), and the inputs its rule gives gradients to (bits a, b, c)
-SHARED = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1], dtype=np.bool_)
-GRADS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0], dtype=np.int64)
+SHARED = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1], dtype=np.bool_)
+GRADS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1], dtype=np.int64)
 
 #: by opcode: whether the entries of common ops (``*_common``: no shared switch) run it
-COMMON = np.array([1, 1, 0, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0], dtype=np.bool_)
+COMMON = np.array([1, 1, 0, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0], dtype=np.bool_)
 
 #: ``work``'s header (``_codegen_replay.HEADER`` says its layout)
 HEADER = 3
@@ -1563,6 +1563,15 @@ def reverse_multi(rows, v, A):
             for j in range(nb):
                 g = gk[j]
                 aa[j] += np.float64(np.float32(g))
+        elif op == 93:  # pick_where
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            b = v[ib]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (g if (b != 0.0) else 0.0)
     return 0
 
 
@@ -2276,6 +2285,8 @@ def forward_value(op, a, b, c, c0, c1):
         return float(np.float64(np.float32(a)))
     elif op == 92:  # eq_nan
         return float((1.0 if (a == b or (a != a and b != b)) else 0.0))
+    elif op == 93:  # pick_where
+        return float((-0.0))
     return 0.0
 
 
@@ -2337,4 +2348,6 @@ def reverse_value(op, a, b, c, out, g, c0, c1):
         return float((g * b)), 0.0, 0.0
     elif op == 88:  # round_f32
         return float(np.float64(np.float32(g))), 0.0, 0.0
+    elif op == 93:  # pick_where
+        return float((g if (b != 0.0) else 0.0)), 0.0, 0.0
     return 0.0, 0.0, 0.0

@@ -670,7 +670,7 @@ TRANSCENDENTAL = frozenset(("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos"
 NUMPY_MIN = dict.fromkeys(TRANSCENDENTAL, 8192)
 NUMPY_MIN.update(dict.fromkeys(("add", "sub", "mul", "neg", "mulc", "addc", "divc", "div",
                                 "square", "detach", "select", "pick", "eq", "ne", "lt", "le",
-                                "gt", "ge", "leaf", "eq_nan"), 65536))
+                                "gt", "ge", "leaf", "eq_nan", "pick_where"), 65536))
 
 
 def _numpyable(rows, h):
@@ -809,7 +809,7 @@ def _np_apply(op, out, a, b, c, c0, c1):
     if op.name == "select":
         out[...] = c
         np.copyto(out, b, where=a != 0.0)
-    elif op.name == "pick":
+    elif op.name == "pick" or op.name == "pick_where":
         out.fill(-0.0)
     elif op.name == "detach":
         out[...] = a
@@ -1406,21 +1406,17 @@ def _first_writers(rows, plan, out):
         idx = np.searchsorted(srt, lo)
         read |= (idx < srt.size) & (srt[np.minimum(idx, srt.size - 1)] < hi)
     names = list(cands)
-    for h in heads.tolist():
-        if rows[h, 0] == RED:
-            n, _, (sa, sb, ta, tb, L) = info(rows, h)
-            spans_ = [(int(rows[h, 1]), sa, ta), (int(rows[h, 2]), sb, tb)]
-            for s0, si, ti in spans_:
-                if s0 >= 0:
-                    hit = reads(s0, s0 + (n - 1) * si + (L - 1) * ti)
-                    hit[[i for i, c in enumerate(names) if c == h]] = False
-                    read |= hit
-        elif rows[h, 0] == ARR:
-            n, _, st = info(rows, h)
-            for j in range(3):
-                s0 = int(rows[h, 1 + j])
-                if s0 >= 0:
-                    read |= reads(s0, s0 + (n - 1) * st[j])
+    if heads.size:
+        # each operand's lowest and highest slot over its strides of either sign (a
+        # reversed gather's span from its first slot alone misses the slots below it)
+        _, sp, _ = spans(rows, heads)
+        owner = np.repeat(heads, 3)
+        s0, s1 = sp[..., 0].ravel(), sp[..., 1].ravel()
+        has = s0 >= 0
+        owner, s0, s1 = owner[has], s0[has], s1[has]
+        for i, h in enumerate(names):  # (a sum's own terms are no other reader)
+            other = owner != h
+            read[i] |= bool(((s0 <= hi[i] - 1) & (s1 >= lo[i]) & other).any())
     return {h: c for h, c, r in zip(names, cands.values(), read.tolist()) if not r}
 
 
@@ -1676,7 +1672,7 @@ def _ties(rows, plan, back, out, sets):
     adjoints are never stored. Eager mode, likewise, makes its mask in the backward
     alone (lse at 640,000 elements: the ties and their count took 0.9 ms as two passes
     over float slots)."""
-    pk = BY_NAME["pick"]
+    pk = (BY_NAME["pick"].code, BY_NAME["pick_where"].code)
     heads = None
     at, nslots = row_slots(rows)
     nr = rows.shape[0]
@@ -1712,11 +1708,12 @@ def _ties(rows, plan, back, out, sets):
         if readers is None or len(readers) != 1:
             continue
         p = readers[0]
-        if rows[p, 0] != ARR or int(rows[p + 1, 5]) != pk.code:
+        if rows[p, 0] != ARR or int(rows[p + 1, 5]) not in pk:
             continue
         np_, _, pst = info(rows, p)
         if np_ != n or int(rows[p, 2]) != kt or pst[1] != 1 or pst[0] != 1 \
-                or any(q[0] == p and q[4] is pk for q in plan):  # (skipped: _skip_picks)
+                or any(q[0] == p and getattr(q[4], "code", None) in pk
+                       for q in plan):  # (skipped: _skip_picks)
             continue
         e = ci[0]
         while e < len(plan) and plan[e][1] <= last:
@@ -1747,7 +1744,8 @@ def _ties(rows, plan, back, out, sets):
             ns, L = int(rows[h + 1, 4]), int(rows[h, 4])
             sums.append((int(at[h]) + ns * (L - 2), ns, L))  # (outputs after the chains)
         spec = (TIES, op.name == "eq_nan", int(rows[t, 1]), n, int(rows[t, 2]), Fc, t)
-        rev = (TIESREV, int(rows[p, 1]), n, tuple(sums), t)
+        rev = (TIESREV, int(rows[p, 1]), n, tuple(sums), t,
+               int(rows[p + 1, 5]) == pk[1])
         nb = [(r, k, p + META + 1, None)] if r > p + META else []
         nb.append((p, int(at[p]), p, rev))
         if lo < p:
@@ -1776,20 +1774,26 @@ def _ties_reverse(step, adj, masks):
     """TIESREV (``_ties``): each pick's adjoint ``0.0 + g`` (its sum's rule), times its tie
     (1.0 or 0.0: the pick's rule ``g * b``) added to its operand's adjoint, the same
     bits: where every ``g`` is one finite number, the non-ties' ``g * 0.0`` is a zero
-    (which leaves an adjoint as it was) and only the ties get ``g``."""
-    _, a0, n, sums, t = step
+    (which leaves an adjoint as it was) and only the ties get ``g``. ``pick_where``'s
+    rule (``where``: ``max()``'s picks) gives the ties their ``g`` whatever it is, and
+    the others nothing (an inf or NaN ``g`` too: torch's masked fill)."""
+    _, a0, n, sums, t, where = step
     mask = masks[t]
     G = [adj[o:o + ns] + 0.0 for o, ns, _ in sums]
     dst = adj[a0:a0 + n]
     g = G[0][0]
-    if np.isfinite(g) and all((Gi == g).all() for Gi in G):
+    if (where or np.isfinite(g)) and all((Gi == g).all() for Gi in G):
         # (g * 0.0 is a zero, and adding a zero to an adjoint leaves it as it was: the
         # sweep reads no adjoint that is -0.0, each zeroed or first written ``0.0 + t``,
         # then only added to, and x + y is -0.0 only when both are)
         dst[np.flatnonzero(mask)] += g
     else:
         gp = np.concatenate([np.repeat(Gi, L) for Gi, (_, _, L) in zip(G, sums)])
-        dst += np.multiply(gp, mask)
+        if where:
+            idx = np.flatnonzero(mask)
+            dst[idx] += gp[idx]
+        else:
+            dst += np.multiply(gp, mask)
 
 
 #: (the plan's mark of a sum of picks written as its value, -0.0: ``_skip_picks``)
@@ -1803,11 +1807,11 @@ def _skip_picks(rows, plan, sets):
     then -0.0, what its adds of -0.0 give (lse's picks and their sum at 640,000
     elements: two passes, 0.25 ms). The picks' reverse reads their tie weights, not their
     values."""
-    pk = BY_NAME["pick"]
+    pk = (BY_NAME["pick"], BY_NAME["pick_where"])
     by_start = {sets[h][0]: h for h in sets}
     sums, picks = set(), set()
     for r0, r1, k0, k1, op in plan:
-        if op is not pk or r1 != r0 + META + 1:
+        if op not in pk or r1 != r0 + META + 1:
             continue
         hs, at_ = [], k0  # the sums whose terms, one after another, are the picks' slots
         while at_ < k1 and at_ in by_start:
@@ -1822,7 +1826,7 @@ def _skip_picks(rows, plan, sets):
     npred = {p_[0] for p_ in plan if p_[4] is NPRED}
     new = []
     for r0, r1, k0, k1, op in plan:
-        if op is pk and r0 in picks:
+        if op in pk and r0 in picks:
             # (the picks that a compiled sum reads, as their values: -0.0)
             new.extend((r0, r1, k0, k1, (FILL,) + sets[h]) for h in sorted(sums)
                        if h not in npred and k0 <= sets[h][0] < k1)
@@ -1847,13 +1851,29 @@ def _first_operands(rows, back, out):
     for h, _, _, kind in back:
         if kind is None or kind is RED or type(kind) is tuple:
             continue
-        n = int(rows[h + 1, 4])
+        n, _, st = info(rows, h)
         for j, s0, sj in _grad_operands(rows, h):
             if sj != 1 or ((outs >= s0) & (outs < s0 + n)).any():
+                continue
+            # another operand of its own over these slots (``x[:1] - x``: the broadcast
+            # one's rule adds to x[0]'s adjoint before this one would write it) is a
+            # reader too: not sure to be first, it adds
+            if any(i != j and int(rows[h, 1 + i]) >= 0 and _overlaps(
+                    int(rows[h, 1 + i]), ((st[i], n),), s0, s0 + n) for i in range(3)):
                 continue
             if not _read_after(rows, h + META + 1, s0, s0 + n, heads):
                 res.setdefault(h, []).append((s0, s0 + n))
     return res
+
+
+def _overlaps(s0, grid, lo, hi):
+    """Whether the slots from ``s0`` on a grid of (stride, count) pairs, strides of either
+    sign, may reach a slot in [lo, hi): its exact lowest and highest slot against them."""
+    a = b = s0
+    for t, m in grid:
+        a += min(0, t * (m - 1))
+        b += max(0, t * (m - 1))
+    return a < hi and b >= lo
 
 
 def _read_after(rows, r, lo, hi, heads):
@@ -1865,15 +1885,14 @@ def _read_after(rows, r, lo, hi, heads):
     ops = later[scalar, 1:4]
     if ((ops >= lo) & (ops < hi)).any():
         return True
-    for g in heads[heads >= r].tolist():
-        m, code, st = info(rows, g)
-        spans_ = ([(int(rows[g, 1]), st[0] * (m - 1) + st[2] * (st[4] - 1)),
-                   (int(rows[g, 2]), st[1] * (m - 1) + st[3] * (st[4] - 1))]
-                  if code == RED else
-                  [(int(rows[g, 1 + i]), st[i] * (m - 1)) for i in range(3)])
-        if any(a >= 0 and min(a, a + e) < hi and max(a, a + e) >= lo for a, e in spans_):
-            return True
-    return False
+    hs = heads[heads >= r]
+    if not hs.size:
+        return False
+    # each operand's lowest and highest slot over all its strides, of either sign (a
+    # reduction's first term and its span per output and per term: a row-reversed gather,
+    # sa > 0 and ta < 0, reads below its first slot)
+    _, sp, _ = spans(rows, hs)
+    return bool(((sp[..., 0] >= 0) & (sp[..., 0] < hi) & (sp[..., 1] >= lo)).any())
 
 
 def _mm_first(rows, back, out):
@@ -1888,10 +1907,14 @@ def _mm_first(rows, back, out):
     for r0, _, r1, kind in back:  # (a product's: its first row, slot, the row after)
         if type(kind) is not tuple or kind[0] is not MM:
             continue
-        _, (C, g, n, L), _, b, _ = kind
+        _, (C, g, n, L), a, b, _ = kind
         lo, hi = b[0], b[0] + C * L * n
         if not (_injective(b[1:], (C, L, n))
                 and _grid_span(b[0], b[1:], (C, L, n))[1] == hi - 1):
+            continue
+        # A over B's slots (``A @ A``, ``A @ A.T``): A's gradient, added first, would be
+        # written over
+        if _overlaps(a[0], zip(a[1:], (C, g, L)), lo, hi):
             continue
         if ((outs >= lo) & (outs < hi)).any() or _read_after(rows, r1, lo, hi, heads):
             continue

@@ -82,11 +82,15 @@ def _lower_extreme(L, ins, aux, value, pick_name):
     # (of A, not of D: the comparisons pass no gradient, and D is read by the max alone,
     # which then reads A: program_arrays._skip_detach)
     tie = L.op("eq" if mode is None else "eq_nan", A, mk)
+    # amax/amin: torch's mask * (g / count), an inf or NaN g NaN at every element (pick:
+    # g * w); max()/min() and max(dim): g / count or g at the picked elements only, 0.0
+    # elsewhere whatever g is (torch's masked fill, index scatter: pick_where)
+    pick = "pick" if mode is None else "pick_where"
     if mode is None or isinstance(mode, str):  # ties share evenly
         # the picks' sum (-0.0) divided by the count: each tied element's gradient is
         # g / count, with no pass dividing every element
         count = reduce(L, "add", tie, dims, True, 0.0)
-        share = L.op("div", reduce(L, "add", L.op("pick", A, tie), dims, True, -0.0), count)
+        share = L.op("div", reduce(L, "add", L.op(pick, A, tie), dims, True, -0.0), count)
         return L.op("add", _kept(m, A, dims, keepdim), share).reshape(np.shape(m))
     else:  # the first tied index along the one reduced dim
         d = dims[0] % np.ndim(A)
@@ -97,7 +101,7 @@ def _lower_extreme(L, ins, aux, value, pick_name):
             first.append(L.op("mul", T[..., i], L.op("logical_not", seen)))
             seen = L.op("logical_or", seen, T[..., i])
         w = np.moveaxis(np.stack(first, axis=-1), -1, d)
-    picks = L.op("pick", A, w)
+    picks = L.op(pick, A, w)
     return L.op("add", _kept(m, A, dims, keepdim),
                 reduce(L, "add", picks, dims, True, -0.0)).reshape(np.shape(m))
 

@@ -61,6 +61,14 @@ register("select", REPLAY, arity=3, saves=False, nb="({b} if {a} != 0.0 else {c}
 register("pick", REPLAY, arity=2, nb="(-0.0)", vjp=lambda F, g, a, b, c, out: (g * b, None),
          doc="-0.0, passing g * b to a (a share of a reduction's gradient)",
          via="a share of a reduction's gradient (traced programs)")
+# max()/min() and max(dim)'s share: torch gives their gradient to the picked elements only
+# (an index, a masked fill), so an inf or NaN gradient stays there, where pick's g * 0.0 is
+# NaN at every other element; and the weight, a constant, is no term of its derivative
+register("pick_where", REPLAY, arity=2, nb="(-0.0)",
+         vjp=lambda F, g, a, b, c, out: (F.where(b != 0.0, g, F.zeros_like(g)), None),
+         doc="-0.0, passing g to a where b is true and nothing elsewhere (a picked "
+             "element's gradient)",
+         via="max()/min() and max(dim)/min(dim) (traced programs)")
 register("guard", REPLAY, arity=1, saves=False,
          doc="a branch taken while tracing: replay checks that a is still c0 (1.0/0.0)",
          via="a Python branch on a traced value")
