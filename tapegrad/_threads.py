@@ -81,16 +81,23 @@ class _Worker:
         # what this thread did (only it writes these: ``stats``): chunks of Python jobs it
         # ran, spins that ended with no chunk (back to Python, which needs the GIL), sleeps
         self.chunks = self.spins_ended = self.sleeps = 0
+        # (reset by the caller's ``post``) chunks of the job now posted, and when this thread
+        # claimed the first (``time.perf_counter_ns``): ``Pool.lag``
+        self.chunks_job, self.claimed_ns = 0, 0
         threading.Thread(target=self._loop, name="tapegrad-worker", daemon=True).start()
 
     def _loop(self):
         K = _k()
         pool, index = self.pool, self.index
         ctl = pool.ctl
+        turns = spin_turns()
         while True:
-            i = K.serve(ctl, index, spin_turns())
+            i = K.serve(ctl, index, turns)
             if i >= 0:  # a Python job's chunk, in a copy of the caller's context
+                if not self.chunks_job:  # (its first chunk of this job: the wake-up lag)
+                    self.claimed_ns = time.perf_counter_ns()
                 self.chunks += 1
+                self.chunks_job += 1
                 try:
                     pool.context.copy().run(pool.fn, i)
                 except BaseException as e:  # noqa: BLE001  raised in the caller
@@ -122,7 +129,15 @@ class Pool:
         self.fn, self.context, self.errors = None, None, []
         self.coming = False  # (under mutex) a job posted ``later``, not finished yet
         self.roused = 0.0  # (under mutex) workers spin until then (``rouse``)
+        self.posted_ns = 0  # when the job now posted was (``time.perf_counter_ns``)
         _pools.append(self)
+
+    def lag(self):
+        """(After ``finish``) the workers that took a chunk of the job, and the sum of their
+        lags in ns, from the job's ``post`` to the claim of their first chunk: how late a
+        worker came (asleep, off its core, waiting for the GIL)."""
+        ran = [w.claimed_ns - self.posted_ns for w in self.workers if w.chunks_job]
+        return len(ran), sum(ran)
 
     def claimable(self, index):
         """(Under ``mutex``) whether worker ``index`` may take a chunk of the job now."""
@@ -138,8 +153,13 @@ class Pool:
         worker sleeps: then now."""
         K = _k()
         workers = self.workers
+        if len(workers) < threads - 1:
+            _load()
         while len(workers) < threads - 1:
             workers.append(_Worker(self, len(workers)))
+        for w in workers:
+            w.chunks_job = 0
+        self.posted_ns = time.perf_counter_ns()
         ctl = self.ctl
         self.seq = seq = (self.seq + 1) & K.SEQ_MASK
         word = (seq << (2 * K.IDX_BITS)) | (chunks << K.IDX_BITS) | taken
@@ -204,11 +224,30 @@ _pools: list = []
 #: serially as another call had the workers; its chunks run by the calling thread and by the
 #: workers; threaded batches no worker took a chunk of; pauses started; jobs posted to a
 #: worker asleep on its lock (woken through it); intra-op passes run on the calling thread in
-#: a back-off; workers woken ahead of a job (``Pool.rouse``). ``stats`` adds the workers'
-#: own counts and the pool's state.
+#: a back-off; workers woken ahead of a job (``Pool.rouse``); and over the threaded batches,
+#: the workers that took a block and their summed lags in ns (``Pool.lag``: the mean
+#: wake-up). ``stats`` adds the workers' own counts and the pool's state.
 counts = dict.fromkeys(("batches_threads", "batches_paused", "batches_busy", "chunks_caller",
                         "chunks_workers", "batches_missed", "pauses", "woken", "roused",
-                        "passes_alone"), 0)
+                        "passes_alone", "lag_workers", "lag_ns"), 0)
+
+
+def _load():
+    """The hand-over's compiled functions compiled, or loaded from the cache, on the calling
+    thread, before it starts a worker: loaded by the worker itself, they took it seconds
+    while the caller ran (each of llvmlite's calls lets the GIL go, and the worker waited for
+    it to come back), and the parallel batches of that while found no worker (the suite's
+    parallel row: 15 tries, no worker chunk, then paused)."""
+    K = _k()
+    spin_turns()
+    ctl = np.zeros(64, dtype=np.int64)  # (a job of no chunks: each call looks once)
+    K.serve(ctl, 0, 0)
+    K.claim(ctl)
+    K.take_rest(ctl)
+    K.publish(ctl, 0)
+    K.help_out(ctl)
+    ctl[K.DONE] = -1  # (chunk_done adds 1 back: 0)
+    K.chunk_done(ctl)
 
 
 def stats():

@@ -530,3 +530,62 @@ def test_fuzz_pauses_rouses_and_user_threads_keep_the_serial_numbers(progs, monk
     assert not any(t.is_alive() for t in threads) and errors == []
     d = {k: _threads.counts[k] - before[k] for k in before}
     assert d["batches_threads"] > 0 and d["batches_paused"] > 0, d
+
+
+_LOADED_BEFORE_START = """
+import threading, numpy as np, numba, tapegrad as tg
+from tapegrad import _threads
+K = _threads._k()
+fns = (K.serve, K.claim, K.chunk_done, K.wait_done, K.publish, K.take_rest)
+assert not any(f.overloads for f in fns), "loaded already: the check below says nothing"
+seen = []
+start = threading.Thread.start
+def spy(self):
+    seen.append([bool(f.overloads) for f in fns])
+    start(self)
+threading.Thread.start = spy
+numba.set_num_threads(2)
+tg.set_num_threads(2)
+_threads.run_chunks(lambda i: None, 4)
+assert seen and all(all(s) for s in seen), seen
+print("ok")
+"""
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT or numba.config.NUMBA_NUM_THREADS < 2,
+                    reason="needs the JIT and 2 threads")
+def test_the_handover_is_loaded_before_a_worker_starts():
+    """A fresh process's first job loads the workers' compiled functions (``serve`` ...) on
+    the calling thread before it starts one (``_threads._load``): loaded by the worker, they
+    took it seconds (llvmlite lets the GIL go in each call, and the caller held it), and the
+    batches of that while found no worker."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tg.__file__)))
+    res = subprocess.run([sys.executable, "-c", _LOADED_BEFORE_START], cwd=root,
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TAPEGRAD_QUIET="1"))
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_the_counts_say_how_late_the_workers_came(progs, monkeypatch):
+    """``lag_workers`` and ``lag_ns`` (``Pool.lag``): a worker that took a block adds
+    itself and its lag from the post to its first claim, a positive time; a batch no worker
+    took a block of adds nothing."""
+    if numba.get_num_threads() < 2:
+        pytest.skip("needs 2 threads")
+    prog, par = progs
+    X = np.random.default_rng(12).normal(size=(64, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # (compiled, the workers started)
+    for _ in range(200):  # (a worker comes in time in most batches on an idle machine)
+        before = _threads.stats()
+        np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+        d = {k: _threads.stats()[k] - before[k] for k in _threads.counts}
+        assert d["lag_workers"] == (d["chunks_workers"] > 0)  # (one worker on 2 threads)
+        assert (d["lag_ns"] > 0) == (d["chunks_workers"] > 0)
+        if d["chunks_workers"]:
+            break
+    else:
+        pytest.skip("no worker came in 200 batches (a busy machine)")

@@ -324,6 +324,9 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         _counts["chunks_caller"] += own
         _counts["chunks_workers"] += len(spans) - own
         _counts["batches_missed"] += own == len(spans)
+        ran, lag = pool.lag()
+        _counts["lag_workers"] += ran
+        _counts["lag_ns"] += lag
         _wall[0] = time.perf_counter() - t_start
         if not fresh:  # (a thread's start, once, says nothing of the batches to come)
             _judge(_wall[0], cpu / done * B, woken)
