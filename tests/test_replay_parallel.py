@@ -118,7 +118,10 @@ def test_guards_failing_in_some_samples_of_a_parallel_batch(monkeypatch):
 
 
 def test_a_workers_error_reaches_the_caller_and_the_workers_live_on(progs, monkeypatch):
+    """(Blocks through Python on the workers: ``COMPILED`` off, or ``run_block`` patched
+    here would not run there.)"""
     prog, par = progs
+    monkeypatch.setattr(replay_cpu, "COMPILED", False)
     real = replay_cpu.run_block
     main = threading.get_ident()
 
@@ -572,9 +575,11 @@ def test_the_handover_is_loaded_before_a_worker_starts():
 def test_the_counts_say_how_late_the_workers_came(progs, monkeypatch):
     """``lag_workers`` and ``lag_ns`` (``Pool.lag``): a worker that took a block adds
     itself and its lag from the post to its first claim, a positive time; a batch no worker
-    took a block of adds nothing."""
+    took a block of adds nothing. (Blocks through Python: a worker's compiled loop has no
+    clock.)"""
     if numba.get_num_threads() < 2:
         pytest.skip("needs 2 threads")
+    monkeypatch.setattr(replay_cpu, "COMPILED", False)
     prog, par = progs
     X = np.random.default_rng(12).normal(size=(64, 5))
     want = prog.value_and_grad(X)[1]
@@ -589,3 +594,68 @@ def test_the_counts_say_how_late_the_workers_came(progs, monkeypatch):
             break
     else:
         pytest.skip("no worker came in 200 batches (a busy machine)")
+
+
+@numba.njit(nogil=True)
+def _raising_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw,
+                   signal, number):  # pragma: no cover (compiled)
+    if b0 > 0:
+        raise FloatingPointError("in a worker's block")
+
+
+def test_a_compiled_block_that_raised_on_a_worker_raises_in_the_caller(progs, monkeypatch):
+    """A block that raised in a worker's compiled loop (``_atomic.block_job``: its status)
+    is run again by the caller, which raises its error (here none: a RuntimeError that says
+    so); the caller's blocks were its own, the job ends (no hang) and the workers live on."""
+    if numba.get_num_threads() < 2 or numba.config.DISABLE_JIT:
+        pytest.skip("needs 2 threads and the JIT")
+    prog, par = progs
+    X = np.random.default_rng(13).normal(size=(64, 5))
+    want = prog.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, the workers started)
+    _raising_block.compile(replay_cpu._BLOCK_SIG)
+    cres = _raising_block.overloads[replay_cpu._BLOCK_SIG]
+    address = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+    monkeypatch.setattr(replay_cpu, "_address", lambda form: address)
+    for _ in range(200):
+        before = _threads.stats()["chunks_workers"]
+        try:
+            got = par.value_and_grad(X)
+        except RuntimeError as e:
+            assert "raised on a worker thread" in str(e)  # (a worker ran a block)
+            break
+        assert _threads.stats()["chunks_workers"] == before  # (the caller ran every block)
+        np.testing.assert_array_equal(got[1], want[1])
+    else:
+        pytest.skip("no worker came in 200 batches (a busy machine)")
+    monkeypatch.undo()
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(replay_cpu, "ADAPT", False)
+    for _ in range(5):
+        got = par.value_and_grad(X)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("how", ["readonly", "fortran", "compiled"])
+def test_blocks_through_python_or_compiled_give_the_serial_numbers(progs, monkeypatch, how):
+    """Inputs of other types than the interpreter's usual ones (read-only) run their
+    workers' blocks through Python (``_plain``); plain ones in compiled code
+    (``_atomic.block_job``, the interpreter at its address, ``_address``): the serial
+    batch's numbers, bit for bit, either way."""
+    prog, par = progs
+    X = np.random.default_rng(14).normal(size=(200, 5))
+    if how == "readonly":
+        X.flags.writeable = False
+    elif how == "fortran":
+        X = np.asfortranarray(X)
+    want = prog.value_and_grad(np.ascontiguousarray(X))
+    used = []
+    real = replay_cpu._address
+    monkeypatch.setattr(replay_cpu, "_address", lambda form: used.append(form) or real(form))
+    for _ in range(20):
+        got = par.value_and_grad(X)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    if numba.get_num_threads() >= 2 and not numba.config.DISABLE_JIT:
+        assert bool(used) == (how != "readonly")  # (Fortran order: copied by the call)

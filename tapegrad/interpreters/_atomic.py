@@ -1,10 +1,16 @@
 """Atomic loads, stores, compare-and-swap and add on int64 array items for compiled code
 (Numba has none on the CPU): the worker threads (``_threads``) take chunks and signal each
-other through them without the GIL."""
+other through them without the GIL; and a parallel batch's block run by a worker there
+(``block_job``), through the batch interpreter's address."""
 from __future__ import annotations
 
+from llvmlite import ir
+from numba import carray
 from numba.core import cgutils, types
+from numba.core.callconv import excinfo_t
 from numba.extending import intrinsic
+
+from .._jit import njit_cached
 
 
 def _item(context, builder, sig, args):
@@ -93,3 +99,104 @@ def f64_pointer(typingctx, address):
         return builder.inttoptr(args[0], ptr_t)
 
     return types.CPointer(types.float64)(address), codegen
+
+
+@intrinsic
+def i64_pointer(typingctx, address):
+    """The int64 pointer at ``address`` (``f64_pointer``'s, for int64 arrays)."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr_t = context.get_value_type(types.CPointer(types.int64))
+        return builder.inttoptr(args[0], ptr_t)
+
+    return types.CPointer(types.int64)(address), codegen
+
+
+@intrinsic
+def call_none(typingctx, address, args):
+    """Call the compiled function at ``address`` (Numba's own calling convention, its
+    result ``None``) with the tuple ``args``, which must be of the types it was compiled
+    for; returns its status (0: it returned, else it raised). A worker's compiled loop runs
+    the batch interpreter this way without linking it into its own code (a compiled
+    caller links and optimizes its callees again: seconds a form, cold)."""
+    if not (isinstance(address, types.Integer) and isinstance(args, types.BaseTuple)):
+        return None
+    argtys = tuple(args.types)
+
+    def codegen(context, builder, sig, llargs):
+        cc = context.call_conv
+        fnty = cc.get_function_type(types.none, argtys)
+        fn = builder.inttoptr(llargs[0], fnty.as_pointer())
+        retty = cc.get_return_type(types.none).pointee
+        ret = cgutils.alloca_once(builder, retty)
+        builder.store(cgutils.get_null_value(retty), ret)
+        exc = cgutils.alloca_once(builder, ir.PointerType(excinfo_t))
+        values = [builder.extract_value(llargs[1], k) for k in range(len(argtys))]
+        packed = list(cc._get_arg_packer(argtys).as_arguments(builder, values))
+        return builder.call(fn, [ret, exc] + packed)
+
+    return types.int32(address, args), codegen
+
+
+#: a parallel batch's job (``ctl`` from ``_kernels.PARAMS``, written by
+#: ``replay_cpu.describe_blocks``): the interpreter's address; the arrays of ``run_block``
+#: (address and shape each); ``grad``; the samples and a block's size; a worker's room (its
+#: values and adjoints: ``ROOM_HALF`` numbers each, worker ``w``'s at ``ROOM + 2 w
+#: ROOM_HALF``); the address of a signal word no one waits on; and the first block that
+#: failed (1 + its index; 0: none)
+(B_FN, B_ROWS, B_X, B_OUT_SLOTS, B_S, B_IN_SLOTS, B_GRAD, B_STATUS, B_OUTS, B_G, B_SAMPLES,
+ B_SIZE, B_ROOM_HALF, B_ROOM, B_SIGNAL, B_FAILED) = (0, 1, 4, 7, 9, 12, 14, 15, 17, 20, 23,
+                                                    24, 25, 26, 27, 28)
+BLOCK_PARAMS = 29
+
+
+@njit_cached(nogil=True)
+def block_job(ctl, p, i, worker):  # pragma: no cover (compiled)
+    """Block ``i`` of the parallel batch described at ``ctl[p:]`` (above), run by worker
+    ``worker`` in its room: the batch interpreter called at its address, as the caller
+    runs its blocks (the same arguments: the same bits). A block that raised is noted
+    (``B_FAILED``): the caller runs it again to raise that error."""
+    rows = carray(f64_pointer(ctl[p + B_ROWS]), (ctl[p + B_ROWS + 1], ctl[p + B_ROWS + 2]))
+    X = carray(f64_pointer(ctl[p + B_X]), (ctl[p + B_X + 1], ctl[p + B_X + 2]))
+    out_slots = carray(i64_pointer(ctl[p + B_OUT_SLOTS]), ctl[p + B_OUT_SLOTS + 1])
+    S = carray(f64_pointer(ctl[p + B_S]), (ctl[p + B_S + 1], ctl[p + B_S + 2]))
+    in_slots = carray(i64_pointer(ctl[p + B_IN_SLOTS]), ctl[p + B_IN_SLOTS + 1])
+    grad = ctl[p + B_GRAD] != 0
+    status = carray(i64_pointer(ctl[p + B_STATUS]), ctl[p + B_STATUS + 1])
+    outs = carray(f64_pointer(ctl[p + B_OUTS]), (ctl[p + B_OUTS + 1], ctl[p + B_OUTS + 2]))
+    G = carray(f64_pointer(ctl[p + B_G]), (ctl[p + B_G + 1], ctl[p + B_G + 2]))
+    half = ctl[p + B_ROOM_HALF]
+    room = ctl[p + B_ROOM] + 16 * worker * half  # (bytes: 2 halves of 8-byte numbers)
+    Vw = carray(f64_pointer(room), half)
+    Aw = carray(f64_pointer(room + 8 * half), half)
+    signal = carray(i64_pointer(ctl[p + B_SIGNAL]), 1)
+    b0 = i * ctl[p + B_SIZE]
+    b1 = min(ctl[p + B_SAMPLES], b0 + ctl[p + B_SIZE])
+    failed = call_none(ctl[p + B_FN], (rows, X, out_slots, S, in_slots, grad, status, outs,
+                                       G, b0, b1, Vw, Aw, signal, 0))
+    if failed != 0:
+        compare_swap(ctl, p + B_FAILED, 0, i + 1)
+
+
+@njit_cached(nogil=True)
+def describe_blocks(ctl, p, fn, rows, X, out_slots, S, in_slots, grad, status, outs, G, size,
+                    room, half, signal):  # pragma: no cover (compiled)
+    """A parallel batch's job written at ``ctl[p:]`` (``block_job`` reads it; ``rows`` as
+    the interpreter at ``fn`` runs them, C-contiguous arrays of its compiled types), its
+    failed block cleared."""
+    ctl[p + B_FN] = fn
+    ctl[p + B_ROWS], ctl[p + B_ROWS + 1], ctl[p + B_ROWS + 2] = rows.ctypes.data, *rows.shape
+    ctl[p + B_X], ctl[p + B_X + 1], ctl[p + B_X + 2] = X.ctypes.data, *X.shape
+    ctl[p + B_OUT_SLOTS], ctl[p + B_OUT_SLOTS + 1] = out_slots.ctypes.data, out_slots.shape[0]
+    ctl[p + B_S], ctl[p + B_S + 1], ctl[p + B_S + 2] = S.ctypes.data, *S.shape
+    ctl[p + B_IN_SLOTS], ctl[p + B_IN_SLOTS + 1] = in_slots.ctypes.data, in_slots.shape[0]
+    ctl[p + B_GRAD] = 1 if grad else 0
+    ctl[p + B_STATUS], ctl[p + B_STATUS + 1] = status.ctypes.data, status.shape[0]
+    ctl[p + B_OUTS], ctl[p + B_OUTS + 1], ctl[p + B_OUTS + 2] = outs.ctypes.data, *outs.shape
+    ctl[p + B_G], ctl[p + B_G + 1], ctl[p + B_G + 2] = G.ctypes.data, *G.shape
+    ctl[p + B_SAMPLES], ctl[p + B_SIZE] = X.shape[0], size
+    ctl[p + B_ROOM_HALF], ctl[p + B_ROOM] = half, room.ctypes.data
+    ctl[p + B_SIGNAL] = signal.ctypes.data
+    ctl[p + B_FAILED] = 0

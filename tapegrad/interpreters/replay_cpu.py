@@ -13,6 +13,7 @@ import numpy as np
 
 from .._jit import njit_cached
 from .. import _threads
+from . import _atomic
 from . import _generated_replay as _g
 from ._generated_replay import (  # noqa: F401  (the entries, named from here)
     COMMON, HEADER, forward, reverse, reverse_multi, run_bound, run_bound_fused, run_fused,
@@ -145,6 +146,7 @@ def run_batch(rows, X, out_slots, S, in_slots, grad, block):
 
 
 _NO_SIGNAL = np.zeros(1, dtype=np.int64)  # run_block's signal where no worker waits
+_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)
 
 #: the form of ``run_block`` (``_g.run_block`` or ``_g.run_block_common``) of the rows a
 #: batch ran last, by their identity (with a weak reference to check it: an id is reused
@@ -249,6 +251,50 @@ def _judge(wall, serial, woken=False):
         _pause[1] = 0
 
 
+#: the workers run their blocks in compiled code, without the GIL (``_atomic.block_job``,
+#: the interpreter called at its address), where the batch's arrays are of the types the
+#: interpreter is compiled for (``_BLOCK_SIG``); False, or other arrays: each block through
+#: Python on the worker (``JOB_PY``), which takes the GIL around it
+COMPILED = True
+_F1, _F2 = numba.float64[::1], numba.float64[:, ::1]
+_I1 = numba.int64[::1]
+_BLOCK_SIG = (_F2, _F2, _I1, _F2, _I1, numba.boolean, _I1, _F2, _F2, numba.int64,
+              numba.int64, _F1, _F1, _I1, numba.int64)
+_addresses = {}  # run_block's form -> the address of its code for ``_BLOCK_SIG``
+_worker_room = [np.empty(0)]  # the workers' rooms, kept between batches (``_rooms``)
+
+
+def _plain(a, dtype, ndim):
+    """Whether ``a`` is an array ``_BLOCK_SIG`` types as such: C-contiguous, writeable,
+    aligned, of ``dtype`` and ``ndim`` dimensions."""
+    f = a.flags
+    return a.dtype == dtype and a.ndim == ndim and f.c_contiguous and f.writeable \
+        and f.aligned
+
+
+def _address(form):
+    """The address of ``form``'s compiled code for ``_BLOCK_SIG`` (the signature the
+    serial batch compiled: found, not compiled again)."""
+    a = _addresses.get(form)
+    if a is None:
+        form.compile(_BLOCK_SIG)
+        cres = form.overloads[_BLOCK_SIG]
+        a = _addresses[form] = cres.library.get_pointer_to_function(
+            cres.fndesc.llvm_func_name)
+    return a
+
+
+def _rooms(workers, half):
+    """Rooms (values and adjoints, ``half`` numbers each) for ``workers`` workers, one
+    array, kept between batches up to ``ROOM_KEPT`` bytes a worker (page faults: ``_room``)."""
+    W = _worker_room[0]
+    if W.shape[0] < 2 * workers * half:
+        W = np.empty(2 * workers * half)
+        if 2 * half * 8 <= ROOM_KEPT:
+            _worker_room[0] = W
+    return W
+
+
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     """``run_batch`` with the blocks spread over CPU cores: ``run_block`` releases the GIL,
     so threads run blocks at once (``numba.get_num_threads()`` of them, this one among
@@ -288,17 +334,29 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         spans = _spans(B, n, block)
         size = spans[0][1] - spans[0][0]
 
-        def chunk(i):  # (a worker's, with the GIL: its room is its own)
-            b0, b1 = spans[i]
-            run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
-                      *_room(rows, size), _NO_SIGNAL, 0)
         ctl = pool.ctl
-        pool.fn, pool.context = chunk, contextvars.copy_context()
+        brows = batch_of(rows)[1]
+        compiled = COMPILED and _plain(X, _F64, 2) and _plain(S, _F64, 2) \
+            and _plain(brows, _F64, 2) and _plain(out_slots, _I64, 1) \
+            and _plain(in_slots, _I64, 1) and grad.__class__ is bool
+        if compiled:  # the workers' blocks without the GIL, in their rooms
+            half = brows.shape[0] * size
+            wroom = _rooms(n - 1, half)
+            _atomic.describe_blocks(ctl, K.PARAMS, _address(form), brows, X, out_slots, S,
+                                    in_slots, grad, status, outs, G, size, wroom, half,
+                                    _NO_SIGNAL)
+        else:
+            def chunk(i):  # (a worker's, with the GIL: its room is its own)
+                b0, b1 = spans[i]
+                run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
+                          *_room(rows, size), _NO_SIGNAL, 0)
+            pool.fn, pool.context = chunk, contextvars.copy_context()
         # the caller takes the first block; the workers see the job from inside it, once
         # the caller has let the GIL go (compiled: run_block stores the claim word)
         fresh = len(pool.workers) < n - 1  # (a thread started now: not judged, below)
         woken = _counts["woken"]
-        word, published = pool.post(K.JOB_PY, len(spans), n, taken=1, later=True)
+        word, published = pool.post(K.JOB_BLOCKS if compiled else K.JOB_PY, len(spans), n,
+                                    taken=1, later=True)
         woken = _counts["woken"] != woken
         W = _room(rows, size)
         # the caller's samples and their CPU time (its wall time counts the time it was off
@@ -320,6 +378,9 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             pool.finish(len(spans), own + K.take_rest(ctl))
             raise
         pool.finish(len(spans), own)
+        if compiled and ctl[K.PARAMS + _atomic.B_FAILED]:
+            _failed(rows, X, out_slots, S, in_slots, grad, status, outs, G,
+                    spans[ctl[K.PARAMS + _atomic.B_FAILED] - 1])
         _counts["batches_threads"] += 1
         _counts["chunks_caller"] += own
         _counts["chunks_workers"] += len(spans) - own
@@ -333,6 +394,18 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         return status, outs, G
     finally:
         pool.busy.release()
+
+
+def _failed(rows, X, out_slots, S, in_slots, grad, status, outs, G, span):
+    """A block that raised on a worker (``_atomic.block_job``: the error itself stays in
+    compiled code) run again here, to raise its error; one that does not raise again
+    raises a RuntimeError."""
+    b0, b1 = span
+    run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
+              *_room(rows, b1 - b0), _NO_SIGNAL, 0)
+    raise RuntimeError(f"the block of samples {b0} to {b1 - 1} of a parallel batch raised on "
+                       f"a worker thread but not when run again on the calling thread; "
+                       f"run the batch on the 'cpu' target to find out why")
 
 
 @njit_cached(error_model="numpy", nogil=True)
