@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+import numba
 import numpy as np
 
 # one thread unless the user asks for more: with workers that take Python's lock around
@@ -68,7 +69,7 @@ def get_num_threads():
 
 class _Worker:
     """A persistent thread that takes chunks of the pool's jobs: in compiled code, without
-    Python's lock (``_kernels.serve``: it spins ``SPIN_US`` for a chunk after its last
+    Python's lock (``_atomic.serve``: it spins ``SPIN_US`` for a chunk after its last
     one), running a compiled job's chunks there and coming back to Python only for a
     Python job's chunk (with the GIL, which the caller, inside its own chunk's compiled or
     NumPy call, does not hold) or to sleep on a lock when no job came."""
@@ -87,12 +88,12 @@ class _Worker:
         threading.Thread(target=self._loop, name="tapegrad-worker", daemon=True).start()
 
     def _loop(self):
-        K = _k()
+        K, A = _k(), _K[1]
         pool, index = self.pool, self.index
         ctl = pool.ctl
         turns = spin_turns()
         while True:
-            i = K.serve(ctl, index, turns)
+            i = A.serve(ctl, index, turns)
             if i >= 0:  # a Python job's chunk, in a copy of the caller's context
                 if not self.chunks_job:  # (its first chunk of this job: the wake-up lag)
                     self.claimed_ns = time.perf_counter_ns()
@@ -241,11 +242,10 @@ def _load():
     K = _k()
     spin_turns()
     ctl = np.zeros(64, dtype=np.int64)  # (a job of no chunks: each call looks once)
-    K.serve(ctl, 0, 0)
+    _K[1].serve(ctl, 0, 0)
     K.claim(ctl)
     K.take_rest(ctl)
     K.publish(ctl, 0)
-    K.help_out(ctl)
     ctl[K.DONE] = -1  # (chunk_done adds 1 back: 0)
     K.chunk_done(ctl)
 
@@ -272,6 +272,7 @@ def stats():
 _IDX_BITS = 20
 _IDX_MASK = (1 << _IDX_BITS) - 1
 _ALLOWED = 17  # (_kernels.ALLOWED: this module cannot import it)
+_RUN_CHUNK = 18  # (_atomic.RUN_CHUNK)
 
 
 def _reset_after_fork():
@@ -322,10 +323,26 @@ def _k():
     """``ops._kernels``, where the hand-over's compiled side lives (imported on first use:
     it imports this module; an import statement in each call cost 0.5 us)."""
     if not _K:
+        from .interpreters import _atomic
         from .ops import _kernels
-        _K.append(_kernels)
-        _JIT.append(hasattr(_kernels.serve, "py_func"))
+        _K.extend((_kernels, _atomic))
+        _JIT.append(hasattr(_atomic.serve, "py_func"))
     return _K[0]
+
+
+_chunk_at = []  # the address of ``_kernels._run_chunk``, once compiled (``_run_chunk_at``)
+
+
+def _run_chunk_at():
+    """The address of ``_kernels._run_chunk``'s compiled code, which a worker's ``serve``
+    calls for a compiled intra-op job's chunk (``_atomic.RUN_CHUNK``)."""
+    if not _chunk_at:
+        K = _k()
+        sig = (numba.int64[::1], numba.int64, numba.int64)
+        K._run_chunk.compile(sig)
+        cres = K._run_chunk.overloads[sig]
+        _chunk_at.append(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+    return _chunk_at[0]
 
 
 _JIT = []  # whether the hand-over is compiled (``NUMBA_DISABLE_JIT=1``: jobs run serially)
@@ -446,6 +463,7 @@ def run_compiled(kind, m, describe, *args):
     try:
         t0, cpu = _clock(), _cpu_time()
         describe(pool.ctl, *args)
+        pool.ctl[_RUN_CHUNK] = _run_chunk_at()
         pool.post(kind, m, min(_num[0], m))
         own = K.help_out(pool.ctl)
         cpu = _cpu_time() - cpu

@@ -539,7 +539,7 @@ _LOADED_BEFORE_START = """
 import threading, numpy as np, numba, tapegrad as tg
 from tapegrad import _threads
 K = _threads._k()
-fns = (K.serve, K.claim, K.chunk_done, K.wait_done, K.publish, K.take_rest)
+fns = (_threads._K[1].serve, K.claim, K.chunk_done, K.wait_done, K.publish, K.take_rest)
 assert not any(f.overloads for f in fns), "loaded already: the check below says nothing"
 seen = []
 start = threading.Thread.start
@@ -659,3 +659,17 @@ def test_blocks_through_python_or_compiled_give_the_serial_numbers(progs, monkey
         np.testing.assert_array_equal(got[1], want[1])
     if numba.get_num_threads() >= 2 and not numba.config.DISABLE_JIT:
         assert bool(used) == (how != "readonly")  # (Fortran order: copied by the call)
+
+
+def test_the_workers_loop_reads_the_jobs_layout_of_the_kernels():
+    """``_atomic.serve`` (the workers' loop) and ``_kernels`` (the callers' side) read one
+    layout of the job: the same numbers under the same names, and kinds apart."""
+    from tapegrad.interpreters import _atomic
+    from tapegrad.ops import _kernels
+    for name in ("CLAIM", "DONE", "KIND", "ALLOWED", "PARAMS", "IDX_BITS", "IDX_MASK",
+                 "JOB_PY"):
+        assert getattr(_atomic, name) == getattr(_kernels, name), name
+    assert _atomic.JOB_BLOCKS not in (_kernels.JOB_ROWS, _kernels.JOB_SUM_MIDDLE)
+    assert _threads._ALLOWED == _atomic.ALLOWED and _threads._RUN_CHUNK == _atomic.RUN_CHUNK
+    assert _kernels.ALLOWED < _atomic.RUN_CHUNK < _kernels.PARAMS
+    assert _kernels.PARAMS + _atomic.BLOCK_PARAMS <= _threads._pool.ctl.shape[0]

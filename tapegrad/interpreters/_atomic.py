@@ -140,7 +140,15 @@ def call_none(typingctx, address, args):
     return types.int32(address, args), codegen
 
 
-#: a parallel batch's job (``ctl`` from ``_kernels.PARAMS``, written by
+# the job's layout (``_kernels``' names, the same numbers: a test checks them), and where a
+# compiled intra-op job's chunk function is (``_kernels._run_chunk``'s address, which
+# ``serve`` calls: linked into it, it made a worker's loop 4 s to compile cold)
+CLAIM, DONE, KIND, ALLOWED, RUN_CHUNK, PARAMS = 0, 8, 16, 17, 18, 24
+IDX_BITS = 20
+IDX_MASK = (1 << IDX_BITS) - 1
+JOB_PY, JOB_BLOCKS = 0, 3  # (_kernels' JOB_ROWS and JOB_SUM_MIDDLE are 1 and 2)
+
+#: a parallel batch's job (``ctl`` from ``PARAMS``, written by
 #: ``replay_cpu.describe_blocks``): the interpreter's address; the arrays of ``run_block``
 #: (address and shape each); ``grad``; the samples and a block's size; a worker's room (its
 #: values and adjoints: ``ROOM_HALF`` numbers each, worker ``w``'s at ``ROOM + 2 w
@@ -200,3 +208,33 @@ def describe_blocks(ctl, p, fn, rows, X, out_slots, S, in_slots, grad, status, o
     ctl[p + B_ROOM_HALF], ctl[p + B_ROOM] = half, room.ctypes.data
     ctl[p + B_SIGNAL] = signal.ctypes.data
     ctl[p + B_FAILED] = 0
+
+
+@njit_cached(nogil=True)
+def serve(ctl, worker, turns):  # pragma: no cover (compiled)
+    """A worker thread's loop: the chunks of compiled jobs run here, without the GIL (a
+    parallel batch's blocks, ``block_job``, in this worker's room; an intra-op pass's
+    through ``_kernels._run_chunk`` at its address, ``RUN_CHUNK``), until ``turns`` reads
+    in a row found no chunk to take; returns -1 then, or the index of a Python job's chunk
+    this thread took (run by the caller of ``serve``, which then calls
+    ``_kernels.chunk_done``). Worker ``worker`` takes chunks while the job allows that many
+    (``ALLOWED``: threads over ``set_num_threads`` stay out)."""
+    idle = 0
+    while idle <= turns:  # (one look at least)
+        w = load_acquire(ctl, CLAIM)
+        i, m = w & IDX_MASK, (w >> IDX_BITS) & IDX_MASK
+        if i < m and worker < load_acquire(ctl, ALLOWED):
+            if compare_swap(ctl, CLAIM, w, w + 1) != w:
+                continue
+            kind = load_acquire(ctl, KIND)
+            if kind == JOB_PY:
+                return i
+            if kind == JOB_BLOCKS:
+                block_job(ctl, PARAMS, i, worker)
+            else:
+                call_none(ctl[RUN_CHUNK], (ctl, i, m))
+            fetch_add(ctl, DONE, 1)
+            idle = 0
+        else:
+            idle += 1
+    return -1

@@ -355,7 +355,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         # the caller has let the GIL go (compiled: run_block stores the claim word)
         fresh = len(pool.workers) < n - 1  # (a thread started now: not judged, below)
         woken = _counts["woken"]
-        word, published = pool.post(K.JOB_BLOCKS if compiled else K.JOB_PY, len(spans), n,
+        word, published = pool.post(_atomic.JOB_BLOCKS if compiled else K.JOB_PY, len(spans), n,
                                     taken=1, later=True)
         woken = _counts["woken"] != woken
         W = _room(rows, size)

@@ -15,8 +15,8 @@ from numba import carray
 from .. import _notice
 from .._jit import njit_cached
 from .._threads import chunks_for, run_chunks, run_compiled
-from ..interpreters._atomic import (block_job, compare_swap, f64_pointer, fetch_add,
-                                    load_acquire, store_release)
+from ..interpreters._atomic import (compare_swap, f64_pointer, fetch_add, load_acquire,
+                                    store_release)
 
 _F64 = np.dtype(np.float64)
 #: below this many result elements the call costs more than NumPy's slow loop
@@ -297,9 +297,8 @@ CLAIM, DONE, KIND, ALLOWED, PARAMS = 0, 8, 16, 17, 24
 IDX_BITS = 20
 IDX_MASK = (1 << IDX_BITS) - 1
 SEQ_MASK = (1 << 22) - 1
-#: kinds of job: chunks of a Python function, of ``_rows_op``, of ``_sum_middle``, blocks
-#: of a parallel batch (``_atomic.block_job``, run by the workers only)
-JOB_PY, JOB_ROWS, JOB_SUM_MIDDLE, JOB_BLOCKS = 0, 1, 2, 3
+#: kinds of job: chunks of a Python function, of ``_rows_op``, of ``_sum_middle``
+JOB_PY, JOB_ROWS, JOB_SUM_MIDDLE = 0, 1, 2
 
 
 @njit_cached(nogil=True)
@@ -382,13 +381,9 @@ def serve(ctl, worker, turns):  # pragma: no cover (compiled)
         if i < m and worker < load_acquire(ctl, ALLOWED):
             if compare_swap(ctl, CLAIM, w, w + 1) != w:
                 continue
-            kind = load_acquire(ctl, KIND)
-            if kind == JOB_PY:
+            if load_acquire(ctl, KIND) == JOB_PY:
                 return i
-            if kind == JOB_BLOCKS:  # (in this worker's room)
-                block_job(ctl, PARAMS, i, worker)
-            else:
-                _run_chunk(ctl, i, m)
+            _run_chunk(ctl, i, m)
             fetch_add(ctl, DONE, 1)
             idle = 0
         else:
