@@ -85,9 +85,12 @@ class _Worker:
         # (reset by the caller's ``post``) chunks of the job now posted, and when this thread
         # claimed the first (``time.perf_counter_ns``): ``Pool.lag``
         self.chunks_job, self.claimed_ns = 0, 0
+        self.clock = None  # (set by the thread) its CPU clock, read by ``stats``
         threading.Thread(target=self._loop, name="tapegrad-worker", daemon=True).start()
 
     def _loop(self):
+        if hasattr(time, "pthread_getcpuclockid"):
+            self.clock = time.pthread_getcpuclockid(threading.get_ident())
         K, A = _k(), _K[1]
         pool, index = self.pool, self.index
         ctl = pool.ctl
@@ -250,9 +253,18 @@ def _load():
     K.chunk_done(ctl)
 
 
+def _cpu_ns(worker):
+    """The CPU time ``worker``'s thread has run, in ns (0 where it cannot be read)."""
+    try:
+        return time.clock_gettime_ns(worker.clock) if worker.clock is not None else 0
+    except OSError:
+        return 0
+
+
 def stats():
     """``counts`` and the workers' counts (``worker_chunks``: Python chunks they ran,
-    ``worker_spins_ended``, ``worker_sleeps``), summed, with the pool's state: its number of
+    ``worker_spins_ended``, ``worker_sleeps``) and CPU time (``worker_cpu_ns``: their blocks
+    and their spins, read from their threads' clocks), summed, with the pool's state: its number of
     workers, how many are asleep, the back-off of intra-op passes and the pause of
     ``target="parallel"`` (``replay_cpu._pause``). For the probes and the benchmark suite:
     the difference of two calls says what happened between them."""
@@ -263,6 +275,7 @@ def stats():
     out["worker_sleeps"] = sum(w.sleeps for w in workers)
     out["workers"] = len(workers)
     out["workers_asleep"] = sum(w.sleeping for w in workers)
+    out["worker_cpu_ns"] = sum(_cpu_ns(w) for w in workers)
     out["backoff"] = list(_backoff)
     from .interpreters import replay_cpu
     out["pause"] = list(replay_cpu._pause)

@@ -673,3 +673,20 @@ def test_the_workers_loop_reads_the_jobs_layout_of_the_kernels():
     assert _threads._ALLOWED == _atomic.ALLOWED and _threads._RUN_CHUNK == _atomic.RUN_CHUNK
     assert _kernels.ALLOWED < _atomic.RUN_CHUNK < _kernels.PARAMS
     assert _kernels.PARAMS + _atomic.BLOCK_PARAMS <= _threads._pool.ctl.shape[0]
+
+
+def test_the_workers_cpu_time_is_counted(progs):
+    """``stats()["worker_cpu_ns"]``: the workers' threads' CPU clocks, which move while
+    they run blocks or spin (the evidence of what a batch cost on a busy machine, where
+    wall times move with the load)."""
+    import os
+    if numba.get_num_threads() < 2 or not hasattr(time, "pthread_getcpuclockid") \
+            or numba.config.DISABLE_JIT or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("needs 2 threads, the JIT and per-thread CPU clocks")
+    prog, par = progs
+    X = np.random.default_rng(15).normal(size=(64, 5))
+    par.value_and_grad(X)
+    before = _threads.stats()["worker_cpu_ns"]
+    for _ in range(50):
+        par.value_and_grad(X)
+    assert _threads.stats()["worker_cpu_ns"] > before
