@@ -717,3 +717,30 @@ def test_a_try_that_woke_its_worker_counts_its_loss(progs, monkeypatch):
     np.testing.assert_array_equal(par.value_and_grad(X)[1], prog.value_and_grad(X)[1])
     assert _threads.stats()["woken"] > before["woken"], (before, _threads.stats())
     assert replay_cpu._pause == [77, 2], (_threads.stats(), replay_cpu._tries)
+
+
+def test_a_keyboard_interrupt_in_the_callers_block_ends_the_batch(progs, monkeypatch):
+    """A KeyboardInterrupt raised in the caller's block (a signal between two blocks)
+    reaches the caller once the workers' blocks (compiled, without the GIL) have ended:
+    no hang, the workers free for the next batch, which gives the serial numbers."""
+    prog, par = progs
+    X = np.random.default_rng(17).normal(size=(96, 5))
+    want = prog.value_and_grad(X)
+    par.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, the workers started)
+    real = replay_cpu.run_block
+    main = threading.get_ident()
+
+    def interrupted(*args):
+        real(*args)
+        if threading.get_ident() == main:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(replay_cpu, "run_block", interrupted)
+    for _ in range(3):
+        with pytest.raises(KeyboardInterrupt):
+            par.value_and_grad(X)
+        assert not _threads._pool.busy.locked()
+    monkeypatch.setattr(replay_cpu, "run_block", real)
+    got = par.value_and_grad(X)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
