@@ -86,6 +86,9 @@ class _Worker:
         # claimed the first (``time.perf_counter_ns``): ``Pool.lag``
         self.chunks_job, self.claimed_ns = 0, 0
         self.clock = None  # (set by the thread) its CPU clock, read by ``stats``
+        # its room for a parallel batch's blocks (values and adjoints), its own (a second
+        # worker of the same index, in a test, cannot share it), grown as ``serve`` asks
+        self.room = np.empty(0)
         threading.Thread(target=self._loop, name="tapegrad-worker", daemon=True).start()
 
     def _loop(self):
@@ -96,7 +99,10 @@ class _Worker:
         ctl = pool.ctl
         turns = spin_turns()
         while True:
-            i = A.serve(ctl, index, turns)
+            i = A.serve(ctl, index, turns, self.room)
+            if i == -2:  # a batch's block needs more room than this thread has
+                self.room = np.empty(2 * int(ctl[A.PARAMS + A.B_ROOM_HALF]))
+                continue
             if i >= 0:  # a Python job's chunk, in a copy of the caller's context
                 if not self.chunks_job:  # (its first chunk of this job: the wake-up lag)
                     self.claimed_ns = time.perf_counter_ns()
@@ -245,7 +251,7 @@ def _load():
     K = _k()
     spin_turns()
     ctl = np.zeros(64, dtype=np.int64)  # (a job of no chunks: each call looks once)
-    _K[1].serve(ctl, 0, 0)
+    _K[1].serve(ctl, 0, 0, np.empty(0))
     K.claim(ctl)
     K.take_rest(ctl)
     K.publish(ctl, 0)

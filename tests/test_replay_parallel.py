@@ -675,7 +675,7 @@ def test_the_workers_loop_reads_the_jobs_layout_of_the_kernels():
     assert _kernels.PARAMS + _atomic.BLOCK_PARAMS <= _threads._pool.ctl.shape[0]
 
 
-def test_the_workers_cpu_time_is_counted(progs):
+def test_the_workers_cpu_time_is_counted(progs, monkeypatch):
     """``stats()["worker_cpu_ns"]``: the workers' threads' CPU clocks, which move while
     they run blocks or spin (the evidence of what a batch cost on a busy machine, where
     wall times move with the load)."""
@@ -685,7 +685,11 @@ def test_the_workers_cpu_time_is_counted(progs):
         pytest.skip("needs 2 threads, the JIT and per-thread CPU clocks")
     prog, par = progs
     X = np.random.default_rng(15).normal(size=(64, 5))
+    par.value_and_grad(X)  # (compiled)
+    monkeypatch.setattr(_threads._pool, "workers", [])  # (this test's own, started now)
+    monkeypatch.setattr(_threads, "_turns", [1 << 12])  # (and spinning)
     par.value_and_grad(X)
+    assert len(_threads._pool.workers) >= 1
     before = _threads.stats()["worker_cpu_ns"]
     for _ in range(50):
         par.value_and_grad(X)
@@ -744,3 +748,22 @@ def test_a_keyboard_interrupt_in_the_callers_block_ends_the_batch(progs, monkeyp
     got = par.value_and_grad(X)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_two_workers_of_one_index_each_run_blocks_in_their_own_room(progs, monkeypatch):
+    """Each worker thread has its own room (``_Worker.room``, grown as ``serve`` asks): a
+    second worker of the same index (the pool's list replaced, as tests do, while the first
+    still spins on the job) never shares one; every batch gives the serial numbers."""
+    prog, par = progs
+    X = np.random.default_rng(18).normal(size=(256, 5))
+    want = prog.value_and_grad(X)
+    par.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, a worker started)
+    monkeypatch.setattr(_threads, "_turns", [1 << 12])  # (long spins: both come)
+    monkeypatch.setattr(_threads._pool, "workers", [])
+    for _ in range(100):
+        got = par.value_and_grad(X)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    assert all(w.room.shape[0] > 0 for w in _threads._pool.workers) or \
+        _threads.stats()["chunks_workers"] == 0

@@ -4,6 +4,7 @@ other through them without the GIL; and a parallel batch's block run by a worker
 (``block_job``), through the batch interpreter's address."""
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import carray
 from numba.core import cgutils, types
@@ -148,24 +149,24 @@ IDX_BITS = 20
 IDX_MASK = (1 << IDX_BITS) - 1
 JOB_PY, JOB_BLOCKS = 0, 3  # (_kernels' JOB_ROWS and JOB_SUM_MIDDLE are 1 and 2)
 
-#: a parallel batch's job (``ctl`` from ``PARAMS``, written by
-#: ``replay_cpu.describe_blocks``): the interpreter's address; the arrays of ``run_block``
-#: (address and shape each); ``grad``; the samples and a block's size; a worker's room (its
-#: values and adjoints: ``ROOM_HALF`` numbers each, worker ``w``'s at ``ROOM + 2 w
-#: ROOM_HALF``); the address of a signal word no one waits on; and the first block that
-#: failed (1 + its index; 0: none)
+#: a parallel batch's job (``ctl`` from ``PARAMS``, written by ``describe_blocks``): the
+#: interpreter's address; the arrays of ``run_block`` (address and shape each); ``grad``;
+#: the samples and a block's size; the numbers of a block's values (its adjoints as many:
+#: a worker's room holds both); the address of a signal word no one waits on; and the first
+#: block that failed (1 + its index; 0: none)
 (B_FN, B_ROWS, B_X, B_OUT_SLOTS, B_S, B_IN_SLOTS, B_GRAD, B_STATUS, B_OUTS, B_G, B_SAMPLES,
- B_SIZE, B_ROOM_HALF, B_ROOM, B_SIGNAL, B_FAILED) = (0, 1, 4, 7, 9, 12, 14, 15, 17, 20, 23,
-                                                    24, 25, 26, 27, 28)
-BLOCK_PARAMS = 29
+ B_SIZE, B_ROOM_HALF, B_SIGNAL, B_FAILED) = (0, 1, 4, 7, 9, 12, 14, 15, 17, 20, 23, 24, 25,
+                                             26, 27)
+BLOCK_PARAMS = 28
 
 
 @njit_cached(nogil=True)
-def block_job(ctl, p, i, worker):  # pragma: no cover (compiled)
-    """Block ``i`` of the parallel batch described at ``ctl[p:]`` (above), run by worker
-    ``worker`` in its room: the batch interpreter called at its address, as the caller
-    runs its blocks (the same arguments: the same bits). A block that raised is noted
-    (``B_FAILED``): the caller runs it again to raise that error."""
+def block_job(ctl, p, i, room):  # pragma: no cover (compiled)
+    """Block ``i`` of the parallel batch described at ``ctl[p:]`` (above), run in ``room``
+    (a worker's own, grown by it: ``serve``; one too small, a new one): the batch
+    interpreter called at its address, as the caller runs its blocks (the same arguments:
+    the same bits). A block that raised is noted (``B_FAILED``): the caller runs it again
+    to raise that error."""
     rows = carray(f64_pointer(ctl[p + B_ROWS]), (ctl[p + B_ROWS + 1], ctl[p + B_ROWS + 2]))
     X = carray(f64_pointer(ctl[p + B_X]), (ctl[p + B_X + 1], ctl[p + B_X + 2]))
     out_slots = carray(i64_pointer(ctl[p + B_OUT_SLOTS]), ctl[p + B_OUT_SLOTS + 1])
@@ -176,9 +177,10 @@ def block_job(ctl, p, i, worker):  # pragma: no cover (compiled)
     outs = carray(f64_pointer(ctl[p + B_OUTS]), (ctl[p + B_OUTS + 1], ctl[p + B_OUTS + 2]))
     G = carray(f64_pointer(ctl[p + B_G]), (ctl[p + B_G + 1], ctl[p + B_G + 2]))
     half = ctl[p + B_ROOM_HALF]
-    room = ctl[p + B_ROOM] + 16 * worker * half  # (bytes: 2 halves of 8-byte numbers)
-    Vw = carray(f64_pointer(room), half)
-    Aw = carray(f64_pointer(room + 8 * half), half)
+    if room.shape[0] < 2 * half:
+        room = np.empty(2 * half)
+    Vw = carray(f64_pointer(room.ctypes.data), half)
+    Aw = carray(f64_pointer(room.ctypes.data + 8 * half), half)
     signal = carray(i64_pointer(ctl[p + B_SIGNAL]), 1)
     b0 = i * ctl[p + B_SIZE]
     b1 = min(ctl[p + B_SAMPLES], b0 + ctl[p + B_SIZE])
@@ -190,7 +192,7 @@ def block_job(ctl, p, i, worker):  # pragma: no cover (compiled)
 
 @njit_cached(nogil=True)
 def describe_blocks(ctl, p, fn, rows, X, out_slots, S, in_slots, grad, status, outs, G, size,
-                    room, half, signal):  # pragma: no cover (compiled)
+                    half, signal):  # pragma: no cover (compiled)
     """A parallel batch's job written at ``ctl[p:]`` (``block_job`` reads it; ``rows`` as
     the interpreter at ``fn`` runs them, C-contiguous arrays of its compiled types), its
     failed block cleared."""
@@ -205,32 +207,37 @@ def describe_blocks(ctl, p, fn, rows, X, out_slots, S, in_slots, grad, status, o
     ctl[p + B_OUTS], ctl[p + B_OUTS + 1], ctl[p + B_OUTS + 2] = outs.ctypes.data, *outs.shape
     ctl[p + B_G], ctl[p + B_G + 1], ctl[p + B_G + 2] = G.ctypes.data, *G.shape
     ctl[p + B_SAMPLES], ctl[p + B_SIZE] = X.shape[0], size
-    ctl[p + B_ROOM_HALF], ctl[p + B_ROOM] = half, room.ctypes.data
+    ctl[p + B_ROOM_HALF] = half
     ctl[p + B_SIGNAL] = signal.ctypes.data
     ctl[p + B_FAILED] = 0
 
 
 @njit_cached(nogil=True)
-def serve(ctl, worker, turns):  # pragma: no cover (compiled)
+def serve(ctl, worker, turns, room):  # pragma: no cover (compiled)
     """A worker thread's loop: the chunks of compiled jobs run here, without the GIL (a
-    parallel batch's blocks, ``block_job``, in this worker's room; an intra-op pass's
-    through ``_kernels._run_chunk`` at its address, ``RUN_CHUNK``), until ``turns`` reads
-    in a row found no chunk to take; returns -1 then, or the index of a Python job's chunk
-    this thread took (run by the caller of ``serve``, which then calls
-    ``_kernels.chunk_done``). Worker ``worker`` takes chunks while the job allows that many
-    (``ALLOWED``: threads over ``set_num_threads`` stay out)."""
+    parallel batch's blocks, ``block_job``, in ``room``, this worker's own; an intra-op
+    pass's through ``_kernels._run_chunk`` at its address, ``RUN_CHUNK``), until ``turns``
+    reads in a row found no chunk to take; returns -1 then, -2 before it takes a block its
+    room is too small for (its caller grows the room: ``B_ROOM_HALF``, and calls again), or
+    the index of a Python job's chunk this thread took (run by the caller of ``serve``,
+    which then calls ``_kernels.chunk_done``). Worker ``worker`` takes chunks while the job
+    allows that many (``ALLOWED``: threads over ``set_num_threads`` stay out)."""
     idle = 0
     while idle <= turns:  # (one look at least)
         w = load_acquire(ctl, CLAIM)
         i, m = w & IDX_MASK, (w >> IDX_BITS) & IDX_MASK
         if i < m and worker < load_acquire(ctl, ALLOWED):
+            # (the job of ``w`` is the one described: a chunk of it is left, so its caller
+            # has not posted the next)
+            kind = load_acquire(ctl, KIND)
+            if kind == JOB_BLOCKS and room.shape[0] < 2 * ctl[PARAMS + B_ROOM_HALF]:
+                return -2
             if compare_swap(ctl, CLAIM, w, w + 1) != w:
                 continue
-            kind = load_acquire(ctl, KIND)
             if kind == JOB_PY:
                 return i
             if kind == JOB_BLOCKS:
-                block_job(ctl, PARAMS, i, worker)
+                block_job(ctl, PARAMS, i, room)
             else:
                 call_none(ctl[RUN_CHUNK], (ctl, i, m))
             fetch_add(ctl, DONE, 1)

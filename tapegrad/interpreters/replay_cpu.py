@@ -264,7 +264,6 @@ _I1 = numba.int64[::1]
 _BLOCK_SIG = (_F2, _F2, _I1, _F2, _I1, numba.boolean, _I1, _F2, _F2, numba.int64,
               numba.int64, _F1, _F1, _I1, numba.int64)
 _addresses = {}  # run_block's form -> the address of its code for ``_BLOCK_SIG``
-_worker_room = [np.empty(0)]  # the workers' rooms, kept between batches (``_rooms``)
 
 
 def _plain(a, dtype, ndim):
@@ -285,17 +284,6 @@ def _address(form):
         a = _addresses[form] = cres.library.get_pointer_to_function(
             cres.fndesc.llvm_func_name)
     return a
-
-
-def _rooms(workers, half):
-    """Rooms (values and adjoints, ``half`` numbers each) for ``workers`` workers, one
-    array, kept between batches up to ``ROOM_KEPT`` bytes a worker (page faults: ``_room``)."""
-    W = _worker_room[0]
-    if W.shape[0] < 2 * workers * half:
-        W = np.empty(2 * workers * half)
-        if 2 * half * 8 <= ROOM_KEPT:
-            _worker_room[0] = W
-    return W
 
 
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
@@ -342,12 +330,10 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         compiled = COMPILED and _plain(X, _F64, 2) and _plain(S, _F64, 2) \
             and _plain(brows, _F64, 2) and _plain(out_slots, _I64, 1) \
             and _plain(in_slots, _I64, 1) and grad.__class__ is bool
-        if compiled:  # the workers' blocks without the GIL, in their rooms
-            half = brows.shape[0] * size
-            wroom = _rooms(n - 1, half)
+        if compiled:  # the workers' blocks without the GIL, each in its own room
             _atomic.describe_blocks(ctl, K.PARAMS, _address(form), brows, X, out_slots, S,
-                                    in_slots, grad, status, outs, G, size, wroom, half,
-                                    _NO_SIGNAL)
+                                    in_slots, grad, status, outs, G, size,
+                                    brows.shape[0] * size, _NO_SIGNAL)
         else:
             def chunk(i):  # (a worker's, with the GIL: its room is its own)
                 b0, b1 = spans[i]
