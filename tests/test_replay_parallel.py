@@ -254,13 +254,16 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
     """A batch the threads did not make faster than the caller's own pace (a worker taken
     off its core: here its blocks sleep) makes the next 1, then 2 ... batches run serially;
     one they sped up (the caller's blocks sleep) resets the pause. The numbers never
-    change."""
+    change. (Blocks through Python on the workers: ``run_block`` patched here would not run
+    in their compiled loop.)"""
     prog, par = progs
+    monkeypatch.setattr(replay_cpu, "COMPILED", False)
     monkeypatch.setattr(replay_cpu, "ADAPT", True)
     monkeypatch.setattr(replay_cpu, "LOSS", float("inf"))  # (pauses by their loss: below)
     X = np.random.default_rng(7).normal(size=(64, 5))
     want = prog.value_and_grad(X)[1]
-    par.value_and_grad(X)  # compiled, the workers started
+    par.value_and_grad(X)  # compiled
+    par.value_and_grad(X)  # the workers started (a batch that starts one is not judged)
     real, main, slow = replay_cpu.run_block, threading.get_ident(), []
     taken = threading.Event()
 
