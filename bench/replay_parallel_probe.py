@@ -2,7 +2,8 @@
 ``python bench/replay_parallel_probe.py [n] [B]`` (n=100, B=256 by default).
 
 Prints: the load, the serial and parallel batch's wall-clock medians (the serial one's CPU
-time too); how far behind the calling
+time too); parallel batches back to back, the workers' blocks compiled and through Python,
+with both sides' CPU time a call; how far behind the calling
 thread a worker starts its first block, and each side's block time; and what the hardware
 gives, two threads each running the whole batch's blocks at once against one (memory
 bandwidth and shared caches: 1.0 is perfect scaling)."""
@@ -69,6 +70,36 @@ c = median_us(lambda: prog.value_and_grad(X), clock=time.thread_time)
 print(f"{len(prog)} rows, {B} samples, block {prog.block}: serial {s:.0f} us (CPU {c:.0f}), "
       f"parallel {p:.0f} us, {s / p:.2f}x (in turn; 10th percentiles {s10:.0f} and {p10:.0f} "
       f"us, {s10 / p10:.2f}x)")
+
+
+def back_to_back(compiled, k=300):
+    """Parallel batches called back to back (the workers' blocks compiled, or through
+    Python): wall time a call (median), the caller's and the workers' CPU time a call
+    (thread clocks: what a batch cost, whatever the load), and what the threads did."""
+    R.COMPILED = compiled
+    for _ in range(20):
+        par.value_and_grad(X)
+    s0, walls, cpu = tg._threads.stats(), [], 0.0
+    for _ in range(k):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        par.value_and_grad(X)
+        walls.append(time.perf_counter() - t0)
+        cpu += time.thread_time() - c0
+    s1 = tg._threads.stats()
+    d = {c: s1[c] - s0[c] for c in ("batches_missed", "chunks_workers", "woken",
+                                     "lag_workers", "lag_ns")}
+    lag = f", lag {d['lag_ns'] / d['lag_workers'] / 1e3:.1f} us" if d["lag_workers"] else ""
+    print(f"back to back, workers' blocks {'compiled' if compiled else 'through Python'}: "
+          f"{np.median(walls) * 1e6:.0f} us ({s / (np.median(walls) * 1e6):.2f}x the serial median), "
+          f"CPU a call: caller {cpu / k * 1e6:.0f} us, workers "
+          f"{(s1['worker_cpu_ns'] - s0['worker_cpu_ns']) / k / 1e3:.0f} us; {k} batches, "
+          f"{d['batches_missed']} with no worker block, worker blocks {d['chunks_workers']}, "
+          f"woken {d['woken']}{lag}")
+
+
+back_to_back(True)
+back_to_back(False)
+R.COMPILED = False  # (below: the spy sees the workers' blocks only through Python)
 
 real, log = R.run_block, []
 

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+import numba
 import numpy as np
 
 # one thread unless the user asks for more: with workers that take Python's lock around
@@ -68,7 +69,7 @@ def get_num_threads():
 
 class _Worker:
     """A persistent thread that takes chunks of the pool's jobs: in compiled code, without
-    Python's lock (``_kernels.serve``: it spins ``SPIN_US`` for a chunk after its last
+    Python's lock (``_atomic.serve``: it spins ``SPIN_US`` for a chunk after its last
     one), running a compiled job's chunks there and coming back to Python only for a
     Python job's chunk (with the GIL, which the caller, inside its own chunk's compiled or
     NumPy call, does not hold) or to sleep on a lock when no job came."""
@@ -81,16 +82,32 @@ class _Worker:
         # what this thread did (only it writes these: ``stats``): chunks of Python jobs it
         # ran, spins that ended with no chunk (back to Python, which needs the GIL), sleeps
         self.chunks = self.spins_ended = self.sleeps = 0
+        # (reset by the caller's ``post``) chunks of the job now posted, and when this thread
+        # claimed the first (``time.perf_counter_ns``): ``Pool.lag``
+        self.chunks_job, self.claimed_ns = 0, 0
+        self.clock = None  # (set by the thread) its CPU clock, read by ``stats``
+        # its room for a parallel batch's blocks (values and adjoints), its own (a second
+        # worker of the same index, in a test, cannot share it), grown as ``serve`` asks
+        self.room = np.empty(0)
         threading.Thread(target=self._loop, name="tapegrad-worker", daemon=True).start()
 
     def _loop(self):
-        K = _k()
+        if hasattr(time, "pthread_getcpuclockid"):
+            self.clock = time.pthread_getcpuclockid(threading.get_ident())
+        K, A = _k(), _K[1]
         pool, index = self.pool, self.index
         ctl = pool.ctl
+        turns = spin_turns()
         while True:
-            i = K.serve(ctl, index, spin_turns())
+            i = A.serve(ctl, index, turns, self.room)
+            if i == -2:  # a batch's block needs more room than this thread has
+                self.room = np.empty(2 * int(ctl[A.PARAMS + A.B_ROOM_HALF]))
+                continue
             if i >= 0:  # a Python job's chunk, in a copy of the caller's context
+                if not self.chunks_job:  # (its first chunk of this job: the wake-up lag)
+                    self.claimed_ns = time.perf_counter_ns()
                 self.chunks += 1
+                self.chunks_job += 1
                 try:
                     pool.context.copy().run(pool.fn, i)
                 except BaseException as e:  # noqa: BLE001  raised in the caller
@@ -122,7 +139,15 @@ class Pool:
         self.fn, self.context, self.errors = None, None, []
         self.coming = False  # (under mutex) a job posted ``later``, not finished yet
         self.roused = 0.0  # (under mutex) workers spin until then (``rouse``)
+        self.posted_ns = 0  # when the job now posted was (``time.perf_counter_ns``)
         _pools.append(self)
+
+    def lag(self):
+        """(After ``finish``) the workers that took a chunk of the job, and the sum of their
+        lags in ns, from the job's ``post`` to the claim of their first chunk: how late a
+        worker came (asleep, off its core, waiting for the GIL)."""
+        ran = [w.claimed_ns - self.posted_ns for w in self.workers if w.chunks_job]
+        return len(ran), sum(ran)
 
     def claimable(self, index):
         """(Under ``mutex``) whether worker ``index`` may take a chunk of the job now."""
@@ -138,8 +163,13 @@ class Pool:
         worker sleeps: then now."""
         K = _k()
         workers = self.workers
+        if len(workers) < threads - 1:
+            _load()
         while len(workers) < threads - 1:
             workers.append(_Worker(self, len(workers)))
+        for w in workers:
+            w.chunks_job = 0
+        self.posted_ns = time.perf_counter_ns()
         ctl = self.ctl
         self.seq = seq = (self.seq + 1) & K.SEQ_MASK
         word = (seq << (2 * K.IDX_BITS)) | (chunks << K.IDX_BITS) | taken
@@ -204,16 +234,43 @@ _pools: list = []
 #: serially as another call had the workers; its chunks run by the calling thread and by the
 #: workers; threaded batches no worker took a chunk of; pauses started; jobs posted to a
 #: worker asleep on its lock (woken through it); intra-op passes run on the calling thread in
-#: a back-off; workers woken ahead of a job (``Pool.rouse``). ``stats`` adds the workers'
-#: own counts and the pool's state.
+#: a back-off; workers woken ahead of a job (``Pool.rouse``); and over the threaded batches,
+#: the workers that took a block and their summed lags in ns (``Pool.lag``: the mean
+#: wake-up). ``stats`` adds the workers' own counts and the pool's state.
 counts = dict.fromkeys(("batches_threads", "batches_paused", "batches_busy", "chunks_caller",
                         "chunks_workers", "batches_missed", "pauses", "woken", "roused",
-                        "passes_alone"), 0)
+                        "passes_alone", "lag_workers", "lag_ns"), 0)
+
+
+def _load():
+    """The hand-over's compiled functions compiled, or loaded from the cache, on the calling
+    thread, before it starts a worker: loaded by the worker itself, they took it seconds
+    while the caller ran (each of llvmlite's calls lets the GIL go, and the worker waited for
+    it to come back), and the parallel batches of that while found no worker (the suite's
+    parallel row: 15 tries, no worker chunk, then paused)."""
+    K = _k()
+    spin_turns()
+    ctl = np.zeros(64, dtype=np.int64)  # (a job of no chunks: each call looks once)
+    _K[1].serve(ctl, 0, 0, np.empty(0))
+    K.claim(ctl)
+    K.take_rest(ctl)
+    K.publish(ctl, 0)
+    ctl[K.DONE] = -1  # (chunk_done adds 1 back: 0)
+    K.chunk_done(ctl)
+
+
+def _cpu_ns(worker):
+    """The CPU time ``worker``'s thread has run, in ns (0 where it cannot be read)."""
+    try:
+        return time.clock_gettime_ns(worker.clock) if worker.clock is not None else 0
+    except OSError:
+        return 0
 
 
 def stats():
     """``counts`` and the workers' counts (``worker_chunks``: Python chunks they ran,
-    ``worker_spins_ended``, ``worker_sleeps``), summed, with the pool's state: its number of
+    ``worker_spins_ended``, ``worker_sleeps``) and CPU time (``worker_cpu_ns``: their blocks
+    and their spins, read from their threads' clocks), summed, with the pool's state: its number of
     workers, how many are asleep, the back-off of intra-op passes and the pause of
     ``target="parallel"`` (``replay_cpu._pause``). For the probes and the benchmark suite:
     the difference of two calls says what happened between them."""
@@ -224,6 +281,7 @@ def stats():
     out["worker_sleeps"] = sum(w.sleeps for w in workers)
     out["workers"] = len(workers)
     out["workers_asleep"] = sum(w.sleeping for w in workers)
+    out["worker_cpu_ns"] = sum(_cpu_ns(w) for w in workers)
     out["backoff"] = list(_backoff)
     from .interpreters import replay_cpu
     out["pause"] = list(replay_cpu._pause)
@@ -233,6 +291,7 @@ def stats():
 _IDX_BITS = 20
 _IDX_MASK = (1 << _IDX_BITS) - 1
 _ALLOWED = 17  # (_kernels.ALLOWED: this module cannot import it)
+_RUN_CHUNK = 18  # (_atomic.RUN_CHUNK)
 
 
 def _reset_after_fork():
@@ -283,10 +342,26 @@ def _k():
     """``ops._kernels``, where the hand-over's compiled side lives (imported on first use:
     it imports this module; an import statement in each call cost 0.5 us)."""
     if not _K:
+        from .interpreters import _atomic
         from .ops import _kernels
-        _K.append(_kernels)
-        _JIT.append(hasattr(_kernels.serve, "py_func"))
+        _K.extend((_kernels, _atomic))
+        _JIT.append(hasattr(_atomic.serve, "py_func"))
     return _K[0]
+
+
+_chunk_at = []  # the address of ``_kernels._run_chunk``, once compiled (``_run_chunk_at``)
+
+
+def _run_chunk_at():
+    """The address of ``_kernels._run_chunk``'s compiled code, which a worker's ``serve``
+    calls for a compiled intra-op job's chunk (``_atomic.RUN_CHUNK``)."""
+    if not _chunk_at:
+        K = _k()
+        sig = (numba.int64[::1], numba.int64, numba.int64)
+        K._run_chunk.compile(sig)
+        cres = K._run_chunk.overloads[sig]
+        _chunk_at.append(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+    return _chunk_at[0]
 
 
 _JIT = []  # whether the hand-over is compiled (``NUMBA_DISABLE_JIT=1``: jobs run serially)
@@ -407,6 +482,7 @@ def run_compiled(kind, m, describe, *args):
     try:
         t0, cpu = _clock(), _cpu_time()
         describe(pool.ctl, *args)
+        pool.ctl[_RUN_CHUNK] = _run_chunk_at()
         pool.post(kind, m, min(_num[0], m))
         own = K.help_out(pool.ctl)
         cpu = _cpu_time() - cpu

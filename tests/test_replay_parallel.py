@@ -118,7 +118,10 @@ def test_guards_failing_in_some_samples_of_a_parallel_batch(monkeypatch):
 
 
 def test_a_workers_error_reaches_the_caller_and_the_workers_live_on(progs, monkeypatch):
+    """(Blocks through Python on the workers: ``COMPILED`` off, or ``run_block`` patched
+    here would not run there.)"""
     prog, par = progs
+    monkeypatch.setattr(replay_cpu, "COMPILED", False)
     real = replay_cpu.run_block
     main = threading.get_ident()
 
@@ -251,13 +254,16 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
     """A batch the threads did not make faster than the caller's own pace (a worker taken
     off its core: here its blocks sleep) makes the next 1, then 2 ... batches run serially;
     one they sped up (the caller's blocks sleep) resets the pause. The numbers never
-    change."""
+    change. (Blocks through Python on the workers: ``run_block`` patched here would not run
+    in their compiled loop.)"""
     prog, par = progs
+    monkeypatch.setattr(replay_cpu, "COMPILED", False)
     monkeypatch.setattr(replay_cpu, "ADAPT", True)
     monkeypatch.setattr(replay_cpu, "LOSS", float("inf"))  # (pauses by their loss: below)
     X = np.random.default_rng(7).normal(size=(64, 5))
     want = prog.value_and_grad(X)[1]
-    par.value_and_grad(X)  # compiled, the workers started
+    par.value_and_grad(X)  # compiled
+    par.value_and_grad(X)  # the workers started (a batch that starts one is not judged)
     real, main, slow = replay_cpu.run_block, threading.get_ident(), []
     taken = threading.Event()
 
@@ -430,8 +436,8 @@ def test_a_batch_that_lost_time_pauses_the_threads_until_its_loss_is_small(monke
     replay_cpu._pause[1] = 1
     replay_cpu._judge(1.5, 1.0)
     assert replay_cpu._pause == [10, 2]
-    replay_cpu._judge(1.5, 1.0, woken=True)  # a worker's wake-up: a miss, not a loss
-    assert replay_cpu._pause == [4, 4]
+    replay_cpu._judge(1.5, 1.0)  # (a worker woken through its lock or not: a loss)
+    assert replay_cpu._pause == [10, 4]
     replay_cpu._judge(50.0, 1.0)
     assert replay_cpu._pause == [100, 8]  # (at most LOSS_MAX)
     replay_cpu._judge(1.0, 0.0)  # (no CPU time measured: no loss computed)
@@ -530,3 +536,237 @@ def test_fuzz_pauses_rouses_and_user_threads_keep_the_serial_numbers(progs, monk
     assert not any(t.is_alive() for t in threads) and errors == []
     d = {k: _threads.counts[k] - before[k] for k in before}
     assert d["batches_threads"] > 0 and d["batches_paused"] > 0, d
+
+
+_LOADED_BEFORE_START = """
+import threading, numpy as np, numba, tapegrad as tg
+from tapegrad import _threads
+K = _threads._k()
+fns = (_threads._K[1].serve, K.claim, K.chunk_done, K.wait_done, K.publish, K.take_rest)
+assert not any(f.overloads for f in fns), "loaded already: the check below says nothing"
+seen = []
+start = threading.Thread.start
+def spy(self):
+    seen.append([bool(f.overloads) for f in fns])
+    start(self)
+threading.Thread.start = spy
+numba.set_num_threads(2)
+tg.set_num_threads(2)
+_threads.run_chunks(lambda i: None, 4)
+assert seen and all(all(s) for s in seen), seen
+print("ok")
+"""
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT or numba.config.NUMBA_NUM_THREADS < 2,
+                    reason="needs the JIT and 2 threads")
+def test_the_handover_is_loaded_before_a_worker_starts():
+    """A fresh process's first job loads the workers' compiled functions (``serve`` ...) on
+    the calling thread before it starts one (``_threads._load``): loaded by the worker, they
+    took it seconds (llvmlite lets the GIL go in each call, and the caller held it), and the
+    batches of that while found no worker."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tg.__file__)))
+    res = subprocess.run([sys.executable, "-c", _LOADED_BEFORE_START], cwd=root,
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TAPEGRAD_QUIET="1"))
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_the_counts_say_how_late_the_workers_came(progs, monkeypatch):
+    """``lag_workers`` and ``lag_ns`` (``Pool.lag``): a worker that took a block adds
+    itself and its lag from the post to its first claim, a positive time; a batch no worker
+    took a block of adds nothing. (Blocks through Python: a worker's compiled loop has no
+    clock.)"""
+    if numba.get_num_threads() < 2:
+        pytest.skip("needs 2 threads")
+    monkeypatch.setattr(replay_cpu, "COMPILED", False)
+    prog, par = progs
+    X = np.random.default_rng(12).normal(size=(64, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)  # (compiled, the workers started)
+    for _ in range(200):  # (a worker comes in time in most batches on an idle machine)
+        before = _threads.stats()
+        np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+        d = {k: _threads.stats()[k] - before[k] for k in _threads.counts}
+        assert d["lag_workers"] == (d["chunks_workers"] > 0)  # (one worker on 2 threads)
+        assert (d["lag_ns"] > 0) == (d["chunks_workers"] > 0)
+        if d["chunks_workers"]:
+            break
+    else:
+        pytest.skip("no worker came in 200 batches (a busy machine)")
+
+
+@numba.njit(nogil=True)
+def _raising_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw,
+                   signal, number):  # pragma: no cover (compiled)
+    if b0 > 0:
+        raise FloatingPointError("in a worker's block")
+
+
+def test_a_compiled_block_that_raised_on_a_worker_raises_in_the_caller(progs, monkeypatch):
+    """A block that raised in a worker's compiled loop (``_atomic.block_job``: its status)
+    is run again by the caller, which raises its error (here none: a RuntimeError that says
+    so); the caller's blocks were its own, the job ends (no hang) and the workers live on."""
+    if numba.get_num_threads() < 2 or numba.config.DISABLE_JIT:
+        pytest.skip("needs 2 threads and the JIT")
+    prog, par = progs
+    X = np.random.default_rng(13).normal(size=(64, 5))
+    want = prog.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, the workers started)
+    _raising_block.compile(replay_cpu._BLOCK_SIG)
+    cres = _raising_block.overloads[replay_cpu._BLOCK_SIG]
+    address = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+    monkeypatch.setattr(replay_cpu, "_address", lambda form: address)
+    for _ in range(200):
+        before = _threads.stats()["chunks_workers"]
+        try:
+            got = par.value_and_grad(X)
+        except RuntimeError as e:
+            assert "raised on a worker thread" in str(e)  # (a worker ran a block)
+            break
+        assert _threads.stats()["chunks_workers"] == before  # (the caller ran every block)
+        np.testing.assert_array_equal(got[1], want[1])
+    else:
+        pytest.skip("no worker came in 200 batches (a busy machine)")
+    monkeypatch.undo()
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(replay_cpu, "ADAPT", False)
+    for _ in range(5):
+        got = par.value_and_grad(X)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("how", ["readonly", "fortran", "compiled"])
+def test_blocks_through_python_or_compiled_give_the_serial_numbers(progs, monkeypatch, how):
+    """Inputs of other types than the interpreter's usual ones (read-only) run their
+    workers' blocks through Python (``_plain``); plain ones in compiled code
+    (``_atomic.block_job``, the interpreter at its address, ``_address``): the serial
+    batch's numbers, bit for bit, either way."""
+    prog, par = progs
+    X = np.random.default_rng(14).normal(size=(200, 5))
+    if how == "readonly":
+        X.flags.writeable = False
+    elif how == "fortran":
+        X = np.asfortranarray(X)
+    want = prog.value_and_grad(np.ascontiguousarray(X))
+    used = []
+    real = replay_cpu._address
+    monkeypatch.setattr(replay_cpu, "_address", lambda form: used.append(form) or real(form))
+    for _ in range(20):
+        got = par.value_and_grad(X)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    if numba.get_num_threads() >= 2 and not numba.config.DISABLE_JIT:
+        assert bool(used) == (how != "readonly")  # (Fortran order: copied by the call)
+
+
+def test_the_workers_loop_reads_the_jobs_layout_of_the_kernels():
+    """``_atomic.serve`` (the workers' loop) and ``_kernels`` (the callers' side) read one
+    layout of the job: the same numbers under the same names, and kinds apart."""
+    from tapegrad.interpreters import _atomic
+    from tapegrad.ops import _kernels
+    for name in ("CLAIM", "DONE", "KIND", "ALLOWED", "PARAMS", "IDX_BITS", "IDX_MASK",
+                 "JOB_PY"):
+        assert getattr(_atomic, name) == getattr(_kernels, name), name
+    assert _atomic.JOB_BLOCKS not in (_kernels.JOB_ROWS, _kernels.JOB_SUM_MIDDLE)
+    assert _threads._ALLOWED == _atomic.ALLOWED and _threads._RUN_CHUNK == _atomic.RUN_CHUNK
+    assert _kernels.ALLOWED < _atomic.RUN_CHUNK < _kernels.PARAMS
+    assert _kernels.PARAMS + _atomic.BLOCK_PARAMS <= _threads._pool.ctl.shape[0]
+
+
+def test_the_workers_cpu_time_is_counted(progs, monkeypatch):
+    """``stats()["worker_cpu_ns"]``: the workers' threads' CPU clocks, which move while
+    they run blocks or spin (the evidence of what a batch cost on a busy machine, where
+    wall times move with the load)."""
+    import os
+    if numba.get_num_threads() < 2 or not hasattr(time, "pthread_getcpuclockid") \
+            or numba.config.DISABLE_JIT or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("needs 2 threads, the JIT and per-thread CPU clocks")
+    prog, par = progs
+    X = np.random.default_rng(15).normal(size=(64, 5))
+    par.value_and_grad(X)  # (compiled)
+    monkeypatch.setattr(_threads._pool, "workers", [])  # (this test's own, started now)
+    monkeypatch.setattr(_threads, "_turns", [1 << 12])  # (and spinning)
+    par.value_and_grad(X)
+    assert len(_threads._pool.workers) >= 1
+    before = _threads.stats()["worker_cpu_ns"]
+    for _ in range(50):
+        par.value_and_grad(X)
+    assert _threads.stats()["worker_cpu_ns"] > before
+
+
+def test_a_try_that_woke_its_worker_counts_its_loss(progs, monkeypatch):
+    """A try whose worker was asleep (woken through its lock) and lost time pauses the
+    threads by its loss like any other (``_judge``): on a busy machine those are the tries,
+    and exempted, they ran every 16 batches and lost 20% (the suite's row at a load of 8)."""
+    if numba.get_num_threads() < 2 or numba.config.DISABLE_JIT:
+        pytest.skip("needs 2 threads and the JIT")
+    prog, par = progs
+    X = np.random.default_rng(16).normal(size=(64, 5))
+    par.value_and_grad(X)  # (compiled)
+    par.value_and_grad(X)  # (the workers started)
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    monkeypatch.setattr(_threads._pool, "roused", 0.0)
+    ticks = iter(range(1 << 30))  # (the caller's CPU clock: 1 ns a read, a tiny serial time)
+    monkeypatch.setattr(replay_cpu, "_cpu_time", lambda: next(ticks) * 1e-9)
+    monkeypatch.setattr(replay_cpu, "LOSS_MAX", 77)
+    for _ in range(100):
+        time.sleep(0.02)  # (the worker's spin ends: it sleeps on its lock)
+        if _threads.stats()["workers_asleep"] == len(_threads._pool.workers) > 0:
+            break
+    monkeypatch.setattr(replay_cpu, "_tries", [100])
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 1])  # (a miss before: "again")
+    before = _threads.stats()
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], prog.value_and_grad(X)[1])
+    assert _threads.stats()["woken"] > before["woken"], (before, _threads.stats())
+    assert replay_cpu._pause == [77, 2], (_threads.stats(), replay_cpu._tries)
+
+
+def test_a_keyboard_interrupt_in_the_callers_block_ends_the_batch(progs, monkeypatch):
+    """A KeyboardInterrupt raised in the caller's block (a signal between two blocks)
+    reaches the caller once the workers' blocks (compiled, without the GIL) have ended:
+    no hang, the workers free for the next batch, which gives the serial numbers."""
+    prog, par = progs
+    X = np.random.default_rng(17).normal(size=(96, 5))
+    want = prog.value_and_grad(X)
+    par.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, the workers started)
+    real = replay_cpu.run_block
+    main = threading.get_ident()
+
+    def interrupted(*args):
+        real(*args)
+        if threading.get_ident() == main:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(replay_cpu, "run_block", interrupted)
+    for _ in range(3):
+        with pytest.raises(KeyboardInterrupt):
+            par.value_and_grad(X)
+        assert not _threads._pool.busy.locked()
+    monkeypatch.setattr(replay_cpu, "run_block", real)
+    got = par.value_and_grad(X)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_two_workers_of_one_index_each_run_blocks_in_their_own_room(progs, monkeypatch):
+    """Each worker thread has its own room (``_Worker.room``, grown as ``serve`` asks): a
+    second worker of the same index (the pool's list replaced, as tests do, while the first
+    still spins on the job) never shares one; every batch gives the serial numbers."""
+    prog, par = progs
+    X = np.random.default_rng(18).normal(size=(256, 5))
+    want = prog.value_and_grad(X)
+    par.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, a worker started)
+    monkeypatch.setattr(_threads, "_turns", [1 << 12])  # (long spins: both come)
+    monkeypatch.setattr(_threads._pool, "workers", [])
+    for _ in range(100):
+        got = par.value_and_grad(X)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    assert all(w.room.shape[0] > 0 for w in _threads._pool.workers) or \
+        _threads.stats()["chunks_workers"] == 0

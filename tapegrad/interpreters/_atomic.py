@@ -1,10 +1,17 @@
 """Atomic loads, stores, compare-and-swap and add on int64 array items for compiled code
 (Numba has none on the CPU): the worker threads (``_threads``) take chunks and signal each
-other through them without the GIL."""
+other through them without the GIL; and a parallel batch's block run by a worker there
+(``block_job``), through the batch interpreter's address."""
 from __future__ import annotations
 
+import numpy as np
+from llvmlite import ir
+from numba import carray
 from numba.core import cgutils, types
+from numba.core.callconv import excinfo_t
 from numba.extending import intrinsic
+
+from .._jit import njit_cached
 
 
 def _item(context, builder, sig, args):
@@ -93,3 +100,148 @@ def f64_pointer(typingctx, address):
         return builder.inttoptr(args[0], ptr_t)
 
     return types.CPointer(types.float64)(address), codegen
+
+
+@intrinsic
+def i64_pointer(typingctx, address):
+    """The int64 pointer at ``address`` (``f64_pointer``'s, for int64 arrays)."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr_t = context.get_value_type(types.CPointer(types.int64))
+        return builder.inttoptr(args[0], ptr_t)
+
+    return types.CPointer(types.int64)(address), codegen
+
+
+@intrinsic
+def call_none(typingctx, address, args):
+    """Call the compiled function at ``address`` (Numba's own calling convention, its
+    result ``None``) with the tuple ``args``, which must be of the types it was compiled
+    for; returns its status (0: it returned, else it raised). A worker's compiled loop runs
+    the batch interpreter this way without linking it into its own code (a compiled
+    caller links and optimizes its callees again: seconds a form, cold)."""
+    if not (isinstance(address, types.Integer) and isinstance(args, types.BaseTuple)):
+        return None
+    argtys = tuple(args.types)
+
+    def codegen(context, builder, sig, llargs):
+        cc = context.call_conv
+        fnty = cc.get_function_type(types.none, argtys)
+        fn = builder.inttoptr(llargs[0], fnty.as_pointer())
+        retty = cc.get_return_type(types.none).pointee
+        ret = cgutils.alloca_once(builder, retty)
+        builder.store(cgutils.get_null_value(retty), ret)
+        exc = cgutils.alloca_once(builder, ir.PointerType(excinfo_t))
+        values = [builder.extract_value(llargs[1], k) for k in range(len(argtys))]
+        packed = list(cc._get_arg_packer(argtys).as_arguments(builder, values))
+        return builder.call(fn, [ret, exc] + packed)
+
+    return types.int32(address, args), codegen
+
+
+# the job's layout (``_kernels``' names, the same numbers: a test checks them), and where a
+# compiled intra-op job's chunk function is (``_kernels._run_chunk``'s address, which
+# ``serve`` calls: linked into it, it made a worker's loop 4 s to compile cold)
+CLAIM, DONE, KIND, ALLOWED, RUN_CHUNK, PARAMS = 0, 8, 16, 17, 18, 24
+IDX_BITS = 20
+IDX_MASK = (1 << IDX_BITS) - 1
+JOB_PY, JOB_BLOCKS = 0, 3  # (_kernels' JOB_ROWS and JOB_SUM_MIDDLE are 1 and 2)
+
+#: a parallel batch's job (``ctl`` from ``PARAMS``, written by ``describe_blocks``): the
+#: interpreter's address; the arrays of ``run_block`` (address and shape each); ``grad``;
+#: the samples and a block's size; the numbers of a block's values (its adjoints as many:
+#: a worker's room holds both); the address of a signal word no one waits on; and the first
+#: block that failed (1 + its index; 0: none)
+(B_FN, B_ROWS, B_X, B_OUT_SLOTS, B_S, B_IN_SLOTS, B_GRAD, B_STATUS, B_OUTS, B_G, B_SAMPLES,
+ B_SIZE, B_ROOM_HALF, B_SIGNAL, B_FAILED) = (0, 1, 4, 7, 9, 12, 14, 15, 17, 20, 23, 24, 25,
+                                             26, 27)
+BLOCK_PARAMS = 28
+
+
+@njit_cached(nogil=True)
+def block_job(ctl, p, i, room):  # pragma: no cover (compiled)
+    """Block ``i`` of the parallel batch described at ``ctl[p:]`` (above), run in ``room``
+    (a worker's own, grown by it: ``serve``; one too small, a new one): the batch
+    interpreter called at its address, as the caller runs its blocks (the same arguments:
+    the same bits). A block that raised is noted (``B_FAILED``): the caller runs it again
+    to raise that error."""
+    rows = carray(f64_pointer(ctl[p + B_ROWS]), (ctl[p + B_ROWS + 1], ctl[p + B_ROWS + 2]))
+    X = carray(f64_pointer(ctl[p + B_X]), (ctl[p + B_X + 1], ctl[p + B_X + 2]))
+    out_slots = carray(i64_pointer(ctl[p + B_OUT_SLOTS]), ctl[p + B_OUT_SLOTS + 1])
+    S = carray(f64_pointer(ctl[p + B_S]), (ctl[p + B_S + 1], ctl[p + B_S + 2]))
+    in_slots = carray(i64_pointer(ctl[p + B_IN_SLOTS]), ctl[p + B_IN_SLOTS + 1])
+    grad = ctl[p + B_GRAD] != 0
+    status = carray(i64_pointer(ctl[p + B_STATUS]), ctl[p + B_STATUS + 1])
+    outs = carray(f64_pointer(ctl[p + B_OUTS]), (ctl[p + B_OUTS + 1], ctl[p + B_OUTS + 2]))
+    G = carray(f64_pointer(ctl[p + B_G]), (ctl[p + B_G + 1], ctl[p + B_G + 2]))
+    half = ctl[p + B_ROOM_HALF]
+    if room.shape[0] < 2 * half:
+        room = np.empty(2 * half)
+    Vw = carray(f64_pointer(room.ctypes.data), half)
+    Aw = carray(f64_pointer(room.ctypes.data + 8 * half), half)
+    signal = carray(i64_pointer(ctl[p + B_SIGNAL]), 1)
+    b0 = i * ctl[p + B_SIZE]
+    b1 = min(ctl[p + B_SAMPLES], b0 + ctl[p + B_SIZE])
+    failed = call_none(ctl[p + B_FN], (rows, X, out_slots, S, in_slots, grad, status, outs,
+                                       G, b0, b1, Vw, Aw, signal, 0))
+    if failed != 0:
+        compare_swap(ctl, p + B_FAILED, 0, i + 1)
+
+
+@njit_cached(nogil=True)
+def describe_blocks(ctl, p, fn, rows, X, out_slots, S, in_slots, grad, status, outs, G, size,
+                    half, signal):  # pragma: no cover (compiled)
+    """A parallel batch's job written at ``ctl[p:]`` (``block_job`` reads it; ``rows`` as
+    the interpreter at ``fn`` runs them, C-contiguous arrays of its compiled types), its
+    failed block cleared."""
+    ctl[p + B_FN] = fn
+    ctl[p + B_ROWS], ctl[p + B_ROWS + 1], ctl[p + B_ROWS + 2] = rows.ctypes.data, *rows.shape
+    ctl[p + B_X], ctl[p + B_X + 1], ctl[p + B_X + 2] = X.ctypes.data, *X.shape
+    ctl[p + B_OUT_SLOTS], ctl[p + B_OUT_SLOTS + 1] = out_slots.ctypes.data, out_slots.shape[0]
+    ctl[p + B_S], ctl[p + B_S + 1], ctl[p + B_S + 2] = S.ctypes.data, *S.shape
+    ctl[p + B_IN_SLOTS], ctl[p + B_IN_SLOTS + 1] = in_slots.ctypes.data, in_slots.shape[0]
+    ctl[p + B_GRAD] = 1 if grad else 0
+    ctl[p + B_STATUS], ctl[p + B_STATUS + 1] = status.ctypes.data, status.shape[0]
+    ctl[p + B_OUTS], ctl[p + B_OUTS + 1], ctl[p + B_OUTS + 2] = outs.ctypes.data, *outs.shape
+    ctl[p + B_G], ctl[p + B_G + 1], ctl[p + B_G + 2] = G.ctypes.data, *G.shape
+    ctl[p + B_SAMPLES], ctl[p + B_SIZE] = X.shape[0], size
+    ctl[p + B_ROOM_HALF] = half
+    ctl[p + B_SIGNAL] = signal.ctypes.data
+    ctl[p + B_FAILED] = 0
+
+
+@njit_cached(nogil=True)
+def serve(ctl, worker, turns, room):  # pragma: no cover (compiled)
+    """A worker thread's loop: the chunks of compiled jobs run here, without the GIL (a
+    parallel batch's blocks, ``block_job``, in ``room``, this worker's own; an intra-op
+    pass's through ``_kernels._run_chunk`` at its address, ``RUN_CHUNK``), until ``turns``
+    reads in a row found no chunk to take; returns -1 then, -2 before it takes a block its
+    room is too small for (its caller grows the room: ``B_ROOM_HALF``, and calls again), or
+    the index of a Python job's chunk this thread took (run by the caller of ``serve``,
+    which then calls ``_kernels.chunk_done``). Worker ``worker`` takes chunks while the job
+    allows that many (``ALLOWED``: threads over ``set_num_threads`` stay out)."""
+    idle = 0
+    while idle <= turns:  # (one look at least)
+        w = load_acquire(ctl, CLAIM)
+        i, m = w & IDX_MASK, (w >> IDX_BITS) & IDX_MASK
+        if i < m and worker < load_acquire(ctl, ALLOWED):
+            # (the job of ``w`` is the one described: a chunk of it is left, so its caller
+            # has not posted the next)
+            kind = load_acquire(ctl, KIND)
+            if kind == JOB_BLOCKS and room.shape[0] < 2 * ctl[PARAMS + B_ROOM_HALF]:
+                return -2
+            if compare_swap(ctl, CLAIM, w, w + 1) != w:
+                continue
+            if kind == JOB_PY:
+                return i
+            if kind == JOB_BLOCKS:
+                block_job(ctl, PARAMS, i, room)
+            else:
+                call_none(ctl[RUN_CHUNK], (ctl, i, m))
+            fetch_add(ctl, DONE, 1)
+            idle = 0
+        else:
+            idle += 1
+    return -1

@@ -13,6 +13,7 @@ import numpy as np
 
 from .._jit import njit_cached
 from .. import _threads
+from . import _atomic
 from . import _generated_replay as _g
 from ._generated_replay import (  # noqa: F401  (the entries, named from here)
     COMMON, HEADER, forward, reverse, reverse_multi, run_bound, run_bound_fused, run_fused,
@@ -242,6 +243,7 @@ def run_batch(rows, X, out_slots, S, in_slots, grad, block):
 
 
 _NO_SIGNAL = np.zeros(1, dtype=np.int64)  # run_block's signal where no worker waits
+_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)
 
 #: the form of ``run_block`` (``_g.run_block`` or ``_g.run_block_common``) of the rows a
 #: batch ran last, by their identity (with a weak reference to check it: an id is reused
@@ -330,20 +332,55 @@ _tries = [0]  # threaded batches judged in this process
 _wall = [0.0]  # the last batch's time (paused, or on the threads): how long a rouse lasts
 
 
-def _judge(wall, serial, woken=False):
+def _judge(wall, serial):
     """The pause after a batch that took ``wall`` seconds on the threads, where the serial
-    batch would have taken ``serial`` (``woken``: a worker had to be woken through its lock,
-    a wake-up's cost, paused for as a miss but not counted as a loss)."""
+    batch would have taken ``serial``. A try whose worker had to be woken through its lock
+    counts its loss too: with the worker woken ahead of a try (``Pool.rouse``), those are
+    the tries of a busy machine, where the wake-up comes late (the suite's row at a load of
+    8.5 to 9 on 2 cores: 40 and 51 tries among 615 and 786 batches, 0.83 and 0.81x the
+    serial batch; counting their loss, 12 and 16 tries, 0.92 and 0.80x)."""
     _tries[0] += 1
     if wall > PAYOFF * serial:
-        # the batch before missed too (no lone stall), no wake-up, past the first tries
-        again = _pause[1] > 0 and not woken and _tries[0] > WARM_TRIES
+        # the batch before missed too (no lone stall), past the first tries
+        again = _pause[1] > 0 and _tries[0] > WARM_TRIES
         _pause[1] = min(PAUSE_MAX, max(1, 2 * _pause[1]))
         loss = int((wall - serial) / (LOSS * serial)) if again and wall > serial > 0.0 else 0
         _pause[0] = max(_pause[1], min(LOSS_MAX, loss))
         _counts["pauses"] += 1
     else:
         _pause[1] = 0
+
+
+#: the workers run their blocks in compiled code, without the GIL (``_atomic.block_job``,
+#: the interpreter called at its address), where the batch's arrays are of the types the
+#: interpreter is compiled for (``_BLOCK_SIG``); False, or other arrays: each block through
+#: Python on the worker (``JOB_PY``), which takes the GIL around it
+COMPILED = True
+_F1, _F2 = numba.float64[::1], numba.float64[:, ::1]
+_I1 = numba.int64[::1]
+_BLOCK_SIG = (_F2, _F2, _I1, _F2, _I1, numba.boolean, _I1, _F2, _F2, numba.int64,
+              numba.int64, _F1, _F1, _I1, numba.int64)
+_addresses = {}  # run_block's form -> the address of its code for ``_BLOCK_SIG``
+
+
+def _plain(a, dtype, ndim):
+    """Whether ``a`` is an array ``_BLOCK_SIG`` types as such: C-contiguous, writeable,
+    aligned, of ``dtype`` and ``ndim`` dimensions."""
+    f = a.flags
+    return a.dtype == dtype and a.ndim == ndim and f.c_contiguous and f.writeable \
+        and f.aligned
+
+
+def _address(form):
+    """The address of ``form``'s compiled code for ``_BLOCK_SIG`` (the signature the
+    serial batch compiled: found, not compiled again)."""
+    a = _addresses.get(form)
+    if a is None:
+        form.compile(_BLOCK_SIG)
+        cres = form.overloads[_BLOCK_SIG]
+        a = _addresses[form] = cres.library.get_pointer_to_function(
+            cres.fndesc.llvm_func_name)
+    return a
 
 
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
@@ -385,18 +422,26 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         spans = _spans(B, n, block)
         size = spans[0][1] - spans[0][0]
 
-        def chunk(i):  # (a worker's, with the GIL: its room is its own)
-            b0, b1 = spans[i]
-            run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
-                      *_room(rows, size), _NO_SIGNAL, 0)
         ctl = pool.ctl
-        pool.fn, pool.context = chunk, contextvars.copy_context()
+        brows = batch_of(rows)[1]
+        compiled = COMPILED and _plain(X, _F64, 2) and _plain(S, _F64, 2) \
+            and _plain(brows, _F64, 2) and _plain(out_slots, _I64, 1) \
+            and _plain(in_slots, _I64, 1) and grad.__class__ is bool
+        if compiled:  # the workers' blocks without the GIL, each in its own room
+            _atomic.describe_blocks(ctl, K.PARAMS, _address(form), brows, X, out_slots, S,
+                                    in_slots, grad, status, outs, G, size,
+                                    brows.shape[0] * size, _NO_SIGNAL)
+        else:
+            def chunk(i):  # (a worker's, with the GIL: its room is its own)
+                b0, b1 = spans[i]
+                run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
+                          *_room(rows, size), _NO_SIGNAL, 0)
+            pool.fn, pool.context = chunk, contextvars.copy_context()
         # the caller takes the first block; the workers see the job from inside it, once
         # the caller has let the GIL go (compiled: run_block stores the claim word)
         fresh = len(pool.workers) < n - 1  # (a thread started now: not judged, below)
-        woken = _counts["woken"]
-        word, published = pool.post(K.JOB_PY, len(spans), n, taken=1, later=True)
-        woken = _counts["woken"] != woken
+        word, published = pool.post(_atomic.JOB_BLOCKS if compiled else K.JOB_PY, len(spans), n,
+                                    taken=1, later=True)
         W = _room(rows, size)
         # the caller's samples and their CPU time (its wall time counts the time it was off
         # its core, which a worker sharing that core took: a busy machine looked fast)
@@ -417,16 +462,34 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             pool.finish(len(spans), own + K.take_rest(ctl))
             raise
         pool.finish(len(spans), own)
+        if compiled and ctl[K.PARAMS + _atomic.B_FAILED]:
+            _failed(rows, X, out_slots, S, in_slots, grad, status, outs, G,
+                    spans[ctl[K.PARAMS + _atomic.B_FAILED] - 1])
         _counts["batches_threads"] += 1
         _counts["chunks_caller"] += own
         _counts["chunks_workers"] += len(spans) - own
         _counts["batches_missed"] += own == len(spans)
+        ran, lag = pool.lag()
+        _counts["lag_workers"] += ran
+        _counts["lag_ns"] += lag
         _wall[0] = time.perf_counter() - t_start
         if not fresh:  # (a thread's start, once, says nothing of the batches to come)
-            _judge(_wall[0], cpu / done * B, woken)
+            _judge(_wall[0], cpu / done * B)
         return status, outs, G
     finally:
         pool.busy.release()
+
+
+def _failed(rows, X, out_slots, S, in_slots, grad, status, outs, G, span):
+    """A block that raised on a worker (``_atomic.block_job``: the error itself stays in
+    compiled code) run again here, to raise its error; one that does not raise again
+    raises a RuntimeError."""
+    b0, b1 = span
+    run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1,
+              *_room(rows, b1 - b0), _NO_SIGNAL, 0)
+    raise RuntimeError(f"the block of samples {b0} to {b1 - 1} of a parallel batch raised on "
+                       f"a worker thread but not when run again on the calling thread; "
+                       f"run the batch on the 'cpu' target to find out why")
 
 
 @njit_cached(error_model="numpy", nogil=True)
