@@ -5,7 +5,8 @@ sum in NumPy's order) or None where it does not apply, for the NumPy path. Large
 run on ``get_num_threads()`` threads (``_threads.run_compiled``, whose workers run these
 compiled passes without the GIL, and ``run_chunks`` for NumPy's), each chunk contiguous
 and computed as one thread would: the same bits. The compiled side of the threads'
-hand-over (``serve``, ``claim``) is here too, beside the passes it runs."""
+hand-over (``claim``, ``help_out``) is here too, beside the passes it runs; the workers'
+loop is ``interpreters._atomic.serve``."""
 from __future__ import annotations
 
 import numpy as np
@@ -370,7 +371,7 @@ def sum_last(a, keepdims):
 # job's number, its chunk count and the next chunk to take, one word, so a thread that read
 # it took a chunk of that job or none), the chunks the workers finished at DONE (on its own
 # cache line), the kind of job at KIND and its arrays' addresses and shapes from PARAMS.
-# Worker threads take chunks here without Python's lock (``serve``); a Python job's chunk
+# Worker threads take chunks here without Python's lock (``_atomic.serve``); a Python job's chunk
 # (a NumPy call, a replay block) goes back to Python to be run.
 CLAIM, DONE, KIND, ALLOWED, PARAMS = 0, 8, 16, 17, 24
 IDX_BITS = 20
@@ -444,30 +445,6 @@ def claim(ctl):  # pragma: no cover (compiled)
             return -1, 0
         if compare_swap(ctl, CLAIM, w, w + 1) == w:
             return i, m
-
-
-@njit_cached(nogil=True)
-def serve(ctl, worker, turns):  # pragma: no cover (compiled)
-    """A worker thread's loop: the chunks of compiled jobs run here, without the GIL, until
-    ``turns`` reads in a row found no chunk to take; returns -1 then, or the index of a
-    Python job's chunk this thread took (run by the caller of ``serve``, which then calls
-    ``chunk_done``). Worker ``worker`` takes chunks while the job allows that many
-    (``ALLOWED``: threads over ``set_num_threads`` stay out)."""
-    idle = 0
-    while idle <= turns:  # (one look at least)
-        w = load_acquire(ctl, CLAIM)
-        i, m = w & IDX_MASK, (w >> IDX_BITS) & IDX_MASK
-        if i < m and worker < load_acquire(ctl, ALLOWED):
-            if compare_swap(ctl, CLAIM, w, w + 1) != w:
-                continue
-            if load_acquire(ctl, KIND) == JOB_PY:
-                return i
-            _run_chunk(ctl, i, m)
-            fetch_add(ctl, DONE, 1)
-            idle = 0
-        else:
-            idle += 1
-    return -1
 
 
 @njit_cached(nogil=True)
