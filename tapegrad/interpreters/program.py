@@ -417,6 +417,108 @@ def _mark(rows, need):
                     need[s] = True
 
 
+def _diff_operands():
+    """(number of opcodes, 3) bools: whether a row's operand a, b, c has a derivative, that is
+    whether the op's scalar rule gives it a gradient (a constant zero counts: torch's
+    sign/floor pass ``0 * g``, and the rule before it then multiplies that zero)."""
+    global _DIFF
+    if _DIFF is None:
+        from ..ops import SymF, Sym, rule_of
+        d = np.zeros((max(op.code for op in OPS) + 1, 3), dtype=np.bool_)
+        for op in OPS:
+            if op.vjp is None or op.kind == COMPARE or op.kind == ARRAY_OP:
+                continue
+            for name in rule_of(op, SymF, Sym):
+                d[op.code, "abc".index(name)] = True
+        _DIFF = d
+    return _DIFF
+
+
+_DIFF = None
+DETACH = BY_NAME["detach"].code
+
+
+def cut_dead(rows, roots, upto=None):
+    """Cut the rows whose adjoint nothing differentiable writes off from the rest: such a
+    row's adjoint stays 0.0 while the reverse sweep runs its rule anyway, and ``0 * inf``
+    there gave NaN to an operand whose gradient torch gives as a number (``exp(x).detach()
+    * x`` at x = 1000, the ``x * x`` a max's ties only compare). A row's adjoint is live
+    when it is a root or a leaf, or a live row reads it through an operand with a
+    derivative (``_diff_operands``); a dead row reads a live operand through a ``detach``
+    row inserted before it, whose rule passes nothing. Rows from ``upto`` on are not run
+    backward (a one-sample sweep stops at its last output): left as they are. Returns
+    (rows, new slot of each old slot); ``rows`` itself when nothing is cut (the usual case:
+    only comparisons, detach, pick weights and guards read values without a derivative).
+    Scalar rows only: array instructions are returned as they are."""
+    n = rows.shape[0]
+    if _arr.has_arrays(rows):  # (its slots counted apart from its rows)
+        return rows, np.arange(_arr.row_slots(rows)[1], dtype=np.int64)
+    if n == 0:
+        return rows, np.arange(0, dtype=np.int64)
+    upto = n if upto is None else int(upto)
+    diff = _diff_operands()[rows[:upto, 0].astype(np.int64)]
+    live = rows[:upto, 0] == LEAF
+    live[np.asarray(roots, dtype=np.int64)[np.asarray(roots) < upto]] = True
+    (_live_py if upto <= MARK_IN_PYTHON else _live)(rows[:upto], diff, live)
+    operands = rows[:upto, 1:4].astype(np.int64)
+    # a dead row's differentiable operands that are live: cut
+    cut = diff & ~live[:, None] & (operands >= 0)
+    cut &= live[np.where(operands >= 0, operands, 0)]
+    if not cut.any():
+        return rows, np.arange(n, dtype=np.int64)
+    ks, js = np.nonzero(cut)
+    srcs = operands[ks, js]
+    # one detach row per cut slot, just before its first dead reader
+    uniq, first = np.unique(srcs, return_index=True)
+    at = ks[first]  # the reader's row (ks ascending: the first)
+    order = np.argsort(at, kind="stable")
+    uniq, at = uniq[order], at[order]
+    # new index of old row k: k + the detaches inserted at or before it
+    shift = np.searchsorted(at, np.arange(n), side="right")
+    new = np.arange(n, dtype=np.int64) + shift
+    det_new = at + np.arange(at.size)  # each detach's index: just before its reader
+    out = np.empty((n + at.size, NCOL), dtype=np.float64)
+    out[new] = rows
+    o = out[new, 1:4]
+    used = o >= 0
+    o[used] = new[o[used].astype(np.int64)]
+    det_of = np.full(n, -1, dtype=np.int64)
+    det_of[uniq] = det_new
+    o[ks, js] = det_of[srcs]
+    out[new, 1:4] = o
+    out[det_new] = 0.0
+    out[det_new, 0] = DETACH
+    out[det_new, 1] = new[uniq]
+    out[det_new, 2:4] = -1.0
+    return out, new
+
+
+def _live_py(rows, diff, live):
+    """``_live`` in Python, on lists."""
+    operands = rows[:, 1:4].astype(np.int64).tolist()
+    d = diff.tolist()
+    lv = live.tolist()
+    for k in range(len(lv) - 1, -1, -1):
+        if lv[k]:
+            ok, dk = operands[k], d[k]
+            for j in range(3):
+                if dk[j] and ok[j] >= 0:
+                    lv[ok[j]] = True
+    live[:] = lv
+
+
+@njit_cached(nogil=True)
+def _live(rows, diff, live):
+    """Mark the operands that live rows read through an operand with a derivative as live,
+    last row first."""
+    for k in range(rows.shape[0] - 1, -1, -1):
+        if live[k]:
+            for j in range(3):
+                s = int(rows[k, 1 + j])
+                if diff[k, j] and s >= 0:
+                    live[s] = True
+
+
 # --- re-recording the reverse sweep as rows -------------------------------------------------
 
 
