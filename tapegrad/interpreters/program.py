@@ -447,14 +447,12 @@ def cut_dead(rows, roots, upto=None):
     derivative (``_diff_operands``); a dead row reads a live operand through a ``detach``
     row inserted before it, whose rule passes nothing. Rows from ``upto`` on are not run
     backward (a one-sample sweep stops at its last output): left as they are. Returns
-    (rows, new slot of each old slot); ``rows`` itself when nothing is cut (the usual case:
-    only comparisons, detach, pick weights and guards read values without a derivative).
-    Scalar rows only: array instructions are returned as they are."""
+    (rows, new slot of each old slot), or (``rows`` itself, None) when nothing is cut (the
+    usual case: only comparisons, detach, pick weights and guards read values without a
+    derivative). Scalar rows only: array instructions are returned as they are."""
     n = rows.shape[0]
-    if _arr.has_arrays(rows):  # (its slots counted apart from its rows)
-        return rows, np.arange(_arr.row_slots(rows)[1], dtype=np.int64)
-    if n == 0:
-        return rows, np.arange(0, dtype=np.int64)
+    if n == 0 or _arr.has_arrays(rows):
+        return rows, None
     upto = n if upto is None else int(upto)
     diff = _diff_operands()[rows[:upto, 0].astype(np.int64)]
     live = rows[:upto, 0] == LEAF
@@ -465,7 +463,7 @@ def cut_dead(rows, roots, upto=None):
     cut = diff & ~live[:, None] & (operands >= 0)
     cut &= live[np.where(operands >= 0, operands, 0)]
     if not cut.any():
-        return rows, np.arange(n, dtype=np.int64)
+        return rows, None
     ks, js = np.nonzero(cut)
     srcs = operands[ks, js]
     # one detach row per cut slot, just before its first dead reader
@@ -491,6 +489,15 @@ def cut_dead(rows, roots, upto=None):
     out[det_new, 1] = new[uniq]
     out[det_new, 2:4] = -1.0
     return out, new
+
+
+def prune_live(rows, roots):
+    """``prune`` then ``cut_dead``: (rows, new slot of each old slot, -1 when dropped)."""
+    pruned, new = prune(rows, roots)
+    out, cut = cut_dead(pruned, new[roots])
+    if cut is None:
+        return pruned, new
+    return out, np.where(new >= 0, cut[np.maximum(new, 0)], -1)
 
 
 def _live_py(rows, diff, live):
