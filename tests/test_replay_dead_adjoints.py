@@ -28,6 +28,10 @@ def chain_compared(M, x):  # exp(x) * 2 read only by the comparison, exp only by
     return M.sum(M.where(M.exp(x) * 2.0 > x, x, M.zeros_like(x)))
 
 
+def shifted_compared(M, x):  # x + 1 passes on what exp's rule gives it: 0 * inf
+    return M.sum(M.where(M.exp(x + 1.0) > 1.0, x * x, -x))
+
+
 def sign_times(M, x):  # sign's rule is 0 * g (torch too): exp's rule then gives NaN, kept
     return M.sum(M.sign(M.exp(x))) + M.sum(x)
 
@@ -37,6 +41,7 @@ def min_neg_square(M, x):  # the picked value is -inf; x * x is read by the ties
 
 
 CASES = {"detach_times": detach_times, "compared": compared, "chain_compared": chain_compared,
+         "shifted_compared": shifted_compared,
          "sign_times": sign_times}
 X_INF = np.array([1000.0, 1.0, -2.0])   # exp overflows at x[0]
 X_FINITE = np.array([0.5, 1.0, -2.0])   # the tracing inputs of the new-input tests
@@ -149,6 +154,11 @@ def test_programs_without_such_rows_are_left_as_they_are():
     rows = P._code.arows
     cut, new = _prog.cut_dead(rows, P._code.out_slots)
     assert cut is rows and new is None
+    # x - x, read only by a comparison, passes g and -g: zeros, whatever x is (no detach)
+    P = tg.trace(lambda x: tg.sum(tg.where((x - x) == 0.0, x * 3.0, x)), X_FINITE)
+    rows = P._code.arows
+    assert (rows[:, 0] == _prog.DETACH).sum() == 0
+    np.testing.assert_allclose(P.grad(np.array([np.inf, 1.0, 2.0])), [1.0, 3.0, 3.0])
     # a detach where each exp row meets x's element: 3 traced, 3 cut
     Q = tg.trace(lambda x: detach_times(tg, x), X_FINITE)
     assert (Q._code.arows[:, 0] == _prog.DETACH).sum() == 6

@@ -418,20 +418,48 @@ def _mark(rows, need):
 
 
 def _diff_operands():
-    """(number of opcodes, 3) bools: whether a row's operand a, b, c has a derivative, that is
-    whether the op's scalar rule gives it a gradient (a constant zero counts: torch's
-    sign/floor pass ``0 * g``, and the rule before it then multiplies that zero)."""
+    """Two (number of opcodes, 3) bool arrays by operand a, b, c of a row: whether it has a
+    derivative (the op's scalar rule gives it a gradient: a constant zero counts, as torch's
+    sign/floor pass ``0 * g`` and the rule before them multiplies it), and whether that
+    gradient is 0.0 whenever the adjoint is, whatever the row's values (``g``, ``-g``,
+    ``g if ... else 0.0``: tried at inf, NaN, 0 and +-1), so that a row whose adjoint is
+    zero passes only zeros there."""
     global _DIFF
     if _DIFF is None:
         from ..ops import SymF, Sym, rule_of
         d = np.zeros((max(op.code for op in OPS) + 1, 3), dtype=np.bool_)
+        safe = np.zeros_like(d)
         for op in OPS:
             if op.vjp is None or op.kind == COMPARE or op.kind == ARRAY_OP:
                 continue
-            for name in rule_of(op, SymF, Sym):
+            for name, gr in rule_of(op, SymF, Sym).items():
                 d[op.code, "abc".index(name)] = True
-        _DIFF = d
+                safe[op.code, "abc".index(name)] = _zero_at_zero(
+                    gr.s if isinstance(gr, Sym) else repr(float(gr)))
+        _DIFF = d, safe
     return _DIFF
+
+
+def _zero_at_zero(expr):
+    """Whether the rule's gradient ``expr`` (source text) is 0.0 at ``g = 0`` for every row
+    value among inf, -inf, NaN, 0, 1, -1 (at most three values besides ``g``: else no)."""
+    import itertools
+    import re
+    names = sorted(set(re.findall(r"\b(a|b|c|c0|c1|out)\b", expr)))
+    if len(names) > 3:
+        return False
+    code = compile(expr, "<rule>", "eval")
+    for vals in itertools.product((math.inf, -math.inf, math.nan, 0.0, 1.0, -1.0),
+                                  repeat=len(names)):
+        env = dict(zip(names, vals), g=0.0, math=math, np=np)
+        try:
+            with np.errstate(all="ignore"):
+                v = eval(code, env)  # noqa: S307  (the registry's own rule text)
+        except Exception:
+            return False
+        if not v == 0.0:
+            return False
+    return True
 
 
 _DIFF = None
@@ -445,25 +473,28 @@ def cut_dead(rows, roots, upto=None):
     * x`` at x = 1000, the ``x * x`` a max's ties only compare). A row's adjoint is live
     when it is a root or a leaf, or a live row reads it through an operand with a
     derivative (``_diff_operands``); a dead row reads a live operand through a ``detach``
-    row inserted before it, whose rule passes nothing. Rows from ``upto`` on are not run
-    backward (a one-sample sweep stops at its last output): left as they are. Returns
-    (rows, new slot of each old slot), or (``rows`` itself, None) when nothing is cut (the
-    usual case: only comparisons, detach, pick weights and guards read values without a
-    derivative). Scalar rows only: array instructions are returned as they are."""
+    row inserted before it, whose rule passes nothing, unless its rule passes only zeros
+    there (``a - a``: ``g`` and ``-g``, and no NaN came into its adjoint from other dead
+    rows). Rows from ``upto`` on are not run backward (a one-sample sweep stops at its last
+    output): left as they are. Returns (rows, new slot of each old slot), or (``rows``
+    itself, None) when nothing is cut (the usual case: only comparisons, detach, pick
+    weights and guards read values without a derivative). Scalar rows only: array
+    instructions are returned as they are."""
     n = rows.shape[0]
     if n == 0 or _arr.has_arrays(rows):
         return rows, None
     upto = n if upto is None else int(upto)
-    diff = _diff_operands()[rows[:upto, 0].astype(np.int64)]
+    diff, safe = _diff_operands()
+    codes = rows[:upto, 0].astype(np.int64)
+    diff, safe = diff[codes], safe[codes]
     live = rows[:upto, 0] == LEAF
-    live[np.asarray(roots, dtype=np.int64)[np.asarray(roots) < upto]] = True
-    (_live_py if upto <= MARK_IN_PYTHON else _live)(rows[:upto], diff, live)
-    operands = rows[:upto, 1:4].astype(np.int64)
-    # a dead row's differentiable operands that are live: cut
-    cut = diff & ~live[:, None] & (operands >= 0)
-    cut &= live[np.where(operands >= 0, operands, 0)]
+    roots = np.asarray(roots, dtype=np.int64)
+    live[roots[roots < upto]] = True
+    cut = np.zeros((upto, 3), dtype=np.bool_)
+    (_cuts_py if upto <= MARK_IN_PYTHON else _cuts)(rows[:upto], diff, safe, live, cut)
     if not cut.any():
         return rows, None
+    operands = rows[:upto, 1:4].astype(np.int64)
     ks, js = np.nonzero(cut)
     srcs = operands[ks, js]
     # one detach row per cut slot, just before its first dead reader
@@ -500,10 +531,10 @@ def prune_live(rows, roots):
     return out, np.where(new >= 0, cut[np.maximum(new, 0)], -1)
 
 
-def _live_py(rows, diff, live):
-    """``_live`` in Python, on lists."""
+def _cuts_py(rows, diff, safe, live, cut):
+    """``_cuts`` in Python, on lists."""
     operands = rows[:, 1:4].astype(np.int64).tolist()
-    d = diff.tolist()
+    d, sf = diff.tolist(), safe.tolist()
     lv = live.tolist()
     for k in range(len(lv) - 1, -1, -1):
         if lv[k]:
@@ -511,19 +542,46 @@ def _live_py(rows, diff, live):
             for j in range(3):
                 if dk[j] and ok[j] >= 0:
                     lv[ok[j]] = True
+    bad = [False] * len(lv)  # dead adjoints that may hold NaN
+    cuts = []
+    for k in range(len(lv) - 1, -1, -1):
+        if not lv[k]:
+            ok, dk, sk, bk = operands[k], d[k], sf[k], bad[k]
+            for j in range(3):
+                s = ok[j]
+                if dk[j] and s >= 0 and (bk or not sk[j]):
+                    if lv[s]:
+                        cuts.append((k, j))
+                    else:
+                        bad[s] = True
     live[:] = lv
+    for k, j in cuts:
+        cut[k, j] = True
 
 
 @njit_cached(nogil=True)
-def _live(rows, diff, live):
-    """Mark the operands that live rows read through an operand with a derivative as live,
-    last row first."""
-    for k in range(rows.shape[0] - 1, -1, -1):
+def _cuts(rows, diff, safe, live, cut):
+    """Mark live the operands that live rows read through an operand with a derivative,
+    last row first; then ``cut`` the operands through which a dead row's rule may pass a
+    nonzero (NaN) into a live adjoint: its rule at a zero adjoint (not ``safe``), or
+    any, when a dead reader's rule may have put NaN into its adjoint."""
+    n = rows.shape[0]
+    for k in range(n - 1, -1, -1):
         if live[k]:
             for j in range(3):
                 s = int(rows[k, 1 + j])
                 if diff[k, j] and s >= 0:
                     live[s] = True
+    bad = np.zeros(n, dtype=np.bool_)
+    for k in range(n - 1, -1, -1):
+        if not live[k]:
+            for j in range(3):
+                s = int(rows[k, 1 + j])
+                if diff[k, j] and s >= 0 and (bad[k] or not safe[k, j]):
+                    if live[s]:
+                        cut[k, j] = True
+                    else:
+                        bad[s] = True
 
 
 # --- re-recording the reverse sweep as rows -------------------------------------------------
