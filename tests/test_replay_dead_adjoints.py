@@ -162,3 +162,20 @@ def test_programs_without_such_rows_are_left_as_they_are():
     # a detach where each exp row meets x's element: 3 traced, 3 cut
     Q = tg.trace(lambda x: detach_times(tg, x), X_FINITE)
     assert (Q._code.arows[:, 0] == _prog.DETACH).sum() == 6
+
+
+@pytest.mark.xfail(strict=True, reason="array instructions are not cut yet (cut_dead takes "
+                   "scalar rows): the hvp program of kmeans runs the rule of a distance "
+                   "row read only by the min's ties at 0 * inf")
+def test_hvp_of_an_array_program_at_inf():
+    from harness import replay_forms as RF
+    from test_replay_arrays_bsums import K, D, N, kmeans
+    rng = np.random.default_rng(8)
+    x, v = rng.normal(size=K * D + D * N), rng.normal(size=K * D + D * N)
+    x[K * D + 7] = np.inf
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x: kmeans(tg, x), x)
+    xt = torch.tensor(x, requires_grad=True)
+    g, = torch.autograd.grad(kmeans(torch, xt), xt, create_graph=True)
+    hv, = torch.autograd.grad((g * torch.tensor(v)).sum(), xt)
+    np.testing.assert_allclose(P.hvp((x,), (v,))[1], hv.numpy(), rtol=1e-10, atol=1e-12)
