@@ -525,6 +525,9 @@ def cut_dead(rows, roots, upto=None):
 def prune_live(rows, roots):
     """``prune`` then ``cut_dead``: (rows, new slot of each old slot, -1 when dropped)."""
     pruned, new = prune(rows, roots)
+    if _arr.has_arrays(pruned) and _arr.coverage(pruned) < _arr.MIN_COVER:
+        # mostly scalar rows: ``_Code`` runs their expansion (the same slots), so cut that
+        pruned = _arr.expand(pruned)
     out, cut = cut_dead(pruned, new[roots])
     if cut is None:
         return pruned, new
