@@ -179,3 +179,23 @@ def test_hvp_of_an_array_program_at_inf():
     g, = torch.autograd.grad(kmeans(torch, xt), xt, create_graph=True)
     hv, = torch.autograd.grad((g * torch.tensor(v)).sum(), xt)
     np.testing.assert_allclose(P.hvp((x,), (v,))[1], hv.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_the_cuda_target_matches_torch():
+    # (numba's simulator in CI, tests/conftest.py: Python's math.exp(1000) raises, so inf)
+    pytest.importorskip("numba_cuda", reason="the CUDA target needs pip install 'tapegrad[cuda]'")
+    f, u = detach_times, np.array([1.0, 0.5, -0.7])
+    P = tg.trace(lambda x: f(tg, x), X_FINITE, target="cuda")
+    X = np.stack([np.array([np.inf, 1.0, -2.0]), X_FINITE])
+    with warnings.catch_warnings():  # (the simulator's NumPy scalars: the cut rows' 0 * inf)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        grads = P.value_and_grad(X)[1]
+    for i, x in enumerate(X):
+        np.testing.assert_allclose(grads[i], torch_vg(f, x)[1])
+    g = HVP_CASES["max_square"]
+    Q = tg.trace(lambda x: g(tg, x), X_FINITE, target="cuda")
+    x0 = np.array([np.inf, 2.0, 0.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        hv = Q.hvp((x0[None],), (u[None],))[1][0]
+    np.testing.assert_allclose(hv, torch_hvp(g, x0, u))
