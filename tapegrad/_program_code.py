@@ -364,7 +364,7 @@ def _grad_code(code, seeds=None):
     L, grads = _prog.grad_rows(code.arows, code.out_slots, seeds, code.in_slots)
     rows = L.rows()
     out = np.array([int(g) for g in grads], dtype=np.int64)
-    pruned, new = _prog.prune(rows, out)
+    pruned, new = _prog.prune_live(rows, out)
     return _Code(pruned, new[code.in_slots], new[out], code.inputs,
                  [(s, d) for s, d in code.inputs], "tuple" if len(code.inputs) > 1 else
                  "single", code.sites)
@@ -384,7 +384,7 @@ def _hvp_code(code):
     from .ops.lowering import reduce
     dot = int(np.asarray(reduce(L2, "add", prods, None, False, 0.0)))
     rows = L2.rows()
-    pruned, new = _prog.prune(rows, np.array([dot], dtype=np.int64))
+    pruned, new = _prog.prune_live(rows, np.array([dot], dtype=np.int64))
     ins = np.concatenate([code.in_slots, vs])
     h = _Code(pruned, new[ins], new[[dot]], code.inputs + code.inputs,
               [((), np.dtype(np.float64))], "single", code.sites)
@@ -416,6 +416,10 @@ def _with_value(rows, dot, f, ins, h):
     operands = moved[:, 1:4]
     used = operands >= 0
     operands[used] = at[operands[used].astype(np.int64)]
+    # (the product's rows cut as in ``h``; the value's, after them, never run backward)
+    moved, cut = _prog.cut_dead(moved, at[c.out_slots], upto=int(np.count_nonzero(keep)))
+    if cut is not None:
+        at = cut[at]
     w = _Code(moved, at[c.in_slots], at[c.out_slots], h.inputs, h.outputs, "single", h.sites)
     w.get_hv = h.get_hv
     m = len(w.out_slots)
@@ -440,7 +444,7 @@ def _vjp_code(code):
     rows = L.rows()
     L2, grads = _prog.grad_rows(rows, code.out_slots, [int(v) for v in vs], code.in_slots)
     out = np.array([int(g) for g in grads], dtype=np.int64)
-    pruned, new = _prog.prune(L2.rows(), out)
+    pruned, new = _prog.prune_live(L2.rows(), out)
     return _Code(pruned, new[np.concatenate([code.in_slots, vs])], new[out],
                  code.inputs + code.outputs, list(code.inputs),
                  "tuple" if len(code.inputs) > 1 else "single", code.sites)

@@ -399,7 +399,9 @@ def _trace_code(fn, examples, strict):
     rows = L.rows()
     flat_out = np.concatenate([np.asarray(s).reshape(-1) for s in out_slots]) if outs else \
         np.zeros(0, np.int64)
-    pruned, new = _prog.prune(rows, flat_out.astype(np.int64))
+    # (rows whose adjoint stays zero read their operands through detach rows: their rules'
+    # 0 * inf gave NaN gradients, ``cut_dead``)
+    pruned, new = _prog.prune_live(rows, flat_out.astype(np.int64))
     in_flat = np.concatenate([s.reshape(-1) for s in in_slots]) if in_slots else \
         np.zeros(0, np.int64)
     code = _Code(pruned, new[in_flat], new[flat_out],

@@ -99,9 +99,14 @@ def test_derivative_programs_against_expansion_eager_and_torch(f, case):
     y = f(torch, xt)
     g, = torch.autograd.grad(y, xt, create_graph=True)
     hv, = torch.autograd.grad((g * torch.tensor(v)).sum(), xt)
+    dead = case in ("nan", "inf") and f is kmeans
     for p, q in zip(a, gs):  # (NaN where the expansion has NaN)
         np.testing.assert_allclose(p[0], q[0], rtol=1e-13)
+        if dead and p is a[1]:  # (the expansion's hvp is torch's since program.cut_dead;
+            continue  # array programs' NaN: xfail in test_replay_dead_adjoints.py)
         np.testing.assert_allclose(p[1], q[1], rtol=1e-10, atol=1e-12)
+    if dead:
+        np.testing.assert_allclose(gs[1][1], hv.numpy(), rtol=1e-10, atol=1e-12)
     if case in ("nan", "inf") and f is kmeans:
         # (a point's distances all NaN or inf: a tie of every centroid, tapegrad's min
         # shares the gradient, torch's passes it to one; the same before this change)

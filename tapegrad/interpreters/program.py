@@ -417,6 +417,176 @@ def _mark(rows, need):
                     need[s] = True
 
 
+def _diff_operands():
+    """Two (number of opcodes, 3) bool arrays by operand a, b, c of a row: whether it has a
+    derivative (the op's scalar rule gives it a gradient: a constant zero counts, as torch's
+    sign/floor pass ``0 * g`` and the rule before them multiplies it), and whether that
+    gradient is 0.0 whenever the adjoint is, whatever the row's values (``g``, ``-g``,
+    ``g if ... else 0.0``: tried at inf, NaN, 0 and +-1), so that a row whose adjoint is
+    zero passes only zeros there."""
+    global _DIFF
+    if _DIFF is None:
+        from ..ops import SymF, Sym, rule_of
+        d = np.zeros((max(op.code for op in OPS) + 1, 3), dtype=np.bool_)
+        safe = np.zeros_like(d)
+        for op in OPS:
+            if op.vjp is None or op.kind == COMPARE or op.kind == ARRAY_OP:
+                continue
+            for name, gr in rule_of(op, SymF, Sym).items():
+                d[op.code, "abc".index(name)] = True
+                safe[op.code, "abc".index(name)] = _zero_at_zero(
+                    gr.s if isinstance(gr, Sym) else repr(float(gr)))
+        _DIFF = d, safe
+    return _DIFF
+
+
+def _zero_at_zero(expr):
+    """Whether the rule's gradient ``expr`` (source text) is 0.0 at ``g = 0`` for every row
+    value among inf, -inf, NaN, 0, 1, -1 (at most three values besides ``g``: else no)."""
+    import itertools
+    import re
+    names = sorted(set(re.findall(r"\b(a|b|c|c0|c1|out)\b", expr)))
+    if len(names) > 3:
+        return False
+    code = compile(expr, "<rule>", "eval")
+    for vals in itertools.product((math.inf, -math.inf, math.nan, 0.0, 1.0, -1.0),
+                                  repeat=len(names)):
+        env = dict(zip(names, vals), g=0.0, math=math, np=np)
+        try:
+            with np.errstate(all="ignore"):
+                v = eval(code, env)  # noqa: S307  (the registry's own rule text)
+        except Exception:
+            return False
+        if not v == 0.0:
+            return False
+    return True
+
+
+_DIFF = None
+DETACH = BY_NAME["detach"].code
+
+
+def cut_dead(rows, roots, upto=None):
+    """Cut the rows whose adjoint nothing differentiable writes off from the rest: such a
+    row's adjoint stays 0.0 while the reverse sweep runs its rule anyway, and ``0 * inf``
+    there gave NaN to an operand whose gradient torch gives as a number (``exp(x).detach()
+    * x`` at x = 1000, the ``x * x`` a max's ties only compare). A row's adjoint is live
+    when it is a root or a leaf, or a live row reads it through an operand with a
+    derivative (``_diff_operands``); a dead row reads a live operand through a ``detach``
+    row inserted before it, whose rule passes nothing, unless its rule passes only zeros
+    there (``a - a``: ``g`` and ``-g``, and no NaN came into its adjoint from other dead
+    rows). Rows from ``upto`` on are not run backward (a one-sample sweep stops at its last
+    output): left as they are. Returns (rows, new slot of each old slot), or (``rows``
+    itself, None) when nothing is cut (the usual case: only comparisons, detach, pick
+    weights and guards read values without a derivative). Scalar rows only: array
+    instructions are returned as they are."""
+    n = rows.shape[0]
+    if n == 0 or _arr.has_arrays(rows):
+        return rows, None
+    upto = n if upto is None else int(upto)
+    diff, safe = _diff_operands()
+    codes = rows[:upto, 0].astype(np.int64)
+    diff, safe = diff[codes], safe[codes]
+    live = rows[:upto, 0] == LEAF
+    roots = np.asarray(roots, dtype=np.int64)
+    live[roots[roots < upto]] = True
+    cut = np.zeros((upto, 3), dtype=np.bool_)
+    (_cuts_py if upto <= MARK_IN_PYTHON else _cuts)(rows[:upto], diff, safe, live, cut)
+    if not cut.any():
+        return rows, None
+    operands = rows[:upto, 1:4].astype(np.int64)
+    ks, js = np.nonzero(cut)
+    srcs = operands[ks, js]
+    # one detach row per cut slot, just before its first dead reader
+    uniq, first = np.unique(srcs, return_index=True)
+    at = ks[first]  # the reader's row (ks ascending: the first)
+    order = np.argsort(at, kind="stable")
+    uniq, at = uniq[order], at[order]
+    # new index of old row k: k + the detaches inserted at or before it
+    shift = np.searchsorted(at, np.arange(n), side="right")
+    new = np.arange(n, dtype=np.int64) + shift
+    det_new = at + np.arange(at.size)  # each detach's index: just before its reader
+    out = np.empty((n + at.size, NCOL), dtype=np.float64)
+    out[new] = rows
+    o = out[new, 1:4]
+    used = o >= 0
+    o[used] = new[o[used].astype(np.int64)]
+    det_of = np.full(n, -1, dtype=np.int64)
+    det_of[uniq] = det_new
+    o[ks, js] = det_of[srcs]
+    out[new, 1:4] = o
+    out[det_new] = 0.0
+    out[det_new, 0] = DETACH
+    out[det_new, 1] = new[uniq]
+    out[det_new, 2:4] = -1.0
+    return out, new
+
+
+def prune_live(rows, roots):
+    """``prune`` then ``cut_dead``: (rows, new slot of each old slot, -1 when dropped)."""
+    pruned, new = prune(rows, roots)
+    if _arr.has_arrays(pruned) and _arr.coverage(pruned) < _arr.MIN_COVER:
+        # mostly scalar rows: ``_Code`` runs their expansion (the same slots), so cut that
+        pruned = _arr.expand(pruned)
+    out, cut = cut_dead(pruned, new[roots])
+    if cut is None:
+        return pruned, new
+    return out, np.where(new >= 0, cut[np.maximum(new, 0)], -1)
+
+
+def _cuts_py(rows, diff, safe, live, cut):
+    """``_cuts`` in Python, on lists."""
+    operands = rows[:, 1:4].astype(np.int64).tolist()
+    d, sf = diff.tolist(), safe.tolist()
+    lv = live.tolist()
+    for k in range(len(lv) - 1, -1, -1):
+        if lv[k]:
+            ok, dk = operands[k], d[k]
+            for j in range(3):
+                if dk[j] and ok[j] >= 0:
+                    lv[ok[j]] = True
+    bad = [False] * len(lv)  # dead adjoints that may hold NaN
+    cuts = []
+    for k in range(len(lv) - 1, -1, -1):
+        if not lv[k]:
+            ok, dk, sk, bk = operands[k], d[k], sf[k], bad[k]
+            for j in range(3):
+                s = ok[j]
+                if dk[j] and s >= 0 and (bk or not sk[j]):
+                    if lv[s]:
+                        cuts.append((k, j))
+                    else:
+                        bad[s] = True
+    live[:] = lv
+    for k, j in cuts:
+        cut[k, j] = True
+
+
+@njit_cached(nogil=True)
+def _cuts(rows, diff, safe, live, cut):
+    """Mark live the operands that live rows read through an operand with a derivative,
+    last row first; then ``cut`` the operands through which a dead row's rule may pass a
+    nonzero (NaN) into a live adjoint: its rule at a zero adjoint (not ``safe``), or
+    any, when a dead reader's rule may have put NaN into its adjoint."""
+    n = rows.shape[0]
+    for k in range(n - 1, -1, -1):
+        if live[k]:
+            for j in range(3):
+                s = int(rows[k, 1 + j])
+                if diff[k, j] and s >= 0:
+                    live[s] = True
+    bad = np.zeros(n, dtype=np.bool_)
+    for k in range(n - 1, -1, -1):
+        if not live[k]:
+            for j in range(3):
+                s = int(rows[k, 1 + j])
+                if diff[k, j] and s >= 0 and (bad[k] or not safe[k, j]):
+                    if live[s]:
+                        cut[k, j] = True
+                    else:
+                        bad[s] = True
+
+
 # --- re-recording the reverse sweep as rows -------------------------------------------------
 
 
