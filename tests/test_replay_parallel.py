@@ -694,8 +694,13 @@ def test_the_workers_cpu_time_is_counted(progs, monkeypatch):
     par.value_and_grad(X)
     assert len(_threads._pool.workers) >= 1
     before = _threads.stats()["worker_cpu_ns"]
-    for _ in range(50):
-        par.value_and_grad(X)
+    # batches until a worker ran (on a loaded machine, CI's with other test processes on
+    # its 2 cores, 50 batches passed before the worker's thread was scheduled once)
+    deadline = time.monotonic() + 30.0
+    while _threads.stats()["worker_cpu_ns"] <= before and time.monotonic() < deadline:
+        for _ in range(50):
+            par.value_and_grad(X)
+        time.sleep(0.001)
     assert _threads.stats()["worker_cpu_ns"] > before
 
 
