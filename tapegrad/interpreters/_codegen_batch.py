@@ -320,9 +320,10 @@ def _square(tail, lines):
     if tail.name != "powc":
         return lines
     assert lines[-1].startswith("    ") and "else:" in lines, lines
-    at = next(i for i, x in enumerate(lines) if x == "if tc0 == 2.0:")
-    end = lines.index("else:")
-    return lines[:at] + [x[4:] for x in lines[at + 1:end]]
+    at = next(i for i, x in enumerate(lines) if x in ("if tc0 == 2.0:", "elif tc0 == 2.0:"))
+    end = next(i for i, x in enumerate(lines) if i > at and not x.startswith(" "))
+    first = next(i for i, x in enumerate(lines) if x.startswith("if tc0 == "))
+    return lines[:first] + [x[4:] for x in lines[at + 1:end]]
 
 
 def _pairs(forward):

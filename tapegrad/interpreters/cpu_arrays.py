@@ -343,8 +343,8 @@ def _accumulate(graph, inputs, grads, adj, adjd, owned, wanted, value, is_array)
                 adjd[s] = prev + gr if v is None else v
                 if owned is not None:
                     owned.add(s)
-        elif gr.__class__ is float:
-            adj[s] += gr
+        elif gr.__class__ is float or gr.__class__ is np.float64:
+            adj[s] += gr  # (np.sum of a 0-d -0.0 is +0.0: the sign torch keeps)
         else:
             adj[s] += float(np.sum(gr))
 
