@@ -178,8 +178,10 @@ def _gather(sw, flat, tapes, fast=False):
                 used.append(False)
             elif is_array(s) or record:
                 v = adjd.get(s)
-                if v is None:
-                    v = _zeros_like_input(x, record)
+                if v is None:  # reached, but every rule on the way gave None (torch's
+                    results.append(None)  # undefined gradient: a Function's None, the
+                    used.append(False)  # norm of order 0): unused, as torch says
+                    continue
                 elif (fast and s in owned and x._d.__class__ is np.ndarray
                       and v.dtype == x._d.dtype and v.shape == x._d.shape):
                     # the sweep allocated it and is done with it: no seed, saved value or
