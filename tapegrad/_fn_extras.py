@@ -335,6 +335,10 @@ def special_multigammaln(input, p):
     >>> round(tapegrad.special.multigammaln(tapegrad.tensor(2.5), 3).item(), 6)
     1.880995
     """
+    if STATE.trace is not None:  # (its custom Functions' Python code cannot be replayed)
+        raise NotImplementedError("tapegrad.trace: special.multigammaln is computed by NumPy "
+                                  "and cannot be replayed yet; compute it outside the traced "
+                                  "function")
     input = _float_input(_t(input), "multigammaln")
     if isinstance(p, Tensor) and p.ndim == 0 and np.asarray(p._d).dtype.kind in "iu":
         p = int(p._d)  # torch takes a 0-d integer tensor as p
