@@ -885,10 +885,9 @@ def surface_program(seed, n_ops):
     """A program of torch's wider surface (einsum, linalg.norm, sort, cross, repeat_interleave,
     in-place methods...) that a trace can hold, with the replay forms."""
     from harness import programs as P
-    traceable = sorted(set(P.SURFACE_FORMS) - set(P.UNTRACEABLE_SURFACE))
-    fam = P.FAMILIES["surface"]
-    return RF.generate(seed, n_ops, forms=traceable + ["branch", "tie", "reduce", "getitem"],
-                       shapes=fam["shapes"])
+    return RF.generate(seed, n_ops, forms=RF.SURFACE_REPLAY_FORMS + ["branch", "tie", "reduce",
+                                                                     "getitem"],
+                       shapes=P.FAMILIES["surface"]["shapes"])
 
 
 SURFACE_DEFAULT = {"replay": 50, "higher": 25, "entry": 25}
