@@ -917,12 +917,43 @@ def f_functions(rng, shapes):
     return ((i, j) if "{1}" in code else (i,)), code, ops
 
 
+def f_nn_functional(rng, shapes):
+    """tapegrad.nn.functional (torch.nn.functional): losses and activations."""
+    i = _pick(rng, list(range(len(shapes))))
+    s = shapes[i]
+    same = [j for j, t in enumerate(shapes) if t == s]
+    j = _pick(rng, same)
+    red = ["'mean'", "'sum'", "'none'"][int(rng.integers(0, 3))]
+    forms = [("{out} = M.nn.functional.mse_loss({0}, {1}, reduction=%s)" % red, (0, 1)),
+             ("{out} = M.nn.functional.logsigmoid({0})", (0,)),
+             ("{out} = M.nn.functional.binary_cross_entropy_with_logits({0}, M.sigmoid({1}), "
+              "reduction=%s)" % red, (0, 1)),
+             ("{out} = M.nn.functional.%s({0})" % ["relu", "sigmoid", "tanh"][
+                 int(rng.integers(0, 3))], (0,))]
+    if s:
+        d = _dim(rng, len(s))
+        forms.append(("{out} = M.nn.functional.%s({0}, dim=%d)" % (
+            ["softmax", "log_softmax"][int(rng.integers(0, 2))], d), (0,)))
+    if len(s) == 2:
+        t = [int(x) for x in rng.integers(0, s[1], size=s[0])]
+        forms.append(("{out} = M.nn.functional.cross_entropy({0}, M.tensor(%r), reduction=%s)"
+                      % (t, red), (0,)))
+        forms.append(("{out} = M.nn.functional.nll_loss(M.log_softmax({0}, dim=1), "
+                      "M.tensor(%r), reduction=%s)" % (t, red), (0,)))
+    if s and rng.random() < 0.3:  # argmax / argmin as an index (their values: no gradient)
+        fn = ["argmax", "argmin"][int(rng.integers(0, 2))]
+        forms = [("{out} = {0}.reshape(-1)[{0}.%s()] * {0}" % fn, (0,))]
+    code, uses = forms[int(rng.integers(0, len(forms)))]
+    return ((i, j) if 1 in uses else (i,)), code, ("mul", "sub", "sum", "mean")
+
+
 #: the forms of torch's wider surface (custom Functions among them: not traceable)
 SURFACE_FORMS = {
     "remainder": f_remainder, "linalg_norm": f_linalg_norm, "einsum": f_einsum,
     "multigammaln": f_multigammaln, "repeat_interleave": f_repeat_interleave,
     "cross": f_cross, "sort": f_sort, "mm": f_mm, "index_add": f_index_add,
     "views": f_views, "methods_inplace": f_methods_inplace, "functions": f_functions,
+    "nn_functional": f_nn_functional,
 }
 #: those a traced program cannot hold (custom Functions; trace raises a clear error)
 UNTRACEABLE_SURFACE = ("remainder", "multigammaln")
