@@ -1612,26 +1612,10 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
         elif op == 31:  # powc
             c0 = rows[k, 4]
             oa = np.uint64(int(rows[k, 1])) * u
-            if c0 == -0.5:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if -0.5 == 2.0 else (a * a * a if -0.5 == 3.0 else (math.sqrt(a) if -0.5 == 0.5 else (1.0 / math.sqrt(a) if -0.5 == -0.5 else (1.0 / (a * a) if -0.5 == -2.0 else a ** -0.5)))))
-            elif c0 == -2.0:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if -2.0 == 2.0 else (a * a * a if -2.0 == 3.0 else (math.sqrt(a) if -2.0 == 0.5 else (1.0 / math.sqrt(a) if -2.0 == -0.5 else (1.0 / (a * a) if -2.0 == -2.0 else a ** -2.0)))))
-            elif c0 == 0.5:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if 0.5 == 2.0 else (a * a * a if 0.5 == 3.0 else (math.sqrt(a) if 0.5 == 0.5 else (1.0 / math.sqrt(a) if 0.5 == -0.5 else (1.0 / (a * a) if 0.5 == -2.0 else a ** 0.5)))))
-            elif c0 == 2.0:
+            if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
                     Vw[ok + j] = (a * a if 2.0 == 2.0 else (a * a * a if 2.0 == 3.0 else (math.sqrt(a) if 2.0 == 0.5 else (1.0 / math.sqrt(a) if 2.0 == -0.5 else (1.0 / (a * a) if 2.0 == -2.0 else a ** 2.0)))))
-            elif c0 == 3.0:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if 3.0 == 2.0 else (a * a * a if 3.0 == 3.0 else (math.sqrt(a) if 3.0 == 0.5 else (1.0 / math.sqrt(a) if 3.0 == -0.5 else (1.0 / (a * a) if 3.0 == -2.0 else a ** 3.0)))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
@@ -1769,17 +1753,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
         elif op == 31:  # powc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            if c0 == 0.5:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (0.5 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (0.5 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (0.5 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (0.5 == 0.5) else ((g * 0.5) * (a ** (0.5 - 1.0)))))))
-            elif c0 == 1.5:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (1.5 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (1.5 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (1.5 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (1.5 == 0.5) else ((g * 1.5) * (a ** (1.5 - 1.0)))))))
-            elif c0 == 2.0:
+            if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
@@ -1926,26 +1900,10 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
         elif op == 31:  # powc
             c0 = rows[k, 4]
             oa = np.uint64(int(rows[k, 1])) * u
-            if c0 == -0.5:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if -0.5 == 2.0 else (a * a * a if -0.5 == 3.0 else (math.sqrt(a) if -0.5 == 0.5 else (1.0 / math.sqrt(a) if -0.5 == -0.5 else (1.0 / (a * a) if -0.5 == -2.0 else a ** -0.5)))))
-            elif c0 == -2.0:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if -2.0 == 2.0 else (a * a * a if -2.0 == 3.0 else (math.sqrt(a) if -2.0 == 0.5 else (1.0 / math.sqrt(a) if -2.0 == -0.5 else (1.0 / (a * a) if -2.0 == -2.0 else a ** -2.0)))))
-            elif c0 == 0.5:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if 0.5 == 2.0 else (a * a * a if 0.5 == 3.0 else (math.sqrt(a) if 0.5 == 0.5 else (1.0 / math.sqrt(a) if 0.5 == -0.5 else (1.0 / (a * a) if 0.5 == -2.0 else a ** 0.5)))))
-            elif c0 == 2.0:
+            if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
                     Vw[ok + j] = (a * a if 2.0 == 2.0 else (a * a * a if 2.0 == 3.0 else (math.sqrt(a) if 2.0 == 0.5 else (1.0 / math.sqrt(a) if 2.0 == -0.5 else (1.0 / (a * a) if 2.0 == -2.0 else a ** 2.0)))))
-            elif c0 == 3.0:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if 3.0 == 2.0 else (a * a * a if 3.0 == 3.0 else (math.sqrt(a) if 3.0 == 0.5 else (1.0 / math.sqrt(a) if 3.0 == -0.5 else (1.0 / (a * a) if 3.0 == -2.0 else a ** 3.0)))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
@@ -2104,17 +2062,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
         elif op == 31:  # powc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
-            if c0 == 0.5:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (0.5 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (0.5 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (0.5 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (0.5 == 0.5) else ((g * 0.5) * (a ** (0.5 - 1.0)))))))
-            elif c0 == 1.5:
-                for j in range(u):
-                    a = Vw[oa + j]
-                    g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (1.5 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (1.5 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (1.5 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (1.5 == 0.5) else ((g * 1.5) * (a ** (1.5 - 1.0)))))))
-            elif c0 == 2.0:
+            if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
