@@ -684,6 +684,11 @@ def linalg_norm(input, ord=None, dim=None, keepdim=False, *, dtype=None):
         raise RuntimeError(f"linalg.matrix_norm: Order {ord} not supported.")
     # 1 / -1: the largest / smallest column sum; inf / -inf: row sums
     over, across = (r, c) if abs(ord) == 1 else (c, r)
+    if x.shape[across] == 0 and ord > 0:  # torch: the largest of no sums is 0, off the graph
+        shape = tuple(1 if i in (r, c) else n for i, n in enumerate(x.shape) if keepdim
+                      or i not in (r, c))
+        return _plain(np.zeros(shape, x.dtype.np)) if shape or x.dtype.np != np.float64 \
+            else _plain(0.0)
     sums = sum(x.abs(), over, keepdim=True)
     out = (amax if ord > 0 else amin)(sums, across, keepdim=True)
     return out if keepdim else reshape(out, tuple(n for i, n in enumerate(x.shape)

@@ -251,3 +251,25 @@ def test_a_number_over_a_negative_zero_differentiates_as_torch(c):
     _same(*res)
     signs = [[math.copysign(1.0, v) for v in r if not math.isnan(v)] for r in res]
     assert signs[0] == signs[1]  # (a nan's sign bit is noise)
+
+
+def test_matrix_norms_of_empty_matrices_as_torch():
+    # the largest column (row) sum of a matrix with no columns (rows) is 0, off the graph,
+    # in torch; tapegrad's amax over the empty dim raised (the harness's seed 46038)
+    inf = math.inf
+    for shape, kw in [((3, 0), {"ord": 1}), ((3, 0), {"ord": 1, "keepdim": True}),
+                      ((0, 0), {"ord": inf}), ((0, 3), {"ord": inf}),
+                      ((2, 3, 0), {"ord": 1, "dim": (1, 2)}),
+                      ((2, 0, 3), {"ord": 1, "dim": (2, 1), "keepdim": True}),
+                      ((2, 3, 0), {"ord": inf, "dim": (1, 2)}), ((0, 3), {"ord": 1}),
+                      ((3, 0), {"ord": -1}), ((0, 3), {"ord": -inf})]:
+        res = []
+        for M in (tapegrad, torch):
+            x = M.ones(shape, dtype=M.float64, requires_grad=True)
+            try:
+                y = M.linalg.norm(x, **kw)
+            except IndexError:
+                res.append("IndexError")
+                continue
+            res.append((tuple(y.shape), y.requires_grad, y.detach().numpy().tolist()))
+        assert res[0] == res[1], (shape, kw)
