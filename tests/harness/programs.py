@@ -676,12 +676,16 @@ def f_remainder(rng, shapes):
     j = _partner(rng, shapes, i)
     c = round(float(rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 2.0)), 3)
     d = "(%s * %r)" % (g_pos("{1}", int(rng.integers(0, 3))), float(np.sign(c)))
-    forms = [("{out} = {0} %% %r" % c, (0,)), ("{out} = M.remainder({0}, %s)" % d, (0, 1)),
-             ("{out} = {0} %% %s" % d, (0, 1)), ("{out} = M.fmod({0}, %r)" % c, (0,)),
-             ("{out} = M.fmod({0}, %s)" % d, (0, 1)), ("{out} = {0}.remainder(%r)" % c, (0,)),
-             ("{out} = {0}.fmod(%s)" % d, (0, 1)),
-             ("{out} = ({0} // %r).detach() * {0}" % c, (0,)),
-             ("{out} = M.floor_divide({0}, %s).detach() + {0}" % d, (0, 1)),
+    # the dividend off exact zeros (x - x, relu, a x a): % jumps at 0, where an ulp of
+    # torch's (its cross(a, a) is 1e-16, not 0) lands on the other side
+    x = "({0} + 0.3717)"
+    forms = [("{out} = %s %% %r" % (x, c), (0,)), ("{out} = M.remainder(%s, %s)" % (x, d), (0, 1)),
+             ("{out} = %s %% %s" % (x, d), (0, 1)), ("{out} = M.fmod(%s, %r)" % (x, c), (0,)),
+             ("{out} = M.fmod(%s, %s)" % (x, d), (0, 1)),
+             ("{out} = %s.remainder(%r)" % (x, c), (0,)),
+             ("{out} = %s.fmod(%s)" % (x, d), (0, 1)),
+             ("{out} = (%s // %r).detach() * {0}" % (x, c), (0,)),
+             ("{out} = M.floor_divide(%s, %s).detach() + {0}" % (x, d), (0, 1)),
              ("{out} = (%r %% %s).detach() * {0}" % (c, g_pos("{0}", 1)), (0,))]
     code, uses = forms[int(rng.integers(0, len(forms)))]
     args = (i, j) if 1 in uses else (i,)
