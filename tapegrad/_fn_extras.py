@@ -14,7 +14,8 @@ from ._fn_reductions import _float_input, sum  # sum: tapegrad's, over dims (ein
 from ._fn_shapes import broadcast_to, getitem, permute, reshape
 from .ops import BY_NAME as _O
 from .tape import STATE, all_or_nothing
-from .tensor import Tensor, _dim, _hint, _plain, _to_dtype, array_op, tensor
+from .tensor import (Tensor, _dim, _hint, _plain, _to_dtype, array_op, is_grad_enabled,
+                     tensor)
 
 # --- functions GradBench's pytorch tool uses: built from the differentiable ops above, so
 # create_graph, is_grads_batched and replay come with them -------------------------------
@@ -334,6 +335,10 @@ def special_multigammaln(input, p):
     >>> round(tapegrad.special.multigammaln(tapegrad.tensor(2.5), 3).item(), 6)
     1.880995
     """
+    if STATE.trace is not None:  # (its custom Functions' Python code cannot be replayed)
+        raise NotImplementedError("tapegrad.trace: special.multigammaln is computed by NumPy "
+                                  "and cannot be replayed yet; compute it outside the traced "
+                                  "function")
     input = _float_input(_t(input), "multigammaln")
     if isinstance(p, Tensor) and p.ndim == 0 and np.asarray(p._d).dtype.kind in "iu":
         p = int(p._d)  # torch takes a 0-d integer tensor as p
@@ -523,6 +528,7 @@ def _floor_function(name, np_fn):
         @staticmethod
         def forward(ctx, x, y, a, b):
             ctx.shapes = (x.shape, y.shape)
+            ctx.operands = (x, y)  # (not saved tensors: the values are read, never written)
             with np.errstate(divide="ignore", invalid="ignore"):
                 ctx.q = (np.trunc(a / b) if name == "fmod" else None
                          if name in ("floor_divide", "rremainder") else np.floor_divide(a, b))
@@ -534,7 +540,13 @@ def _floor_function(name, np_fn):
                 op = "remainder" if name == "rremainder" else name
                 raise RuntimeError(f"derivative for aten::{op} is not implemented")
             sx, sy = ctx.shapes  # x - q y with q = floor(x / y) (trunc for fmod), constant
-            gy = g * tensor(-ctx.q) if ctx.needs_input_grad[1] else None
+            q = None
+            if ctx.needs_input_grad[1]:
+                # under create_graph, torch's q = floor(x / y) is a graph of x and y whose
+                # derivative is zero: the second derivatives are zeros, not None
+                q = (_Quotient.apply(*ctx.operands, -ctx.q) if is_grad_enabled()
+                     else tensor(-ctx.q))
+            gy = None if q is None else g * q
             return (_reduce_like(g, sx) if ctx.needs_input_grad[0] else None,
                     None if gy is None else _reduce_like(gy, sy), None, None)
     _Floor.__name__ = _Floor.__qualname__ = {"floor_divide": "FloorDivideBackward",
@@ -545,6 +557,35 @@ def _floor_function(name, np_fn):
 
 
 _FLOOR = {}
+
+
+def _quotient_function():
+    from .autograd.function import Function
+
+    class _Quotient(Function):
+        """The rounded quotient of ``x`` and ``y`` (given), whose derivative is zero."""
+
+        @staticmethod
+        def forward(ctx, x, y, q):
+            ctx.like = (x, y)
+            return tensor(q)
+
+        @staticmethod
+        def backward(ctx, g):
+            return tuple(zeros_like_t(t) for t in ctx.like) + (None,)
+    return _Quotient
+
+
+class _LazyQuotient:
+    fn = None
+
+    def apply(self, *args):
+        if _LazyQuotient.fn is None:
+            _LazyQuotient.fn = _quotient_function()
+        return _LazyQuotient.fn.apply(*args)
+
+
+_Quotient = _LazyQuotient()
 
 
 def _remainder_np(a, b):
@@ -643,6 +684,11 @@ def linalg_norm(input, ord=None, dim=None, keepdim=False, *, dtype=None):
         raise RuntimeError(f"linalg.matrix_norm: Order {ord} not supported.")
     # 1 / -1: the largest / smallest column sum; inf / -inf: row sums
     over, across = (r, c) if abs(ord) == 1 else (c, r)
+    if x.shape[across] == 0 and ord > 0:  # torch: the largest of no sums is 0, off the graph
+        shape = tuple(1 if i in (r, c) else n for i, n in enumerate(x.shape) if keepdim
+                      or i not in (r, c))
+        return _plain(np.zeros(shape, x.dtype.np)) if shape or x.dtype.np != np.float64 \
+            else _plain(0.0)
     sums = sum(x.abs(), over, keepdim=True)
     out = (amax if ord > 0 else amin)(sums, across, keepdim=True)
     return out if keepdim else reshape(out, tuple(n for i, n in enumerate(x.shape)

@@ -89,6 +89,7 @@ _DIV = BY_NAME['div']
 _py_div = _DIV.py
 _POW = BY_NAME['pow']
 _py_pow = _POW.py
+_py_powc = BY_NAME['powc'].py
 
 
 def __add__(self, other):
@@ -718,7 +719,7 @@ def __pow__(self, other):
                 return t
         elif oc is _float or oc is _int:
             e = other if oc is _float else _INT_FLOAT[other]
-            v = d * d if e == 2.0 else _py_pow(d, e)
+            v = d * d if e == 2.0 else _py_powc(d, e, 0.0)
             if self._rg:
                 tape = STATE.tape()
                 if tape is not False:

@@ -332,13 +332,18 @@ def _record_binary(op, x, y, v):
                                         (x, y), _plain(v))
         return _plain(v)
     forms = _CONST_OPS.get(op.name)
+    # a 0-d float64 result of a 0-d float64 operand (``True / x``) is a scalar entry: its
+    # rule on Python floats as an array entry's raised ZeroDivisionError where torch's inf
+    scalar = v.__class__ is _pyfloat
     if not yr and forms is not None and y.__class__ in _NUMBER:
         cop, sgn = forms[0]
-        r = _record(cop.code | ARRAY, x, None, sgn * _pyfloat(y), 0.0, v)
+        code = cop.code if scalar and x._d.__class__ is _pyfloat else cop.code | ARRAY
+        r = _record(code, x, None, sgn * _pyfloat(y), 0.0, v)
         return _addc_name(r, op, sgn * _pyfloat(y)) if cop is _ADDC else r
     if not xr and forms is not None and x.__class__ in _NUMBER:
         cop, sgn = forms[1]
-        r = _record(cop.code | ARRAY, y, None, sgn * _pyfloat(x), 0.0, v)
+        code = cop.code if scalar and y._d.__class__ is _pyfloat else cop.code | ARRAY
+        r = _record(code, y, None, sgn * _pyfloat(x), 0.0, v)
         return _addc_name(r, op, sgn * _pyfloat(x)) if cop is _ADDC else r
     return _record(op.code | ARRAY, _as_operand(x), _as_operand(y), 0.0, 0.0, v)
 

@@ -796,13 +796,14 @@ def program_for(seed, n_ops):
     return RF.generate(seed, n_ops)
 
 
-def run_legs(seeds, legs, n_ops=(5, 14), parallel=0):
-    """Every leg in ``legs`` on the programs of ``seeds``; fails with a shrunk reproducer."""
+def run_legs(seeds, legs, n_ops=(5, 14), parallel=0, gen=None):
+    """Every leg in ``legs`` on the programs of ``seeds`` (``gen(seed, n_ops)``, default
+    ``program_for``); fails with a shrunk reproducer."""
     stats = Stats()
     lo, hi = n_ops
     progs = 0
     for seed in seeds:
-        prog = program_for(seed, lo + seed % (hi - lo + 1))
+        prog = (gen or program_for)(seed, lo + seed % (hi - lo + 1))
         progs += 1
         for leg in legs:
             kw = {}
@@ -878,6 +879,45 @@ def test_replay_leg(leg):
     assert_ran(stats, {leg: int(n * 0.6), **extra})
     if leg == "replay":  # the programs flip branches: some guards must have fired
         assert stats.guards["replay"] >= 1, dict(stats.guards)
+
+
+def surface_program(seed, n_ops):
+    """A program of torch's wider surface (einsum, linalg.norm, sort, cross, repeat_interleave,
+    in-place methods...) that a trace can hold, with the replay forms."""
+    from harness import programs as P
+    return RF.generate(seed, n_ops, forms=RF.SURFACE_REPLAY_FORMS + ["branch", "tie", "reduce",
+                                                                     "getitem"],
+                       shapes=P.FAMILIES["surface"]["shapes"])
+
+
+SURFACE_DEFAULT = {"replay": 50, "higher": 25, "entry": 25}
+
+
+@pytest.mark.parametrize("leg", list(SURFACE_DEFAULT))
+def test_replay_leg_surface(leg):
+    n = SURFACE_DEFAULT[leg]
+    stats = run_legs(range(45_000, 45_000 + n), [leg], gen=surface_program)
+    assert_ran(stats, {leg: int(n * 0.6)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leg", list(DEFAULT))
+def test_replay_leg_surface_slow(leg):
+    stats = run_legs(range(46_000, 46_300), [leg], gen=surface_program)
+    assert_ran(stats, {leg: 150})
+
+
+@pytest.mark.parametrize("form", ["remainder", "multigammaln"])
+def test_untraceable_surface_forms_raise_a_clear_error(form):
+    # custom Functions computed by NumPy: trace says so and records nothing
+    from harness import programs as P
+    assert form in P.UNTRACEABLE_SURFACE
+    fn = {"remainder": [lambda v: (v % 2.0).sum(), lambda v: tg.fmod(v, 2.0).sum(),
+                        lambda v: (v // 2.0).sum(), lambda v: tg.remainder(v, v.exp()).sum()],
+          "multigammaln": [lambda v: tg.special.multigammaln(v.exp(), 2).sum()]}[form]
+    for f in fn:
+        with pytest.raises(NotImplementedError, match="compute it outside the traced function"):
+            tg.trace(f, np.ones(3))
 
 
 def test_replay_leg_arrays():

@@ -158,7 +158,8 @@ def test_square_by_pow_is_bit_identical_to_torch_and_eager(torch):
         assert (t ** 2).item() == v * v and tg.pow(t, 2.0).item() == v * v
     scalar = tg.trace(lambda t: t[0] ** 2 + t[1] ** 2.0, x[:2])
     assert scalar(x[:2]) == x[0] * x[0] + x[1] * x[1]
-    assert np.array_equal(tg.trace(lambda t: t ** 3.0, x)(x), x ** 3.0)  # others: pow
+    # x ** 3 is x * x * x in torch (pow is an ulp off on about a quarter of inputs)
+    assert np.array_equal(tg.trace(lambda t: t ** 3.0, x)(x), (torch.tensor(x) ** 3.0).numpy())
 
 
 def test_branch_free_ops_replay_across_the_branch():

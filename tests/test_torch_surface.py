@@ -178,3 +178,98 @@ def test_fmod_of_a_number_and_einsum_of_an_empty_dimension_as_torch():
         with pytest.raises(TypeError):
             M.fmod(2.5, M.ones(2))
         assert tuple(M.einsum("i,i->i", M.ones(1), M.ones(0)).shape) == (0,)
+
+
+@pytest.mark.parametrize("name", ["%", "fmod"])
+def test_the_divisor_derivative_is_a_graph_under_create_graph(name):
+    # torch's d(x % y)/dy = -floor(x / y) * g, with floor(x / y) a graph of x and y (its
+    # derivative zero): under create_graph it requires grad and its derivatives are zeros,
+    # not None (tapegrad's was a constant)
+    f = FNS[name]
+    res = []
+    for M in (tapegrad, torch):
+        x = M.tensor(A[[0, 1, 2, 3, 7]], dtype=M.float64, requires_grad=True)
+        y = M.tensor([[0.75], [-1.25]], dtype=M.float64, requires_grad=True)
+        gx, gy = M.autograd.grad(f(M, x, y).sum(), (x, y), create_graph=True)
+        assert gy.requires_grad and not gx.requires_grad
+        hs = M.autograd.grad(gy.sum(), (x, y), allow_unused=True)
+        res.append([gy.detach().numpy()] + [None if h is None else h.numpy() for h in hs])
+    for a, b in zip(*res):
+        assert (a is None) == (b is None)
+        _same(a, b)
+
+
+@pytest.mark.parametrize("shape,kw", [((3,), {}), ((2, 3), {"dim": 1}), ((2, 3), {"dim": -2})])
+def test_linalg_norm_of_order_0_has_torchs_undefined_gradient(shape, kw):
+    # a count: the graph reaches x but the gradient is undefined (torch: "not used in the
+    # graph", None with allow_unused, zeros materialized); tapegrad gave zeros
+    for M in (tapegrad, torch):
+        x = M.tensor(np.arange(6.0)[:int(np.prod(shape))].reshape(shape), dtype=M.float64,
+                     requires_grad=True)
+        y = M.linalg.norm(x, ord=0, **kw).sum()
+        assert y.requires_grad
+        with pytest.raises(RuntimeError, match="not have been used in the graph"):
+            M.autograd.grad(y, x, retain_graph=True)
+        assert M.autograd.grad(y, x, allow_unused=True, retain_graph=True) == (None,)
+        (g,) = M.autograd.grad(y, x, allow_unused=True, materialize_grads=True,
+                               create_graph=True)
+        assert g.requires_grad and not np.any(g.detach().numpy())
+        # beside a defined gradient, it adds nothing
+        x2 = M.tensor([1.0, 0.0, -2.0], dtype=M.float64, requires_grad=True)
+        (g2,) = M.autograd.grad(M.linalg.norm(x2, ord=0) + (x2 * x2).sum(), x2)
+        assert g2.tolist() == [2.0, 0.0, -4.0]
+
+
+def test_a_function_returning_none_gives_none_as_torch():
+    res = []
+    for M in (tapegrad, torch):
+        class F(M.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, y):
+                return x * y
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, None
+        x = M.ones(2, dtype=M.float64, requires_grad=True)
+        y = M.ones(2, dtype=M.float64, requires_grad=True)
+        res.append(M.autograd.grad(F.apply(x, y).sum(), (x, y), allow_unused=True)[1])
+    assert res == [None, None]
+
+
+@pytest.mark.parametrize("c", [True, False, 1, 2.5, -3])
+def test_a_number_over_a_negative_zero_differentiates_as_torch(c):
+    # True / x recorded an array entry on Python floats: its rule raised ZeroDivisionError
+    res = []
+    for M in (tapegrad, torch):
+        x = M.tensor(-0.0, dtype=M.float64, requires_grad=True)
+        y = c / x
+        (g1,) = M.autograd.grad(y, x, create_graph=True)
+        (g2,) = M.autograd.grad(c / x, x)
+        (h,) = M.autograd.grad(g1, x)
+        res.append([y.item(), g1.item(), g2.item(), h.item()])
+    _same(*res)
+    signs = [[math.copysign(1.0, v) for v in r if not math.isnan(v)] for r in res]
+    assert signs[0] == signs[1]  # (a nan's sign bit is noise)
+
+
+def test_matrix_norms_of_empty_matrices_as_torch():
+    # the largest column (row) sum of a matrix with no columns (rows) is 0, off the graph,
+    # in torch; tapegrad's amax over the empty dim raised (the harness's seed 46038)
+    inf = math.inf
+    for shape, kw in [((3, 0), {"ord": 1}), ((3, 0), {"ord": 1, "keepdim": True}),
+                      ((0, 0), {"ord": inf}), ((0, 3), {"ord": inf}),
+                      ((2, 3, 0), {"ord": 1, "dim": (1, 2)}),
+                      ((2, 0, 3), {"ord": 1, "dim": (2, 1), "keepdim": True}),
+                      ((2, 3, 0), {"ord": inf, "dim": (1, 2)}), ((0, 3), {"ord": 1}),
+                      ((3, 0), {"ord": -1}), ((0, 3), {"ord": -inf})]:
+        res = []
+        for M in (tapegrad, torch):
+            x = M.ones(shape, dtype=M.float64, requires_grad=True)
+            try:
+                y = M.linalg.norm(x, **kw)
+            except IndexError:
+                res.append("IndexError")
+                continue
+            res.append((tuple(y.shape), y.requires_grad, y.detach().numpy().tolist()))
+        assert res[0] == res[1], (shape, kw)

@@ -120,7 +120,9 @@ def _seed_adjoints(graph, outs, seeds, record, batch):
     outputs that are leaves themselves by id) with the outputs' seeds in place."""
     n = graph.n
     is_output = np.zeros(n, dtype=np.bool_)
-    adj = np.zeros((n, batch) if batch else n, dtype=np.float64)
+    # -0.0, the identity of IEEE addition: an adjoint is the exact sum of what reaches it,
+    # a -0.0 seed or contribution kept (torch's sign; 0.0 + -0.0 would be +0.0)
+    adj = np.full((n, batch) if batch else n, -0.0)
     adjd = {}
     direct = {}
     if len(outs) == 1 and graph.arrays is not None and outs[0]._tape is not None:
@@ -130,7 +132,7 @@ def _seed_adjoints(graph, outs, seeds, record, batch):
         if record or k in graph.arrays:
             adjd[k] = seeds[0]
         else:
-            adj[k] += seeds[0]  # (added, as below: a -0.0 seed gives 0.0)
+            adj[k] += seeds[0]
         return is_output, adj, adjd, direct
     for y, s in zip(outs, seeds):
         if y._tape is None:
@@ -176,8 +178,10 @@ def _gather(sw, flat, tapes, fast=False):
                 used.append(False)
             elif is_array(s) or record:
                 v = adjd.get(s)
-                if v is None:
-                    v = _zeros_like_input(x, record)
+                if v is None:  # reached, but every rule on the way gave None (torch's
+                    results.append(None)  # undefined gradient: a Function's None, the
+                    used.append(False)  # norm of order 0): unused, as torch says
+                    continue
                 elif (fast and s in owned and x._d.__class__ is np.ndarray
                       and v.dtype == x._d.dtype and v.shape == x._d.shape):
                     # the sweep allocated it and is done with it: no seed, saved value or

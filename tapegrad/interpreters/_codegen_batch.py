@@ -194,9 +194,11 @@ _SPECIAL = re.compile(r"\b([th]?c[01]) == (-?\d+\.\d+)")  # (t, h: a pair's tail
 def _loops(head, inner, exprs):
     """``head``, then the loop over the block's samples of ``inner``: one more for each
     value ``exprs`` test a constant operand for (``_SPECIAL``), specialized to it."""
-    # not zero: c0 == 0.0 holds at -0.0 too, whose sign the literal would lose
+    # not zero: c0 == 0.0 holds at -0.0 too, whose sign the literal would lose; only
+    # powc's square (the common exponent): a loop per exponent torch computes otherwise
+    # (3, -2, 0.5, -0.5) cost the first batched call's compile more than it saves
     found = sorted({m.groups() for e in exprs for m in _SPECIAL.finditer(e)
-                    if float(m.group(2)) != 0.0})
+                    if float(m.group(2)) == 2.0})
     loop = ["for j in range(u):"] + ["    " + x for x in inner]
     if not found:
         return head + loop
@@ -320,9 +322,10 @@ def _square(tail, lines):
     if tail.name != "powc":
         return lines
     assert lines[-1].startswith("    ") and "else:" in lines, lines
-    at = next(i for i, x in enumerate(lines) if x == "if tc0 == 2.0:")
-    end = lines.index("else:")
-    return lines[:at] + [x[4:] for x in lines[at + 1:end]]
+    at = next(i for i, x in enumerate(lines) if x in ("if tc0 == 2.0:", "elif tc0 == 2.0:"))
+    end = next(i for i, x in enumerate(lines) if i > at and not x.startswith(" "))
+    first = next(i for i, x in enumerate(lines) if x.startswith("if tc0 == "))
+    return lines[:first] + [x[4:] for x in lines[at + 1:end]]
 
 
 def _pairs(forward):

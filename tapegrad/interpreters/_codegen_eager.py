@@ -100,9 +100,11 @@ def _ind(text, n):
     return "".join(" " * n + line + "\n" if line else "\n" for line in text.split("\n"))
 
 
-def _fwd(op, x, y):
+def _fwd(op, x, y, number=False):
     if op.name in _INLINE:
         return _INLINE[op.name].format(x=x, y=y)
+    if op.name == "pow" and x == "d" and number:  # x ** c: powc's forward, torch's
+        return f"v = {x} * {x} if {y} == 2.0 else _py_powc({x}, {y}, 0.0)"
     if op.name == "pow" and x == "d":  # x ** 2, the common case: pow(x, 2) is exactly x * x
         return f"v = {x} * {x} if {y} == 2.0 else _py_pow({x}, {y})"
     return f"v = _py_{op.name}({x}, {y})"
@@ -139,7 +141,7 @@ def _binary_methods(op):
     src += _ind(_PLAIN, 16)
     src += "        elif oc is _float or oc is _int:\n"
     src += "            e = other if oc is _float else _INT_FLOAT[other]\n"
-    src += _ind(_fwd(op, "d", "e"), 12)
+    src += _ind(_fwd(op, "d", "e", number=True), 12)
     src += "            if self._rg:\n"
     # a negated int constant is the shared float object too (see _INT_FLOAT)
     neg = "(-e if oc is _float else _NEG_INT_FLOAT[other])"
@@ -219,6 +221,7 @@ def generate_eager():
     for n in names:
         parts.append(f"_{n.upper()} = BY_NAME[{n!r}]\n")
         parts.append(f"_py_{n} = _{n.upper()}.py\n")
+    parts.append("_py_powc = BY_NAME['powc'].py\n")
     for n in OPERATORS:
         parts.append(_binary_methods(BY_NAME[n]))
     for op in OPS:

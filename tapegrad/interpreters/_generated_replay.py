@@ -94,7 +94,7 @@ def forward(rows, x, v):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a * a if c0 == 2.0 else a ** c0)
+            v[k] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -168,7 +168,7 @@ def reverse(rows, v, adj):
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 2.0) * a)
+            adj[np.uint64(ia)] += ((g * 2.0) * (a ** 1.0))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -192,7 +192,7 @@ def reverse(rows, v, adj):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -313,7 +313,7 @@ def run_fused(rows, work, res):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a * a if c0 == 2.0 else a ** c0)
+            v[k] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -337,7 +337,7 @@ def run_fused(rows, work, res):
             v[k] = hv
             k1 = np.uint64(kk + 1)
             tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            v[k1] = (hv * hv if tc0 == 2.0 else (hv * hv * hv if tc0 == 3.0 else (math.sqrt(hv) if tc0 == 0.5 else (1.0 / math.sqrt(hv) if tc0 == -0.5 else (1.0 / (hv * hv) if tc0 == -2.0 else hv ** tc0)))))
             kk += 1
         elif op == 1002:  # rsubc then powc
             hc0 = rows[k, 4]
@@ -346,7 +346,7 @@ def run_fused(rows, work, res):
             v[k] = hv
             k1 = np.uint64(kk + 1)
             tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            v[k1] = (hv * hv if tc0 == 2.0 else (hv * hv * hv if tc0 == 3.0 else (math.sqrt(hv) if tc0 == 0.5 else (1.0 / math.sqrt(hv) if tc0 == -0.5 else (1.0 / (hv * hv) if tc0 == -2.0 else hv ** tc0)))))
             kk += 1
         elif op == 1004:  # mulc then add
             hc0 = rows[k, 4]
@@ -432,7 +432,7 @@ def run_fused(rows, work, res):
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 2.0) * a)
+            adj[np.uint64(ia)] += ((g * 2.0) * (a ** 1.0))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -456,7 +456,7 @@ def run_fused(rows, work, res):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -490,7 +490,7 @@ def run_fused(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             ihb = int(rows[k0, 2])
@@ -502,7 +502,7 @@ def run_fused(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             adj[np.uint64(iha)] += (-gh)
@@ -675,7 +675,7 @@ def forward_common(rows, x, v):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a * a if c0 == 2.0 else a ** c0)
+            v[k] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -743,7 +743,7 @@ def reverse_common(rows, v, adj):
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 2.0) * a)
+            adj[np.uint64(ia)] += ((g * 2.0) * (a ** 1.0))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -767,7 +767,7 @@ def reverse_common(rows, v, adj):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -872,7 +872,7 @@ def run_fused_common(rows, work, res):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a * a if c0 == 2.0 else a ** c0)
+            v[k] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -896,7 +896,7 @@ def run_fused_common(rows, work, res):
             v[k] = hv
             k1 = np.uint64(kk + 1)
             tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            v[k1] = (hv * hv if tc0 == 2.0 else (hv * hv * hv if tc0 == 3.0 else (math.sqrt(hv) if tc0 == 0.5 else (1.0 / math.sqrt(hv) if tc0 == -0.5 else (1.0 / (hv * hv) if tc0 == -2.0 else hv ** tc0)))))
             kk += 1
         elif op == 1002:  # rsubc then powc
             hc0 = rows[k, 4]
@@ -905,7 +905,7 @@ def run_fused_common(rows, work, res):
             v[k] = hv
             k1 = np.uint64(kk + 1)
             tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
+            v[k1] = (hv * hv if tc0 == 2.0 else (hv * hv * hv if tc0 == 3.0 else (math.sqrt(hv) if tc0 == 0.5 else (1.0 / math.sqrt(hv) if tc0 == -0.5 else (1.0 / (hv * hv) if tc0 == -2.0 else hv ** tc0)))))
             kk += 1
         elif op == 1004:  # mulc then add
             hc0 = rows[k, 4]
@@ -985,7 +985,7 @@ def run_fused_common(rows, work, res):
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 2.0) * a)
+            adj[np.uint64(ia)] += ((g * 2.0) * (a ** 1.0))
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -1009,7 +1009,7 @@ def run_fused_common(rows, work, res):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1043,7 +1043,7 @@ def run_fused_common(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             ihb = int(rows[k0, 2])
@@ -1055,7 +1055,7 @@ def run_fused_common(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             adj[np.uint64(iha)] += (-gh)
@@ -1324,7 +1324,7 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += ((g * 2.0) * a)
+                aa[j] += ((g * 2.0) * (a ** 1.0))
         elif op == 25:  # reciprocal
             ia = int(rows[k, 1])
             out = v[k]
@@ -1380,7 +1380,7 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -1624,11 +1624,11 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if 2.0 == 2.0 else a ** 2.0)
+                    Vw[ok + j] = (a * a if 2.0 == 2.0 else (a * a * a if 2.0 == 3.0 else (math.sqrt(a) if 2.0 == 0.5 else (1.0 / math.sqrt(a) if 2.0 == -0.5 else (1.0 / (a * a) if 2.0 == -2.0 else a ** 2.0)))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if c0 == 2.0 else a ** c0)
+                    Vw[ok + j] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
         elif op == 27:  # mulc
             c0 = rows[k, 4]
             oa = np.uint64(int(rows[k, 1])) * u
@@ -1766,12 +1766,12 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (2.0 == 0.5) else ((g * 2.0) * (a ** (2.0 - 1.0)))))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 27:  # mulc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
@@ -1783,7 +1783,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             for j in range(u):
                 a = Vw[oa + j]
                 g = Aw[ok + j]
-                Aw[oa + j] += ((g * 2.0) * a)
+                Aw[oa + j] += ((g * 2.0) * (a ** 1.0))
         elif op == 38:  # div
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
@@ -1912,11 +1912,11 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if 2.0 == 2.0 else a ** 2.0)
+                    Vw[ok + j] = (a * a if 2.0 == 2.0 else (a * a * a if 2.0 == 3.0 else (math.sqrt(a) if 2.0 == 0.5 else (1.0 / math.sqrt(a) if 2.0 == -0.5 else (1.0 / (a * a) if 2.0 == -2.0 else a ** 2.0)))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if c0 == 2.0 else a ** c0)
+                    Vw[ok + j] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
         elif op == 27:  # mulc
             c0 = rows[k, 4]
             oa = np.uint64(int(rows[k, 1])) * u
@@ -1991,7 +1991,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 hb = Vw[ohb + j]
                 hv = (ha - hb)
                 Vw[ok + j] = hv
-                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
+                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else (hv * hv * hv if 2.0 == 3.0 else (math.sqrt(hv) if 2.0 == 0.5 else (1.0 / math.sqrt(hv) if 2.0 == -0.5 else (1.0 / (hv * hv) if 2.0 == -2.0 else hv ** 2.0)))))
         elif op == 1002:  # rsubc then powc
             ok1 = ok + u
             hc0 = rows[k, 4]
@@ -2001,7 +2001,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 ha = Vw[oha + j]
                 hv = (hc0 - ha)
                 Vw[ok + j] = hv
-                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
+                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else (hv * hv * hv if 2.0 == 3.0 else (math.sqrt(hv) if 2.0 == 0.5 else (1.0 / math.sqrt(hv) if 2.0 == -0.5 else (1.0 / (hv * hv) if 2.0 == -2.0 else hv ** 2.0)))))
         elif op == 1004:  # mulc then add
             ok1 = ok + u
             hc0 = rows[k, 4]
@@ -2075,12 +2075,12 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (2.0 == 0.5) else ((g * 2.0) * (a ** (2.0 - 1.0)))))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 27:  # mulc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
@@ -2092,7 +2092,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 a = Vw[oa + j]
                 g = Aw[ok + j]
-                Aw[oa + j] += ((g * 2.0) * a)
+                Aw[oa + j] += ((g * 2.0) * (a ** 1.0))
         elif op == 38:  # div
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
@@ -2163,7 +2163,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 g = Aok[j]
                 hv = Vok0[j]
-                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
+                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (2.0 == 0.5) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))))
                 Aok0[j] = gh
                 Aoha[j] += gh
                 Aohb[j] += (-gh)
@@ -2178,7 +2178,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 g = Aok[j]
                 hv = Vok0[j]
-                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
+                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (2.0 == 0.5) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))))
                 Aok0[j] = gh
                 Aoha[j] += (-gh)
         elif op == 1005:  # mulc then add

@@ -312,6 +312,9 @@ def _accumulate(graph, inputs, grads, adj, adjd, owned, wanted, value, is_array)
     arrays = graph.arrays  # (one tape's: one lookup says array or not and gives it)
     for s, gr in zip(inputs, grads):
         if gr is None or not wanted[s]:  # nobody reads that adjoint (a constant input):
+            if gr is None and wanted[s] and (arrays.get(s) is None if arrays is not None
+                                             else not is_array(s)):
+                adj[s] += 0.0  # (from its -0.0 start: a 0-d adjoint nothing defined is 0.0)
             continue  # no broadcast to undo, no sum (torch skips it too)
         if gr.__class__ is _THUNK:
             gr = gr()
@@ -343,8 +346,8 @@ def _accumulate(graph, inputs, grads, adj, adjd, owned, wanted, value, is_array)
                 adjd[s] = prev + gr if v is None else v
                 if owned is not None:
                     owned.add(s)
-        elif gr.__class__ is float:
-            adj[s] += gr
+        elif gr.__class__ is float or gr.__class__ is np.float64:
+            adj[s] += gr  # (np.sum of a 0-d -0.0 is +0.0: the sign torch keeps)
         else:
             adj[s] += float(np.sum(gr))
 

@@ -60,7 +60,7 @@ def grad_scalar(rows, vals, ins, out, sweepable, lo):
     need, reach, lo, ok = _mark_scalar(rows, ins, out, sweepable, lo)
     if not ok:
         return np.empty(0), need, False
-    adj = np.zeros(rows.shape[0], dtype=np.float64)
+    adj = np.full(rows.shape[0], -0.0)  # IEEE addition's identity: -0.0 sums kept (torch's)
     adj[out] = 1.0
     _generated_cpu.sweep(rows, vals, adj, need, out + 1, lo)
     grads = np.empty(len(ins), dtype=np.float64)

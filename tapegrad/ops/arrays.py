@@ -567,8 +567,8 @@ def _norm_vjp(F, g, v, out, aux):
         return (F.where(zero, F.zeros_like(a), a * (gk / F.where(zero, 1.0, ok))),)
     if p == 1:
         return (F.sign(a) * gk,)
-    if p == 0:
-        return (F.zeros_like(a),)
+    if p == 0:  # a count: torch's gradient is undefined (None, zeros when materialized)
+        return (None,)
     if p in (np.inf, -np.inf):
         mask = np.abs(F.raw(a)) == F.raw(ok)
         cnt = np.sum(mask, axis=aux[0], keepdims=True)

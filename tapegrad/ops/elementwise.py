@@ -60,9 +60,12 @@ def _py_pow(a, b):
 
 
 def _np_pow(a, b):
-    """``np.power``, with ``x ** 2`` as ``np.square`` (the same values, twice as fast)."""
-    if b.__class__ is not np.ndarray and b == 2:
-        return np.square(a)
+    """``np.power``; a number exponent as torch's pow(x, c) (powc's forward: ``x ** 2`` as
+    ``np.square``, the same values twice as fast)."""
+    if b.__class__ is not np.ndarray:
+        if b == 2:
+            return np.square(a)
+        return _np_powc(a, b)
     return np.power(a, b)
 
 
@@ -206,7 +209,8 @@ register("sign", U, py=_py_sign, np=lambda a: np.where(a != a, np.zeros_like(a),
          torch="sign", vjp=lambda F, g, a, out: (F.zeros_like(g),), saves=False,
          api=("sign",), method=True)
 register("square", U, py=lambda a: a * a, np=np.square, nb="({a} * {a})", torch="square",
-         vjp=lambda F, g, a, out: (g * 2.0 * a,), api=("square",), method=True)
+         vjp=lambda F, g, a, out: (g * 2.0 * a ** 1.0,),  # pow(x, 2)'s: see powc
+         api=("square",), method=True)
 register("reciprocal", U, py=_safe(lambda a: 1.0 / a, lambda a: math.copysign(inf, a)),
          np=np.reciprocal, nb="(1.0 / {a})", torch="reciprocal",
          vjp=lambda F, g, a, out: (-g * (out * out),), api=("reciprocal",), method=True)
@@ -227,14 +231,57 @@ register("rdivc", C, py=_safe(lambda a, c0, c1: c0 / a, lambda a, c0, c1: _div_e
          np=lambda a, c0, c1: c0 / a, nb="({c0} / {a})",
          vjp=lambda F, g, a, out, c0, c1: (-g * ((c0 / a) / a),), via="`c / x`",  # div's
          torch_saves=())  # torch's c / x is reciprocal(x) * c: x itself is not saved
-# x ** 2 as x * x, as torch and np.square compute it: pow(x, 2.0) is off by an ulp on about
-# 0.1% of inputs, and costs 7 ns a row in the compiled sweeps where x * x costs 1.5
-register("powc", C, py=lambda a, c0, c1: a * a if c0 == 2.0 else _py_pow(a, c0),
-         np=lambda a, c0, c1: _np_pow(a, c0),
-         nb="({a} * {a} if {c0} == 2.0 else {a} ** {c0})", torch="pow",
-         vjp=lambda F, g, a, out, c0, c1: (F.cond(
-             c0 == 0.0, lambda: F.zeros_like(g), lambda: F.cond(
-                 c0 == 2.0, lambda: g * (2.0 * a), lambda: g * c0 * a ** (c0 - 1.0))),))
+# torch's pow(x, c) for the exponents it computes otherwise: x * x (pow(x, 2.0) is off by an
+# ulp on about 0.1% of inputs, and costs 7 ns a row in the compiled sweeps where x * x costs
+# 1.5), x * x * x, 1 / (x * x), and sqrt / rsqrt, whose -0.0 gives -0.0 / -inf where pow
+# gives 0.0 / inf (and nan at -inf)
+
+
+def _py_powc(a, c0):
+    if c0 == 2.0:
+        return a * a
+    if c0 == 3.0:
+        return a * a * a
+    if c0 == 0.5:
+        return math.sqrt(a) if a >= 0.0 else nan
+    if c0 == -0.5:
+        return (1.0 / math.sqrt(a) if a > 0.0 else math.copysign(inf, a) if a == 0.0
+                else nan)
+    if c0 == -2.0:
+        d = a * a
+        return 1.0 / d if d != 0.0 else inf
+    return _py_pow(a, c0)
+
+
+def _np_powc(a, c0):
+    if c0 == 3.0:
+        return a * a * a
+    if c0 == 0.5:
+        return np.sqrt(a)
+    if c0 == -0.5:
+        return 1.0 / np.sqrt(a)
+    if c0 == -2.0:
+        return 1.0 / (a * a)
+    return np.square(a) if c0 == 2.0 else np.power(a, c0)
+
+
+def _powc_vjp(F, g, a, out, c0, c1):
+    # torch's c * pow(x, c - 1), its forward's special cases included (sqrt, rsqrt: the sign
+    # of -0.0's result); x ** 1 and x ** 0 are recorded, so the derivatives of x ** 2 go on
+    # as torch's do: 2 * x ** 1, then 2 * x ** 0 (still a graph), then zeros
+    return (F.cond(c0 == 0.0, lambda: F.zeros_like(g), lambda: F.cond(
+        c0 == 2.0, lambda: g * (2.0 * a ** 1.0), lambda: F.cond(
+            c0 == 1.5, lambda: g * 1.5 * F.sqrt(a), lambda: F.cond(
+                c0 == 0.5, lambda: g * 0.5 * F.rsqrt(a),
+                lambda: g * c0 * a ** (c0 - 1.0))))),)
+
+
+register("powc", C, py=lambda a, c0, c1: a * a if c0 == 2.0 else _py_powc(a, c0),
+         np=lambda a, c0, c1: _np_powc(a, c0),
+         nb="({a} * {a} if {c0} == 2.0 else ({a} * {a} * {a} if {c0} == 3.0 else "
+            "(math.sqrt({a}) if {c0} == 0.5 else (1.0 / math.sqrt({a}) if {c0} == -0.5 else "
+            "(1.0 / ({a} * {a}) if {c0} == -2.0 else {a} ** {c0})))))", torch="pow",
+         vjp=_powc_vjp)
 register("rpowc", C, py=lambda a, c0, c1: _py_pow(c0, a), np=lambda a, c0, c1: np.power(c0, a),
          nb="({c0} ** {a})",
          vjp=lambda F, g, a, out, c0, c1: (

@@ -570,7 +570,9 @@ def generate(seed, n_ops=12, arrays=True, forms=None, shapes=None):
         s = pool[int(rng.integers(0, len(pool)))] if arrays else ()
         v = np.round(rng.uniform(-1.5, 1.5, s), 3)
         inputs.append((float(v) if s == () else v, i < n_in - 1 or rng.random() < 0.7))
-    forms = sorted(set(ARRAY_FORMS) - {"slice1d"} if forms is None else forms) if arrays else []
+    if forms is None:  # (the surface forms: their own family, the others' programs as before)
+        forms = set(ARRAY_FORMS) - {"slice1d"} - set(SURFACE_FORMS)
+    forms = sorted(forms) if arrays else []
     forms = [f for f in forms for _ in range(WEIGHTS.get(f, 1))]
     prog = Program(seed, inputs, [])
     with torch.no_grad():
@@ -654,6 +656,310 @@ def f_slice1d(rng, shapes):
 
 
 ARRAY_FORMS["slice1d"] = f_slice1d
+
+
+# --- the rest of torch's surface: functions built from other ops or custom Functions ---------
+# (the "surface" family draws these beside a few of the forms above; the other families'
+# programs stay as they were)
+
+def _partner(rng, shapes, i, ok=None):
+    """A node whose shape broadcasts with node ``i``'s (and satisfies ``ok``)."""
+    pool = [j for j, t in enumerate(shapes) if _bcast(shapes[i], t) is not None
+            and (ok is None or ok(t))]
+    return _pick(rng, pool) if pool else None
+
+
+def f_remainder(rng, shapes):
+    """``%``, remainder, fmod (custom Functions: d/dy is -floor(x / y)), and ``//``
+    (no derivative in torch: its value only, detached)."""
+    i = _pick(rng, list(range(len(shapes))))
+    j = _partner(rng, shapes, i)
+    c = round(float(rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 2.0)), 3)
+    d = "(%s * %r)" % (g_pos("{1}", int(rng.integers(0, 3))), float(np.sign(c)))
+    # the dividend off exact zeros (x - x, relu, a x a): % jumps at 0, where an ulp of
+    # torch's (its cross(a, a) is 1e-16, not 0) lands on the other side
+    x = "({0} + 0.3717)"
+    forms = [("{out} = %s %% %r" % (x, c), (0,)), ("{out} = M.remainder(%s, %s)" % (x, d), (0, 1)),
+             ("{out} = %s %% %s" % (x, d), (0, 1)), ("{out} = M.fmod(%s, %r)" % (x, c), (0,)),
+             ("{out} = M.fmod(%s, %s)" % (x, d), (0, 1)),
+             ("{out} = %s.remainder(%r)" % (x, c), (0,)),
+             ("{out} = %s.fmod(%s)" % (x, d), (0, 1)),
+             ("{out} = (%s // %r).detach() * {0}" % (x, c), (0,)),
+             ("{out} = M.floor_divide(%s, %s).detach() + {0}" % (x, d), (0, 1)),
+             ("{out} = (%r %% %s).detach() * {0}" % (c, g_pos("{0}", 1)), (0,))]
+    code, uses = forms[int(rng.integers(0, len(forms)))]
+    args = (i, j) if 1 in uses else (i,)
+    return args, code, ("function", "mul", "add", "exp", "tanh")
+
+
+def f_linalg_norm(rng, shapes):
+    """torch.linalg.norm's orders: vector norms over one dim (0 counts: no gradient),
+    matrix norms over two, the 2-norm of everything."""
+    i = _pick_shape(rng, shapes, lambda s: len(s) >= 1)
+    if i is None:
+        return None
+    nd = len(shapes[i])
+    x = "({0} + 0.3717)"  # away from an exact 0, as the norm reduction's form
+    keep = bool(rng.random() < 0.3)
+    if nd >= 2 and rng.random() < 0.4:
+        o = ["'fro'", "1", "-1", "float('inf')", "-float('inf')"][int(rng.integers(0, 5))]
+        dim = tuple(int(d) for d in rng.permutation(nd)[:2])
+        if rng.random() < 0.3:
+            dim = tuple(d - nd for d in dim)
+        return (i,), "{out} = M.linalg.norm(%s, ord=%s, dim=%r, keepdim=%r)" % (
+            x, o, dim, keep), ("norm", "amax", "amin", "abs", "sum", "reshape")
+    o = ["None", "1", "2", "3", "float('inf')", "-float('inf')", "0", "-1", "0.5"][
+        int(rng.integers(0, 9))]
+    if nd == 1 and rng.random() < 0.3:
+        return (i,), "{out} = M.linalg.norm(%s, ord=%s)" % (x, o), ("norm",)
+    if rng.random() < 0.2:
+        return (i,), "{out} = M.linalg.norm(%s)" % x, ("norm",)
+    return (i,), "{out} = M.linalg.norm(%s, ord=%s, dim=%d, keepdim=%r)" % (
+        x, o, _dim(rng, nd), keep), ("norm",)
+
+
+def f_einsum(rng, shapes):
+    """einsum: contractions, transposes, diagonals, and ellipses that broadcast."""
+    i = _pick_shape(rng, shapes, lambda s: len(s) >= 1)
+    if i is None:
+        return None
+    s = shapes[i]
+    nd = len(s)
+    k = int(rng.integers(0, 5))
+    ops = ("mul", "sum", "permute", "reshape", "expand", "getitem", "index_scatter",
+           "matmul", "sum_to")
+    if k == 0:  # two operands, ellipses broadcasting (size-1 dims and missing ones)
+        j = _partner(rng, shapes, i, lambda t: len(t) >= 1 and t[-1] == s[-1])
+        if j is None:
+            return None
+        eq = ["...i,...i->...i", "...i,...i->...", "...i,...i->i"][int(rng.integers(0, 3))]
+        return (i, j), "{out} = M.einsum(%r, {0}, {1})" % eq, ops
+    if k == 1 and nd == 2:  # a matrix and a vector, or two matrices
+        vec = [j for j, t in enumerate(shapes) if t == (s[1],)]
+        if vec and rng.random() < 0.5:
+            return (i, _pick(rng, vec)), "{out} = M.einsum('ij,j->i', {0}, {1})", ops
+        same = [j for j, t in enumerate(shapes) if t == s]
+        eq = ["ij,kj->ik", "ij,ij->", "ij,ij->j", "ji,jk->ik"][int(rng.integers(0, 4))]
+        if eq == "ji,jk->ik":
+            return (i, _pick(rng, same)), "{out} = M.einsum(%r, {0}, {1})" % eq, ops
+        return (i, _pick(rng, same)), "{out} = M.einsum(%r, {0}, {1})" % eq, ops
+    if k == 2 and nd == 2 and s[0] == s[1]:
+        return (i,), "{out} = M.einsum(%r, {0})" % ["ii->i", "ii->"][int(rng.integers(0, 2))], ops
+    if nd >= 2:
+        eq = ["...ij->...ji", "...ij->...", "...ij->...i"][int(rng.integers(0, 3))]
+        return (i,), "{out} = M.einsum(%r, {0})" % eq, ops
+    return (i,), "{out} = M.einsum(%r, {0})" % ["i->", "i->i"][int(rng.integers(0, 2))], ops
+
+
+def f_multigammaln(rng, shapes):
+    """special.multigammaln (custom Functions of lgamma and the polygammas), in its domain
+    x > (p - 1) / 2."""
+    i = _pick(rng, list(range(len(shapes))))
+    p = int(rng.integers(1, 4))
+    return (i,), "{out} = M.special.multigammaln(%s + %r, %d)" % (
+        g_pos("{0}", int(rng.integers(0, 3))), (p - 1) / 2 + 0.05, p), ("function",)
+
+
+def f_repeat_interleave(rng, shapes):
+    i = _pick(rng, list(range(len(shapes))))
+    s = shapes[i]
+    r = int(rng.integers(1, 4))
+    if not s or rng.random() < 0.3:
+        return (i,), "{out} = M.repeat_interleave({0}, %d)" % r, ("getitem", "reshape")
+    d = _dim(rng, len(s))
+    if rng.random() < 0.5:
+        counts = [int(c) for c in rng.integers(0, 3, size=s[d])]
+        return (i,), "{out} = M.repeat_interleave({0}, M.tensor(%r), dim=%d)" % (counts, d), (
+            "getitem", "index_scatter")
+    return (i,), "{out} = {0}.repeat_interleave(%d, dim=%d)" % (r, d), ("getitem",
+                                                                         "index_scatter")
+
+
+def f_cross(rng, shapes):
+    """cross / linalg.cross over a dim of size 3 (linalg.cross broadcasts)."""
+    i = _pick_shape(rng, shapes, lambda s: 3 in s)
+    if i is None:
+        return None
+    s = shapes[i]
+    d = [k for k, n in enumerate(s) if n == 3][int(rng.integers(0, s.count(3)))]
+    if rng.random() < 0.5:
+        d -= len(s)
+    # never parallel operands, even two nodes of one value: a x a is exactly 0 in tapegrad
+    # and 1e-16 in torch (FMA), which sign() and % turn into different numbers
+    b = "({1} * 1.3 + 0.2)"
+    if rng.random() < 0.5:
+        j = _pick(rng, [k for k, t in enumerate(shapes) if t == s])
+        fn = ("M.cross", "M.linalg.cross")[int(rng.integers(0, 2))]
+        return (i, j), "{out} = %s({0}, %s, dim=%d)" % (fn, b, d), ("getitem", "mul", "sub")
+    back = len(s) - d % len(s)  # the dim counted from the end
+    j = _partner(rng, shapes, i, lambda t: len(t) >= back and t[len(t) - back] == 3)
+    if j is None:
+        return None
+    return (i, j), "{out} = M.linalg.cross({0}, %s, dim=%d)" % (
+        b, d - len(s) if d >= 0 else d), ("getitem", "mul", "sub")
+
+
+def f_sort(rng, shapes):
+    """sort's values and argsort's order (stable in both libraries: ties keep their order)."""
+    i = _pick_shape(rng, shapes, lambda s: len(s) >= 1)
+    if i is None:
+        return None
+    s = shapes[i]
+    d = _dim(rng, len(s))
+    desc = bool(rng.random() < 0.5)
+    k = int(rng.integers(0, 3))
+    if k == 0:
+        return (i,), "{out} = M.sort({0}, dim=%d, descending=%r, stable=True)[0]" % (d, desc), (
+            "getitem", "index_scatter")
+    if k == 1:
+        return (i,), "{out} = {0}.sort(dim=%d, descending=%r, stable=True).values" % (d, desc), (
+            "getitem",)
+    if len(s) != 1:
+        return None
+    return (i,), "{out} = {0}[M.argsort({0}, descending=%r, stable=True)] * {0}" % desc, (
+        "getitem", "mul")
+
+
+def f_mm(rng, shapes):
+    i = _pick_shape(rng, shapes, lambda s: len(s) == 2)
+    if i is None:
+        return None
+    j = _pick(rng, [k for k, t in enumerate(shapes) if t == shapes[i]])
+    form = ["{out} = M.mm({0}, {1}.T)", "{out} = {0}.mm({1}.t())", "{out} = M.mm({0}.t(), {1})"][
+        int(rng.integers(0, 3))]
+    return (i, j), form, ("matmul", "transpose")
+
+
+def f_index_add(rng, shapes):
+    i = _pick_shape(rng, shapes, lambda s: len(s) >= 1)
+    if i is None:
+        return None
+    s = shapes[i]
+    last = len(s) > 1 and rng.random() < 0.4
+    n = s[-1] if last else s[0]
+    idx = [int(x) for x in rng.integers(0, n, size=int(rng.integers(1, 4)))]
+    src = ("M.tanh({0}[..., %r])" if last else "M.tanh({0}[%r])") % (idx,)
+    alpha = ["", ", alpha=0.5", ", alpha=-2.0"][int(rng.integers(0, 3))]
+    d = len(s) - 1 if last else 0
+    f = ("{out} = {0}.index_add(%d, M.tensor(%r), %s%s)" if rng.random() < 0.5 else
+         "{out} = M.index_add({0}, %d, M.tensor(%r), %s%s)")
+    return (i,), f % (d, idx, src, alpha), ("getitem", "index_scatter", "tanh", "add", "mulc")
+
+
+def f_views(rng, shapes):
+    """The view and shape functions torch spells many ways."""
+    i = _pick(rng, list(range(len(shapes))))
+    s = shapes[i]
+    nd = len(s)
+    forms = [("{out} = M.flatten({0})", ("reshape",)),
+             ("{out} = {0}.unsqueeze(%d)" % int(rng.integers(-nd - 1, nd + 1)), ("reshape",)),
+             ("{out} = M.unsqueeze({0}, 0).squeeze(0)", ("reshape",)),
+             ("{out} = M.squeeze({0})", ("reshape",)),
+             ("{out} = M.concat([{0}, {0} * 2.0])" if nd else "{out} = {0} * 1.0",
+              ("cat", "mulc"))]
+    if nd <= 2:
+        forms.append(("{out} = {0}.t()" if rng.random() < 0.5 else "{out} = M.t({0})",
+                      ("transpose", "reshape")))
+    if 1 in s or not s:
+        t = tuple(3 if d == 1 else d for d in s) or (2,)
+        forms.append(("{out} = M.broadcast_to({0}, %r)" % (t,), ("expand", "sum_to")))
+    j = _pick(rng, [k for k, t in enumerate(shapes) if _bcast(s, t) == t])
+    if j is not None:
+        forms.append(("{out} = {0}.expand_as({1}) + {1}", ("expand", "sum_to", "add")))
+    same = [k for k, t in enumerate(shapes) if int(np.prod(t)) == int(np.prod(s))]
+    k2 = _pick(rng, same)
+    forms.append(("{out} = {0}.reshape_as({1}) * {1}", ("reshape", "mul")))
+    forms.append(("{out} = M.clone({0}).view_as({1})", ("reshape", "clone")))
+    code, ops = forms[int(rng.integers(0, len(forms)))]
+    if "{1}" in code:
+        return (i, j if "expand_as" in code else k2), code, ops
+    return (i,), code, ops
+
+
+def f_methods_inplace(rng, shapes):
+    """In-place methods on a clone (the tensor's version, the graph rebased)."""
+    i = _pick(rng, list(range(len(shapes))))
+    s = shapes[i]
+    ok = [j for j, t in enumerate(shapes) if _bcast(s, t) == s]
+    j = _pick(rng, ok)
+    c = round(float(rng.uniform(-2.0, 2.0)), 3)
+    forms = [("add_({1})", ("add",)), ("add_({1}, alpha=%r)" % c, ("add", "mulc")),
+             ("sub_({1})", ("sub",)), ("mul_({1})", ("mul",)), ("mul_(%r)" % c, ("mulc",)),
+             ("div_(M.exp(M.tanh({1})))", ("div", "exp", "tanh")), ("neg_()", ("neg",)),
+             ("abs_()", ("abs",)), ("clamp_(-0.5, 0.7)", ("clamp",)),
+             ("copy_({1})", ("expand",)), ("fill_(%r)" % c, ()), ("zero_()", ())]
+    pos = [("exp_()", ("exp",)), ("sqrt_()", ("sqrt",)), ("pow_(1.5)", ("powc",))]
+    if rng.random() < 0.25:  # on a value in the op's domain
+        m, ops = pos[int(rng.integers(0, len(pos)))]
+        # (* 1.0: exp saves its output, which an in-place op on it would break, in both)
+        return (i,), "{out} = M.exp(M.tanh({0})) * 1.0\n{out}.%s" % m, ops + ("exp", "tanh",
+                                                                             "mulc")
+    m, ops = forms[int(rng.integers(0, len(forms)))]
+    args = (i, j) if "{1}" in m else (i,)
+    return args, "{out} = {0}.clone()\n{out}.%s" % m, ops + ("clone",)
+
+
+def f_functions(rng, shapes):
+    """Function forms of ops the other forms spell as operators or methods."""
+    i = _pick(rng, list(range(len(shapes))))
+    j = _partner(rng, shapes, i)
+    e = float(rng.choice([2.0, 3.0, 0.5, -0.5, -2.0, 1.5, 1.0]))
+    forms = [("{out} = M.pow(%s, %r)" % (g_pos("{0}", 0), e), ("powc", "exp", "tanh")),
+             ("{out} = {0}.pow(%r)" % (e if float(e).is_integer() and e > 0 else 2.0),
+              ("powc",)),
+             ("{out} = M.clamp_min({0}, {1})", ("clamp_min_t",)),
+             ("{out} = {0}.clamp_max({1})", ("clamp_max_t",)),
+             ("{out} = M.true_divide({0}, %s)" % g_pos("{1}", 1), ("div",)),
+             ("{out} = M.multiply({0}, {1})", ("mul",)),
+             ("{out} = M.subtract({0}, {1})", ("sub",)),
+             ("{out} = M.negative({0})", ("neg",)),
+             ("{out} = M.arctan2({0}, {1} + 0.3717)", ("atan2",)),
+             ("{out} = M.absolute({0}) + {0}", ("abs", "add"))]
+    code, ops = forms[int(rng.integers(0, len(forms)))]
+    return ((i, j) if "{1}" in code else (i,)), code, ops
+
+
+def f_nn_functional(rng, shapes):
+    """tapegrad.nn.functional (torch.nn.functional): losses and activations."""
+    i = _pick(rng, list(range(len(shapes))))
+    s = shapes[i]
+    same = [j for j, t in enumerate(shapes) if t == s]
+    j = _pick(rng, same)
+    red = ["'mean'", "'sum'", "'none'"][int(rng.integers(0, 3))]
+    forms = [("{out} = M.nn.functional.mse_loss({0}, {1}, reduction=%s)" % red, (0, 1)),
+             ("{out} = M.nn.functional.logsigmoid({0})", (0,)),
+             ("{out} = M.nn.functional.binary_cross_entropy_with_logits({0}, M.sigmoid({1}), "
+              "reduction=%s)" % red, (0, 1)),
+             ("{out} = M.nn.functional.%s({0})" % ["relu", "sigmoid", "tanh"][
+                 int(rng.integers(0, 3))], (0,))]
+    if s:
+        d = _dim(rng, len(s))
+        forms.append(("{out} = M.nn.functional.%s({0}, dim=%d)" % (
+            ["softmax", "log_softmax"][int(rng.integers(0, 2))], d), (0,)))
+    if len(s) == 2:
+        t = [int(x) for x in rng.integers(0, s[1], size=s[0])]
+        forms.append(("{out} = M.nn.functional.cross_entropy({0}, M.tensor(%r), reduction=%s)"
+                      % (t, red), (0,)))
+        forms.append(("{out} = M.nn.functional.nll_loss(M.log_softmax({0}, dim=1), "
+                      "M.tensor(%r), reduction=%s)" % (t, red), (0,)))
+    if s and rng.random() < 0.3:  # argmax / argmin as an index (their values: no gradient)
+        fn = ["argmax", "argmin"][int(rng.integers(0, 2))]
+        forms = [("{out} = {0}.reshape(-1)[{0}.%s()] * {0}" % fn, (0,))]
+    code, uses = forms[int(rng.integers(0, len(forms)))]
+    return ((i, j) if 1 in uses else (i,)), code, ("mul", "sub", "sum", "mean")
+
+
+#: the forms of torch's wider surface (custom Functions among them: not traceable)
+SURFACE_FORMS = {
+    "remainder": f_remainder, "linalg_norm": f_linalg_norm, "einsum": f_einsum,
+    "multigammaln": f_multigammaln, "repeat_interleave": f_repeat_interleave,
+    "cross": f_cross, "sort": f_sort, "mm": f_mm, "index_add": f_index_add,
+    "views": f_views, "methods_inplace": f_methods_inplace, "functions": f_functions,
+    "nn_functional": f_nn_functional,
+}
+#: those a traced program cannot hold (custom Functions; trace raises a clear error)
+UNTRACEABLE_SURFACE = ("remainder", "multigammaln")
+ARRAY_FORMS.update(SURFACE_FORMS)
 #: how often a form is drawn relative to the others: reductions (dims, keepdim, nine ops)
 #: and indexing have the most variants
 WEIGHTS = {"reduce": 3, "getitem": 2}
@@ -662,6 +968,9 @@ FAMILIES = {
     "scalar": dict(arrays=False),                       # scalar, record
     "flat": dict(shapes=[(), (5,), (5,)], forms=("slice1d",)),  # flat, fused
     "array": dict(),                                    # sweep, rerecord, batched, checked
+    # torch's wider surface (einsum, linalg.norm, %, sort...) beside a few common forms
+    "surface": dict(shapes=[(), (3,), (2, 3), (3, 3), (2, 1), (1, 3), (4,), (3, 2)],
+                    forms=tuple(SURFACE_FORMS) + ("reduce", "getitem", "matmul", "expand")),
 }
 
 

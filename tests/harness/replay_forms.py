@@ -67,9 +67,12 @@ def f_tie(rng, shapes):
 
 EXTRA_FORMS = {"branch": f_branch, "tie": f_tie}
 #: the forms the replay legs draw from: every traceable array form and the extra ones
-#: (custom Functions and program calls cannot be traced: the program leg covers those)
-REPLAY_FORMS = sorted((set(P.ARRAY_FORMS) - {"slice1d", "function", "program"})
-                      | set(EXTRA_FORMS))
+#: (custom Functions and program calls cannot be traced: the program leg covers those; the
+#: surface forms have a tier of their own)
+REPLAY_FORMS = sorted((set(P.ARRAY_FORMS) - {"slice1d", "function", "program"}
+                       - set(P.SURFACE_FORMS)) | set(EXTRA_FORMS))
+#: the surface forms (test_replay_leg_surface's programs) a trace can hold
+SURFACE_REPLAY_FORMS = sorted(set(P.SURFACE_FORMS) - set(P.UNTRACEABLE_SURFACE))
 
 
 @contextlib.contextmanager
