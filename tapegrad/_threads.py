@@ -154,13 +154,15 @@ class Pool:
         w = int(self.ctl[0])
         return (w & _IDX_MASK) < ((w >> _IDX_BITS) & _IDX_MASK) and index < self.ctl[_ALLOWED]
 
-    def post(self, kind, chunks, threads, taken=0, later=False):
+    def post(self, kind, chunks, threads, taken=0, later=False, always_later=False):
         """Describe a job of ``chunks`` chunks (its parameters already in ``ctl``) for
         ``threads - 1`` workers, started as needed, and wake those asleep; returns its
         claim word (the caller's ``taken`` chunks, the first ones, counted as claimed) and
         whether it is stored. With ``later`` the caller stores it (``run_block``'s signal,
         once it let the GIL go, so a spinning worker does not wait for the GIL) unless a
-        worker sleeps: then now."""
+        worker sleeps: then now. With ``always_later`` the caller stores it in any case
+        (``_atomic.run_caller``, which writes the job's parameters first, in the same
+        compiled call)."""
         K = _k()
         workers = self.workers
         if len(workers) < threads - 1:
@@ -177,8 +179,9 @@ class Pool:
         ctl[K.KIND] = kind
         ctl[K.ALLOWED] = threads - 1
         with self.mutex:
-            sleepers = [w for w in workers[:threads - 1] if w.sleeping] if later else None
-            if not later or sleepers:
+            sleepers = [w for w in workers[:threads - 1] if w.sleeping] \
+                if later and not always_later else None
+            if not (later or always_later) or sleepers:
                 K.publish(ctl, word)
             else:  # stored by the caller soon: a worker leaving its spin now spins again
                 self.coming = True
@@ -187,7 +190,7 @@ class Pool:
                     w.sleeping = False
                     counts["woken"] += 1
                     w.go.release()
-        return word, not later or bool(sleepers)
+        return word, not (later or always_later) or bool(sleepers)
 
     def rouse(self, threads, seconds):
         """Wake the workers of a job about to come (``threads - 1`` of them), and keep them

@@ -12,7 +12,7 @@ import pytest
 
 import tapegrad as tg
 from tapegrad import _threads
-from tapegrad.interpreters import replay_cpu
+from tapegrad.interpreters import _atomic, replay_cpu
 
 torch = pytest.importorskip("torch")
 
@@ -68,7 +68,7 @@ def test_every_split_gives_the_serial_numbers(progs, monkeypatch, B, threads):
     B = 1 and B below the thread count, B not a multiple of the block; bit for bit the
     serial batch, and single calls and torch to rounding."""
     prog, par = progs
-    monkeypatch.setattr(numba, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(replay_cpu, "_num_threads", lambda: threads)
     X = np.random.default_rng(B).normal(size=(B, 5))
     seen = []
     real = replay_cpu.run_parallel
@@ -101,7 +101,7 @@ def _branchy(x):
 def test_guards_failing_in_some_samples_of_a_parallel_batch(monkeypatch):
     """Samples that fail the first variant's guards, spread over the blocks of every thread,
     take the other variant (retrace=True), as in single calls and torch."""
-    monkeypatch.setattr(numba, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(replay_cpu, "_num_threads", lambda: 3)
     par = tg.trace(_branchy, np.ones(4), retrace=True, target="parallel")
     par.block = 16
     X = np.random.default_rng(5).normal(size=(71, 4))
@@ -640,6 +640,39 @@ def test_a_compiled_block_that_raised_on_a_worker_raises_in_the_caller(progs, mo
         np.testing.assert_array_equal(got[1], want[1])
 
 
+@numba.njit(nogil=True)
+def _raising_everywhere(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw,
+                        Aw, signal, number):  # pragma: no cover (compiled)
+    raise FloatingPointError("in any block")
+
+
+def test_a_compiled_block_that_raised_on_the_caller_raises(progs, monkeypatch):
+    """The caller's own blocks run compiled too (``_atomic.run_caller``): one that raised
+    there (block 0 is always the caller's) is run again through Python, which raises; a
+    batch never returns numbers a block did not write, and the next batch is right."""
+    if numba.get_num_threads() < 2 or numba.config.DISABLE_JIT or not replay_cpu.CLOCK:
+        pytest.skip("needs 2 threads, the JIT and the compiled caller")
+    prog, par = progs
+    X = np.random.default_rng(19).normal(size=(64, 5))
+    want = prog.value_and_grad(X)
+    par.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, the workers started)
+    _raising_everywhere.compile(replay_cpu._BLOCK_SIG)
+    cres = _raising_everywhere.overloads[replay_cpu._BLOCK_SIG]
+    address = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+    monkeypatch.setattr(replay_cpu, "_address", lambda form: address)
+    for _ in range(5):
+        with pytest.raises(RuntimeError, match=r"samples \d+ to \d+ .* but not when run again"):
+            par.value_and_grad(X)
+        assert not _threads._pool.busy.locked()
+    monkeypatch.undo()
+    monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(replay_cpu, "ADAPT", False)
+    got = par.value_and_grad(X)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("how", ["readonly", "fortran", "compiled"])
 def test_blocks_through_python_or_compiled_give_the_serial_numbers(progs, monkeypatch, how):
     """Inputs of other types than the interpreter's usual ones (read-only) run their
@@ -718,6 +751,13 @@ def test_a_try_that_woke_its_worker_counts_its_loss(progs, monkeypatch):
     monkeypatch.setattr(_threads._pool, "roused", 0.0)
     ticks = iter(range(1 << 30))  # (the caller's CPU clock: 1 ns a read, a tiny serial time)
     monkeypatch.setattr(replay_cpu, "_cpu_time", lambda: next(ticks) * 1e-9)
+    real = replay_cpu._run_caller
+
+    def tiny(*args):  # (the compiled caller's clock: 1 ns for its blocks)
+        own = real(*args)
+        args[-1][_atomic.T_CPU] = 1
+        return own
+    monkeypatch.setattr(replay_cpu, "_run_caller", tiny)
     monkeypatch.setattr(replay_cpu, "LOSS_MAX", 77)
     for _ in range(100):
         time.sleep(0.02)  # (the worker's spin ends: it sleeps on its lock)
@@ -731,28 +771,40 @@ def test_a_try_that_woke_its_worker_counts_its_loss(progs, monkeypatch):
     assert replay_cpu._pause == [77, 2], (_threads.stats(), replay_cpu._tries)
 
 
-def test_a_keyboard_interrupt_in_the_callers_block_ends_the_batch(progs, monkeypatch):
-    """A KeyboardInterrupt raised in the caller's block (a signal between two blocks)
-    reaches the caller once the workers' blocks (compiled, without the GIL) have ended:
-    no hang, the workers free for the next batch, which gives the serial numbers."""
+@pytest.mark.parametrize("where", ["python", "before", "after"])
+def test_a_keyboard_interrupt_in_the_callers_block_ends_the_batch(progs, monkeypatch, where):
+    """A KeyboardInterrupt raised in the caller's block (a signal between two blocks; with
+    the caller's blocks compiled, ``_atomic.run_caller``, a signal before that call, where
+    the job is not described yet, or after it) reaches the caller once the workers' blocks
+    (compiled, without the GIL) have ended: no hang, no worker runs a block of a job not
+    described, the workers free for the next batch, which gives the serial numbers."""
     prog, par = progs
     X = np.random.default_rng(17).normal(size=(96, 5))
     want = prog.value_and_grad(X)
     par.value_and_grad(X)
     par.value_and_grad(X)  # (compiled, the workers started)
-    real = replay_cpu.run_block
     main = threading.get_ident()
+    if where == "python":  # (the caller's blocks through Python)
+        monkeypatch.setattr(replay_cpu, "CLOCK", 0)
+        name = "run_block"
+    else:
+        name = "_run_caller"
+    real = getattr(replay_cpu, name)
 
     def interrupted(*args):
-        real(*args)
+        if where != "before":
+            real(*args)
         if threading.get_ident() == main:
             raise KeyboardInterrupt
-    monkeypatch.setattr(replay_cpu, "run_block", interrupted)
+    monkeypatch.setattr(replay_cpu, name, interrupted)
     for _ in range(3):
+        before = _threads.stats()["chunks_workers"]
         with pytest.raises(KeyboardInterrupt):
             par.value_and_grad(X)
         assert not _threads._pool.busy.locked()
-    monkeypatch.setattr(replay_cpu, "run_block", real)
+        if where == "before":
+            assert _threads.stats()["chunks_workers"] == before
+    monkeypatch.setattr(replay_cpu, name, real)
     got = par.value_and_grad(X)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])

@@ -141,6 +141,27 @@ def call_none(typingctx, address, args):
     return types.int32(address, args), codegen
 
 
+@intrinsic
+def call_clock(typingctx, address, clock, ts):
+    """``clock_gettime(clock, ts)`` called at ``address`` (libc's, from ctypes: a compiled
+    caller of the C library by address is cached on disk, where one through a ctypes object
+    is not), ``ts`` an int64 array of 2 at least (a ``struct timespec`` on 64-bit Linux);
+    returns its status (0: read)."""
+    if not (isinstance(address, types.Integer) and isinstance(clock, types.Integer)
+            and isinstance(ts, types.Array) and ts.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(i32, [i32, ir.IntType(8).as_pointer()])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        ary = context.make_array(sig.args[2])(context, builder, args[2])
+        ptr = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+        return builder.call(fn, [builder.trunc(args[1], i32), ptr])
+
+    return types.int32(address, clock, ts), codegen
+
+
 # the job's layout (``_kernels``' names, the same numbers: a test checks them), and where a
 # compiled intra-op job's chunk function is (``_kernels._run_chunk``'s address, which
 # ``serve`` calls: linked into it, it made a worker's loop 4 s to compile cold)
@@ -245,3 +266,67 @@ def serve(ctl, worker, turns, room):  # pragma: no cover (compiled)
         else:
             idle += 1
     return -1
+
+
+#: the thread CPU clock of Linux (``time.CLOCK_THREAD_CPUTIME_ID``), which ``run_caller``
+#: reads through ``clock_gettime`` at the address it is given
+CLOCK_THREAD_CPUTIME_ID = 3
+#: ``run_caller``'s ``times``: the timespec it reads into, then what it measured: the CPU
+#: ns of the caller's blocks, their samples, the blocks it ran (-1 until it has run: a
+#: KeyboardInterrupt before it leaves the job to the caller's ``except``), and the worker
+#: blocks done when it stopped waiting
+T_CPU, T_SAMPLES, T_OWN, T_DONE = 2, 3, 4, 5
+
+
+@njit_cached(nogil=True)
+def _cpu_ns(clock, times):  # pragma: no cover (compiled)
+    """This thread's CPU time in ns, read through ``clock_gettime`` at ``clock``."""
+    call_clock(clock, CLOCK_THREAD_CPUTIME_ID, times)
+    return times[0] * 1_000_000_000 + times[1]
+
+
+@njit_cached(nogil=True)
+def run_caller(ctl, fn, rows, X, out_slots, S, in_slots, grad, status, outs, G, size, word,
+               publish, room, turns, clock, times):  # pragma: no cover (compiled)
+    """The calling thread's share of a parallel batch in one compiled call, without the GIL:
+    the job described (``describe_blocks``, at ``PARAMS``), its claim word ``word``
+    stored where ``publish`` says (else ``Pool.post`` stored it), then block 0 (the
+    caller's: ``word`` counts it taken) and every block it claims after, each run as a
+    worker runs one (``block_job``, the interpreter at ``fn``, in ``room``: the same code,
+    the same bits), then up to ``turns`` reads for the workers' blocks to end. ``times``
+    (``T_*``) gets the caller's blocks' CPU time (its thread clock, through
+    ``clock_gettime`` at ``clock``: two reads a batch, where Python's ``time.thread_time``
+    around each block cost 1.1 us a block) and samples. Returns the blocks it ran."""
+    half = rows.shape[0] * size
+    describe_blocks(ctl, PARAMS, fn, rows, X, out_slots, S, in_slots, grad, status, outs, G,
+                    size, half, ctl[ctl.shape[0] - 1:])  # (a signal nobody stores to)
+    if publish:
+        store_release(ctl, CLAIM, word)
+    m = (word >> IDX_BITS) & IDX_MASK
+    B = X.shape[0]
+    t0 = _cpu_ns(clock, times)
+    own, done, i = 0, 0, 0 if m > 0 else -1  # (no blocks: a call that compiles it)
+    while i >= 0:
+        block_job(ctl, PARAMS, i, room)
+        own += 1
+        done += min(B, (i + 1) * size) - i * size
+        i = -1
+        while True:  # the next block nobody has taken (``_kernels.claim``)
+            w = load_acquire(ctl, CLAIM)
+            j = w & IDX_MASK
+            if j >= (w >> IDX_BITS) & IDX_MASK:
+                break
+            if compare_swap(ctl, CLAIM, w, w + 1) == w:
+                i = j
+                break
+    times[T_CPU] = _cpu_ns(clock, times) - t0
+    times[T_SAMPLES] = done
+    times[T_OWN] = own
+    left = m - own
+    finished = load_acquire(ctl, DONE)
+    for _ in range(turns):
+        if finished >= left:
+            break
+        finished = load_acquire(ctl, DONE)
+    times[T_DONE] = finished
+    return own
