@@ -192,6 +192,13 @@ class Pool:
                     w.go.release()
         return word, not (later or always_later) or bool(sleepers)
 
+    def next_word(self, chunks, taken):
+        """The claim word of the next job of ``chunks`` chunks, the caller's ``taken`` first
+        ones counted as claimed, for a caller that posts the job itself (compiled:
+        ``_atomic.run_caller``, where every worker it needs is started and awake)."""
+        self.seq = seq = (self.seq + 1) & _SEQ_MASK
+        return (seq << (2 * _IDX_BITS)) | (chunks << _IDX_BITS) | taken
+
     def rouse(self, threads, seconds):
         """Wake the workers of a job about to come (``threads - 1`` of them), and keep them
         spinning for ``seconds`` even without one: a job posted to a worker asleep waits for
@@ -293,6 +300,7 @@ def stats():
 
 _IDX_BITS = 20
 _IDX_MASK = (1 << _IDX_BITS) - 1
+_SEQ_MASK = (1 << 22) - 1  # (_kernels.SEQ_MASK)
 _ALLOWED = 17  # (_kernels.ALLOWED: this module cannot import it)
 _RUN_CHUNK = 18  # (_atomic.RUN_CHUNK)
 

@@ -707,6 +707,7 @@ def test_the_workers_loop_reads_the_jobs_layout_of_the_kernels():
         assert getattr(_atomic, name) == getattr(_kernels, name), name
     assert _atomic.JOB_BLOCKS not in (_kernels.JOB_ROWS, _kernels.JOB_SUM_MIDDLE)
     assert _threads._ALLOWED == _atomic.ALLOWED and _threads._RUN_CHUNK == _atomic.RUN_CHUNK
+    assert _threads._SEQ_MASK == _kernels.SEQ_MASK and _threads._IDX_BITS == _kernels.IDX_BITS
     assert _kernels.ALLOWED < _atomic.RUN_CHUNK < _kernels.PARAMS
     assert _kernels.PARAMS + _atomic.BLOCK_PARAMS <= _threads._pool.ctl.shape[0]
 

@@ -276,6 +276,25 @@ CLOCK_THREAD_CPUTIME_ID = 3
 #: KeyboardInterrupt before it leaves the job to the caller's ``except``), and the worker
 #: blocks done when it stopped waiting
 T_CPU, T_SAMPLES, T_OWN, T_DONE = 2, 3, 4, 5
+#: a program's part of a parallel batch's job, the same from batch to batch (``describe_
+#: program`` writes it once, ``run_caller`` copies it into the job): the interpreter's
+#: address, the rows' (address, 2 sizes), ``out_slots``' and ``in_slots``' (address, size),
+#: the caller's room (address, size), the turns of its wait, and ``clock_gettime``'s address
+(D_FN, D_ROWS, D_OUT_SLOTS, D_IN_SLOTS, D_ROOM, D_TURNS, D_CLOCK) = (0, 1, 4, 6, 8, 10, 11)
+DESC = 12
+
+
+@njit_cached(nogil=True)
+def describe_program(desc, fn, rows, out_slots, in_slots, room, turns, clock):
+    # pragma: no cover (compiled)
+    """``desc`` (``D_*``) written for the interpreter at ``fn`` running ``rows`` (its
+    caller keeps these arrays alive while it uses ``desc``)."""
+    desc[D_FN] = fn
+    desc[D_ROWS], desc[D_ROWS + 1], desc[D_ROWS + 2] = rows.ctypes.data, *rows.shape
+    desc[D_OUT_SLOTS], desc[D_OUT_SLOTS + 1] = out_slots.ctypes.data, out_slots.shape[0]
+    desc[D_IN_SLOTS], desc[D_IN_SLOTS + 1] = in_slots.ctypes.data, in_slots.shape[0]
+    desc[D_ROOM], desc[D_ROOM + 1] = room.ctypes.data, room.shape[0]
+    desc[D_TURNS], desc[D_CLOCK] = turns, clock
 
 
 @njit_cached(nogil=True)
@@ -286,28 +305,47 @@ def _cpu_ns(clock, times):  # pragma: no cover (compiled)
 
 
 @njit_cached(nogil=True)
-def run_caller(ctl, fn, rows, X, out_slots, S, in_slots, grad, status, outs, G, size, word,
-               publish, room, turns, clock, times):  # pragma: no cover (compiled)
+def run_caller(ctl, desc, X, S, status, outs, G, grad, size, word, allowed, times):
+    # pragma: no cover (compiled)
     """The calling thread's share of a parallel batch in one compiled call, without the GIL:
-    the job described (``describe_blocks``, at ``PARAMS``), its claim word ``word``
-    stored where ``publish`` says (else ``Pool.post`` stored it), then block 0 (the
-    caller's: ``word`` counts it taken) and every block it claims after, each run as a
-    worker runs one (``block_job``, the interpreter at ``fn``, in ``room``: the same code,
-    the same bits), then up to ``turns`` reads for the workers' blocks to end. ``times``
-    (``T_*``) gets the caller's blocks' CPU time (its thread clock, through
-    ``clock_gettime`` at ``clock``: two reads a batch, where Python's ``time.thread_time``
-    around each block cost 1.1 us a block) and samples. Returns the blocks it ran."""
-    half = rows.shape[0] * size
-    describe_blocks(ctl, PARAMS, fn, rows, X, out_slots, S, in_slots, grad, status, outs, G,
-                    size, half, ctl[ctl.shape[0] - 1:])  # (a signal nobody stores to)
-    if publish:
-        store_release(ctl, CLAIM, word)
+    the job described (the program's part from ``desc``, ``describe_program``; this
+    batch's arrays; its kind, ``allowed`` workers and no block done yet), its claim word
+    ``word`` stored, then block 0 (the caller's: ``word`` counts it taken) and every block
+    it claims after, each run as a worker runs one (``block_job``, the interpreter at its
+    address, in the caller's room: the same code, the same bits), then up to ``D_TURNS``
+    reads for the workers' blocks to end. ``times`` (``T_*``) gets the caller's blocks'
+    CPU time (its thread clock, through ``clock_gettime`` at ``D_CLOCK``: two reads a
+    batch, where ``time.thread_time`` around each block cost 1.1 us a block) and
+    samples. Returns the blocks it ran. (One call of 12 arguments: Numba's dispatch of
+    the 18 it took before ``desc`` cost 2.4 us, 0.9 for 10.)"""
+    p = PARAMS
+    ctl[DONE] = 0
+    ctl[KIND] = JOB_BLOCKS
+    ctl[ALLOWED] = allowed
+    ctl[p + B_FN] = desc[D_FN]
+    for k in range(3):
+        ctl[p + B_ROWS + k] = desc[D_ROWS + k]
+    ctl[p + B_X], ctl[p + B_X + 1], ctl[p + B_X + 2] = X.ctypes.data, *X.shape
+    ctl[p + B_OUT_SLOTS], ctl[p + B_OUT_SLOTS + 1] = desc[D_OUT_SLOTS], desc[D_OUT_SLOTS + 1]
+    ctl[p + B_S], ctl[p + B_S + 1], ctl[p + B_S + 2] = S.ctypes.data, *S.shape
+    ctl[p + B_IN_SLOTS], ctl[p + B_IN_SLOTS + 1] = desc[D_IN_SLOTS], desc[D_IN_SLOTS + 1]
+    ctl[p + B_GRAD] = 1 if grad else 0
+    ctl[p + B_STATUS], ctl[p + B_STATUS + 1] = status.ctypes.data, status.shape[0]
+    ctl[p + B_OUTS], ctl[p + B_OUTS + 1], ctl[p + B_OUTS + 2] = outs.ctypes.data, *outs.shape
+    ctl[p + B_G], ctl[p + B_G + 1], ctl[p + B_G + 2] = G.ctypes.data, *G.shape
+    ctl[p + B_SAMPLES], ctl[p + B_SIZE] = X.shape[0], size
+    ctl[p + B_ROOM_HALF] = desc[D_ROWS + 1] * size
+    ctl[p + B_SIGNAL] = ctl.ctypes.data + 8 * (ctl.shape[0] - 1)  # (nobody stores to it)
+    ctl[p + B_FAILED] = 0
+    store_release(ctl, CLAIM, word)
+    room = carray(f64_pointer(desc[D_ROOM]), desc[D_ROOM + 1])
+    clock = desc[D_CLOCK]
     m = (word >> IDX_BITS) & IDX_MASK
     B = X.shape[0]
     t0 = _cpu_ns(clock, times)
     own, done, i = 0, 0, 0 if m > 0 else -1  # (no blocks: a call that compiles it)
     while i >= 0:
-        block_job(ctl, PARAMS, i, room)
+        block_job(ctl, p, i, room)
         own += 1
         done += min(B, (i + 1) * size) - i * size
         i = -1
@@ -324,7 +362,7 @@ def run_caller(ctl, fn, rows, X, out_slots, S, in_slots, grad, status, outs, G, 
     times[T_OWN] = own
     left = m - own
     finished = load_acquire(ctl, DONE)
-    for _ in range(turns):
+    for _ in range(desc[D_TURNS]):
         if finished >= left:
             break
         finished = load_acquire(ctl, DONE)
