@@ -79,16 +79,23 @@ def back_to_back(compiled, k=300):
     R.COMPILED = compiled
     for _ in range(20):
         par.value_and_grad(X)
-    s0, walls, cpu = tg._threads.stats(), [], 0.0
+    s0, walls, cpu, blocks = tg._threads.stats(), [], 0.0, 0
     for _ in range(k):
         t0, c0 = time.perf_counter(), time.thread_time()
         par.value_and_grad(X)
         walls.append(time.perf_counter() - t0)
         cpu += time.thread_time() - c0
+        blocks += int(R._times[2]) if compiled else 0
     s1 = tg._threads.stats()
     d = {c: s1[c] - s0[c] for c in ("batches_missed", "chunks_workers", "woken",
-                                     "lag_workers", "lag_ns")}
+                                     "lag_workers", "lag_ns", "wait_ns", "chunks_caller",
+                                     "worker_sleeps")}
     lag = f", lag {d['lag_ns'] / d['lag_workers'] / 1e3:.1f} us" if d["lag_workers"] else ""
+    if compiled:  # (the caller's blocks and wait: _atomic.run_caller's clock reads)
+        lag += (f"; caller's blocks' CPU {blocks / k / 1e3:.0f} us a call, its wait for the "
+                f"workers' blocks {d['wait_ns'] / k / 1e3:.1f} us a call; blocks: caller "
+                f"{d['chunks_caller']}, workers {d['chunks_workers']}; worker sleeps "
+                f"{d['worker_sleeps']}")
     print(f"back to back, workers' blocks {'compiled' if compiled else 'through Python'}: "
           f"{np.median(walls) * 1e6:.0f} us ({s / (np.median(walls) * 1e6):.2f}x the serial median), "
           f"CPU a call: caller {cpu / k * 1e6:.0f} us, workers "

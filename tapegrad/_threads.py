@@ -246,10 +246,12 @@ _pools: list = []
 #: worker asleep on its lock (woken through it); intra-op passes run on the calling thread in
 #: a back-off; workers woken ahead of a job (``Pool.rouse``); and over the threaded batches,
 #: the workers that took a block and their summed lags in ns (``Pool.lag``: the mean
-#: wake-up). ``stats`` adds the workers' own counts and the pool's state.
+#: wake-up); and the ns the caller waited at the end of its blocks for the workers' (the
+#: threads' imbalance: ``_atomic.run_caller``'s ``T_WAIT``, over its first spin). ``stats``
+#: adds the workers' own counts and the pool's state.
 counts = dict.fromkeys(("batches_threads", "batches_paused", "batches_busy", "chunks_caller",
                         "chunks_workers", "batches_missed", "pauses", "woken", "roused",
-                        "passes_alone", "lag_workers", "lag_ns"), 0)
+                        "passes_alone", "lag_workers", "lag_ns", "wait_ns"), 0)
 
 
 def _load():

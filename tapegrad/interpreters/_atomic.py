@@ -271,11 +271,13 @@ def serve(ctl, worker, turns, room):  # pragma: no cover (compiled)
 #: the thread CPU clock of Linux (``time.CLOCK_THREAD_CPUTIME_ID``), which ``run_caller``
 #: reads through ``clock_gettime`` at the address it is given
 CLOCK_THREAD_CPUTIME_ID = 3
+CLOCK_MONOTONIC = 1  # (Linux's: read in user space, tens of ns; the thread clock is a call)
 #: ``run_caller``'s ``times``: the timespec it reads into, then what it measured: the CPU
 #: ns of the caller's blocks, their samples, the blocks it ran (-1 until it has run: a
-#: KeyboardInterrupt before it leaves the job to the caller's ``except``), and the worker
-#: blocks done when it stopped waiting
-T_CPU, T_SAMPLES, T_OWN, T_DONE = 2, 3, 4, 5
+#: KeyboardInterrupt before it leaves the job to the caller's ``except``), the worker
+#: blocks done when it stopped waiting, and the ns it waited for them (the threads'
+#: imbalance at the end: a worker late to start, or slower)
+T_CPU, T_SAMPLES, T_OWN, T_DONE, T_WAIT = 2, 3, 4, 5, 6
 #: a program's part of a parallel batch's job, the same from batch to batch (``describe_
 #: program`` writes it once, ``run_caller`` copies it into the job): the interpreter's
 #: address, the rows' (address, 2 sizes), ``out_slots``' and ``in_slots``' (address, size),
@@ -298,9 +300,9 @@ def describe_program(desc, fn, rows, out_slots, in_slots, room, turns, clock):
 
 
 @njit_cached(nogil=True)
-def _cpu_ns(clock, times):  # pragma: no cover (compiled)
-    """This thread's CPU time in ns, read through ``clock_gettime`` at ``clock``."""
-    call_clock(clock, CLOCK_THREAD_CPUTIME_ID, times)
+def _clock_ns(clock, which, times):  # pragma: no cover (compiled)
+    """Clock ``which`` in ns, read through ``clock_gettime`` at ``clock``."""
+    call_clock(clock, which, times)
     return times[0] * 1_000_000_000 + times[1]
 
 
@@ -342,7 +344,7 @@ def run_caller(ctl, desc, X, S, status, outs, G, grad, size, word, allowed, time
     clock = desc[D_CLOCK]
     m = (word >> IDX_BITS) & IDX_MASK
     B = X.shape[0]
-    t0 = _cpu_ns(clock, times)
+    t0 = _clock_ns(clock, CLOCK_THREAD_CPUTIME_ID, times)
     own, done, i = 0, 0, 0 if m > 0 else -1  # (no blocks: a call that compiles it)
     while i >= 0:
         block_job(ctl, p, i, room)
@@ -357,14 +359,19 @@ def run_caller(ctl, desc, X, S, status, outs, G, grad, size, word, allowed, time
             if compare_swap(ctl, CLAIM, w, w + 1) == w:
                 i = j
                 break
-    times[T_CPU] = _cpu_ns(clock, times) - t0
+    times[T_CPU] = _clock_ns(clock, CLOCK_THREAD_CPUTIME_ID, times) - t0
     times[T_SAMPLES] = done
     times[T_OWN] = own
     left = m - own
     finished = load_acquire(ctl, DONE)
-    for _ in range(desc[D_TURNS]):
-        if finished >= left:
-            break
-        finished = load_acquire(ctl, DONE)
+    waited = 0
+    if finished < left:
+        w0 = _clock_ns(clock, CLOCK_MONOTONIC, times)
+        for _ in range(desc[D_TURNS]):
+            finished = load_acquire(ctl, DONE)
+            if finished >= left:
+                break
+        waited = _clock_ns(clock, CLOCK_MONOTONIC, times) - w0
     times[T_DONE] = finished
+    times[T_WAIT] = waited
     return own

@@ -540,6 +540,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             _counts["chunks_caller"] += own
             _counts["chunks_workers"] += len(spans) - own
             _counts["batches_missed"] += own == len(spans)
+            _counts["wait_ns"] += measured[_atomic.T_WAIT]
             _wall[0] = time.perf_counter() - t_start
             if not fresh:  # (a thread's start, once, says nothing of the batches to come)
                 _judge(_wall[0], measured[_atomic.T_CPU] * 1e-9
