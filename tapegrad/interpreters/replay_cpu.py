@@ -443,7 +443,8 @@ def _desc(form, brows, out_slots, in_slots, size):
         desc = np.zeros(_atomic.DESC, dtype=np.int64)
         _atomic.describe_program(desc, fn, brows, out_slots, in_slots, room,
                                  _threads.spin_turns(), CLOCK)
-    _last_desc = (brows, out_slots, in_slots, room, fn, desc)
+    if room is getattr(_local, "room", None):  # (a room not kept is not kept alive here)
+        _last_desc = (brows, out_slots, in_slots, room, fn, desc)
     return desc
 
 
@@ -480,7 +481,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     B = X.shape[0]
     n = min(_num_threads(), B)
     pool = _threads._pool
-    form = form_of(rows)
+    form, brows = batch_of(rows)
     if n < 2 or form not in _compiled or not _threads.jit_on() \
             or not pool.busy.acquire(blocking=False):
         # one thread, the first batch (run_block compiles once, before threads call it),
@@ -501,7 +502,6 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         size = spans[0][1] - spans[0][0]
 
         ctl = pool.ctl
-        brows = batch_of(rows)[1]
         compiled = COMPILED and _plain(X, _F64, 2) and _plain(S, _F64, 2) \
             and grad.__class__ is bool  # (the program's arrays: ``_desc``, or below)
         desc = _desc(form, brows, out_slots, in_slots, size) if compiled and CLOCK else None
