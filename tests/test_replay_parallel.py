@@ -463,6 +463,28 @@ def test_a_batch_that_started_a_worker_is_not_judged(progs, monkeypatch):
     assert len(judged) == 1
 
 
+def test_the_first_compiled_caller_of_a_process_is_not_judged(progs, monkeypatch):
+    """The first batch whose caller runs ``_atomic.run_caller`` compiles it or loads it
+    (a second, cold): no measure of the batches to come, it sets no pause, even with the
+    workers started before (here by an earlier batch); the next one is judged."""
+    if numba.get_num_threads() < 2 or numba.config.DISABLE_JIT or not replay_cpu.CLOCK:
+        pytest.skip("needs 2 threads, the JIT and the compiled caller")
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    X = np.random.default_rng(20).normal(size=(40, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, the workers started)
+    monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+    monkeypatch.setattr(replay_cpu, "_ran_caller", [False])
+    judged = []
+    monkeypatch.setattr(replay_cpu, "_judge", lambda *a: judged.append(a))
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    assert judged == [] and replay_cpu._ran_caller == [True]
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    assert len(judged) == 1
+
+
 def test_the_last_batch_of_a_pause_wakes_the_worker_for_a_while(progs, monkeypatch):
     """The last paused batch wakes a sleeping worker (``Pool.rouse``) so that the next
     batch, which tries the threads, does not wait for its wake-up; the worker spins for a

@@ -345,7 +345,7 @@ def run_caller(ctl, desc, X, S, status, outs, G, grad, size, word, allowed, time
     m = (word >> IDX_BITS) & IDX_MASK
     B = X.shape[0]
     t0 = _clock_ns(clock, CLOCK_THREAD_CPUTIME_ID, times)
-    own, done, i = 0, 0, 0 if m > 0 else -1  # (no blocks: a call that compiles it)
+    own, done, i = 0, 0, 0 if m > 0 else -1  # (a job of no blocks: none run)
     while i >= 0:
         block_job(ctl, p, i, room)
         own += 1

@@ -412,6 +412,7 @@ CLOCK = _clock_address()
 #: pool's ``busy`` lock only
 _times = np.zeros(8, dtype=np.int64)
 _run_caller = _atomic.run_caller  # (a name here: the tests wrap it)
+_ran_caller = [False]  # (True once _run_caller has run in this process: it is compiled)
 
 
 def _num_threads():
@@ -448,17 +449,6 @@ def _desc(form, brows, out_slots, in_slots, size):
     return desc
 
 
-def _warm(form, rows, X, out_slots, S, in_slots, grad, res, block):
-    """``_run_caller`` compiled (or loaded) for this batch's types, on a job of no blocks,
-    with the first batch (serial, as the interpreter compiles there): the first threaded
-    batch then runs at its pace, and is judged on it."""
-    desc = _desc(form, batch_of(rows)[1], out_slots, in_slots, block)
-    if desc is not None and _plain(X, _F64, 2) and _plain(S, _F64, 2) \
-            and grad.__class__ is bool:
-        _run_caller(np.zeros_like(_threads._pool.ctl), desc, X, S, *res, grad, block, 0, 0,
-                    np.zeros_like(_times))
-
-
 def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     """``run_batch`` with the blocks spread over CPU cores: ``run_block`` releases the GIL,
     so threads run blocks at once (``numba.get_num_threads()`` of them, this one among
@@ -489,11 +479,8 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         # the workers (and the cores)
         if n >= 2 and form in _compiled and _threads.jit_on():
             _counts["batches_busy"] += 1
-        res = run_batch(rows, X, out_slots, S, in_slots, grad, block)
-        if form not in _compiled and n >= 2 and COMPILED and CLOCK and _threads.jit_on():
-            _warm(form, rows, X, out_slots, S, in_slots, grad, res, block)
         _compiled.add(form)
-        return res
+        return run_batch(rows, X, out_slots, S, in_slots, grad, block)
     K = _threads._k()
     try:
         t_start = time.perf_counter()
@@ -509,8 +496,10 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             # the whole hand-over in one compiled call (the caller's blocks too, as the
             # workers run theirs): 7 to 10 us of Python a batch less
             workers = pool.workers
-            fresh = len(workers) < n - 1  # (a thread started now: not judged, below)
-            if fresh or True in [w.sleeping for w in workers[:n - 1]]:
+            started = len(workers) < n - 1  # (a thread started now: not judged, below)
+            # (nor the first run_caller of a process, which compiles it or loads it)
+            fresh = started or not _ran_caller[0]
+            if started or True in [w.sleeping for w in workers[:n - 1]]:
                 word, _ = pool.post(_atomic.JOB_BLOCKS, len(spans), n, taken=1,
                                     always_later=True)
                 posted = True
@@ -528,6 +517,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
                     own = len(spans)
                 pool.finish(len(spans), own + K.take_rest(ctl))
                 raise
+            _ran_caller[0] = True
             # (as Python numbers: NumPy's int64 scalars took 2.7 us for the judge's
             # arithmetic, and made _judge 2.5 us slower)
             measured = times.tolist()
