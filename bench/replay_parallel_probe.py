@@ -3,7 +3,9 @@
 
 Prints: the load, the serial and parallel batch's wall-clock medians (the serial one's CPU
 time too); parallel batches back to back, the workers' blocks compiled and through Python,
-with both sides' CPU time a call; how far behind the calling
+with both sides' CPU time a call (compiled: the caller's blocks' CPU time, and how long it
+waited at their end for the workers' blocks, ``wait_ns``: the threads' imbalance, with
+the blocks each side ran and the worker's sleeps); how far behind the calling
 thread a worker starts its first block, and each side's block time; and what the hardware
 gives, two threads each running the whole batch's blocks at once against one (memory
 bandwidth and shared caches: 1.0 is perfect scaling)."""
