@@ -695,6 +695,41 @@ def test_a_compiled_block_that_raised_on_the_caller_raises(progs, monkeypatch):
     np.testing.assert_array_equal(got[1], want[1])
 
 
+def test_the_compiled_caller_gives_the_serial_numbers_with_and_without_the_gradient(
+        progs, monkeypatch):
+    """``_atomic.run_caller`` (the caller's blocks compiled, the program's part of the job
+    described once, ``_desc``): forward-only batches and ``value_and_grad`` batches, of two
+    sizes one after the other (another block size: the description is kept or renewed as
+    it must), give the serial batch's numbers bit for bit."""
+    if numba.get_num_threads() < 2 or numba.config.DISABLE_JIT or not replay_cpu.CLOCK:
+        pytest.skip("needs 2 threads, the JIT and the compiled caller")
+    prog, par = progs
+    calls = []
+    real = replay_cpu._run_caller
+    monkeypatch.setattr(replay_cpu, "_run_caller", lambda *a: calls.append(1) or real(*a))
+    for B in (64, 40, 64, 200):
+        X = np.random.default_rng(B).normal(size=(B, 5))
+        for _ in range(3):
+            np.testing.assert_array_equal(par(X), prog(X))
+            got, want = par.value_and_grad(X), prog.value_and_grad(X)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+    assert calls
+
+
+def test_the_thread_count_is_numbas(monkeypatch):
+    """``_num_threads`` (Numba's C function, 0.09 us) reads what ``numba.get_num_threads``
+    does, ``numba.set_num_threads`` in this thread included."""
+    n = numba.get_num_threads()
+    assert replay_cpu._num_threads() == n
+    numba.set_num_threads(1)
+    try:
+        assert replay_cpu._num_threads() == 1
+    finally:
+        numba.set_num_threads(n)
+    assert replay_cpu._num_threads() == n
+
+
 @pytest.mark.parametrize("how", ["readonly", "fortran", "compiled"])
 def test_blocks_through_python_or_compiled_give_the_serial_numbers(progs, monkeypatch, how):
     """Inputs of other types than the interpreter's usual ones (read-only) run their
