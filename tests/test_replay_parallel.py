@@ -37,6 +37,7 @@ def _any_work_spreads(monkeypatch):
     monkeypatch.setattr(replay_cpu, "PARALLEL_WORK", 0)
     monkeypatch.setattr(replay_cpu, "ADAPT", False)
     monkeypatch.setattr(replay_cpu, "_pause", [0, 0])
+    monkeypatch.setattr(replay_cpu, "_settle", [0])
 
 
 @pytest.fixture(scope="module")
@@ -288,13 +289,17 @@ def test_batches_run_serially_for_a_while_after_the_threads_did_not_pay(progs, m
         np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
         return bool(serial)
     replay_cpu._pause[:] = [0, 0]
+    replay_cpu._settle[:] = [0]
     slow.append("worker")
-    ran = [call() for _ in range(6)]  # threads, serial, threads, serial x 2, threads
-    assert ran == [False, True, False, True, True, False], ran
-    assert replay_cpu._pause == [4, 4]
+    # threads (a miss), serial, threads twice (the first of a try is not judged: SETTLE),
+    # serial x 2, threads twice, serial x 4
+    ran = [call() for _ in range(12)]
+    assert ran == [False, True, False, False, True, True, False, False, True, True, True,
+                   True], ran
+    assert replay_cpu._pause == [0, 4] and replay_cpu._settle == [1]
     slow[:] = ["caller"]
     monkeypatch.setattr(replay_cpu, "_cpu_time", time.perf_counter)  # its sleep is work
-    replay_cpu._pause[:] = [0, 4]
+    assert not call() and replay_cpu._pause == [0, 4]  # (the first of the try: not judged)
     assert not call() and replay_cpu._pause == [0, 0]
 
 
@@ -459,6 +464,29 @@ def test_a_batch_that_started_a_worker_is_not_judged(progs, monkeypatch):
     monkeypatch.setattr(replay_cpu, "_judge", lambda *a: judged.append(a))
     np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
     assert judged == [] and len(_threads._pool.workers) >= 1
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
+    assert len(judged) == 1
+
+
+def test_the_first_batch_after_a_pause_is_not_judged(progs, monkeypatch):
+    """A pause's end (``SETTLE``): the next threaded batch, the first of the try, finds the
+    worker's caches cold or the worker just woken, and is not judged; the one after it
+    is. (On a loaded machine every try judged on its first batch missed: the threads
+    stayed paused for good.)"""
+    prog, par = progs
+    monkeypatch.setattr(replay_cpu, "ADAPT", True)
+    X = np.random.default_rng(21).normal(size=(40, 5))
+    want = prog.value_and_grad(X)[1]
+    par.value_and_grad(X)
+    par.value_and_grad(X)  # (compiled, the workers started)
+    monkeypatch.setattr(replay_cpu, "_ran_caller", [True])
+    judged = []
+    monkeypatch.setattr(replay_cpu, "_judge", lambda *a: judged.append(a))
+    monkeypatch.setattr(replay_cpu, "_pause", [1, 1])
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # (paused: its end)
+    assert replay_cpu._pause == [0, 1] and replay_cpu._settle == [1] and judged == []
+    np.testing.assert_array_equal(par.value_and_grad(X)[1], want)  # (the try's first)
+    assert replay_cpu._settle == [0] and judged == []
     np.testing.assert_array_equal(par.value_and_grad(X)[1], want)
     assert len(judged) == 1
 

@@ -336,6 +336,14 @@ _cpu_time = time.thread_time
 _counts = _threads.counts  # (what the batches did: ``_threads.stats``)
 _pause = [0, 0]  # [batches still to run serially, the length of the next pause]
 _tries = [0]  # threaded batches judged in this process
+#: threaded batches after a pause that are not judged: the first batch of a try finds the
+#: worker's caches cold (its core ran other jobs through the pause) or the worker just woken,
+#: and on a machine loaded by others (a load of 13 to 15 on 2 cores, this process at nice
+#: -15) its wait for the worker's block was 50 to 100 us more than the next batches' (209 us
+#: against 87 to 92: the worker's block came late); judged on it, every try missed and the
+#: threads stayed paused for good (a try every 17 batches, each one a miss)
+SETTLE = 1
+_settle = [0]  # threaded batches still to run before the next is judged
 _wall = [0.0]  # the last batch's time (paused, or on the threads): how long a rouse lasts
 
 
@@ -458,6 +466,8 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     if ADAPT and _pause[0] > 0:  # a pause (first: numba.get_num_threads() costs 2 us)
         _pause[0] -= 1
         _counts["batches_paused"] += 1
+        if _pause[0] == 0:
+            _settle[0] = SETTLE
         if _pause[0] == 0 and _threads._pool.workers:
             # the next batch tries the threads: its worker wakes now and spins through this
             # batch and the next one's start, or a millisecond more (a busy machine starts
@@ -532,7 +542,9 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             _counts["batches_missed"] += own == len(spans)
             _counts["wait_ns"] += measured[_atomic.T_WAIT]
             _wall[0] = time.perf_counter() - t_start
-            if not fresh:  # (a thread's start, once, says nothing of the batches to come)
+            if _settle[0] > 0:  # (the first batch of a try: SETTLE)
+                _settle[0] -= 1
+            elif not fresh:  # (a thread's start, once, says nothing of the batches to come)
                 _judge(_wall[0], measured[_atomic.T_CPU] * 1e-9
                        / measured[_atomic.T_SAMPLES] * B)
             return status, outs, G
@@ -584,7 +596,9 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
         _counts["lag_workers"] += ran
         _counts["lag_ns"] += lag
         _wall[0] = time.perf_counter() - t_start
-        if not fresh:  # (a thread's start, once, says nothing of the batches to come)
+        if _settle[0] > 0:  # (the first batch of a try: SETTLE)
+            _settle[0] -= 1
+        elif not fresh:  # (a thread's start, once, says nothing of the batches to come)
             _judge(_wall[0], cpu / done * B)
         return status, outs, G
     finally:
