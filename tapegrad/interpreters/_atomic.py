@@ -287,8 +287,8 @@ DESC = 12
 
 
 @njit_cached(nogil=True)
-def describe_program(desc, fn, rows, out_slots, in_slots, room, turns, clock):
-    # pragma: no cover (compiled)
+def describe_program(desc, fn, rows, out_slots, in_slots, room, turns,
+                     clock):  # pragma: no cover (compiled)
     """``desc`` (``D_*``) written for the interpreter at ``fn`` running ``rows`` (its
     caller keeps these arrays alive while it uses ``desc``)."""
     desc[D_FN] = fn
@@ -307,8 +307,8 @@ def _clock_ns(clock, which, times):  # pragma: no cover (compiled)
 
 
 @njit_cached(nogil=True)
-def run_caller(ctl, desc, X, S, status, outs, G, grad, size, word, allowed, times):
-    # pragma: no cover (compiled)
+def run_caller(ctl, desc, X, S, status, outs, G, grad, size, word, allowed,
+               times):  # pragma: no cover (compiled)
     """The calling thread's share of a parallel batch in one compiled call, without the GIL:
     the job described (the program's part from ``desc``, ``describe_program``; this
     batch's arrays; its kind, ``allowed`` workers and no block done yet), its claim word
