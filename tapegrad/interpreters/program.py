@@ -718,6 +718,7 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
     L._blocks.append(np.array(rows, dtype=np.float64))
     at, L.n = _arr.row_slots(rows)
     L.arrays = _arr.has_arrays(rows)
+    L._act = _active(L, in_slots)
     for r in np.nonzero(rows[:, 0] == CONST)[0].tolist():
         L._consts.setdefault(struct.pack("d", float(rows[r, 4])), int(at[r]))
     F = RowF(L)
@@ -758,6 +759,24 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
         g = adj[int(s)]
         grads.append(int(g) if g >= 0 else L.const(0.0))
     return L, grads
+
+
+def _active(L, in_slots):
+    """By slot, whether its value depends on an input through a gradient
+    (``program_arrays.mark_inactive``), for an array program whose ``in_slots`` all do
+    (inputs are): an adjoint elsewhere reaches none of them, so the rules' gradients for
+    those slots are not recorded (``_accumulate``: kmeans' points, constants that its 80
+    ``x - c`` broadcast over the centroids, got 71 adds of 1,000 gradients, which the
+    spans of the sums around them kept in the gradient program). None otherwise: every
+    gradient recorded, as for scalar rows."""
+    if not L.arrays:
+        return None
+    try:
+        act = _arr.mark_inactive(L._blocks[0], L.n, _arr.GRAD_BITS, LEAF)
+    except ValueError:  # (an extreme's reduction with a gradient: the rules raise)
+        return None
+    ins = np.asarray(in_slots, dtype=np.int64)
+    return act if act[ins].all() else None
 
 
 def _array_rule(L, F, adj, rows, r, k):
@@ -882,6 +901,9 @@ def _accumulate_range(L, adj, slots, g):
         if g == 0.0 and not math.isnan(g):
             return
         g = _R(L, L.const(float(g)))
+    act = getattr(L, "_act", None)
+    if act is not None and not act[slots].any():
+        return  # (no input's gradient: ``_active``)
     gv = np.broadcast_to(np.asarray(g.s, dtype=np.int64), slots.shape)
     if slots[0] == slots[-1]:  # stride 0: every element's gradient goes to one slot
         if getattr(L, "_bsums", None) is not None:
@@ -925,6 +947,9 @@ def _flush_sums(L, adj):
 
 
 def _accumulate(L, adj, s, g):
+    act = getattr(L, "_act", None)
+    if act is not None and not act[s]:
+        return  # (no input's gradient: ``_active``)
     if not isinstance(g, _R):
         if g == 0.0 and not math.isnan(g):
             return

@@ -1,0 +1,109 @@
+"""The gradient and Hessian-vector programs of array programs record no rules for values
+that depend on no input (``program._active``): kmeans' points, constants that its
+``x - c`` broadcasts over the centroids, got their own gradient (adds over the centroids)
+that the sums' spans kept in both programs. Results against torch and the same bits as
+without the cut."""
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad._program_code import _grad_code, _hvp_of
+from tapegrad.interpreters import program as _prog
+from tapegrad.interpreters import program_arrays as A
+from tapegrad.ops import OPS
+
+torch = pytest.importorskip("torch")
+
+
+def kmeans(M, C, PT):
+    diff = PT[None, :, :] - C[:, :, None]
+    return M.sum(M.min(M.sum(diff * diff, 1), 0).values)
+
+
+def kmeans_program(k=4, d=3, n=50, seed=0):
+    rng = np.random.default_rng(seed)
+    PT0 = rng.normal(size=(d, n))
+    C0 = PT0[:, :k].T.copy() + 0.01
+    Pt = tg.tensor(PT0)
+    return tg.trace(lambda C: kmeans(tg, C, Pt), C0), PT0, C0
+
+
+def instructions(rows, name, n):
+    """The elementwise instructions of op ``name`` and length ``n`` in ``rows``."""
+    return sum(1 for h in A.heads_of(rows).tolist()
+               if rows[h, 0] != A.RED and OPS[A.info(rows, h)[1]].name == name
+               and A.info(rows, h)[0] == n)
+
+
+def no_cut(monkeypatch):
+    monkeypatch.setattr(_prog, "_active", lambda L, in_slots: None)
+
+
+def torch_hvp(PT0, C0, v):
+    PT = torch.tensor(PT0)
+    C = torch.tensor(C0, requires_grad=True)
+    g, = torch.autograd.grad(kmeans(torch, C, PT), C, create_graph=True)
+    h, = torch.autograd.grad(g, C, grad_outputs=torch.tensor(v))
+    return g.detach().numpy(), h.numpy()
+
+
+def test_constant_operand_gets_no_gradient_rows(monkeypatch):
+    P, _, _ = kmeans_program()
+    g, h = _grad_code(P._code), _hvp_of(P._code)
+    # the points' gradient: adds of the centroids' terms, 50 elements each, none now
+    assert instructions(g.arows, "add", 50) == 0
+    assert instructions(h.arows, "add", 50) == 0
+    with monkeypatch.context() as m:
+        no_cut(m)
+        P2, _, _ = kmeans_program()
+        assert instructions(_grad_code(P2._code).arows, "add", 50) > 0
+        assert _hvp_of(P2._code).nslots > h.nslots
+
+
+@pytest.mark.parametrize("k,d,n", [(4, 3, 50), (10, 8, 1000)])
+def test_kmeans_grad_hvp_against_torch_and_same_bits(k, d, n, monkeypatch):
+    P, PT0, C0 = kmeans_program(k, d, n)
+    v = np.random.default_rng(2).normal(size=C0.shape)
+    g = P.grad(C0)
+    val, hv = P.hvp((C0,), (v,))
+    tg_, th = torch_hvp(PT0, C0, v)
+    np.testing.assert_allclose(g, tg_, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(hv, th, rtol=1e-12, atol=1e-12)
+    with monkeypatch.context() as m:
+        no_cut(m)
+        P2, _, _ = kmeans_program(k, d, n)
+        g2 = P2.grad(C0)
+        val2, hv2 = P2.hvp((C0,), (v,))
+    assert g.tobytes() == g2.tobytes()
+    assert np.float64(val).tobytes() == np.float64(val2).tobytes()
+    assert hv.tobytes() == hv2.tobytes()
+
+
+def test_both_operands_active_keep_their_rules():
+    """``x - c`` where both are inputs: both gradients, as torch's."""
+    rng = np.random.default_rng(3)
+    X0, C0 = rng.normal(size=(3, 40)), rng.normal(size=(4, 3))
+    P = tg.trace(lambda C, X: kmeans(tg, C, X), C0, X0)
+    gc, gx = P.grad(C0, X0)
+    C, X = torch.tensor(C0, requires_grad=True), torch.tensor(X0, requires_grad=True)
+    tc, tx = torch.autograd.grad(kmeans(torch, C, X), (C, X))
+    np.testing.assert_allclose(gc, tc.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gx, tx.numpy(), rtol=1e-12, atol=1e-12)
+    vc, vx = rng.normal(size=C0.shape), rng.normal(size=X0.shape)
+    _, (hc, hx) = P.hvp((C0, X0), (vc, vx))
+    tth = torch.autograd.functional.hvp(lambda C, X: kmeans(torch, C, X),
+                                        (torch.tensor(C0), torch.tensor(X0)),
+                                        (torch.tensor(vc), torch.tensor(vx)))[1]
+    np.testing.assert_allclose(hc, tth[0].numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(hx, tth[1].numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_constant_output_gradient_is_zero():
+    """A program whose output depends on no input through a gradient (a detached value):
+    its gradient and H v are zeros, as torch's (``allow_unused`` zeros)."""
+    x0 = np.linspace(0.1, 2.0, 64)
+    P = tg.trace(lambda x: (x.detach() * 2.0 + 1.0).exp().sum(), x0)
+    assert P._code.arrays
+    np.testing.assert_array_equal(P.grad(x0), np.zeros(64))
+    np.testing.assert_array_equal(P.hvp((x0,), (np.ones(64),))[1], np.zeros(64))
