@@ -107,3 +107,72 @@ def test_constant_output_gradient_is_zero():
     assert P._code.arrays
     np.testing.assert_array_equal(P.grad(x0), np.zeros(64))
     np.testing.assert_array_equal(P.hvp((x0,), (np.ones(64),))[1], np.zeros(64))
+
+
+def muls(rows):
+    return sum(1 for h in A.heads_of(rows).tolist()
+               if rows[h, 0] != A.RED and OPS[A.info(rows, h)[1]].name == "mul")
+
+
+def test_square_rule_recorded_once_same_bits(monkeypatch):
+    """``diff * diff``'s rule: one product ``g * diff`` added to itself, where the rule's
+    two products (the same numbers) were both recorded: the gradient program's results
+    are the same bits, H v against torch."""
+    P, PT0, C0 = kmeans_program(4, 3, 50)
+    G = P.grad_program()
+    with monkeypatch.context() as m:
+        m.setattr(_prog, "_squared", lambda op, ins: False)
+        P2, _, _ = kmeans_program(4, 3, 50)
+        G2 = P2.grad_program()
+        v = np.random.default_rng(4).normal(size=C0.shape)
+        hv2 = P2.hvp((C0,), (v,))[1]
+    # one product per centroid's coordinate less (12 of 50 elements)
+    assert muls(G._code.arows) == muls(G2._code.arows) - 12
+    assert G(C0).tobytes() == G2(C0).tobytes()
+    assert G(C0 + 0.3).tobytes() == G2(C0 + 0.3).tobytes()
+    hv = P.hvp((C0,), (v,))[1]
+    np.testing.assert_allclose(hv, hv2, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(hv, torch_hvp(PT0, C0, v)[1], rtol=1e-12, atol=1e-12)
+
+
+def test_square_rule_broadcast_operand():
+    """``c * c`` of a broadcast scalar (stride 0, one slot twice): its gradients summed
+    once per rule, as torch's."""
+    x0 = np.linspace(-1.0, 1.0, 40)
+
+    def f(M, x):
+        c = x[3:4].expand(40) if M is tg else x[3:4].expand(40)
+        return (c * c * x).sum()
+
+    P = tg.trace(lambda x: f(tg, x), x0)
+    v = np.linspace(0.5, 1.5, 40)
+    _, hv = P.hvp((x0,), (v,))
+    th = torch.autograd.functional.hvp(lambda x: f(torch, x), torch.tensor(x0),
+                                       torch.tensor(v))[1].numpy()
+    np.testing.assert_allclose(P.grad(x0), torch.func.grad(lambda x: f(torch, x))(
+        torch.tensor(x0)).numpy(), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(hv, th, rtol=1e-12, atol=1e-12)
+
+
+def test_long_sums_reverse_compiled_same_bits(monkeypatch):
+    """The Hessian-vector program's 80 sums of 1,000 gradients (a run of sums in blocks of
+    128, adding to their terms' adjoints) reverse in the compiled loop
+    (``_rgrp_compiled``), not NumPy's broadcast add: the same bits."""
+    from tapegrad._program_derivs import _hvp_run
+    P, PT0, C0 = kmeans_program(10, 8, 1000)
+    v = np.random.default_rng(5).normal(size=C0.shape)
+    val, hv = P.hvp((C0,), (v,))
+    run = _hvp_run(P._code).run
+    back = dict(zip(run.__code__.co_freevars, run.__closure__))["back"].cell_contents
+    firsts = dict(zip(run.__code__.co_freevars, run.__closure__))["rg_firsts"].cell_contents
+    assert not [b for b in back if type(b[3]) is tuple and b[3][0] is A.RGRP
+                and b[0] not in firsts and b[3][2][3] >= A.RGRP_LOOP_L]
+    with monkeypatch.context() as m:
+        m.setattr(A, "RGRP_LOOP_L", 1 << 40)
+        P2, _, _ = kmeans_program(10, 8, 1000)
+        val2, hv2 = P2.hvp((C0,), (v,))
+        run2 = _hvp_run(P2._code).run
+        back2 = dict(zip(run2.__code__.co_freevars, run2.__closure__))["back"].cell_contents
+        assert [b for b in back2 if type(b[3]) is tuple and b[3][0] is A.RGRP]
+    assert hv.tobytes() == hv2.tobytes()
+    assert np.float64(val).tobytes() == np.float64(val2).tobytes()

@@ -779,6 +779,12 @@ def _active(L, in_slots):
     return act if act[ins].all() else None
 
 
+def _squared(op, ins):
+    """Whether an array instruction of ``op`` over operand slots ``ins`` is ``x * x``."""
+    return (op.name == "mul" and ins[0] is not None and ins[1] is not None
+            and np.array_equal(ins[0], ins[1]))
+
+
 def _array_rule(L, F, adj, rows, r, k):
     """Re-record the rule of the array instruction at row ``r`` (slots ``k ..``) over its
     ranges of slots."""
@@ -793,8 +799,16 @@ def _array_rule(L, F, adj, rows, r, k):
     ins = [int(rows[r, 1 + j]) + i * strides[j] if rows[r, 1 + j] >= 0 else None
            for j in range(3)]
     R = lambda s: None if s is None else _R(L, s)  # noqa: E731
-    grads = call_rule(op, F, _R(L, gs.copy()), _R(L, np.arange(k, k + n, dtype=np.int64)),
-                      R(ins[0]), R(ins[1]), float(rows[r, 4]), float(rows[r, 5]), R(ins[2]))
+    if _squared(op, ins):
+        # ``x * x``: its rule's ``g * b`` and ``g * a`` are the same numbers, recorded once
+        # and added twice (the same bits; kmeans' ``diff * diff``: 80,000 products and
+        # their rules saved in its Hessian-vector program)
+        t = _R(L, gs.copy()) * R(ins[1])
+        grads = (t, t)
+    else:
+        grads = call_rule(op, F, _R(L, gs.copy()), _R(L, np.arange(k, k + n, dtype=np.int64)),
+                          R(ins[0]), R(ins[1]), float(rows[r, 4]), float(rows[r, 5]),
+                          R(ins[2]))
     slots = {"a": ins[0], "b": ins[1], "c": ins[2]}
     for name, gr in zip(rule_inputs(op), grads):
         if gr is not None:
