@@ -126,8 +126,12 @@ def test_square_rule_recorded_once_same_bits(monkeypatch):
         G2 = P2.grad_program()
         v = np.random.default_rng(4).normal(size=C0.shape)
         hv2 = P2.hvp((C0,), (v,))[1]
-    # one product per centroid's coordinate less (12 of 50 elements)
+    # one product per centroid's coordinate less (12 of 50 elements), and their sum
+    # ``t + t`` is ``2 t`` (the same bits)
     assert muls(G._code.arows) == muls(G2._code.arows) - 12
+    assert instructions(G._code.arows, "mulc", 600) == 1
+    assert instructions(G2._code.arows, "add", 600) == 1
+    assert instructions(G._code.arows, "add", 600) == 0
     assert G(C0).tobytes() == G2(C0).tobytes()
     assert G(C0 + 0.3).tobytes() == G2(C0 + 0.3).tobytes()
     hv = P.hvp((C0,), (v,))[1]
@@ -176,3 +180,28 @@ def test_long_sums_reverse_compiled_same_bits(monkeypatch):
         assert [b for b in back2 if type(b[3]) is tuple and b[3][0] is A.RGRP]
     assert hv.tobytes() == hv2.tobytes()
     assert np.float64(val).tobytes() == np.float64(val2).tobytes()
+
+
+def closure(code, name):
+    run = code.run
+    return dict(zip(run.__code__.co_freevars, run.__closure__))[name].cell_contents
+
+
+def test_no_reverse_step_over_constants(monkeypatch):
+    """kmeans' points are 8,000 constant rows (and the centroids a leaf instruction): no
+    reverse step runs over them (``_no_rules``); the same bits."""
+    from tapegrad._program_derivs import _hvp_run
+    P, PT0, C0 = kmeans_program(10, 8, 1000)
+    v = np.random.default_rng(6).normal(size=C0.shape)
+    g = P.grad(C0)
+    hv = P.hvp((C0,), (v,))[1]
+    for code in (P._code, _hvp_run(P._code)):
+        back = closure(code, "back")
+        assert all(b[2] > 0 for b in back)  # (nothing down to the first rows)
+        assert A._no_rules(code.frows, back) == back
+    with monkeypatch.context() as m:
+        m.setattr(A, "_no_rules", lambda rows, back: back)
+        P2, _, _ = kmeans_program(10, 8, 1000)
+        assert P2.grad(C0).tobytes() == g.tobytes()
+        assert P2.hvp((C0,), (v,))[1].tobytes() == hv.tobytes()
+        assert any(b[2] == 0 for b in closure(P2._code, "back"))

@@ -804,6 +804,11 @@ def _array_rule(L, F, adj, rows, r, k):
         # and added twice (the same bits; kmeans' ``diff * diff``: 80,000 products and
         # their rules saved in its Hessian-vector program)
         t = _R(L, gs.copy()) * R(ins[1])
+        if strides[0] != 0 and (adj[ins[0]] < 0).all():
+            # (the operand's first gradients: ``t + t`` is ``2 t`` to the bit, and its rule
+            # passes ``2 g``, what ``0 + g + g`` gives: one pass of the adds less)
+            _accumulate_range(L, adj, ins[0], t * 2.0)
+            return
         grads = (t, t)
     else:
         grads = call_rule(op, F, _R(L, gs.copy()), _R(L, np.arange(k, k + n, dtype=np.int64)),
