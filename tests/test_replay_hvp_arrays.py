@@ -205,3 +205,31 @@ def test_no_reverse_step_over_constants(monkeypatch):
         assert P2.grad(C0).tobytes() == g.tobytes()
         assert P2.hvp((C0,), (v,))[1].tobytes() == hv.tobytes()
         assert any(b[2] == 0 for b in closure(P2._code, "back"))
+
+
+def test_constant_rows_copied_same_bits(monkeypatch):
+    """A constant traced as scalar rows (200 of them, with -0.0, inf and NaN among them)
+    is written by one copy (``_const_fills``), not the compiled loop: the same bits."""
+    K0 = np.linspace(-3.0, 3.0, 200)
+    K0[[5, 17, 33]] = [-0.0, np.inf, np.nan]
+    K = tg.tensor(K0)
+    x0 = np.linspace(0.5, 1.5, 200)
+
+    def f(x):
+        return x * K + x
+
+    P = tg.trace(f, x0)
+    assert P._code.arrays and (P._code.arows[:, 0] == A.CONST).sum() >= 200
+    y = P(x0 + 0.25)
+    steps = closure(P._code, "plan")
+    assert any(type(s[4]) is tuple and s[4][0] is A.CONSTS for s in steps)
+    np.testing.assert_array_equal(y, (x0 + 0.25) * K0 + (x0 + 0.25))
+    with monkeypatch.context() as m:
+        m.setattr(A, "CONST_RUN", 1 << 40)
+        P2 = tg.trace(f, x0)
+        y2 = P2(x0 + 0.25)
+        assert not any(type(s[4]) is tuple and s[4][0] is A.CONSTS
+                       for s in closure(P2._code, "plan"))
+    assert y.tobytes() == y2.tobytes()
+    g = P.vjp((x0,), np.ones(200))[1]
+    np.testing.assert_array_equal(g, K0 + 1.0)
