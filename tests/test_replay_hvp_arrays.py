@@ -48,17 +48,23 @@ def torch_hvp(PT0, C0, v):
     return g.detach().numpy(), h.numpy()
 
 
+def recorded(code):
+    """The rows ``grad_rows`` records for ``code``'s gradient, before any pruning."""
+    return _prog.grad_rows(code.arows, code.out_slots, [1.0], code.in_slots)[0].rows()
+
+
 def test_constant_operand_gets_no_gradient_rows(monkeypatch):
     P, _, _ = kmeans_program()
     g, h = _grad_code(P._code), _hvp_of(P._code)
     # the points' gradient: adds of the centroids' terms, 50 elements each, none now
+    own = instructions(P._code.arows, "add", 50)  # (the cost's own sum over points)
+    assert instructions(recorded(P._code), "add", 50) == own
     assert instructions(g.arows, "add", 50) == 0
     assert instructions(h.arows, "add", 50) == 0
     with monkeypatch.context() as m:
         no_cut(m)
         P2, _, _ = kmeans_program()
-        assert instructions(_grad_code(P2._code).arows, "add", 50) > 0
-        assert _hvp_of(P2._code).nslots > h.nslots
+        assert instructions(recorded(P2._code), "add", 50) > own
 
 
 @pytest.mark.parametrize("k,d,n", [(4, 3, 50), (10, 8, 1000)])
@@ -107,6 +113,18 @@ def test_constant_output_gradient_is_zero():
     assert P._code.arrays
     np.testing.assert_array_equal(P.grad(x0), np.zeros(64))
     np.testing.assert_array_equal(P.hvp((x0,), (np.ones(64),))[1], np.zeros(64))
+
+
+def elements(rows, name):
+    """The elements of op ``name`` that ``rows`` compute (instructions and scalar rows)."""
+    heads = A.heads_of(rows)
+    inst = np.zeros(rows.shape[0], dtype=np.bool_)
+    for j in range(A.META + 1):
+        inst[heads + j] = True
+    code = OPS.index(next(op for op in OPS if op.name == name))
+    return int((rows[~inst, 0] == OPS[code].code).sum()) + sum(
+        A.info(rows, h)[0] for h in heads.tolist()
+        if rows[h, 0] != A.RED and A.info(rows, h)[1] == OPS[code].code)
 
 
 def muls(rows):
@@ -233,3 +251,57 @@ def test_constant_rows_copied_same_bits(monkeypatch):
     assert y.tobytes() == y2.tobytes()
     g = P.vjp((x0,), np.ones(200))[1]
     np.testing.assert_array_equal(g, K0 + 1.0)
+
+
+def test_broadcast_sub_gradient_negated_sum(monkeypatch):
+    """``x - c`` of a broadcast ``c``: its gradient recorded as ``-(sum of g)`` (one
+    negation per ``c``, not one per element): the same bits as the sum of the ``-g``, and
+    as torch's where ``c`` is a scalar of each row."""
+    P, PT0, C0 = kmeans_program(4, 3, 50)
+    # 12 negations (scalar rows: fewer than ``MIN_RUN``), none over the points
+    assert elements(recorded(P._code), "neg") == 12
+    G = P.grad_program()
+    v = np.random.default_rng(7).normal(size=C0.shape)
+    hv = P.hvp((C0,), (v,))[1]
+    with monkeypatch.context() as m:
+        m.setattr(_prog, "_accumulate_range", _negating(_prog._accumulate_range))
+        P2, _, _ = kmeans_program(4, 3, 50)
+        G2 = P2.grad_program()
+        hv2 = P2.hvp((C0,), (v,))[1]
+        assert elements(recorded(P2._code), "neg") == 12 * 50
+    for x in (C0, C0 + 0.3, -C0):
+        assert G(x).tobytes() == G2(x).tobytes()
+    np.testing.assert_allclose(hv, hv2, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(hv, torch_hvp(PT0, C0, v)[1], rtol=1e-12, atol=1e-12)
+    # no broadcast (the same shapes): the elementwise ``-g``, as before
+    x0 = np.linspace(-1.0, 1.0, 40)
+    Q = tg.trace(lambda x: ((x - x * 0.5) ** 2).sum() + (x[:20] - x[20:]).sum(), x0)
+    x = torch.tensor(x0, requires_grad=True)
+    tgr, = torch.autograd.grad(((x - x * 0.5) ** 2).sum() + (x[:20] - x[20:]).sum(), x)
+    np.testing.assert_allclose(Q.grad(x0), tgr.numpy(), rtol=1e-13, atol=1e-13)
+
+
+def _negating(acc):
+    """``_accumulate_range`` as before the negated sums: ``-g`` recorded, then summed."""
+    def f(L, adj, slots, g, negate=False):
+        return acc(L, adj, slots, -g if negate else g)
+    return f
+
+
+def test_broadcast_sub_of_own_element_against_torch():
+    """``x - x[3]``: the broadcast element is one of ``x``'s own (its adjoint takes ``g``
+    as ``x``'s and ``-(sum of g)`` as the scalar's), gradient and H v as torch's."""
+    x0 = np.linspace(-1.0, 1.2, 40)
+    v = np.linspace(0.5, 1.5, 40)
+
+    def f(x):
+        return ((x - x[3]) ** 2 * x).sum()
+
+    P = tg.trace(f, x0)
+    assert P._code.arrays
+    x = torch.tensor(x0)
+    tgr = torch.func.grad(f)(x).numpy()
+    th = torch.autograd.functional.hvp(f, x, torch.tensor(v))[1].numpy()
+    np.testing.assert_allclose(P.grad(x0), tgr, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(P.hvp((x0,), (v,))[1], th, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(P.grad_program()(x0), tgr, rtol=1e-13, atol=1e-13)
