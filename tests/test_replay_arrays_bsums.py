@@ -70,14 +70,17 @@ def heads(rows):
 def test_broadcast_sums_after_the_run_of_rules():
     x = np.random.default_rng(4).normal(size=K * D + D * N)
     P = trace(kmeans, x, 4)
-    names = heads(P.grad_program()._code.arows)
-    negs = [i for i, n in enumerate(names) if n == "neg"]
-    # the K * D sub rules' negations (and the adds of the points' gradients) in one run,
-    # no sum between them (each rule's own sum came between them before), and one sum of
-    # them after
-    assert len(negs) == K * D, names
-    assert "RED" not in names[negs[0]:negs[-1]], names
-    assert names[negs[-1] + 1:].count("RED") <= 2, names
+    rows = P.grad_program()._code.arows
+    names = heads(rows)
+    # the K * D sub rules (their right operands' gradients ``-(sum of g)``: no negation
+    # per element, ``program._array_rule``) and the adds of the points' gradients in one
+    # run, no sum between them (each rule's own sum came between them before), and one
+    # sum of them after, negated once per centroid's coordinate (scalar rows)
+    assert "neg" not in names, names
+    first = names.index("mulc")  # (``diff * diff``'s rule: ``2 t``)
+    assert "RED" not in names[first:-1] and names[-1] == "RED", names
+    tail = rows[PA.heads_of(rows)[-1] + PA.META + 1:, 0]
+    assert (tail == PA.OPS[[o.name for o in PA.OPS].index("neg")].code).sum() == K * D
 
 
 @pytest.mark.parametrize("f", [kmeans, scaled], ids=["kmeans", "scaled"])

@@ -718,6 +718,7 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
     L._blocks.append(np.array(rows, dtype=np.float64))
     at, L.n = _arr.row_slots(rows)
     L.arrays = _arr.has_arrays(rows)
+    L._act = _active(L, in_slots)
     for r in np.nonzero(rows[:, 0] == CONST)[0].tolist():
         L._consts.setdefault(struct.pack("d", float(rows[r, 4])), int(at[r]))
     F = RowF(L)
@@ -760,6 +761,30 @@ def grad_rows(rows, out_slots, seeds, in_slots, min_run=None):
     return L, grads
 
 
+def _active(L, in_slots):
+    """By slot, whether its value depends on an input through a gradient
+    (``program_arrays.mark_inactive``), for an array program whose ``in_slots`` all do
+    (inputs are): an adjoint elsewhere reaches none of them, so the rules' gradients for
+    those slots are not recorded (``_accumulate``: kmeans' points, constants that its 80
+    ``x - c`` broadcast over the centroids, got 71 adds of 1,000 gradients, which the
+    spans of the sums around them kept in the gradient program). None otherwise: every
+    gradient recorded, as for scalar rows."""
+    if not L.arrays:
+        return None
+    try:
+        act = _arr.mark_inactive(L._blocks[0], L.n, _arr.GRAD_BITS, LEAF)
+    except ValueError:  # (an extreme's reduction with a gradient: the rules raise)
+        return None
+    ins = np.asarray(in_slots, dtype=np.int64)
+    return act if act[ins].all() else None
+
+
+def _squared(op, ins):
+    """Whether an array instruction of ``op`` over operand slots ``ins`` is ``x * x``."""
+    return (op.name == "mul" and ins[0] is not None and ins[1] is not None
+            and np.array_equal(ins[0], ins[1]))
+
+
 def _array_rule(L, F, adj, rows, r, k):
     """Re-record the rule of the array instruction at row ``r`` (slots ``k ..``) over its
     ranges of slots."""
@@ -774,8 +799,31 @@ def _array_rule(L, F, adj, rows, r, k):
     ins = [int(rows[r, 1 + j]) + i * strides[j] if rows[r, 1 + j] >= 0 else None
            for j in range(3)]
     R = lambda s: None if s is None else _R(L, s)  # noqa: E731
-    grads = call_rule(op, F, _R(L, gs.copy()), _R(L, np.arange(k, k + n, dtype=np.int64)),
-                      R(ins[0]), R(ins[1]), float(rows[r, 4]), float(rows[r, 5]), R(ins[2]))
+    if _squared(op, ins):
+        # ``x * x``: its rule's ``g * b`` and ``g * a`` are the same numbers, recorded once
+        # and added twice (the same bits; kmeans' ``diff * diff``: 80,000 products and
+        # their rules saved in its Hessian-vector program)
+        t = _R(L, gs.copy()) * R(ins[1])
+        if strides[0] != 0 and (adj[ins[0]] < 0).all():
+            # (the operand's first gradients: ``t + t`` is ``2 t`` to the bit, and its rule
+            # passes ``2 g``, what ``0 + g + g`` gives: one pass of the adds less)
+            _accumulate_range(L, adj, ins[0], t * 2.0)
+            return
+        grads = (t, t)
+    elif op.name == "sub" and ins[1] is not None and strides[1] == 0 and n > 1:
+        # ``x - c`` of a broadcast ``c``: its gradient, the sum of the ``-g``, recorded as
+        # ``-(sum of g)``, the same number (rounding is symmetric in sign), without the
+        # ``n`` negations (kmeans' 80 ``x - c`` of 1,000 points: 80,000 in its
+        # Hessian-vector program, their rules and their adjoints' zeroing)
+        g = _R(L, gs.copy())
+        if ins[0] is not None:
+            _accumulate_range(L, adj, ins[0], g)
+        _accumulate_range(L, adj, ins[1], g, negate=True)
+        return
+    else:
+        grads = call_rule(op, F, _R(L, gs.copy()), _R(L, np.arange(k, k + n, dtype=np.int64)),
+                          R(ins[0]), R(ins[1]), float(rows[r, 4]), float(rows[r, 5]),
+                          R(ins[2]))
     slots = {"a": ins[0], "b": ins[1], "c": ins[2]}
     for name, gr in zip(rule_inputs(op), grads):
         if gr is not None:
@@ -875,22 +923,28 @@ def _mul_rule(L, G, V):
     return L.op("mul", G, V)
 
 
-def _accumulate_range(L, adj, slots, g):
+def _accumulate_range(L, adj, slots, g, negate=False):
     """Add gradients ``g`` (an _R over the elements, or a float) to the adjoints of
-    ``slots`` (distinct, or one slot repeated: a broadcast scalar, which gets their sum)."""
+    ``slots`` (distinct, or one slot repeated: a broadcast scalar, which gets their sum);
+    ``-g`` when ``negate`` (a broadcast scalar's: the sum's negation)."""
     if not isinstance(g, _R):
         if g == 0.0 and not math.isnan(g):
             return
         g = _R(L, L.const(float(g)))
+    act = getattr(L, "_act", None)
+    if act is not None and not act[slots].any():
+        return  # (no input's gradient: ``_active``)
+    if negate and slots[0] != slots[-1]:
+        g, negate = -g, False
     gv = np.broadcast_to(np.asarray(g.s, dtype=np.int64), slots.shape)
     if slots[0] == slots[-1]:  # stride 0: every element's gradient goes to one slot
         if getattr(L, "_bsums", None) is not None:
-            L._bsums.append((int(slots[0]), gv))
+            L._bsums.append((int(slots[0]), gv, negate))
             L._bsums_top = max(L._bsums_top, int(slots[0]))
             return
         from ..ops.lowering import reduce
-        _accumulate(L, adj, int(slots[0]),
-                    _R(L, int(np.asarray(reduce(L, "add", gv, None, False, 0.0)))))
+        total = _R(L, int(np.asarray(reduce(L, "add", gv, None, False, 0.0))))
+        _accumulate(L, adj, int(slots[0]), -total if negate else total)
         return
     prev = adj[slots]
     if (prev < 0).all():
@@ -912,19 +966,27 @@ def _flush_sums(L, adj):
     from ..ops.lowering import reduce
     sums = [None] * len(pending)
     by_len = {}
-    for i, (_, gv) in enumerate(pending):
+    for i, (_, gv, _) in enumerate(pending):
         by_len.setdefault(gv.shape[0], []).append(i)
     for idx in by_len.values():
         G = np.stack([pending[i][1] for i in idx])
         out = np.asarray(reduce(L, "add", G, (1,), False, 0.0)).reshape(-1)
         for i, o in zip(idx, out.tolist()):
             sums[i] = o
-    for (s, _), o in zip(pending, sums):
+    neg = [i for i, p in enumerate(pending) if p[2]]  # (``x - c``'s: negated, one op)
+    if neg:
+        negs = np.asarray(L.op("neg", np.array([sums[i] for i in neg], dtype=np.int64)))
+        for i, o in zip(neg, negs.reshape(-1).tolist()):
+            sums[i] = o
+    for (s, _, _), o in zip(pending, sums):
         _accumulate(L, adj, s, _R(L, int(o)))
     L._bsums, L._bsums_top = [], -1
 
 
 def _accumulate(L, adj, s, g):
+    act = getattr(L, "_act", None)
+    if act is not None and not act[s]:
+        return  # (no input's gradient: ``_active``)
     if not isinstance(g, _R):
         if g == 0.0 and not math.isnan(g):
             return

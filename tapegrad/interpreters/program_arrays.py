@@ -37,6 +37,7 @@ ARR = BY_NAME["array_ew"].code
 TAIL = BY_NAME["array_tail"].code
 RED = BY_NAME["array_red"].code
 LEAF = BY_NAME["leaf"].code
+CONST = BY_NAME["const"].code
 ADD = BY_NAME["add"].code
 MUL = BY_NAME["mul"].code
 MAX = BY_NAME["maximum"].code
@@ -552,6 +553,11 @@ def entry(rows, work):
 
     plan = _flat_extremes(rows, _skip_picks(rows, _skip_detach(rows, plan, out), sets), out)
     plan, back = _ties(rows, plan, back, out, sets)
+    back = _rgrp_compiled(rows, _no_rules(rows, back), rg_firsts)
+    if rrv is red_reverse and hasattr(forward, "compile") and any(
+            k is RED for *_, k in back):  # (the sums' rules of ``_rgrp_compiled``)
+        rrv = red_reverse.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work),
+                                   numba.int64, numba.int64, numba.int64))
     # the values begin where the inputs are when the first instruction is a large leaf
     # instruction copying them, in order, into the first slots: those slots are the
     # inputs themselves, and the copy is left out (0.26 ms of lse's 640,000 elements)
@@ -559,6 +565,7 @@ def entry(rows, work):
     if plan[0][4] is BY_NAME["leaf"] and plan[0][2] == 0 and int(rows[0, 4]) == 0 \
             and plan[0][3] == nx:
         plan, base = plan[1:], o
+    plan = _const_fills(rows, plan)
 
     def run(rows, work, res):
         v = work[base:base + n]
@@ -579,6 +586,8 @@ def entry(rows, work):
                 _np_red_forward(rows, r0, k0, v, op[1])
             elif type(op) is tuple and op[0] is FILL:
                 v[op[1]:op[2]] = -0.0
+            elif type(op) is tuple and op[0] is CONSTS:
+                v[k0:k1] = op[1]
             elif type(op) is tuple and op[0] is TIES:
                 _ties_forward(op, v, masks)
             elif type(op) is tuple and op[0] is XRED:
@@ -888,17 +897,25 @@ NUMPY_RED_MIN = 65536
 NPRED = "npred"
 
 
+def _view(v, s0, shape, strides, writeable=True):
+    """The view of ``v`` (a contiguous vector) from slot ``s0`` with ``shape`` and
+    ``strides`` in slots: ``np.ndarray`` over its buffer, which checks that the view lies
+    inside ``v`` (NumPy's ``as_strided`` took 2 to 30 us a call, as much as a step of
+    80,000 elements: 7 of them in each of kmeans' ``grad`` and ``hvp``)."""
+    e = v.itemsize
+    a = np.ndarray(shape, v.dtype, v, s0 * e, tuple(int(t) * e for t in strides))
+    if not writeable:
+        a.flags.writeable = False
+    return a
+
+
 def _red_views(rows, h, v, shift=0):
     """(step, output slots' view, terms (n, L) as a view of ``v``, the second operand's
     terms or None) of the reduction instruction at row ``h`` (its slots from ``k``)."""
-    from numpy.lib.stride_tricks import as_strided
     n, _, (sa, sb, ta, tb, L) = info(rows, h)
     step = int(rows[h + 1, 5])
-    e = v.itemsize
-    A = as_strided(v[int(rows[h, 1]) + shift:], shape=(n, L), strides=(sa * e, ta * e),
-                   writeable=False)
-    B = None if step != MUL else as_strided(v[int(rows[h, 2]):], shape=(n, L),
-                                            strides=(sb * e, tb * e), writeable=False)
+    A = _view(v, int(rows[h, 1]) + shift, (n, L), (sa, ta), False)
+    B = None if step != MUL else _view(v, int(rows[h, 2]), (n, L), (sb, tb), False)
     return step, A, B
 
 
@@ -984,12 +1001,9 @@ def _mm_group(rows, h, at):
 def _mm_views(step, v):
     """A (C, g, L), B (C, L, n) and the outputs (C, g, n) of a batched product, views of
     ``v``."""
-    from numpy.lib.stride_tricks import as_strided
     _, (C, g, n, L), a, b, o = step
-    e = v.itemsize
-    return (as_strided(v[a[0]:], (C, g, L), tuple(x * e for x in a[1:])),
-            as_strided(v[b[0]:], (C, L, n), tuple(x * e for x in b[1:])),
-            as_strided(v[o[0]:], (C, g, n), tuple(x * e for x in o[1:])))
+    return (_view(v, a[0], (C, g, L), a[1:]), _view(v, b[0], (C, L, n), b[1:]),
+            _view(v, o[0], (C, g, n), o[1:]))
 
 
 def _mm_forward(step, v):
@@ -1131,14 +1145,12 @@ def _ew_group(rows, h, at):
 def _grp_view(v, o, shape):
     """The view of ``v`` at an operand's grid ``o`` (first slot, strides); a float for one
     slot; None when absent."""
-    from numpy.lib.stride_tricks import as_strided
     if o is None:
         return None
     s0, strides = o
     if not any(strides):
         return float(v[s0])
-    e = v.itemsize
-    return as_strided(v[s0:], shape, tuple(t * e for t in strides), writeable=False)
+    return _view(v, s0, shape, strides, False)
 
 
 def _grp_forward(step, v, k):
@@ -1153,14 +1165,12 @@ def _grp_reverse(step, v, adj, k):
     operand's gradients by its op's rule (``NP_RULES``), as the compiled loop computes
     each; a broadcast operand's summed pairwise over the axes it is broadcast along
     (``np.sum`` over them, as eager mode), within rounding of the expansion."""
-    from numpy.lib.stride_tricks import as_strided
     _, op, shape, opnds, c0, _, grads, _, _ = step
     m = shape[0] * shape[1] * shape[2]
     g = adj[k:k + m].reshape(shape)
     out = v[k:k + m].reshape(shape)
     a, b = (_grp_view(v, o, shape) for o in opnds[:2])
     rules = NP_RULES[op.name]
-    e = adj.itemsize
     s = None
     for j, s0, strides in grads:
         rule, sign = rules[j]
@@ -1174,7 +1184,7 @@ def _grp_reverse(step, v, adj, k):
             continue
         if summed:
             t = np.add.reduce(t, axis=summed, keepdims=True)
-        dst = as_strided(adj[s0:], t.shape, tuple(x * e for x in strides))
+        dst = _view(adj, s0, t.shape, strides)
         add(dst, t, out=dst)
 
 
@@ -1225,11 +1235,8 @@ def _red_group(rows, h, at):
 
 
 def _rgrp_views(step, v):
-    from numpy.lib.stride_tricks import as_strided
     _, (t0, ts), shape, (o0, os_) = step
-    e = v.itemsize
-    return (as_strided(v[t0:], shape, tuple(x * e for x in ts)),
-            as_strided(v[o0:], shape[:3], tuple(x * e for x in os_)))
+    return _view(v, t0, shape, ts), _view(v, o0, shape[:3], os_)
 
 
 def _rgrp_forward(step, v):
@@ -1245,6 +1252,86 @@ def _rgrp_reverse(step, v, adj, first=False):
         np.add(0.0, G[..., None], out=T)
     else:
         np.add(T, G[..., None], out=T)
+
+
+#: (the plan's mark of a run of constant rows written by one copy: ``_const_fills``)
+CONSTS = "consts"
+#: the fewest consecutive constant rows copied by NumPy rather than run one by one
+CONST_RUN = 64
+
+
+def _const_fills(rows, plan):
+    """``plan`` with each run of ``CONST_RUN`` or more constant scalar rows in a compiled
+    step written by one copy of their values (their bits): kmeans' points, a (8, 1000)
+    constant traced as 8,000 rows, took 12.7 us a call through the compiled loop."""
+    at, nslots = row_slots(rows)
+    nr = rows.shape[0]
+    isconst = rows[:, 0] == CONST  # (instructions' rows hold other opcodes there)
+    out = []
+    for step in plan:
+        r0, r1, k0, k1, op = step
+        if op is not None or r1 - r0 < CONST_RUN:
+            out.append(step)
+            continue
+        d = np.diff(np.concatenate(([0], isconst[r0:r1].astype(np.int8), [0])))
+        cur = r0
+        for a, b in zip((np.nonzero(d == 1)[0] + r0).tolist(),
+                        (np.nonzero(d == -1)[0] + r0).tolist()):
+            if b - a < CONST_RUN:
+                continue
+            if a > cur:
+                out.append((cur, a, int(at[cur]), int(at[a]), None))
+            out.append((a, b, int(at[a]), int(at[a]) + b - a,
+                        (CONSTS, np.ascontiguousarray(rows[a:b, 4]))))
+            cur = b
+        if cur < r1:
+            out.append((cur, r1, int(at[cur]) if cur < nr else nslots, k1, None))
+    return out
+
+
+def _no_rules(rows, back):
+    """``back`` without the compiled reverse steps over rows whose rules pass nothing:
+    constants' and inputs' scalar rows and leaf instructions (kmeans' 8,000 points, a
+    constant traced as scalar rows: 12 us a call of a sweep that did nothing)."""
+    heads = heads_of(rows)
+    out = []
+    for step in back:
+        r, _, lo, kind = step
+        if kind is None:
+            hs = heads[(heads >= lo) & (heads <= r)]
+            scalar = np.ones(r + 1 - lo, dtype=np.bool_)
+            for j in range(META + 1):
+                scalar[hs - lo + j] = False
+            ops = rows[lo:r + 1, 0][scalar]
+            if ((ops == LEAF) | (ops == CONST)).all() and (rows[hs, 0] == ARR).all() \
+                    and (rows[hs + 1, 5] == LEAF).all():
+                continue
+        out.append(step)
+    return out
+
+
+def _rgrp_compiled(rows, back, firsts):
+    """``back`` with the reverse of each run of sums (``_red_group``) that adds to its
+    terms' adjoints (not in ``firsts``) and whose sums are long (``RGRP_LOOP_L`` terms or
+    more) run by the compiled loop (``red_reverse``) over their rows: the same adds, one
+    pass, where NumPy's broadcast add over the (C, g, n, L) views took 3 to 4 times as long
+    (kmeans' Hessian-vector program: 80 sums of 1,000 gradients in blocks of 128, 25 us
+    compiled, 88 us in NumPy)."""
+    at, nslots = row_slots(rows)
+    out = []
+    for step in back:
+        r0, _, r1, kind = step
+        if (type(kind) is tuple and kind[0] is RGRP and r0 not in firsts
+                and kind[2][3] >= RGRP_LOOP_L):
+            k1 = int(at[r1]) if r1 < rows.shape[0] else nslots
+            step = (r1 - 1, k1 - 1, r0, RED)
+        out.append(step)
+    return out
+
+
+#: the least terms a sum of a run of sums (``_red_group``) for its reverse to be compiled
+#: (``_rgrp_compiled``); shorter sums' adds (gmm's 10 coordinates) stay one NumPy call
+RGRP_LOOP_L = 64
 
 
 def _rgrp_first(rows, back, out):
