@@ -1,0 +1,193 @@
+"""gmm's shape in traced replay: a run of squares summed (``sum(Qxc * Qxc, 1)``,
+``program_arrays._sum_squares``) is one compiled step forward and reverse that writes the
+squared operand's adjoints first. It computes what the squares' and the sums' own steps
+computed, to the bit, and the scalar expansion's bits where those are; where a square's
+operand is read again, or its slots repeat, or the squares are read again, the steps stay
+as they were. The NumPy thresholds are forced down so that small programs take gmm's
+paths; torch is the oracle."""
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad.interpreters import program_arrays as PA
+
+from harness import replay_forms as RF
+
+torch = pytest.importorskip("torch")
+
+K, D, N = 3, 4, 40
+SCALAR = 1 << 62  # no run is that long: scalar rows only
+
+
+@pytest.fixture
+def small(monkeypatch):
+    monkeypatch.setattr(PA, "NUMPY_RED_MIN", 16)
+    monkeypatch.setattr(PA, "NUMPY_MM_MIN", 16)
+    monkeypatch.setattr(PA, "NUMPY_BCAST_MIN", 16)
+
+
+def split(M, x):
+    """Q (K, D, D), mu (K, D) and the points (D, N) from one input."""
+    Q = x[:K * D * D].reshape(K, D, D)
+    mu = x[K * D * D:K * D * (D + 1)].reshape(K, D)
+    P = x[K * D * (D + 1):].reshape(D, N)
+    return Q, mu, P
+
+
+def gmm(M, x):
+    """gradbench.gmm's work: centred points, a batched product, the sum of its squares over
+    the coordinates, logsumexp over the components."""
+    Q, mu, P = split(M, x)
+    xc = P[None, :, :] - mu[:, :, None]                         # (K, D, N)
+    Qxc = M.matmul(Q, xc)                                       # (K, D, N)
+    beta = -0.5 * M.sum(Qxc * Qxc, 1)                           # (K, N)
+    return M.sum(M.logsumexp(beta, 0))
+
+
+def scaled(M, x):
+    """Squares of an elementwise product summed over the coordinates, then summed (with
+    ``NUMPY_RED_MIN`` between the two sums' sizes, no NumPy path besides the sums of
+    squares: the expansion's bits throughout)."""
+    Q, mu, P = split(M, x)
+    y = P[None, :, :] * mu[:, :, None]                          # (K, D, N)
+    s = M.sum(y * y, 1)                                         # (K, N)
+    return (s * 0.5).sum()
+
+
+def reread_x(M, x):
+    """``Qxc`` read again after its squares' sums: its adjoints get that reader's gradient
+    too, so the sums of squares may not write them."""
+    Q, mu, P = split(M, x)
+    Qxc = M.matmul(Q, P[None, :, :] - mu[:, :, None])
+    return M.sum(M.logsumexp(-0.5 * M.sum(Qxc * Qxc, 1), 0)) + M.sum(Qxc * 0.25)
+
+
+def reread_squares(M, x):
+    """The squares read again (by another sum): no first writer of their adjoints."""
+    Q, mu, P = split(M, x)
+    Qxc = M.matmul(Q, P[None, :, :] - mu[:, :, None])
+    sq = Qxc * Qxc
+    return M.sum(M.logsumexp(-0.5 * M.sum(sq, 1), 0)) + M.sum(sq[1] * 0.1)
+
+
+def broadcast_x(M, x):
+    """The squared operand broadcast over the components: every slot of it in K squares,
+    whose gradients add up (written once each, they would be lost)."""
+    Q, mu, P = split(M, x)
+    Pb = (P * 1.5)[None, :, :].expand(K, D, N)
+    return M.sum(M.logsumexp(-0.5 * M.sum(Pb * Pb, 1), 0))
+
+
+def steps(P):
+    """The forward and reverse plans of ``P``'s one-sample replay (after a call)."""
+    run = P._code.run
+    cells = dict(zip(run.__code__.co_freevars, (c.cell_contents for c in run.__closure__)))
+    return cells["plan"], cells["back"]
+
+
+def fused(P):
+    plan, back = steps(P)
+    f = sum(type(s[4]) is tuple and s[4][0] is PA.SQS for s in plan)
+    b = sum(type(s[3]) is tuple and s[3][0] is PA.SQS for s in back)
+    return f, b
+
+
+def trace(f, x0, min_run=4):
+    with RF.array_instructions(min_run):
+        return tg.trace(lambda x: f(tg, x), x0)
+
+
+def torch_derivs(f, x, v):
+    xt = torch.tensor(x, requires_grad=True)
+    y = f(torch, xt)
+    g, = torch.autograd.grad(y, xt, create_graph=True)
+    hv, = torch.autograd.grad((g * torch.tensor(v)).sum(), xt)
+    return y.item(), g.detach().numpy(), hv.numpy()
+
+
+def inputs(seed, case=None):
+    x = np.random.default_rng(seed).normal(size=K * D * (D + 1) + D * N)
+    x[:K * D * D] *= 0.3
+    if case == "nan":
+        x[K * D * (D + 1) + 7] = np.nan
+    elif case == "inf":
+        x[K * D * (D + 1) + 9] = np.inf
+    elif case == "zero":  # -0.0 everywhere in Q and mu, 0.0 points: signed zeros
+        x[:K * D * (D + 1)] = -0.0
+        x[K * D * (D + 1):K * D * (D + 1) + N] = 0.0
+    return x
+
+
+def same(a, b):
+    """Bit for bit, NaNs and zeros' signs included."""
+    a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+    return a.view(np.int64).tolist() == b.view(np.int64).tolist()
+
+
+def unfused(f, x0, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(PA, "FUSE_SQUARES", False)
+        Q = trace(f, x0)
+        Q.value_and_grad(x0)  # (its replay's steps are made at the first call)
+    assert fused(Q) == (0, 0)
+    return Q
+
+
+def test_gmm_sums_of_squares_are_one_step(small, monkeypatch):
+    x0 = inputs(0)
+    P = trace(gmm, x0)
+    v, g = P.value_and_grad(x0)
+    assert fused(P) == (1, 1)
+    # (the squares' compiled steps are gone: no reverse step runs their rows)
+    U = unfused(gmm, x0, monkeypatch)
+    for case in (None, "nan", "inf", "zero"):
+        for seed in range(3):
+            x = inputs(seed, case)
+            a, b = P.value_and_grad(x), U.value_and_grad(x)
+            assert same(a[0], b[0]) and same(a[1], b[1]), (case, seed)
+    w = np.random.default_rng(9).normal(size=x0.shape)
+    y, gt, hv = torch_derivs(gmm, x0, w)
+    assert np.isclose(v, y, rtol=1e-13)
+    np.testing.assert_allclose(g, gt, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(P.hvp((x0,), (w,))[1], hv, rtol=1e-9, atol=1e-11)
+
+
+def test_the_step_gives_the_expansions_bits(monkeypatch):
+    # (the sums of squares in one step alone, K * N * D = 480 terms: the last sum's 120 and
+    # mu's broadcast gradient summed in order)
+    monkeypatch.setattr(PA, "NUMPY_RED_MIN", 200)
+    x0 = inputs(1)
+    P = trace(scaled, x0)
+    S = trace(scaled, x0, SCALAR)
+    for case in (None, "nan", "inf", "zero"):
+        x = inputs(2, case)
+        a, s = P.value_and_grad(x), S.value_and_grad(x)
+        assert same(a[0], s[0]) and same(a[1], s[1]), case
+    assert fused(P) == (1, 1)
+    y, gt, _ = torch_derivs(scaled, x0, x0)
+    v, g = P.value_and_grad(x0)
+    assert np.isclose(v, y, rtol=1e-13)
+    np.testing.assert_allclose(g, gt, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("f", [reread_x, reread_squares, broadcast_x])
+def test_no_step_where_the_slots_are_read_again_or_repeat(small, f):
+    x0 = inputs(3)
+    P = trace(f, x0)
+    v, g = P.value_and_grad(x0)
+    y, gt, _ = torch_derivs(f, x0, x0)
+    assert np.isclose(v, y, rtol=1e-13)
+    np.testing.assert_allclose(g, gt, rtol=1e-11, atol=1e-13)
+    assert fused(P) == (0, 0)
+
+
+def test_the_same_bits_every_call_and_between_samples(small):
+    x0 = inputs(4)
+    P = trace(gmm, x0)
+    xs = [inputs(s) for s in range(4)]
+    want = [P.value_and_grad(x) for x in xs]
+    for _ in range(2):
+        for x, (v, g) in zip(xs, want):
+            a = P.value_and_grad(x)
+            assert same(a[0], v) and same(a[1], g)
