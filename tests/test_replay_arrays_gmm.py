@@ -55,6 +55,14 @@ def scaled(M, x):
     return (s * 0.5).sum()
 
 
+def transposed(M, x):
+    """The squared operand strided along the outputs (a transpose: ``_sqs_forward``'s
+    loop an output at a time)."""
+    Q, mu, P = split(M, x)
+    Z = (P.T.reshape(1, N, D) * mu[:, None, :]).transpose(1, 2)  # (K, D, N), strides (., 1, D)
+    return (M.sum(Z * Z, 1) * 0.5).sum()
+
+
 def reread_x(M, x):
     """``Qxc`` read again after its squares' sums: its adjoints get that reader's gradient
     too, so the sums of squares may not write them."""
@@ -153,19 +161,20 @@ def test_gmm_sums_of_squares_are_one_step(small, monkeypatch):
     np.testing.assert_allclose(P.hvp((x0,), (w,))[1], hv, rtol=1e-9, atol=1e-11)
 
 
-def test_the_step_gives_the_expansions_bits(monkeypatch):
+@pytest.mark.parametrize("f", [scaled, transposed])
+def test_the_step_gives_the_expansions_bits(monkeypatch, f):
     # (the sums of squares in one step alone, K * N * D = 480 terms: the last sum's 120 and
     # mu's broadcast gradient summed in order)
     monkeypatch.setattr(PA, "NUMPY_RED_MIN", 200)
     x0 = inputs(1)
-    P = trace(scaled, x0)
-    S = trace(scaled, x0, SCALAR)
+    P = trace(f, x0)
+    S = trace(f, x0, SCALAR)
     for case in (None, "nan", "inf", "zero"):
         x = inputs(2, case)
         a, s = P.value_and_grad(x), S.value_and_grad(x)
         assert same(a[0], s[0]) and same(a[1], s[1]), case
     assert fused(P) == (1, 1)
-    y, gt, _ = torch_derivs(scaled, x0, x0)
+    y, gt, _ = torch_derivs(f, x0, x0)
     v, g = P.value_and_grad(x0)
     assert np.isclose(v, y, rtol=1e-13)
     np.testing.assert_allclose(g, gt, rtol=1e-12, atol=1e-14)
