@@ -63,6 +63,14 @@ def transposed(M, x):
     return (M.sum(Z * Z, 1) * 0.5).sum()
 
 
+def kmeans(M, x):
+    """gradbench.kmeans' cost: the squares one instruction (``diff`` contiguous), run in
+    NumPy when ``NUMPY_MIN`` allows."""
+    Q, mu, P = split(M, x)
+    diff = P[None, :, :] - mu[:, :, None]
+    return M.sum(M.min(M.sum(diff * diff, 1), 0).values)
+
+
 def reread_x(M, x):
     """``Qxc`` read again after its squares' sums: its adjoints get that reader's gradient
     too, so the sums of squares may not write them."""
@@ -99,6 +107,17 @@ def fused(P):
     f = sum(type(s[4]) is tuple and s[4][0] is PA.SQS for s in plan)
     b = sum(type(s[3]) is tuple and s[3][0] is PA.SQS for s in back)
     return f, b
+
+
+def squares_left_out(P):
+    """No forward or reverse step but the sums of squares runs the squares' rows."""
+    plan, back = steps(P)
+    m0 = [s[4][1] for s in plan if type(s[4]) is tuple and s[4][0] is PA.SQS][0]
+    assert not any(s[0] <= m0 < s[1] for s in plan), plan
+    # (a compiled step: its last row, slot, first row; a NumPy one: first row, slot, after)
+    rows_of = [(s[2], s[0] + 1) if s[3] is None or s[3] is PA.RED else (s[0], s[2])
+               for s in back if not (type(s[3]) is tuple and s[3][0] is PA.SQS)]
+    assert not any(a <= m0 < b for a, b in rows_of), back
 
 
 def trace(f, x0, min_run=4):
@@ -147,7 +166,7 @@ def test_gmm_sums_of_squares_are_one_step(small, monkeypatch):
     P = trace(gmm, x0)
     v, g = P.value_and_grad(x0)
     assert fused(P) == (1, 1)
-    # (the squares' compiled steps are gone: no reverse step runs their rows)
+    squares_left_out(P)
     U = unfused(gmm, x0, monkeypatch)
     for case in (None, "nan", "inf", "zero"):
         for seed in range(3):
@@ -200,3 +219,22 @@ def test_the_same_bits_every_call_and_between_samples(small):
         for x, (v, g) in zip(xs, want):
             a = P.value_and_grad(x)
             assert same(a[0], v) and same(a[1], g)
+
+
+def test_kmeans_squares_in_numpy_are_left_out_of_the_forward(small, monkeypatch):
+    monkeypatch.setitem(PA.NUMPY_MIN, "mul", 16)
+    x0 = inputs(5)
+    P = trace(kmeans, x0)
+    v, g = P.value_and_grad(x0)
+    assert fused(P) == (1, 1)
+    squares_left_out(P)
+    U = unfused(kmeans, x0, monkeypatch)
+    for case in (None, "nan", "inf", "zero"):
+        x = inputs(6, case)
+        a, b = P.value_and_grad(x), U.value_and_grad(x)
+        assert same(a[0], b[0]) and same(a[1], b[1]), case
+    w = np.ones_like(x0)
+    y, gt, hv = torch_derivs(kmeans, x0, w)
+    assert np.isclose(v, y, rtol=1e-13)
+    np.testing.assert_allclose(g, gt, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(P.hvp((x0,), (w,))[1], hv, rtol=1e-9, atol=1e-11)

@@ -30,7 +30,7 @@ import numpy as np
 
 from .._jit import njit_cached
 from . import replay_cpu as _cpu
-from ..ops import BINARY, BY_NAME, COMPARE, OPS, UNARY_C
+from ..ops import BINARY, BY_NAME, COMPARE, OPS, UNARY_C, Op
 
 NCOL = 6
 ARR = BY_NAME["array_ew"].code
@@ -1404,8 +1404,9 @@ def _sqs_back(rows, back, sqs):
 
 def _sqs_plan(rows, plan, sqs):
     """The forward plan with each run of squares summed (``_sum_squares``) one step, the
-    squares' rows left out of the compiled step before it (a plan not as expected keeps
-    its steps)."""
+    squares' rows left out of the compiled step before it, or that step left out when it
+    is the squares' one instruction in NumPy (kmeans' ``diff * diff``); a plan not as
+    expected keeps its steps."""
     at = row_slots(rows)[0]
     plan = list(plan)
     for r0, step in sqs.items():
@@ -1416,7 +1417,8 @@ def _sqs_plan(rows, plan, sqs):
             continue
         fi = fi[0]
         p = plan[fi - 1]  # (the compiled step whose last rows are the squares)
-        if p[4] is not None or p[1] != r0 or p[0] > m0:
+        if p[4] is not None and not (isinstance(p[4], Op) and p[0] == m0) \
+                or p[1] != r0 or p[0] > m0:
             continue
         plan[fi] = plan[fi][:4] + (step,)
         plan[fi - 1:fi] = [(p[0], m0, p[2], int(at[m0]), None)] if p[0] < m0 else []
