@@ -603,7 +603,7 @@ def entry(rows, work):
                     if op[0] is RGRP:
                         _rgrp_forward(op, v)
                     elif op[0] is SQS:
-                        _sqs_forward(v, *_sqs_args(op))
+                        _sqs(v, v, False, *_sqs_args(op))
                     elif op[0] is not GRP:
                         _mm_forward(op, v)
                     elif op[-1]:
@@ -653,7 +653,7 @@ def entry(rows, work):
                         elif kind[0] is RGRP:
                             _rgrp_reverse(kind, v, adj, r in rg_firsts)
                         elif kind[0] is SQS:
-                            _sqs_reverse(v, adj, *_sqs_args(kind))
+                            _sqs(v, adj, True, *_sqs_args(kind))
                         else:
                             _mm_reverse(kind, v, adj, r in mm_firsts)
                 else:  # (an instruction's first row and slot)
@@ -1426,19 +1426,34 @@ def _sqs_plan(rows, plan, sqs):
 
 
 @njit_cached(nogil=True)
-def _sqs_forward(v, o0, oc, og, on, x0, xc, xg, xn, xl, C, G, N, L):
-    """Each output the sum in order of its ``L`` squares ``x * x`` (the expansion's chain of
-    adds, ``((p0 + p1) + p2) ..``), the squares not stored. Outputs and ``x`` contiguous
-    along the outputs (gmm's): a term at a time over a row of sums kept in a scratch
+def _sqs(v, adj, rev, o0, oc, og, on, x0, xc, xg, xn, xl, C, G, N, L):
+    """A run of squares summed (``_sum_squares``), one function for both sweeps (one cold
+    compile, 0.4 s). Forward (``rev`` False): each output the sum in order of its ``L``
+    squares ``x * x`` (the expansion's chain of adds, ``((p0 + p1) + p2) ..``), the
+    squares not stored. Reverse: each ``x``'s adjoint written ``(0.0 + t) + t``, ``t =
+    (0.0 + g) * x`` of its output's ``g``: the sum's term written ``0.0 + g`` and ``x *
+    x``'s two rules added to a zeroed adjoint, the same operations. Outputs and ``x``
+    contiguous along the outputs (gmm's): a term at a time over a row kept in a scratch
     array, loops LLVM vectorizes (an output at a time, its terms' loads 19,000 slots
-    apart, took 80 us more of gmm's 1.3 ms); else an output at a time in a register
-    (unsigned indices: no wraparound test, as the generated loops)."""
+    apart, took 80 us more of gmm's 1.3 ms); else an output at a time (unsigned indices:
+    no wraparound test, as the generated loops)."""
     if xn == 1 and on == 1:
         acc = np.empty(N)
         for c in range(C):
             for j in range(G):
                 ob = o0 + c * oc + j * og
                 xb = x0 + c * xc + j * xg
+                if rev:
+                    Gv = adj[ob:ob + N]
+                    for i in range(N):
+                        acc[i] = 0.0 + Gv[i]
+                    for d in range(L):
+                        X = v[xb + d * xl:xb + d * xl + N]
+                        A = adj[xb + d * xl:xb + d * xl + N]
+                        for i in range(N):
+                            t = acc[i] * X[i]
+                            A[i] = (0.0 + t) + t
+                    continue
                 X = v[xb:xb + N]
                 for i in range(N):
                     acc[i] = X[i] * X[i]
@@ -1446,7 +1461,9 @@ def _sqs_forward(v, o0, oc, og, on, x0, xc, xg, xn, xl, C, G, N, L):
                     X = v[xb + d * xl:xb + d * xl + N]
                     for i in range(N):
                         acc[i] = acc[i] + X[i] * X[i]
-                v[ob:ob + N] = acc
+                O = v[ob:ob + N]
+                for i in range(N):  # (a loop: a slice assigned cost 2 s of cold compile)
+                    O[i] = acc[i]
         return
     for c in range(C):
         for j in range(G):
@@ -1454,47 +1471,19 @@ def _sqs_forward(v, o0, oc, og, on, x0, xc, xg, xn, xl, C, G, N, L):
             xb = x0 + c * xc + j * xg
             for i in range(N):
                 s = xb + i * xn
+                if rev:
+                    gi = 0.0 + adj[np.uint64(ob + i * on)]
+                    for d in range(L):
+                        k = np.uint64(s + d * xl)
+                        t = gi * v[k]
+                        adj[k] = (0.0 + t) + t
+                    continue
                 a = v[np.uint64(s)]
-                acc_ = a * a
+                sq = a * a
                 for d in range(1, L):
                     a = v[np.uint64(s + d * xl)]
-                    acc_ = acc_ + a * a
-                v[np.uint64(ob + i * on)] = acc_
-
-
-@njit_cached(nogil=True)
-def _sqs_reverse(v, adj, o0, oc, og, on, x0, xc, xg, xn, xl, C, G, N, L):
-    """Each ``x``'s adjoint written ``(0.0 + t) + t``, ``t = (0.0 + g) * x`` of its output's
-    ``g``: the sum's term written ``0.0 + g`` and ``x * x``'s two rules added to a zeroed
-    adjoint, the same operations; a term at a time over a contiguous row (as
-    ``_sqs_forward``), else an output at a time."""
-    if xn == 1 and on == 1:
-        g = np.empty(N)
-        for c in range(C):
-            for j in range(G):
-                ob = o0 + c * oc + j * og
-                xb = x0 + c * xc + j * xg
-                Gv = adj[ob:ob + N]
-                for i in range(N):
-                    g[i] = 0.0 + Gv[i]
-                for d in range(L):
-                    X = v[xb + d * xl:xb + d * xl + N]
-                    A = adj[xb + d * xl:xb + d * xl + N]
-                    for i in range(N):
-                        t = g[i] * X[i]
-                        A[i] = (0.0 + t) + t
-        return
-    for c in range(C):
-        for j in range(G):
-            ob = o0 + c * oc + j * og
-            xb = x0 + c * xc + j * xg
-            for i in range(N):
-                gi = 0.0 + adj[np.uint64(ob + i * on)]
-                s = xb + i * xn
-                for d in range(L):
-                    k = np.uint64(s + d * xl)
-                    t = gi * v[k]
-                    adj[k] = (0.0 + t) + t
+                    sq = sq + a * a
+                v[np.uint64(ob + i * on)] = sq
 
 
 def _sqs_args(step):
