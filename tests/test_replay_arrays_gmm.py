@@ -238,3 +238,4 @@ def test_kmeans_squares_in_numpy_are_left_out_of_the_forward(small, monkeypatch)
     assert np.isclose(v, y, rtol=1e-13)
     np.testing.assert_allclose(g, gt, rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(P.hvp((x0,), (w,))[1], hv, rtol=1e-9, atol=1e-11)
+

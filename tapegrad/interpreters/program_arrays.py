@@ -1010,8 +1010,9 @@ def _mm_reverse(step, v, adj, first=False):
     A, B, _ = _mm_views(step, v)
     gA, gB, G = _mm_views(step, adj)
     gA += np.matmul(G, B.transpose(0, 2, 1))
-    if first:
-        np.add(0.0, np.matmul(A.transpose(0, 2, 1), G), out=gB)
+    if first:  # (into gB, then 0.0 added there: no 2 MB temporary for gmm, 30 us)
+        np.matmul(A.transpose(0, 2, 1), G, out=gB)
+        np.add(gB, 0.0, out=gB)
     else:
         gB += np.matmul(A.transpose(0, 2, 1), G)
 
