@@ -6,6 +6,8 @@ operand is read again, or its slots repeat, or the squares are read again, the s
 as they were. The NumPy thresholds are forced down so that small programs take gmm's
 paths; torch is the oracle."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,14 @@ def kmeans(M, x):
     Q, mu, P = split(M, x)
     diff = P[None, :, :] - mu[:, :, None]
     return M.sum(M.min(M.sum(diff * diff, 1), 0).values)
+
+
+def inputs_squared(M, x):
+    """The input itself squared and summed (its adjoints written by the step: nothing but
+    the squares reads it after them), read before by an exp."""
+    X = x[:160].reshape(2, 4, 20)
+    e = M.sum(M.exp(x * 0.1))
+    return M.sum(M.logsumexp(-0.5 * M.sum(X * X, 1), 0)) + e
 
 
 def reread_x(M, x):
@@ -199,6 +209,21 @@ def test_the_step_gives_the_expansions_bits(monkeypatch, f):
     np.testing.assert_allclose(g, gt, rtol=1e-12, atol=1e-14)
 
 
+def test_an_inputs_adjoints_written_by_the_step(small, monkeypatch):
+    x0 = inputs(7)
+    P = trace(inputs_squared, x0)
+    v, g = P.value_and_grad(x0)
+    assert fused(P) == (1, 1)
+    U = unfused(inputs_squared, x0, monkeypatch)
+    for case in (None, "nan", "inf", "zero"):
+        x = inputs(8, case)
+        a, b = P.value_and_grad(x), U.value_and_grad(x)
+        assert same(a[0], b[0]) and same(a[1], b[1]), case
+    y, gt, _ = torch_derivs(inputs_squared, x0, x0)
+    assert np.isclose(v, y, rtol=1e-13)
+    np.testing.assert_allclose(g, gt, rtol=1e-11, atol=1e-13)
+
+
 @pytest.mark.parametrize("f", [reread_x, reread_squares, broadcast_x])
 def test_no_step_where_the_slots_are_read_again_or_repeat(small, f):
     x0 = inputs(3)
@@ -239,3 +264,28 @@ def test_kmeans_squares_in_numpy_are_left_out_of_the_forward(small, monkeypatch)
     np.testing.assert_allclose(g, gt, rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(P.hvp((x0,), (w,))[1], hv, rtol=1e-9, atol=1e-11)
 
+
+
+def test_adjoints_left_unzeroed_are_written_every_call(small, monkeypatch):
+    # enough points that the replay zeroes slices, not all adjoints (``_live``): the
+    # squared operand's adjoints are in none of them, and each call writes them all (a
+    # slot left unwritten would keep the last call's gradient)
+    monkeypatch.setattr(sys.modules[__name__], "N", 3000)
+    x0 = inputs(10)
+    P = trace(gmm, x0)
+    P.value_and_grad(x0)
+    run = P._code.run
+    cells = dict(zip(run.__code__.co_freevars, (c.cell_contents for c in run.__closure__)))
+    live = cells["live"]
+    assert live is not None and fused(P) == (1, 1)
+    plan, _ = steps(P)
+    ranges = [r for s in plan if type(s[4]) is tuple and s[4][0] is PA.SQS for r in s[4][-1]]
+    assert sum(b - a for a, b in ranges) == K * D * 3000
+    assert not any(sl.start < b and a < sl.stop for sl in live for a, b in ranges)
+    U = unfused(gmm, x0, monkeypatch)
+    xs = [inputs(s, case) for s, case in ((11, None), (12, "zero"), (13, "nan"), (11, None))]
+    for x in xs:
+        a, b = P.value_and_grad(x), U.value_and_grad(x)
+        assert same(a[0], b[0]) and same(a[1], b[1])
+    y, gt, _ = torch_derivs(gmm, xs[0], xs[0])
+    np.testing.assert_allclose(P.value_and_grad(xs[0])[1], gt, rtol=1e-10, atol=1e-12)
