@@ -289,3 +289,77 @@ def test_adjoints_left_unzeroed_are_written_every_call(small, monkeypatch):
         assert same(a[0], b[0]) and same(a[1], b[1])
     y, gt, _ = torch_derivs(gmm, xs[0], xs[0])
     np.testing.assert_allclose(P.value_and_grad(xs[0])[1], gt, rtol=1e-10, atol=1e-12)
+
+
+def _fuzz_program(rng):
+    """A random program around a run of squares summed: shapes, the squared operand's
+    layout (a product's output, a transpose, the input, a broadcast), and whether the
+    operand or the squares are read again, and where."""
+    k, d, n = int(rng.integers(2, 5)), int(rng.integers(2, 6)), int(rng.integers(16, 60))
+    layout = ["mm", "ew", "transposed", "input", "broadcast"][int(rng.integers(0, 5))]
+    reread = ["none", "x_after", "squares_after", "x_before"][int(rng.integers(0, 4))]
+    axis = int(rng.integers(1, 3)) if layout != "broadcast" else 1
+    size = k * d * d + k * d + d * n + k * d * n
+
+    def f(M, x):
+        Q = x[:k * d * d].reshape(k, d, d)
+        mu = x[k * d * d:k * d * (d + 1)].reshape(k, d)
+        P = x[k * d * (d + 1):k * d * (d + 1) + d * n].reshape(d, n)
+        R = x[k * d * (d + 1) + d * n:].reshape(k, d, n)
+        extra = 0.0
+        if reread == "x_before":
+            extra = M.sum(M.exp(R * 0.1))
+        if layout == "mm":
+            X = M.matmul(Q, P[None, :, :] - mu[:, :, None])
+        elif layout == "ew":
+            X = P[None, :, :] * mu[:, :, None]
+        elif layout == "transposed":
+            X = (R.transpose(1, 2) * 1.5).transpose(1, 2)
+        elif layout == "input":
+            X = R
+        else:
+            X = (P * 1.5)[None, :, :].expand(k, d, n)
+        sq = X * X
+        out = M.sum(M.logsumexp(-0.5 * M.sum(sq, axis), 0))
+        if reread == "x_after":
+            out = out + M.sum(X[0] * 0.25)
+        elif reread == "squares_after":
+            out = out + M.sum(sq[-1] * 0.1)
+        return out + extra
+    return f, size, (k, d, n, layout, reread, axis)
+
+
+@pytest.mark.slow
+def test_fuzz_sums_of_squares(monkeypatch):
+    # seeded: random shapes, layouts and readers, thresholds forced down at random; the
+    # fused replay against the old steps' bits and torch
+    rng = np.random.default_rng(2026)
+    taken = 0
+    for case in range(200):
+        f, size, what = _fuzz_program(rng)
+        with monkeypatch.context() as m:
+            m.setattr(PA, "NUMPY_RED_MIN", int(rng.choice([16, 200, 65536])))
+            m.setattr(PA, "NUMPY_MM_MIN", int(rng.choice([16, 65536])))
+            m.setattr(PA, "NUMPY_BCAST_MIN", int(rng.choice([16, 8192])))
+            m.setitem(PA.NUMPY_MIN, "mul", int(rng.choice([16, 65536])))
+            x0 = rng.normal(size=size) * 0.5
+            P = trace(f, x0)
+            P.value_and_grad(x0)
+            taken += fused(P)[1]
+            U = unfused(f, x0, m)
+            for special in (None, "nan", "zero"):
+                x = x0 * (1 + 0.1 * rng.normal(size=size))
+                if special == "nan":
+                    x[int(rng.integers(0, size))] = np.nan
+                elif special == "zero":
+                    x[:size // 3] = -0.0
+                a, b = P.value_and_grad(x), U.value_and_grad(x)
+                if what[-1] == 1:  # (terms strided: NumPy's sum adds them in order too)
+                    assert same(a[0], b[0]) and same(a[1], b[1]), (case, what, special)
+                else:  # (contiguous: NumPy's pairwise, the step's in order)
+                    np.testing.assert_allclose(a[0], b[0], rtol=1e-13)
+                    np.testing.assert_allclose(a[1], b[1], rtol=1e-12, atol=1e-14)
+            y, gt, _ = torch_derivs(f, x0, x0)
+            np.testing.assert_allclose(P.value_and_grad(x0)[1], gt, rtol=1e-10, atol=1e-12,
+                                       err_msg=str((case, what)))
+    assert taken >= 30, taken  # (39 of the 200 with this seed)
