@@ -30,7 +30,7 @@ import numpy as np
 
 from .._jit import njit_cached
 from . import replay_cpu as _cpu
-from ..ops import BINARY, BY_NAME, COMPARE, OPS, UNARY_C
+from ..ops import BINARY, BY_NAME, COMPARE, OPS, UNARY_C, Op
 
 NCOL = 6
 ARR = BY_NAME["array_ew"].code
@@ -542,10 +542,12 @@ def entry(rows, work):
     firsts = _first_operands(rows, back, out)
     mm_firsts = _mm_first(rows, back, out)
     rg_firsts = _rgrp_first(rows, back, out)
+    back, sqs = _sqs_back(rows, back, _sum_squares(rows, back, out, rg_firsts))
     back, shifts = _exp_shift(rows, back, out, sets)
     back = _exp_shift_direct(rows, back, firsts)
     live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
-                 + list(mm_firsts.values()) + list(rg_firsts.values()) + shifts)
+                 + list(mm_firsts.values()) + list(rg_firsts.values()) + shifts
+                 + [r for st in sqs.values() for r in st[-1]])
     if p and (ins == ins[0] + np.arange(p)).all():
         # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
         # not a gather (1 ms of lse's gradient at n = 640,000)
@@ -558,6 +560,7 @@ def entry(rows, work):
             k is RED for *_, k in back):  # (the sums' rules of ``_rgrp_compiled``)
         rrv = red_reverse.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work),
                                    numba.int64, numba.int64, numba.int64))
+    plan = _sqs_plan(rows, plan, sqs)
     # the values begin where the inputs are when the first instruction is a large leaf
     # instruction copying them, in order, into the first slots: those slots are the
     # inputs themselves, and the copy is left out (0.26 ms of lse's 640,000 elements)
@@ -608,6 +611,8 @@ def entry(rows, work):
                 with np.errstate(all="ignore"):
                     if op[0] is RGRP:
                         _rgrp_forward(op, v)
+                    elif op[0] is SQS:
+                        _sqs(v, v, False, *_sqs_args(op))
                     elif op[0] is not GRP:
                         _mm_forward(op, v)
                     elif op[-1]:
@@ -656,6 +661,8 @@ def entry(rows, work):
                             _grp_reverse(kind, v, adj, k)
                         elif kind[0] is RGRP:
                             _rgrp_reverse(kind, v, adj, r in rg_firsts)
+                        elif kind[0] is SQS:
+                            _sqs(v, adj, True, *_sqs_args(kind))
                         else:
                             _mm_reverse(kind, v, adj, r in mm_firsts)
                 else:  # (an instruction's first row and slot)
@@ -1017,8 +1024,9 @@ def _mm_reverse(step, v, adj, first=False):
     A, B, _ = _mm_views(step, v)
     gA, gB, G = _mm_views(step, adj)
     gA += np.matmul(G, B.transpose(0, 2, 1))
-    if first:
-        np.add(0.0, np.matmul(A.transpose(0, 2, 1), G), out=gB)
+    if first:  # (into gB, then 0.0 added there: no 2 MB temporary for gmm, 30 us)
+        np.matmul(A.transpose(0, 2, 1), G, out=gB)
+        np.add(gB, 0.0, out=gB)
     else:
         gB += np.matmul(A.transpose(0, 2, 1), G)
 
@@ -1353,6 +1361,223 @@ def _rgrp_first(rows, back, out):
             continue
         res[r0] = (lo, hi)
     return res
+
+#: whether a run of squares summed is one step (``_sum_squares``); off, the squares and
+#: their sums are steps of their own, as before
+FUSE_SQUARES = True
+#: (the plans' mark of a run of squares summed, ``_sum_squares``)
+SQS = "sqs"
+
+
+def _grid(s0, strides, shape):
+    """The slots of a grid from ``s0`` (an int64 array of ``shape``)."""
+    g = np.full(shape, s0, dtype=np.int64)
+    for ax, (t, m) in enumerate(zip(strides, shape)):
+        g += t * np.arange(m, dtype=np.int64).reshape((-1,) + (1,) * (len(shape) - ax - 1))
+    return g
+
+
+def _affine_grid(X):
+    """(first, strides) of the int array ``X`` if affine in its indices, else None."""
+    s0 = int(X.flat[0])
+    strides = tuple(int(np.take(X, 1, ax).flat[0] - s0) if X.shape[ax] > 1 else 0
+                    for ax in range(X.ndim))
+    return (s0, strides) if np.array_equal(X, _grid(s0, strides, X.shape)) else None
+
+
+def _reads_any(rows, r, starts, stops, heads):
+    """``_read_after`` of many ranges at once: whether a row or instruction from row ``r`` on
+    reads a slot in one of the sorted, disjoint ranges [starts, stops)."""
+    def hit(lo, hi):  # [lo, hi] (inclusive) against the ranges
+        i = np.searchsorted(starts, hi, side="right") - 1
+        return (i >= 0) & (stops[np.maximum(i, 0)] > lo)
+    later = rows[r:]
+    scalar = later[:, 0] != TAIL
+    hl = heads[heads >= r] - r
+    scalar[hl[(later[hl, 0] == ARR) | (later[hl, 0] == RED)]] = False
+    ops = later[scalar, 1:4].astype(np.int64).ravel()
+    ops = ops[ops >= 0]
+    if ops.size and hit(ops, ops).any():
+        return True
+    hs = heads[heads >= r]
+    if not hs.size:
+        return False
+    _, sp, _ = spans(rows, hs)
+    on = sp[..., 0] >= 0
+    return bool(hit(sp[..., 0][on], sp[..., 1][on]).any())
+
+
+def _sum_squares(rows, back, out, rg_firsts):
+    """{first row of the sums: (SQS, the squares' first row, the outputs' (first slot,
+    strides), the squared operand's, the shape (C, g, n, L))} of the runs of sums
+    (``_red_group``) whose terms are the squares ``x * x`` of the run of ``mul``
+    instructions right before them (gmm's ``sum(Qxc * Qxc, 1)``): its forward is one pass
+    summing each output's squares in order, the expansion's adds, the squares not stored;
+    its reverse writes each ``x``'s adjoint ``(0.0 + t) + t``, ``t`` the term's gradient
+    ``0.0 + g`` times ``x``: the sums' and the squares' compiled rules on zeroed adjoints,
+    to the bit, with neither the squares' adjoints nor ``x``'s zeroed first (gmm: 500,000
+    slots stored and read back, 250,000 zeroed). Only where exactly so: the sums write
+    their terms' adjoints first (``_rgrp_first``: nothing else reads the squares), every
+    square's two operands are the same slot of ``x``, gradients to both, and every slot
+    of ``x`` is one term's (no slot twice), none an output nor read by anything after the
+    sums, apart from the squares and the sums' outputs."""
+    at = row_slots(rows)[0]
+    heads = heads_of(rows)
+    outs = np.asarray(out)
+    res = {}
+    for r0, _, r1, kind in back if FUSE_SQUARES else ():
+        if type(kind) is not tuple or kind[0] is not RGRP or r0 not in rg_firsts:
+            continue
+        plo, phi = rg_firsts[r0]
+        _, (t0, ts), shape, (o0, os_) = kind
+        hs, h = [], r0 - META - 1
+        while h >= 0 and rows[h, 0] == ARR and int(at[h]) >= plo:
+            hs.append(h)
+            h -= META + 1
+        if not hs:
+            continue
+        hs = np.array(hs[::-1])
+        n, code, st = info(rows, int(hs[0]))
+        if OPS[code].name != "mul" or st[0] != st[1] or st[0] <= 0 \
+                or not all(info(rows, int(e)) == (n, code, st) for e in hs) \
+                or (rows[hs, 1] != rows[hs, 2]).any() or (rows[hs, 3] >= 0).any() \
+                or (rows[hs + META, 5] != 0.0).any() \
+                or not (at[hs] == plo + n * np.arange(len(hs))).all() \
+                or int(at[hs[0]]) != plo or plo + n * len(hs) != phi:
+            continue
+        P = _grid(t0, ts, shape)
+        if not np.array_equal(np.sort(P.ravel()), np.arange(plo, phi)):
+            continue
+        q = P - plo
+        X = rows[hs, 1].astype(np.int64)[q // n] + (q % n) * st[0]
+        xg = _affine_grid(X)
+        xs = np.sort(X.ravel())
+        if xg is None or (np.diff(xs) == 0).any():
+            continue
+        O = _grid(o0, os_, shape[:3]).ravel()
+        if (np.isin(xs, O).any() or ((xs >= plo) & (xs < phi)).any()
+                or np.isin(xs, outs).any()):
+            continue
+        brk = np.nonzero(np.diff(xs) != 1)[0] + 1  # x's slots as ranges [start, stop)
+        starts = xs[np.concatenate([[0], brk])]
+        stops = xs[np.concatenate([brk - 1, [xs.size - 1]])] + 1
+        if _reads_any(rows, r1, starts, stops, heads):
+            continue
+        res[r0] = (SQS, int(hs[0]), (o0, os_), xg, shape, list(zip(starts.tolist(),
+                                                                  stops.tolist())))
+    return res
+
+
+def _sqs_back(rows, back, sqs):
+    """The reverse plan with each run of squares summed (``_sum_squares``) one step, the
+    squares' rows left out of the compiled step before it; and the runs so taken (a plan
+    not as expected keeps its steps)."""
+    at = row_slots(rows)[0]
+    back, done = list(back), {}
+    for r0, step in sqs.items():
+        m0 = step[1]
+        bi = [i for i, s in enumerate(back) if s[0] == r0 and type(s[3]) is tuple
+              and s[3][0] is RGRP]
+        if len(bi) != 1 or bi[0] + 1 >= len(back):
+            continue
+        bi = bi[0]
+        q = back[bi + 1]  # (the compiled step whose last rows are the squares)
+        if q[3] is not None or q[0] != r0 - 1 or q[2] > m0:
+            continue
+        back[bi] = back[bi][:3] + (step,)
+        back[bi + 1:bi + 2] = [(m0 - 1, int(at[m0]) - 1, q[2], None)] if q[2] < m0 else []
+        done[r0] = step
+    return back, done
+
+
+def _sqs_plan(rows, plan, sqs):
+    """The forward plan with each run of squares summed (``_sum_squares``) one step, the
+    squares' rows left out of the compiled step before it, or that step left out when it
+    is the squares' one instruction in NumPy (kmeans' ``diff * diff``); a plan not as
+    expected keeps its steps."""
+    at = row_slots(rows)[0]
+    plan = list(plan)
+    for r0, step in sqs.items():
+        m0 = step[1]
+        fi = [i for i, s in enumerate(plan) if s[0] == r0 and type(s[4]) is tuple
+              and s[4][0] is RGRP]
+        if len(fi) != 1 or fi[0] == 0:
+            continue
+        fi = fi[0]
+        p = plan[fi - 1]  # (the compiled step whose last rows are the squares)
+        if p[4] is not None and not (isinstance(p[4], Op) and p[0] == m0) \
+                or p[1] != r0 or p[0] > m0:
+            continue
+        plan[fi] = plan[fi][:4] + (step,)
+        plan[fi - 1:fi] = [(p[0], m0, p[2], int(at[m0]), None)] if p[0] < m0 else []
+    return plan
+
+
+@njit_cached(nogil=True)
+def _sqs(v, adj, rev, o0, oc, og, on, x0, xc, xg, xn, xl, C, G, N, L):
+    """A run of squares summed (``_sum_squares``), one function for both sweeps (one cold
+    compile, 0.4 s). Forward (``rev`` False): each output the sum in order of its ``L``
+    squares ``x * x`` (the expansion's chain of adds, ``((p0 + p1) + p2) ..``), the
+    squares not stored. Reverse: each ``x``'s adjoint written ``(0.0 + t) + t``, ``t =
+    (0.0 + g) * x`` of its output's ``g``: the sum's term written ``0.0 + g`` and ``x *
+    x``'s two rules added to a zeroed adjoint, the same operations. Outputs and ``x``
+    contiguous along the outputs (gmm's): a term at a time over a row kept in a scratch
+    array, loops LLVM vectorizes (an output at a time, its terms' loads 19,000 slots
+    apart, took 80 us more of gmm's 1.3 ms); else an output at a time (unsigned indices:
+    no wraparound test, as the generated loops)."""
+    if xn == 1 and on == 1:
+        acc = np.empty(N)
+        for c in range(C):
+            for j in range(G):
+                ob = o0 + c * oc + j * og
+                xb = x0 + c * xc + j * xg
+                if rev:
+                    Gv = adj[ob:ob + N]
+                    for i in range(N):
+                        acc[i] = 0.0 + Gv[i]
+                    for d in range(L):
+                        X = v[xb + d * xl:xb + d * xl + N]
+                        A = adj[xb + d * xl:xb + d * xl + N]
+                        for i in range(N):
+                            t = acc[i] * X[i]
+                            A[i] = (0.0 + t) + t
+                    continue
+                X = v[xb:xb + N]
+                for i in range(N):
+                    acc[i] = X[i] * X[i]
+                for d in range(1, L):
+                    X = v[xb + d * xl:xb + d * xl + N]
+                    for i in range(N):
+                        acc[i] = acc[i] + X[i] * X[i]
+                O = v[ob:ob + N]
+                for i in range(N):  # (a loop: a slice assigned cost 2 s of cold compile)
+                    O[i] = acc[i]
+        return
+    for c in range(C):
+        for j in range(G):
+            ob = o0 + c * oc + j * og
+            xb = x0 + c * xc + j * xg
+            for i in range(N):
+                s = xb + i * xn
+                if rev:
+                    gi = 0.0 + adj[np.uint64(ob + i * on)]
+                    for d in range(L):
+                        k = np.uint64(s + d * xl)
+                        t = gi * v[k]
+                        adj[k] = (0.0 + t) + t
+                    continue
+                a = v[np.uint64(s)]
+                sq = a * a
+                for d in range(1, L):
+                    a = v[np.uint64(s + d * xl)]
+                    sq = sq + a * a
+                v[np.uint64(ob + i * on)] = sq
+
+
+def _sqs_args(step):
+    _, _, (o0, os_), (x0, xs), shape, _ = step
+    return (o0, *os_, x0, *xs, *shape)
+
 
 def _np_reducible(rows, h):
     """Whether the reduction instruction at row ``h`` runs its forward in NumPy
