@@ -259,6 +259,12 @@ def run_fused(rows, work, res):
         op = int(rows[k, 0])
         if op == LEAF:
             v[k] = x[int(rows[k, 4])]
+        elif op == 1008:  # a run of leaves
+            nrun = int(rows[k, 5])
+            x0 = int(rows[k, 4])
+            for j in range(nrun):
+                v[k + np.uint64(j)] = x[np.uint64(x0 + j)]
+            kk += nrun - 1
         elif op == CONST:
             v[k] = rows[k, 4]
         elif op == GUARD:
@@ -384,9 +390,10 @@ def run_fused(rows, work, res):
         oslot = int(work[slots + i])
         adj[oslot] += work[HEADER + i]
         kk = max(kk, oslot)
-    if kk + 1 < n and rows[kk, 0] >= 1000 and (int(rows[kk, 0]) - 1000) % 2 == 0:
+    if kk + 1 < n and 1000 <= rows[kk, 0] < 1008 and (int(rows[kk, 0]) - 1000) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
-    while kk >= 0:
+    lo = int(rows[0, 5]) if n > 0 and rows[0, 0] == 1008 else 0  # leaves below
+    while kk >= lo:
         k = np.uint64(kk)
         op = int(rows[k, 0])
         if op == 3:  # neg
@@ -818,6 +825,12 @@ def run_fused_common(rows, work, res):
         op = int(rows[k, 0])
         if op == LEAF:
             v[k] = x[int(rows[k, 4])]
+        elif op == 1008:  # a run of leaves
+            nrun = int(rows[k, 5])
+            x0 = int(rows[k, 4])
+            for j in range(nrun):
+                v[k + np.uint64(j)] = x[np.uint64(x0 + j)]
+            kk += nrun - 1
         elif op == CONST:
             v[k] = rows[k, 4]
         elif op == GUARD:
@@ -937,9 +950,10 @@ def run_fused_common(rows, work, res):
         oslot = int(work[slots + i])
         adj[oslot] += work[HEADER + i]
         kk = max(kk, oslot)
-    if kk + 1 < n and rows[kk, 0] >= 1000 and (int(rows[kk, 0]) - 1000) % 2 == 0:
+    if kk + 1 < n and 1000 <= rows[kk, 0] < 1008 and (int(rows[kk, 0]) - 1000) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
-    while kk >= 0:
+    lo = int(rows[0, 5]) if n > 0 and rows[0, 0] == 1008 else 0  # leaves below
+    while kk >= lo:
         k = np.uint64(kk)
         op = int(rows[k, 0])
         if op == 3:  # neg
