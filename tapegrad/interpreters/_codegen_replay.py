@@ -5,8 +5,8 @@ from __future__ import annotations
 import pathlib
 
 from ._codegen_emit import (
-    CUDA, REPLAY_MULTI, REPLAY_ONE, _replay_ops, dispatch, dispatch_pairs)
-from .fuse import PAIRS
+    CUDA, REPLAY_MULTI, REPLAY_ONE, _replay_ops, dispatch, dispatch_chains, dispatch_pairs)
+from .fuse import CHAINS, PAIRS
 
 # --- traced-program interpreters ------------------------------------------------------------
 # A traced program is a matrix of scalar rows (opcode, a, b, c, c0, c1) with absolute slots:
@@ -151,6 +151,8 @@ def run_fused{suffix}(rows, work, res):
         kk = max(kk, oslot)
     if kk + 1 < n and {base} <= rows[kk, 0] < {leaf_run} and (int(rows[kk, 0]) - {base}) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
+    elif rows[kk, 0] >= {chain_base}:  # a chain's first or middle row: from its last
+        kk += 2 - (int(rows[kk, 0]) - {chain_base}) % 3
     lo = int(rows[0, 5]) if n > 0 and rows[0, 0] == {leaf_run} else 0  # leaves below
     while kk >= lo:
         k = np.uint64(kk)
@@ -265,6 +267,9 @@ def _one_sweeps(looped, pairs, own, fail, shared=True):
     fwd += dispatch_pairs(pairs, REPLAY_ONE, forward=True)
     rev = dispatch(looped, REPLAY_ONE)
     rev += dispatch_pairs(pairs, REPLAY_ONE)
+    if pairs:  # (and the chains: the entry of superinstructions)
+        fwd += dispatch_chains(CHAINS, REPLAY_ONE, forward=True)
+        rev += dispatch_chains(CHAINS, REPLAY_ONE)
     if shared:
         fwd.append(SHARED_ONE_FORWARD.replace("{own}", own))
         rev.append(SHARED_ONE_REVERSE.replace("{own}", own))
@@ -289,14 +294,14 @@ def _replay_source():
 
     # the rare ops' branches call the batch's scalar forward_value/reverse_value (one
     # compiled switch serves both): a branch per op was 60% of these sweeps' cold compile
-    from .fuse import BASE, LEAF_RUN
+    from .fuse import BASE, CHAIN_BASE, LEAF_RUN
     for suffix, shared, which in FORMS:
         fwd, rev = _one_sweeps(looped, (), "k", "return k + 1", shared)
         src.append(SWEEPS.format(forward=fwd, reverse=rev, suffix=suffix, which=which))
         fwd, rev = _one_sweeps(looped, PAIRS, "kk", "status = kk + 1\n                break",
                                shared)
         src.append(RUN_FUSED.format(forward=fwd, reverse=rev, base=BASE, leaf_run=LEAF_RUN,
-                                    suffix=suffix, which=which))
+                                    chain_base=CHAIN_BASE, suffix=suffix, which=which))
         src.append(RUN_INTO.replace("{suffix}", suffix).replace("{which}", which))
     # one sample with many seeds (Jacobians): rows as traced
     src.append('''

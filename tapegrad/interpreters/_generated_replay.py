@@ -372,6 +372,31 @@ def run_fused(rows, work, res):
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
             kk += 1
+        elif op == 1009:  # powc then sub then powc
+            r0a = v[np.uint64(int(rows[k, 1]))]
+            r0 = (r0a * r0a if 2.0 == 2.0 else (r0a * r0a * r0a if 2.0 == 3.0 else (math.sqrt(r0a) if 2.0 == 0.5 else (1.0 / math.sqrt(r0a) if 2.0 == -0.5 else (1.0 / (r0a * r0a) if 2.0 == -2.0 else r0a ** 2.0)))))
+            v[k] = r0
+            k1 = np.uint64(kk + 1)
+            r1a = v[np.uint64(int(rows[k1, 1]))]
+            r1 = (r1a - r0)
+            v[k1] = r1
+            k2 = np.uint64(kk + 2)
+            r2 = (r1 * r1 if 2.0 == 2.0 else (r1 * r1 * r1 if 2.0 == 3.0 else (math.sqrt(r1) if 2.0 == 0.5 else (1.0 / math.sqrt(r1) if 2.0 == -0.5 else (1.0 / (r1 * r1) if 2.0 == -2.0 else r1 ** 2.0)))))
+            v[k2] = r2
+            kk += 2
+        elif op == 1012:  # rsubc then powc then add
+            r0c0 = rows[k, 4]
+            r0a = v[np.uint64(int(rows[k, 1]))]
+            r0 = (r0c0 - r0a)
+            v[k] = r0
+            k1 = np.uint64(kk + 1)
+            r1 = (r0 * r0 if 2.0 == 2.0 else (r0 * r0 * r0 if 2.0 == 3.0 else (math.sqrt(r0) if 2.0 == 0.5 else (1.0 / math.sqrt(r0) if 2.0 == -0.5 else (1.0 / (r0 * r0) if 2.0 == -2.0 else r0 ** 2.0)))))
+            v[k1] = r1
+            k2 = np.uint64(kk + 2)
+            r2a = v[np.uint64(int(rows[k2, 1]))]
+            r2 = (r2a + r1)
+            v[k2] = r2
+            kk += 2
         elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -392,6 +417,8 @@ def run_fused(rows, work, res):
         kk = max(kk, oslot)
     if kk + 1 < n and 1000 <= rows[kk, 0] < 1008 and (int(rows[kk, 0]) - 1000) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
+    elif rows[kk, 0] >= 1009:  # a chain's first or middle row: from its last
+        kk += 2 - (int(rows[kk, 0]) - 1009) % 3
     lo = int(rows[0, 5]) if n > 0 and rows[0, 0] == 1008 else 0  # leaves below
     while kk >= lo:
         k = np.uint64(kk)
@@ -539,6 +566,35 @@ def run_fused(rows, work, res):
             adj[np.uint64(iha)] += (gh * hb)
             adj[np.uint64(ihb)] += (gh * ha)
             kk -= 1
+        elif op == 1011:  # powc then sub then powc
+            k0 = np.uint64(kk - 2)
+            k1 = np.uint64(kk - 1)
+            g2 = adj[np.uint64(k)]
+            r2a = v[np.uint64(k1)]
+            g1 = adj[np.uint64(k1)] + (0.0 if (2.0 == 0.0) else ((g2 * (2.0 * (r2a ** 1.0))) if (2.0 == 2.0) else (((g2 * 1.5) * math.sqrt(r2a)) if (2.0 == 1.5) else (((g2 * 0.5) * (1.0 / math.sqrt(r2a))) if (2.0 == 0.5) else ((g2 * 2.0) * (r2a ** (2.0 - 1.0)))))))
+            adj[np.uint64(k1)] = g1
+            ir1a = int(rows[k1, 1])
+            adj[np.uint64(ir1a)] += g1
+            g0 = adj[np.uint64(k0)] + (-g1)
+            adj[np.uint64(k0)] = g0
+            ir0a = int(rows[k0, 1])
+            r0a = v[np.uint64(ir0a)]
+            adj[np.uint64(ir0a)] += (0.0 if (2.0 == 0.0) else ((g0 * (2.0 * (r0a ** 1.0))) if (2.0 == 2.0) else (((g0 * 1.5) * math.sqrt(r0a)) if (2.0 == 1.5) else (((g0 * 0.5) * (1.0 / math.sqrt(r0a))) if (2.0 == 0.5) else ((g0 * 2.0) * (r0a ** (2.0 - 1.0)))))))
+            kk -= 2
+        elif op == 1014:  # rsubc then powc then add
+            k0 = np.uint64(kk - 2)
+            k1 = np.uint64(kk - 1)
+            g2 = adj[np.uint64(k)]
+            ir2a = int(rows[k, 1])
+            adj[np.uint64(ir2a)] += g2
+            g1 = adj[np.uint64(k1)] + g2
+            adj[np.uint64(k1)] = g1
+            r1a = v[np.uint64(k0)]
+            g0 = adj[np.uint64(k0)] + (0.0 if (2.0 == 0.0) else ((g1 * (2.0 * (r1a ** 1.0))) if (2.0 == 2.0) else (((g1 * 1.5) * math.sqrt(r1a)) if (2.0 == 1.5) else (((g1 * 0.5) * (1.0 / math.sqrt(r1a))) if (2.0 == 0.5) else ((g1 * 2.0) * (r1a ** (2.0 - 1.0)))))))
+            adj[np.uint64(k0)] = g0
+            ir0a = int(rows[k0, 1])
+            adj[np.uint64(ir0a)] += (-g0)
+            kk -= 2
         elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]
             ia = int(rows[k, 1])
@@ -938,6 +994,31 @@ def run_fused_common(rows, work, res):
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
             kk += 1
+        elif op == 1009:  # powc then sub then powc
+            r0a = v[np.uint64(int(rows[k, 1]))]
+            r0 = (r0a * r0a if 2.0 == 2.0 else (r0a * r0a * r0a if 2.0 == 3.0 else (math.sqrt(r0a) if 2.0 == 0.5 else (1.0 / math.sqrt(r0a) if 2.0 == -0.5 else (1.0 / (r0a * r0a) if 2.0 == -2.0 else r0a ** 2.0)))))
+            v[k] = r0
+            k1 = np.uint64(kk + 1)
+            r1a = v[np.uint64(int(rows[k1, 1]))]
+            r1 = (r1a - r0)
+            v[k1] = r1
+            k2 = np.uint64(kk + 2)
+            r2 = (r1 * r1 if 2.0 == 2.0 else (r1 * r1 * r1 if 2.0 == 3.0 else (math.sqrt(r1) if 2.0 == 0.5 else (1.0 / math.sqrt(r1) if 2.0 == -0.5 else (1.0 / (r1 * r1) if 2.0 == -2.0 else r1 ** 2.0)))))
+            v[k2] = r2
+            kk += 2
+        elif op == 1012:  # rsubc then powc then add
+            r0c0 = rows[k, 4]
+            r0a = v[np.uint64(int(rows[k, 1]))]
+            r0 = (r0c0 - r0a)
+            v[k] = r0
+            k1 = np.uint64(kk + 1)
+            r1 = (r0 * r0 if 2.0 == 2.0 else (r0 * r0 * r0 if 2.0 == 3.0 else (math.sqrt(r0) if 2.0 == 0.5 else (1.0 / math.sqrt(r0) if 2.0 == -0.5 else (1.0 / (r0 * r0) if 2.0 == -2.0 else r0 ** 2.0)))))
+            v[k1] = r1
+            k2 = np.uint64(kk + 2)
+            r2a = v[np.uint64(int(rows[k2, 1]))]
+            r2 = (r2a + r1)
+            v[k2] = r2
+            kk += 2
         kk += 1
     for i in range(nout):
         res[i] = v[int(work[slots + i])]
@@ -952,6 +1033,8 @@ def run_fused_common(rows, work, res):
         kk = max(kk, oslot)
     if kk + 1 < n and 1000 <= rows[kk, 0] < 1008 and (int(rows[kk, 0]) - 1000) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
+    elif rows[kk, 0] >= 1009:  # a chain's first or middle row: from its last
+        kk += 2 - (int(rows[kk, 0]) - 1009) % 3
     lo = int(rows[0, 5]) if n > 0 and rows[0, 0] == 1008 else 0  # leaves below
     while kk >= lo:
         k = np.uint64(kk)
@@ -1099,6 +1182,35 @@ def run_fused_common(rows, work, res):
             adj[np.uint64(iha)] += (gh * hb)
             adj[np.uint64(ihb)] += (gh * ha)
             kk -= 1
+        elif op == 1011:  # powc then sub then powc
+            k0 = np.uint64(kk - 2)
+            k1 = np.uint64(kk - 1)
+            g2 = adj[np.uint64(k)]
+            r2a = v[np.uint64(k1)]
+            g1 = adj[np.uint64(k1)] + (0.0 if (2.0 == 0.0) else ((g2 * (2.0 * (r2a ** 1.0))) if (2.0 == 2.0) else (((g2 * 1.5) * math.sqrt(r2a)) if (2.0 == 1.5) else (((g2 * 0.5) * (1.0 / math.sqrt(r2a))) if (2.0 == 0.5) else ((g2 * 2.0) * (r2a ** (2.0 - 1.0)))))))
+            adj[np.uint64(k1)] = g1
+            ir1a = int(rows[k1, 1])
+            adj[np.uint64(ir1a)] += g1
+            g0 = adj[np.uint64(k0)] + (-g1)
+            adj[np.uint64(k0)] = g0
+            ir0a = int(rows[k0, 1])
+            r0a = v[np.uint64(ir0a)]
+            adj[np.uint64(ir0a)] += (0.0 if (2.0 == 0.0) else ((g0 * (2.0 * (r0a ** 1.0))) if (2.0 == 2.0) else (((g0 * 1.5) * math.sqrt(r0a)) if (2.0 == 1.5) else (((g0 * 0.5) * (1.0 / math.sqrt(r0a))) if (2.0 == 0.5) else ((g0 * 2.0) * (r0a ** (2.0 - 1.0)))))))
+            kk -= 2
+        elif op == 1014:  # rsubc then powc then add
+            k0 = np.uint64(kk - 2)
+            k1 = np.uint64(kk - 1)
+            g2 = adj[np.uint64(k)]
+            ir2a = int(rows[k, 1])
+            adj[np.uint64(ir2a)] += g2
+            g1 = adj[np.uint64(k1)] + g2
+            adj[np.uint64(k1)] = g1
+            r1a = v[np.uint64(k0)]
+            g0 = adj[np.uint64(k0)] + (0.0 if (2.0 == 0.0) else ((g1 * (2.0 * (r1a ** 1.0))) if (2.0 == 2.0) else (((g1 * 1.5) * math.sqrt(r1a)) if (2.0 == 1.5) else (((g1 * 0.5) * (1.0 / math.sqrt(r1a))) if (2.0 == 0.5) else ((g1 * 2.0) * (r1a ** (2.0 - 1.0)))))))
+            adj[np.uint64(k0)] = g0
+            ir0a = int(rows[k0, 1])
+            adj[np.uint64(ir0a)] += (-g0)
+            kk -= 2
         kk -= 1
     for i in range(nin):
         res[nout + i] = adj[int(work[slots + nout + i])]
