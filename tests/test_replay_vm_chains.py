@@ -133,3 +133,12 @@ def test_no_chain_starts_at_or_holds_an_output(out):
             assert replay_cpu.entry(rows, work, fn)(rows, work, res) == 0
             results.append(res.tobytes())
         assert results[0] == results[1]
+
+
+def test_a_fixed_constant_keeps_only_its_branch():
+    from tapegrad.interpreters._codegen_emit import _folded
+    assert _folded("(a * a if 2.0 == 2.0 else (a * a * a if 2.0 == 3.0 else a ** 2.0))") \
+        == "a * a"
+    assert _folded("(0.0 if (2.0 == 0.0) else g * (2.0 * (a ** 1.0)))") == \
+        "g * (2.0 * a ** 1.0)"
+    assert _folded("(x if c0 == 2.0 else y)") == "x if c0 == 2.0 else y"  # not a constant

@@ -374,27 +374,27 @@ def run_fused(rows, work, res):
             kk += 1
         elif op == 1009:  # powc then sub then powc
             r0a = v[np.uint64(int(rows[k, 1]))]
-            r0 = (r0a * r0a if 2.0 == 2.0 else (r0a * r0a * r0a if 2.0 == 3.0 else (math.sqrt(r0a) if 2.0 == 0.5 else (1.0 / math.sqrt(r0a) if 2.0 == -0.5 else (1.0 / (r0a * r0a) if 2.0 == -2.0 else r0a ** 2.0)))))
+            r0 = r0a * r0a
             v[k] = r0
             k1 = np.uint64(kk + 1)
             r1a = v[np.uint64(int(rows[k1, 1]))]
-            r1 = (r1a - r0)
+            r1 = r1a - r0
             v[k1] = r1
             k2 = np.uint64(kk + 2)
-            r2 = (r1 * r1 if 2.0 == 2.0 else (r1 * r1 * r1 if 2.0 == 3.0 else (math.sqrt(r1) if 2.0 == 0.5 else (1.0 / math.sqrt(r1) if 2.0 == -0.5 else (1.0 / (r1 * r1) if 2.0 == -2.0 else r1 ** 2.0)))))
+            r2 = r1 * r1
             v[k2] = r2
             kk += 2
         elif op == 1012:  # rsubc then powc then add
             r0c0 = rows[k, 4]
             r0a = v[np.uint64(int(rows[k, 1]))]
-            r0 = (r0c0 - r0a)
+            r0 = r0c0 - r0a
             v[k] = r0
             k1 = np.uint64(kk + 1)
-            r1 = (r0 * r0 if 2.0 == 2.0 else (r0 * r0 * r0 if 2.0 == 3.0 else (math.sqrt(r0) if 2.0 == 0.5 else (1.0 / math.sqrt(r0) if 2.0 == -0.5 else (1.0 / (r0 * r0) if 2.0 == -2.0 else r0 ** 2.0)))))
+            r1 = r0 * r0
             v[k1] = r1
             k2 = np.uint64(kk + 2)
             r2a = v[np.uint64(int(rows[k2, 1]))]
-            r2 = (r2a + r1)
+            r2 = r2a + r1
             v[k2] = r2
             kk += 2
         elif SHARED[op]:
@@ -571,15 +571,15 @@ def run_fused(rows, work, res):
             k1 = np.uint64(kk - 1)
             g2 = adj[np.uint64(k)]
             r2a = v[np.uint64(k1)]
-            g1 = adj[np.uint64(k1)] + (0.0 if (2.0 == 0.0) else ((g2 * (2.0 * (r2a ** 1.0))) if (2.0 == 2.0) else (((g2 * 1.5) * math.sqrt(r2a)) if (2.0 == 1.5) else (((g2 * 0.5) * (1.0 / math.sqrt(r2a))) if (2.0 == 0.5) else ((g2 * 2.0) * (r2a ** (2.0 - 1.0)))))))
+            g1 = adj[np.uint64(k1)] + g2 * (2.0 * r2a ** 1.0)
             adj[np.uint64(k1)] = g1
             ir1a = int(rows[k1, 1])
             adj[np.uint64(ir1a)] += g1
-            g0 = adj[np.uint64(k0)] + (-g1)
+            g0 = adj[np.uint64(k0)] + -g1
             adj[np.uint64(k0)] = g0
             ir0a = int(rows[k0, 1])
             r0a = v[np.uint64(ir0a)]
-            adj[np.uint64(ir0a)] += (0.0 if (2.0 == 0.0) else ((g0 * (2.0 * (r0a ** 1.0))) if (2.0 == 2.0) else (((g0 * 1.5) * math.sqrt(r0a)) if (2.0 == 1.5) else (((g0 * 0.5) * (1.0 / math.sqrt(r0a))) if (2.0 == 0.5) else ((g0 * 2.0) * (r0a ** (2.0 - 1.0)))))))
+            adj[np.uint64(ir0a)] += g0 * (2.0 * r0a ** 1.0)
             kk -= 2
         elif op == 1014:  # rsubc then powc then add
             k0 = np.uint64(kk - 2)
@@ -590,10 +590,10 @@ def run_fused(rows, work, res):
             g1 = adj[np.uint64(k1)] + g2
             adj[np.uint64(k1)] = g1
             r1a = v[np.uint64(k0)]
-            g0 = adj[np.uint64(k0)] + (0.0 if (2.0 == 0.0) else ((g1 * (2.0 * (r1a ** 1.0))) if (2.0 == 2.0) else (((g1 * 1.5) * math.sqrt(r1a)) if (2.0 == 1.5) else (((g1 * 0.5) * (1.0 / math.sqrt(r1a))) if (2.0 == 0.5) else ((g1 * 2.0) * (r1a ** (2.0 - 1.0)))))))
+            g0 = adj[np.uint64(k0)] + g1 * (2.0 * r1a ** 1.0)
             adj[np.uint64(k0)] = g0
             ir0a = int(rows[k0, 1])
-            adj[np.uint64(ir0a)] += (-g0)
+            adj[np.uint64(ir0a)] += -g0
             kk -= 2
         elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]
@@ -996,27 +996,27 @@ def run_fused_common(rows, work, res):
             kk += 1
         elif op == 1009:  # powc then sub then powc
             r0a = v[np.uint64(int(rows[k, 1]))]
-            r0 = (r0a * r0a if 2.0 == 2.0 else (r0a * r0a * r0a if 2.0 == 3.0 else (math.sqrt(r0a) if 2.0 == 0.5 else (1.0 / math.sqrt(r0a) if 2.0 == -0.5 else (1.0 / (r0a * r0a) if 2.0 == -2.0 else r0a ** 2.0)))))
+            r0 = r0a * r0a
             v[k] = r0
             k1 = np.uint64(kk + 1)
             r1a = v[np.uint64(int(rows[k1, 1]))]
-            r1 = (r1a - r0)
+            r1 = r1a - r0
             v[k1] = r1
             k2 = np.uint64(kk + 2)
-            r2 = (r1 * r1 if 2.0 == 2.0 else (r1 * r1 * r1 if 2.0 == 3.0 else (math.sqrt(r1) if 2.0 == 0.5 else (1.0 / math.sqrt(r1) if 2.0 == -0.5 else (1.0 / (r1 * r1) if 2.0 == -2.0 else r1 ** 2.0)))))
+            r2 = r1 * r1
             v[k2] = r2
             kk += 2
         elif op == 1012:  # rsubc then powc then add
             r0c0 = rows[k, 4]
             r0a = v[np.uint64(int(rows[k, 1]))]
-            r0 = (r0c0 - r0a)
+            r0 = r0c0 - r0a
             v[k] = r0
             k1 = np.uint64(kk + 1)
-            r1 = (r0 * r0 if 2.0 == 2.0 else (r0 * r0 * r0 if 2.0 == 3.0 else (math.sqrt(r0) if 2.0 == 0.5 else (1.0 / math.sqrt(r0) if 2.0 == -0.5 else (1.0 / (r0 * r0) if 2.0 == -2.0 else r0 ** 2.0)))))
+            r1 = r0 * r0
             v[k1] = r1
             k2 = np.uint64(kk + 2)
             r2a = v[np.uint64(int(rows[k2, 1]))]
-            r2 = (r2a + r1)
+            r2 = r2a + r1
             v[k2] = r2
             kk += 2
         kk += 1
@@ -1187,15 +1187,15 @@ def run_fused_common(rows, work, res):
             k1 = np.uint64(kk - 1)
             g2 = adj[np.uint64(k)]
             r2a = v[np.uint64(k1)]
-            g1 = adj[np.uint64(k1)] + (0.0 if (2.0 == 0.0) else ((g2 * (2.0 * (r2a ** 1.0))) if (2.0 == 2.0) else (((g2 * 1.5) * math.sqrt(r2a)) if (2.0 == 1.5) else (((g2 * 0.5) * (1.0 / math.sqrt(r2a))) if (2.0 == 0.5) else ((g2 * 2.0) * (r2a ** (2.0 - 1.0)))))))
+            g1 = adj[np.uint64(k1)] + g2 * (2.0 * r2a ** 1.0)
             adj[np.uint64(k1)] = g1
             ir1a = int(rows[k1, 1])
             adj[np.uint64(ir1a)] += g1
-            g0 = adj[np.uint64(k0)] + (-g1)
+            g0 = adj[np.uint64(k0)] + -g1
             adj[np.uint64(k0)] = g0
             ir0a = int(rows[k0, 1])
             r0a = v[np.uint64(ir0a)]
-            adj[np.uint64(ir0a)] += (0.0 if (2.0 == 0.0) else ((g0 * (2.0 * (r0a ** 1.0))) if (2.0 == 2.0) else (((g0 * 1.5) * math.sqrt(r0a)) if (2.0 == 1.5) else (((g0 * 0.5) * (1.0 / math.sqrt(r0a))) if (2.0 == 0.5) else ((g0 * 2.0) * (r0a ** (2.0 - 1.0)))))))
+            adj[np.uint64(ir0a)] += g0 * (2.0 * r0a ** 1.0)
             kk -= 2
         elif op == 1014:  # rsubc then powc then add
             k0 = np.uint64(kk - 2)
@@ -1206,10 +1206,10 @@ def run_fused_common(rows, work, res):
             g1 = adj[np.uint64(k1)] + g2
             adj[np.uint64(k1)] = g1
             r1a = v[np.uint64(k0)]
-            g0 = adj[np.uint64(k0)] + (0.0 if (2.0 == 0.0) else ((g1 * (2.0 * (r1a ** 1.0))) if (2.0 == 2.0) else (((g1 * 1.5) * math.sqrt(r1a)) if (2.0 == 1.5) else (((g1 * 0.5) * (1.0 / math.sqrt(r1a))) if (2.0 == 0.5) else ((g1 * 2.0) * (r1a ** (2.0 - 1.0)))))))
+            g0 = adj[np.uint64(k0)] + g1 * (2.0 * r1a ** 1.0)
             adj[np.uint64(k0)] = g0
             ir0a = int(rows[k0, 1])
-            adj[np.uint64(ir0a)] += (-g0)
+            adj[np.uint64(ir0a)] += -g0
             kk -= 2
         kk -= 1
     for i in range(nin):
