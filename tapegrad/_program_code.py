@@ -273,7 +273,7 @@ class _Code:
             return
         if work is None:
             work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
-        frows = _fuse(self.arows)
+        frows = _fuse(self.arows, outs=self.out_slots)
         if frows is self.arows:
             run = _cpu.entry(self.arows, work)
         else:  # superinstructions run in their own entry

@@ -116,14 +116,19 @@ def rosen():
 
 
 def test_overlapping_pairs_fuse_every_other_one(rosen):
-    rows, fused = rosen._code.rows, rosen._code.frows
+    # (the pairs alone: ``fuse.CHAINS`` take rows of theirs first, tests/test_replay_vm_*)
+    rows, fused = rosen._code.rows, fuse.fuse(rosen._code.rows, chains=False)
     ops = fused[:, 0].astype(int)
-    heads = np.nonzero((ops >= fuse.BASE) & (ops % 2 == 0))[0]
+    pairs = (ops >= fuse.BASE) & (ops < fuse.LEAF_RUN)
+    heads = np.nonzero(pairs & (ops % 2 == 0))[0]
     # (sub, powc), (mulc, add), (rsubc, powc) of each term; the first adds to 0.0 (addc)
     assert len(heads) == 3 * 11 - 1
     assert (ops[heads + 1] == ops[heads] + 1).all()  # each head, then its own tail
-    assert ((ops >= fuse.BASE) & (ops % 2 == 1)).sum() == len(heads)
-    assert np.array_equal(fused[:, 1:], rows[:, 1:])  # no operand moved (no add swapped)
+    assert (pairs & (ops % 2 == 1)).sum() == len(heads)
+    # the 12 leaves are one run (its count in column 5)
+    assert np.array_equal(np.nonzero(ops == fuse.LEAF_RUN)[0], [0]) and fused[0, 5] == 12
+    assert np.array_equal(fused[:, 1:5], rows[:, 1:5])  # no operand moved (no add swapped)
+    assert np.array_equal(fused[1:, 5], rows[1:, 5])
     assert (rows[:, 0] < fuse.BASE).all()
 
 
@@ -138,7 +143,8 @@ def test_few_pairs_run_the_rows_as_traced():
     with fusion(True):
         Q = tg.trace(fn, x)
         assert Q.value_and_grad(x)[0] == v and np.array_equal(Q.grad(x), g)
-    assert (Q._code.frows[:, 0] >= fuse.BASE).sum() == 2  # one pair (sub, powc)
+    op = Q._code.frows[:, 0]
+    assert ((op >= fuse.BASE) & (op < fuse.LEAF_RUN)).sum() == 2  # one pair (sub, powc)
 
 
 def test_other_interpreters_and_files_get_the_rows_as_traced(rosen, tmp_path):

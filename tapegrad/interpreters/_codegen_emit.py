@@ -2,6 +2,7 @@
 operands and adjoints), ``render``/``dispatch`` and ``rule_exprs`` (a rule run once on ``SymF``)."""
 from __future__ import annotations
 
+import ast
 import re
 
 from ..ops import BINARY, OPS, UNARY, UNARY_C, Sym, SymF, rule_inputs, rule_of
@@ -256,4 +257,108 @@ def dispatch_pairs(pairs, t, indent=8, forward=False):
         src.append(" " * indent + f"elif op == {code}:  # {h} then {tl}\n")
         src += [" " * (indent + 4) + f"{x}\n"
                 for x in render_pair(head, tail, operand, t, forward)]
+    return src
+
+
+class _Fold(ast.NodeTransformer):
+    """Conditional expressions whose test compares two constants, replaced by the branch
+    the test picks (``_folded``)."""
+
+    def visit_IfExp(self, node):
+        self.generic_visit(node)
+        test = node.test
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 \
+                and isinstance(test.left, ast.Constant) \
+                and isinstance(test.comparators[0], ast.Constant) \
+                and isinstance(test.ops[0], (ast.Eq, ast.NotEq)):
+            same = test.left.value == test.comparators[0].value
+            return node.body if same == isinstance(test.ops[0], ast.Eq) else node.orelse
+        return node
+
+
+def _folded(expr):
+    """``expr`` (an op's source with a fixed constant written in) without the branches of the
+    constant's other values: the branch taken, the same operations (Numba compiles each
+    branch before dropping the dead ones: a chain's compile was 0.4 s longer)."""
+    return ast.unparse(_Fold().visit(ast.parse(expr, mode="eval")))
+
+
+def render_chain(chain, t, forward=False):
+    """A three-row superinstruction's branch (``fuse.CHAINS``) for a one-sample target ``t``
+    (as ``render_pair``): ``chain`` is ((op, fixed constants {name: source}, the input that
+    is the row before, or None for the first row), ...), rows k, k + 1, ... Forward
+    (dispatched at the first row): each value from the one before kept in a register, every
+    value stored, ``kk`` past the last row. Reverse (at the last row): each row's rule from
+    the last, the adjoint of the row before completed in a register (every later row has
+    added to it already, ``fuse`` checks that no row of the chain reads another but the
+    one before it) and stored, ``kk`` past the first row. A fixed constant (a square's
+    exponent, which ``fuse`` checks) is written into the expressions, where Numba's
+    optimizer drops the branches of the op's other constants. The same expressions in the
+    same order as the rows' own branches: the same numbers, to the bit."""
+    last = len(chain) - 1
+
+    def row(i):
+        return "k" if i == (0 if forward else last) else f"k{i}"
+
+    if forward:
+        src = []
+        for i, (op, fixed, link) in enumerate(chain):
+            if i > 0:
+                src.append(f"{row(i)} = np.uint64(kk + {i})")
+            names = {n: fixed.get(n, f"r{i}{n}") for n in _consts_of(op)}
+            names.update({n: f"r{i - 1}" if n == link else f"r{i}{n}" for n in _inputs(op)})
+            e = _folded(op.nb.format(**names))
+            src += [f"r{i}{n} = rows[{row(i)}, {t.cols[n]}]" for n in _consts_of(op)
+                    if n not in fixed and _uses(e, f"r{i}{n}")]
+            src += [f"r{i}{n} = " + t.val.format(s=f"int(rows[{row(i)}, {t.cols[n]}])", n=n)
+                    for n in _inputs(op) if n != link and _uses(e, f"r{i}{n}")]
+            src += [f"r{i} = {e}", t.out.format(s=row(i), e=f"r{i}")]
+        return src + [f"kk += {last}"]
+    src = [f"k{i} = np.uint64(kk - {last - i})" for i in range(last)]
+    src.append(f"g{last} = {t.adj.format(s='k', n='out')}")
+    for i in range(last, -1, -1):
+        op, fixed, link = chain[i]
+        exprs = rule_exprs(op)
+
+        def used(n, exprs=exprs):
+            return any(_uses(e, n) for e in exprs.values())
+        names = {n: f"r{i}{n}" for n in rule_inputs(op) + ("out", "c0", "c1")}
+        names.update(fixed)
+        names["g"] = f"g{i}"
+        ins = [n for n in rule_inputs(op) if n != link]
+        src += [f"ir{i}{n} = int(rows[{row(i)}, {t.cols[n]}])" for n in ins
+                if n in exprs or used(n)]
+        if link is not None and used(link):
+            src.append(f"r{i}{link} = " + t.val.format(s=f"k{i - 1}", n=link))
+        src += [f"r{i}{n} = " + t.val.format(s=f"ir{i}{n}", n=n) for n in ins if used(n)]
+        if used("out"):
+            src.append(f"r{i}out = " + t.val.format(s=row(i), n="out"))
+        src += [f"r{i}{n} = rows[{row(i)}, {t.cols[n]}]" for n in ("c0", "c1")
+                if n not in fixed and used(n)]
+        src += [f"{t.adj.format(s=f'ir{i}{n}', n=n)} += {_folded(_renamed(e, names))}"
+                for n, e in exprs.items() if n != link]
+        if link is not None:
+            e = exprs.get(link)
+            before = t.adj.format(s=f"k{i - 1}", n="out")
+            src += [f"g{i - 1} = {before}"
+                    + ("" if e is None else f" + {_folded(_renamed(e, names))}"),
+                    f"{before} = g{i - 1}"]
+    return src + [f"kk -= {last}"]
+
+
+def dispatch_chains(chains, t, indent=8, forward=False):
+    """``elif`` branches of the three-row superinstructions ``chains`` (``fuse.CHAINS``),
+    chain i's first row's opcode ``fuse.CHAIN_BASE + 3 i``, its last row's ``+ 2``: forward
+    dispatches on the first, reverse on the last."""
+    from ..ops import BY_NAME
+    from .fuse import CHAIN_BASE
+    src = []
+    for i, spec in enumerate(chains):
+        chain = [(BY_NAME[name], {c: repr(float(x)) for c, x in fixed},
+                  None if link is None else _inputs(BY_NAME[name])[link])
+                 for name, fixed, link in spec]
+        code = CHAIN_BASE + 3 * i + (0 if forward else 2)
+        src.append(" " * indent + f"elif op == {code}:  # "
+                   + " then ".join(name for name, _, _ in spec) + "\n")
+        src += [" " * (indent + 4) + f"{x}\n" for x in render_chain(chain, t, forward)]
     return src

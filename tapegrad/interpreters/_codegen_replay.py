@@ -5,8 +5,8 @@ from __future__ import annotations
 import pathlib
 
 from ._codegen_emit import (
-    CUDA, REPLAY_MULTI, REPLAY_ONE, _replay_ops, dispatch, dispatch_pairs)
-from .fuse import PAIRS
+    CUDA, REPLAY_MULTI, REPLAY_ONE, _replay_ops, dispatch, dispatch_chains, dispatch_pairs)
+from .fuse import CHAINS, PAIRS
 
 # --- traced-program interpreters ------------------------------------------------------------
 # A traced program is a matrix of scalar rows (opcode, a, b, c, c0, c1) with absolute slots:
@@ -75,7 +75,7 @@ HEADER = 3
 # as ``while`` loops: 4.6), hence ``fuse.MIN_PAIRED``. ``{fail}``: what a failed guard does.
 FORWARD_START = '''        if op == LEAF:
             v[k] = x[int(rows[k, 4])]
-        elif op == CONST:
+{leaf_run}        elif op == CONST:
             v[k] = rows[k, 4]
         elif op == GUARD:
             t = v[int(rows[k, 1])]
@@ -101,6 +101,17 @@ def reverse{suffix}(rows, v, adj):
     for k in range(rows.shape[0] - 1, -1, -1):
         op = int(rows[k, 0])
 {reverse}    return 0
+'''
+
+# ``run_fused``'s branch of a run of leaves (``fuse.LEAF_RUN``: its first row, the count in
+# column 5): one dispatch for the run's copy; its reverse stops above a run that starts the
+# program (leaves have no rule). n=100 Rosenbrock: 100 of 596 forward branches
+LEAF_RUN_FORWARD = '''        elif op == {code}:  # a run of leaves
+            nrun = int(rows[k, 5])
+            x0 = int(rows[k, 4])
+            for j in range(nrun):
+                v[k + np.uint64(j)] = x[np.uint64(x0 + j)]
+            kk += nrun - 1
 '''
 
 # ``run_fused`` holds both sweeps in its own body: calling two functions as ``run_into`` does
@@ -138,9 +149,12 @@ def run_fused{suffix}(rows, work, res):
         oslot = int(work[slots + i])
         adj[oslot] += work[HEADER + i]
         kk = max(kk, oslot)
-    if kk + 1 < n and rows[kk, 0] >= {base} and (int(rows[kk, 0]) - {base}) % 2 == 0:
+    if kk + 1 < n and {base} <= rows[kk, 0] < {leaf_run} and (int(rows[kk, 0]) - {base}) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
-    while kk >= 0:
+    elif rows[kk, 0] >= {chain_base}:  # a chain's first or middle row: from its last
+        kk += 2 - (int(rows[kk, 0]) - {chain_base}) % 3
+    lo = int(rows[0, 5]) if n > 0 and rows[0, 0] == {leaf_run} else 0  # leaves below
+    while kk >= lo:
         k = np.uint64(kk)
         op = int(rows[k, 0])
 {reverse}        kk -= 1
@@ -246,11 +260,16 @@ def _one_sweeps(looped, pairs, own, fail, shared=True):
     """The branches of one sample's forward and reverse loops: the common ops', the
     superinstructions' (``pairs``), and (``shared``) the rare ops' through the shared
     switch; ``own``: the row's signed index, ``fail``: what a failed guard does."""
-    fwd = [FORWARD_START.replace("{fail}", fail)]
+    from .fuse import LEAF_RUN
+    fwd = [FORWARD_START.replace("{fail}", fail).replace(
+        "{leaf_run}", LEAF_RUN_FORWARD.replace("{code}", str(LEAF_RUN)) if pairs else "")]
     fwd += dispatch(looped, REPLAY_ONE, forward=True, first=False)
     fwd += dispatch_pairs(pairs, REPLAY_ONE, forward=True)
     rev = dispatch(looped, REPLAY_ONE)
     rev += dispatch_pairs(pairs, REPLAY_ONE)
+    if pairs:  # (and the chains: the entry of superinstructions)
+        fwd += dispatch_chains(CHAINS, REPLAY_ONE, forward=True)
+        rev += dispatch_chains(CHAINS, REPLAY_ONE)
     if shared:
         fwd.append(SHARED_ONE_FORWARD.replace("{own}", own))
         rev.append(SHARED_ONE_REVERSE.replace("{own}", own))
@@ -275,14 +294,14 @@ def _replay_source():
 
     # the rare ops' branches call the batch's scalar forward_value/reverse_value (one
     # compiled switch serves both): a branch per op was 60% of these sweeps' cold compile
-    from .fuse import BASE
+    from .fuse import BASE, CHAIN_BASE, LEAF_RUN
     for suffix, shared, which in FORMS:
         fwd, rev = _one_sweeps(looped, (), "k", "return k + 1", shared)
         src.append(SWEEPS.format(forward=fwd, reverse=rev, suffix=suffix, which=which))
         fwd, rev = _one_sweeps(looped, PAIRS, "kk", "status = kk + 1\n                break",
                                shared)
-        src.append(RUN_FUSED.format(forward=fwd, reverse=rev, base=BASE, suffix=suffix,
-                                    which=which))
+        src.append(RUN_FUSED.format(forward=fwd, reverse=rev, base=BASE, leaf_run=LEAF_RUN,
+                                    chain_base=CHAIN_BASE, suffix=suffix, which=which))
         src.append(RUN_INTO.replace("{suffix}", suffix).replace("{which}", which))
     # one sample with many seeds (Jacobians): rows as traced
     src.append('''

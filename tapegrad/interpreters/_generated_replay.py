@@ -259,6 +259,12 @@ def run_fused(rows, work, res):
         op = int(rows[k, 0])
         if op == LEAF:
             v[k] = x[int(rows[k, 4])]
+        elif op == 1008:  # a run of leaves
+            nrun = int(rows[k, 5])
+            x0 = int(rows[k, 4])
+            for j in range(nrun):
+                v[k + np.uint64(j)] = x[np.uint64(x0 + j)]
+            kk += nrun - 1
         elif op == CONST:
             v[k] = rows[k, 4]
         elif op == GUARD:
@@ -366,6 +372,31 @@ def run_fused(rows, work, res):
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
             kk += 1
+        elif op == 1009:  # powc then sub then powc
+            r0a = v[np.uint64(int(rows[k, 1]))]
+            r0 = r0a * r0a
+            v[k] = r0
+            k1 = np.uint64(kk + 1)
+            r1a = v[np.uint64(int(rows[k1, 1]))]
+            r1 = r1a - r0
+            v[k1] = r1
+            k2 = np.uint64(kk + 2)
+            r2 = r1 * r1
+            v[k2] = r2
+            kk += 2
+        elif op == 1012:  # rsubc then powc then add
+            r0c0 = rows[k, 4]
+            r0a = v[np.uint64(int(rows[k, 1]))]
+            r0 = r0c0 - r0a
+            v[k] = r0
+            k1 = np.uint64(kk + 1)
+            r1 = r0 * r0
+            v[k1] = r1
+            k2 = np.uint64(kk + 2)
+            r2a = v[np.uint64(int(rows[k2, 1]))]
+            r2 = r2a + r1
+            v[k2] = r2
+            kk += 2
         elif SHARED[op]:
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -384,9 +415,12 @@ def run_fused(rows, work, res):
         oslot = int(work[slots + i])
         adj[oslot] += work[HEADER + i]
         kk = max(kk, oslot)
-    if kk + 1 < n and rows[kk, 0] >= 1000 and (int(rows[kk, 0]) - 1000) % 2 == 0:
+    if kk + 1 < n and 1000 <= rows[kk, 0] < 1008 and (int(rows[kk, 0]) - 1000) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
-    while kk >= 0:
+    elif rows[kk, 0] >= 1009:  # a chain's first or middle row: from its last
+        kk += 2 - (int(rows[kk, 0]) - 1009) % 3
+    lo = int(rows[0, 5]) if n > 0 and rows[0, 0] == 1008 else 0  # leaves below
+    while kk >= lo:
         k = np.uint64(kk)
         op = int(rows[k, 0])
         if op == 3:  # neg
@@ -532,6 +566,35 @@ def run_fused(rows, work, res):
             adj[np.uint64(iha)] += (gh * hb)
             adj[np.uint64(ihb)] += (gh * ha)
             kk -= 1
+        elif op == 1011:  # powc then sub then powc
+            k0 = np.uint64(kk - 2)
+            k1 = np.uint64(kk - 1)
+            g2 = adj[np.uint64(k)]
+            r2a = v[np.uint64(k1)]
+            g1 = adj[np.uint64(k1)] + g2 * (2.0 * r2a ** 1.0)
+            adj[np.uint64(k1)] = g1
+            ir1a = int(rows[k1, 1])
+            adj[np.uint64(ir1a)] += g1
+            g0 = adj[np.uint64(k0)] + -g1
+            adj[np.uint64(k0)] = g0
+            ir0a = int(rows[k0, 1])
+            r0a = v[np.uint64(ir0a)]
+            adj[np.uint64(ir0a)] += g0 * (2.0 * r0a ** 1.0)
+            kk -= 2
+        elif op == 1014:  # rsubc then powc then add
+            k0 = np.uint64(kk - 2)
+            k1 = np.uint64(kk - 1)
+            g2 = adj[np.uint64(k)]
+            ir2a = int(rows[k, 1])
+            adj[np.uint64(ir2a)] += g2
+            g1 = adj[np.uint64(k1)] + g2
+            adj[np.uint64(k1)] = g1
+            r1a = v[np.uint64(k0)]
+            g0 = adj[np.uint64(k0)] + g1 * (2.0 * r1a ** 1.0)
+            adj[np.uint64(k0)] = g0
+            ir0a = int(rows[k0, 1])
+            adj[np.uint64(ir0a)] += -g0
+            kk -= 2
         elif SHARED[op] and GRADS[op] != 0:
             bits = GRADS[op]
             ia = int(rows[k, 1])
@@ -818,6 +881,12 @@ def run_fused_common(rows, work, res):
         op = int(rows[k, 0])
         if op == LEAF:
             v[k] = x[int(rows[k, 4])]
+        elif op == 1008:  # a run of leaves
+            nrun = int(rows[k, 5])
+            x0 = int(rows[k, 4])
+            for j in range(nrun):
+                v[k + np.uint64(j)] = x[np.uint64(x0 + j)]
+            kk += nrun - 1
         elif op == CONST:
             v[k] = rows[k, 4]
         elif op == GUARD:
@@ -925,6 +994,31 @@ def run_fused_common(rows, work, res):
             ta = v[np.uint64(int(rows[k1, 1]))]
             v[k1] = (ta + hv)
             kk += 1
+        elif op == 1009:  # powc then sub then powc
+            r0a = v[np.uint64(int(rows[k, 1]))]
+            r0 = r0a * r0a
+            v[k] = r0
+            k1 = np.uint64(kk + 1)
+            r1a = v[np.uint64(int(rows[k1, 1]))]
+            r1 = r1a - r0
+            v[k1] = r1
+            k2 = np.uint64(kk + 2)
+            r2 = r1 * r1
+            v[k2] = r2
+            kk += 2
+        elif op == 1012:  # rsubc then powc then add
+            r0c0 = rows[k, 4]
+            r0a = v[np.uint64(int(rows[k, 1]))]
+            r0 = r0c0 - r0a
+            v[k] = r0
+            k1 = np.uint64(kk + 1)
+            r1 = r0 * r0
+            v[k1] = r1
+            k2 = np.uint64(kk + 2)
+            r2a = v[np.uint64(int(rows[k2, 1]))]
+            r2 = r2a + r1
+            v[k2] = r2
+            kk += 2
         kk += 1
     for i in range(nout):
         res[i] = v[int(work[slots + i])]
@@ -937,9 +1031,12 @@ def run_fused_common(rows, work, res):
         oslot = int(work[slots + i])
         adj[oslot] += work[HEADER + i]
         kk = max(kk, oslot)
-    if kk + 1 < n and rows[kk, 0] >= 1000 and (int(rows[kk, 0]) - 1000) % 2 == 0:
+    if kk + 1 < n and 1000 <= rows[kk, 0] < 1008 and (int(rows[kk, 0]) - 1000) % 2 == 0:
         kk += 1  # a pair's head (never, in a pruned program): from its tail
-    while kk >= 0:
+    elif rows[kk, 0] >= 1009:  # a chain's first or middle row: from its last
+        kk += 2 - (int(rows[kk, 0]) - 1009) % 3
+    lo = int(rows[0, 5]) if n > 0 and rows[0, 0] == 1008 else 0  # leaves below
+    while kk >= lo:
         k = np.uint64(kk)
         op = int(rows[k, 0])
         if op == 3:  # neg
@@ -1085,6 +1182,35 @@ def run_fused_common(rows, work, res):
             adj[np.uint64(iha)] += (gh * hb)
             adj[np.uint64(ihb)] += (gh * ha)
             kk -= 1
+        elif op == 1011:  # powc then sub then powc
+            k0 = np.uint64(kk - 2)
+            k1 = np.uint64(kk - 1)
+            g2 = adj[np.uint64(k)]
+            r2a = v[np.uint64(k1)]
+            g1 = adj[np.uint64(k1)] + g2 * (2.0 * r2a ** 1.0)
+            adj[np.uint64(k1)] = g1
+            ir1a = int(rows[k1, 1])
+            adj[np.uint64(ir1a)] += g1
+            g0 = adj[np.uint64(k0)] + -g1
+            adj[np.uint64(k0)] = g0
+            ir0a = int(rows[k0, 1])
+            r0a = v[np.uint64(ir0a)]
+            adj[np.uint64(ir0a)] += g0 * (2.0 * r0a ** 1.0)
+            kk -= 2
+        elif op == 1014:  # rsubc then powc then add
+            k0 = np.uint64(kk - 2)
+            k1 = np.uint64(kk - 1)
+            g2 = adj[np.uint64(k)]
+            ir2a = int(rows[k, 1])
+            adj[np.uint64(ir2a)] += g2
+            g1 = adj[np.uint64(k1)] + g2
+            adj[np.uint64(k1)] = g1
+            r1a = v[np.uint64(k0)]
+            g0 = adj[np.uint64(k0)] + g1 * (2.0 * r1a ** 1.0)
+            adj[np.uint64(k0)] = g0
+            ir0a = int(rows[k0, 1])
+            adj[np.uint64(ir0a)] += -g0
+            kk -= 2
         kk -= 1
     for i in range(nin):
         res[nout + i] = adj[int(work[slots + nout + i])]
