@@ -135,7 +135,13 @@ _ONE, _WHOLE = slice(0, 1), slice(None)
 def _readonly(v):
     """A read-only C-contiguous view (a copy where ``v`` is not contiguous: one number per
     row, small): the compiled pass is typed, and compiled, once for every operand."""
-    v = v.view() if v.flags.c_contiguous else np.ascontiguousarray(v)
+    f = v.flags
+    if f.c_contiguous:
+        if not f.writeable:
+            return v  # (an expand's view cut to its rows: read-only already, 0.5 us)
+        v = v.view()
+    else:
+        v = np.ascontiguousarray(v)
     v.flags.writeable = False
     return v
 
