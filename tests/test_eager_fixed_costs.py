@@ -194,3 +194,25 @@ def test_seed_adjoints_start_at_minus_zero():
         (g,) = M.autograd.grad(y, (x,))
         res.append(g.numpy())
     assert res[0].tobytes() == res[1].tobytes()
+
+
+def test_grad_outputs_seed_of_the_outputs_shape_and_dtype_is_torchs():
+    """A float64 ``grad_outputs`` of the output's shape is the seed as it is (the short
+    check); another shape is torch's error, another dtype converted as before; the
+    gradients are torch's either way."""
+    a0 = np.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    go = np.linspace(0.5, 2.0, 12).reshape(3, 4)
+    res = []
+    for M in (tg, torch):
+        x = M.tensor(a0, dtype=M.float64, requires_grad=True)
+        y = M.sin(x) * x
+        (g,) = M.autograd.grad(y, (x,), grad_outputs=(M.tensor(go, dtype=M.float64),),
+                               retain_graph=True)
+        (g32,) = M.autograd.grad(y, (x,), grad_outputs=(M.tensor(go, dtype=M.float32),),
+                                 retain_graph=True)
+        with pytest.raises(RuntimeError, match="Mismatch in shape"):
+            M.autograd.grad(y, (x,), grad_outputs=(M.tensor(go[:2], dtype=M.float64),),
+                            retain_graph=True)
+        res.append((g.numpy(), g32.numpy()))
+    for a, b in zip(*res):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
