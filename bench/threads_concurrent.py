@@ -5,7 +5,8 @@ their cores throughout, read from counters rather than from the machine's load: 
 one-thread call counts where the calling thread's CPU time is 90% of its wall time or
 more, a two-thread call where the caller's and the worker's CPU times both are (the
 worker spins between chunks, so it counts CPU time whenever it is on its core; a worker
-taken off its core, or a caller that was, is left out). The ratio of the medians says what
+taken off its core, or a caller that was, is left out, and so is a two-thread call where
+the worker ran no chunk). The ratio of the medians says what
 the split saves where the cores are there; the share of the calls kept says how often
 they were. From the repository root::
 
@@ -61,10 +62,12 @@ def main():
                 wcpu = sum(T._cpu_ns(w) for w in ws) - w0
                 if cpu < 0.9 * wall or th > 1 and wcpu < 0.9 * wall:
                     continue
-                # (a compiled pass: the worker ran a chunk where the caller did not run all;
-                # a NumPy pass: the worker's own count of Python chunks moved)
-                ran = own[0] >= 0 or sum(w.chunks for w in ws) > ch0
-                kept[th].append((wall, cpu, wcpu, ran))
+                # and, on two threads, the worker ran a chunk (a compiled pass: the caller
+                # ran fewer than all; a NumPy pass: the worker's count of Python chunks moved)
+                m = int(pool.ctl[K.CLAIM] >> K.IDX_BITS & K.IDX_MASK)
+                if th > 1 and not (0 <= own[0] < m or sum(w.chunks for w in ws) > ch0):
+                    continue
+                kept[th].append((wall, cpu, wcpu))
         m = {th: statistics.median([k[0] for k in kept[th]]) if kept[th] else float("nan")
              for th in (1, 2)}
         c2 = statistics.median([k[1] for k in kept[2]]) if kept[2] else float("nan")
