@@ -211,6 +211,10 @@ def _index_item(i):
     return i
 
 
+#: the types of an index of slices and new axes only (a view: ``getitem``'s short path)
+_SLICE_NONE = frozenset((slice, type(None)))
+
+
 def getitem(x, idx):
     d = x._d
     if idx.__class__ is slice and d.__class__ is np.ndarray and d.ndim:
@@ -224,7 +228,7 @@ def getitem(x, idx):
             return t
         return _record_view(x, v, idx, d.shape)
     if idx.__class__ is tuple and d.__class__ is np.ndarray and d.ndim and \
-            STATE.trace is None and all([i.__class__ is slice or i is None for i in idx]):
+            STATE.trace is None and _SLICE_NONE.issuperset(map(type, idx)):
         # slices and new axes (kmeans' C[:, :, None]): a view, the checks below not needed
         try:
             v = d[idx]
@@ -334,9 +338,8 @@ def _register(base, view, arg, kind="index"):
     # weakly: it must not keep the tape alive (a list of y.detach() over the steps)
     view._alias = (base if view._tape is not None or base._tape is None else
                    weakref.ref(base), kind, arg)
-    try:
-        vs = base._views
-    except AttributeError:
+    vs = getattr(base, "_views", None)  # (a base's first view: no exception raised, 0.5 us)
+    if vs is None:
         base._views = [weakref.ref(view)]
         return
     vs.append(weakref.ref(view))

@@ -52,6 +52,16 @@ def _hint(t, name):
     return t
 
 
+def _register_detach_first(x, t):
+    """``_fn_shapes._register_detach``, imported on the first detach (it imports this
+    module); later calls go to it directly (an import statement per detach cost 0.4 us)."""
+    from ._fn_shapes import _register_detach
+    _REGISTER_DETACH[0] = _register_detach
+    _register_detach(x, t)
+
+
+_REGISTER_DETACH = [_register_detach_first]
+
 _NODES = weakref.WeakValueDictionary()  # (id(tape), entry) -> its live _GradFn
 
 
@@ -296,19 +306,24 @@ class Tensor:
 
     def detach(self):
         d = self._d
-        t = _plain(d)
         tr = STATE.trace
-        if tr is not None:  # tracing: the value is recomputed at replay, without gradient
-            t = tr.on_detach(t, self)  # (the tensor returned is the one registered below:
-            # a write into self after this derives it again, recorded: _fn_shapes._rebase)
-        if d.__class__ is not _pyfloat:
-            t._ver = self._ver  # shares memory, and so the version counter
-            if not self._rg or self._tape is not None or \
-                    getattr(self, "_alias", None) is not None:
-                # writes through t are made on self, and t sees self's (a leaf that requires
-                # grad is only ever written in place: t shares its array)
-                from ._fn_shapes import _register_detach
-                _register_detach(self, t)
+        if tr is not None or d.__class__ is _pyfloat:
+            t = _plain(d)
+            if tr is not None:  # tracing: the value is recomputed at replay, without gradient
+                t = tr.on_detach(t, self)  # (the tensor returned is the one registered
+                # below: a write into self after this derives it again, recorded:
+                # _fn_shapes._rebase)
+            if d.__class__ is _pyfloat:
+                return t
+        else:  # (_plain written out: its version box is replaced by self's below)
+            t = Tensor()
+            t._d, t._rg, t._tape, t._sid, t._slot = d, False, None, -1, -1
+        t._ver = self._ver  # shares memory, and so the version counter
+        if not self._rg or self._tape is not None or \
+                getattr(self, "_alias", None) is not None:
+            # writes through t are made on self, and t sees self's (a leaf that requires
+            # grad is only ever written in place: t shares its array)
+            _REGISTER_DETACH[0](self, t)
         return t
 
     def detach_(self):

@@ -222,6 +222,7 @@ def test_array_sweep_skips_runs_with_nothing_needed(monkeypatch):
 
 def _released_state(short, monkeypatch, make):
     monkeypatch.setattr(cpu, "_SHORT", short)
+    monkeypatch.setattr(cpu, "_LAST_DROP", [None])  # (no answer kept from an earlier test)
     calls = []
     real = cpu._droppable
     monkeypatch.setattr(cpu, "_droppable", lambda *a: calls.append(1) or real(*a))

@@ -7,7 +7,8 @@ import numpy as np
 from .. import _generated_eager as _eager
 from ..functions import where as _where
 from ..ops import ARRAY, ARRAY_OP, BINARY, BY_NAME, OPS, UNARY, UNARY_C
-from ..ops._kernels import _MIN_SIZE as _ROWS_MIN, MUL2 as _MUL2, rows_op as _rows_op
+from ..ops._kernels import _MIN_SIZE as _ROWS_MIN, MUL2 as _MUL2, _compact, \
+    rows_op as _rows_op
 from ..ops.arrays import sum_axes, sum_to
 from ..tape import STATE
 from ..tensor import Tensor, _norm_value, _plain, _pyfloat, _record, array_op, binary, quiet, unary
@@ -155,7 +156,7 @@ def _square_grad(g, x):
             or not d.ndim:  # (a 0-d array's products are NumPy scalars: the two entries)
         return None
     if d.size >= _ROWS_MIN and 0 in d.strides:  # a large expanded g: its one copy doubled
-        c = d[_compact_index(d)]
+        c = _compact(d)  # (one copy along each zero-stride axis, no generator)
         h, t = quiet(_double, c)
         h = np.ndarray(d.shape, _F64, h, 0, tuple([0 if st == 0 else hs for st, hs in
                                                    zip(d.strides, h.strides)]))
@@ -184,11 +185,6 @@ def _double_and_square(d, x):
     h = d + d
     v = np.multiply(d, x)
     return h, float(_add_reduce(h, None)), np.add(v, v, out=v)
-
-
-def _compact_index(d):
-    """An index of ``d`` that keeps one copy along each zero-stride axis."""
-    return tuple(slice(0, 1) if st == 0 else slice(None) for st in d.strides)
 
 
 def _fit(gr, like):

@@ -118,16 +118,30 @@ def _as3(v):
 def _compact(v):
     """``v`` without its broadcast: an axis of stride 0 (an expand's view) cut to length 1,
     where the pass reads it as a broadcast axis."""
-    if 0 in v.strides:
-        v = v[tuple(slice(0, 1) if st == 0 and k > 1 else slice(None)
-                    for k, st in zip(v.shape, v.strides))]
-    return v
+    st = v.strides
+    if 0 not in st:
+        return v
+    sh = v.shape
+    if len(sh) == 3:  # (k, d, n) work, written out: a generator's tuple cost 1 us more
+        return v[_ONE if st[0] == 0 and sh[0] > 1 else _WHOLE,
+                 _ONE if st[1] == 0 and sh[1] > 1 else _WHOLE,
+                 _ONE if st[2] == 0 and sh[2] > 1 else _WHOLE]
+    return v[tuple([_ONE if s == 0 and k > 1 else _WHOLE for k, s in zip(sh, st)])]
+
+
+_ONE, _WHOLE = slice(0, 1), slice(None)
 
 
 def _readonly(v):
     """A read-only C-contiguous view (a copy where ``v`` is not contiguous: one number per
     row, small): the compiled pass is typed, and compiled, once for every operand."""
-    v = v.view() if v.flags.c_contiguous else np.ascontiguousarray(v)
+    f = v.flags
+    if f.c_contiguous:
+        if not f.writeable:
+            return v  # (an expand's view cut to its rows: read-only already, 0.5 us)
+        v = v.view()
+    else:
+        v = np.ascontiguousarray(v)
     v.flags.writeable = False
     return v
 
