@@ -533,20 +533,9 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             measured = times.tolist()
             if posted or measured[_atomic.T_DONE] < len(spans) - own:
                 pool.finish(len(spans), own)
-            if ctl[K.PARAMS + _atomic.B_FAILED]:
-                _failed(rows, X, out_slots, S, in_slots, grad, status, outs, G,
-                        spans[ctl[K.PARAMS + _atomic.B_FAILED] - 1])
-            _counts["batches_threads"] += 1
-            _counts["chunks_caller"] += own
-            _counts["chunks_workers"] += len(spans) - own
-            _counts["batches_missed"] += own == len(spans)
             _counts["wait_ns"] += measured[_atomic.T_WAIT]
-            _wall[0] = time.perf_counter() - t_start
-            if _settle[0] > 0:  # (the first batch of a try: SETTLE)
-                _settle[0] -= 1
-            elif not fresh:  # (a thread's start, once, says nothing of the batches to come)
-                _judge(_wall[0], measured[_atomic.T_CPU] * 1e-9
-                       / measured[_atomic.T_SAMPLES] * B)
+            _ended(ctl, (rows, X, out_slots, S, in_slots, grad, status, outs, G), spans, own,
+                   t_start, fresh, measured[_atomic.T_CPU] * 1e-9, measured[_atomic.T_SAMPLES], B)
             return status, outs, G
         compiled = compiled and _plain(brows, _F64, 2) and _plain(out_slots, _I64, 1) \
             and _plain(in_slots, _I64, 1)
@@ -585,24 +574,33 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
             pool.finish(len(spans), own + K.take_rest(ctl))
             raise
         pool.finish(len(spans), own)
-        if compiled and ctl[K.PARAMS + _atomic.B_FAILED]:
-            _failed(rows, X, out_slots, S, in_slots, grad, status, outs, G,
-                    spans[ctl[K.PARAMS + _atomic.B_FAILED] - 1])
-        _counts["batches_threads"] += 1
-        _counts["chunks_caller"] += own
-        _counts["chunks_workers"] += len(spans) - own
-        _counts["batches_missed"] += own == len(spans)
         ran, lag = pool.lag()
         _counts["lag_workers"] += ran
         _counts["lag_ns"] += lag
-        _wall[0] = time.perf_counter() - t_start
-        if _settle[0] > 0:  # (the first batch of a try: SETTLE)
-            _settle[0] -= 1
-        elif not fresh:  # (a thread's start, once, says nothing of the batches to come)
-            _judge(_wall[0], cpu / done * B)
+        _ended(ctl if compiled else None, (rows, X, out_slots, S, in_slots, grad, status, outs,
+                                           G), spans, own, t_start, fresh, cpu, done, B)
         return status, outs, G
     finally:
         pool.busy.release()
+
+
+def _ended(ctl, batch, spans, own, t_start, fresh, cpu, done, B):
+    """A threaded batch's end, either way it ran: a block that raised in compiled code
+    (``ctl``'s failed block; None: blocks through Python raised themselves) raised again,
+    the counts, and the judge of its wall time against the serial batch's (the caller's
+    CPU time ``cpu`` over its ``done`` samples, times the batch's ``B``)."""
+    failed = 0 if ctl is None else ctl[_threads._k().PARAMS + _atomic.B_FAILED]
+    if failed:
+        _failed(*batch, spans[failed - 1])
+    _counts["batches_threads"] += 1
+    _counts["chunks_caller"] += own
+    _counts["chunks_workers"] += len(spans) - own
+    _counts["batches_missed"] += own == len(spans)
+    _wall[0] = time.perf_counter() - t_start
+    if _settle[0] > 0:  # (the first batch of a try: SETTLE)
+        _settle[0] -= 1
+    elif not fresh:  # (a thread's start, once, says nothing of the batches to come)
+        _judge(_wall[0], cpu / done * B)
 
 
 def _failed(rows, X, out_slots, S, in_slots, grad, status, outs, G, span):
