@@ -265,3 +265,36 @@ def test_the_cuda_target_matches_torch():
         warnings.simplefilter("ignore", RuntimeWarning)
         hv = Q.hvp((x0[None],), (u[None],))[1][0]
     np.testing.assert_allclose(hv, torch_hvp(g, x0, u))
+
+
+@pytest.mark.parametrize("cover", [0.0, 1.0])
+def test_a_cut_inside_a_span_an_instruction_reads_goes_before_the_span(cover, monkeypatch):
+    # exp(x_i) rows (dead: read only by the detach after each) sit between the detach rows
+    # that one instruction reads with stride 2: the detach rows the cut inserts go before
+    # the span, which shifts whole (inserted inside it, the instruction would read them)
+    from tapegrad._program_code import _Code
+    from tapegrad.interpreters import program_arrays as PA
+    from tapegrad.ops import BY_NAME
+    monkeypatch.setattr(PA, "MIN_COVER", cover)  # 0: the array interpreter; 1: expanded
+    A, T, code = PA.ARR, PA.TAIL, lambda n: BY_NAME[n].code
+    rows = [[A, -1, -1, -1, 0, 0], [T, -1, -1, -1, 8, _prog.LEAF], [T, -1, -1, -1, 0, 0],
+            [T, -1, -1, -1, 0, 0]]
+    for i in range(4):  # slot 8 + 2i: exp(x_i); 9 + 2i: its detach
+        rows += [[code("exp"), i, -1, -1, 0, 0], [_prog.DETACH, 8 + 2 * i, -1, -1, 0, 0]]
+    rows += [[A, 9, 0, -1, 0, 0], [T, -1, -1, -1, 4, code("mul")], [T, -1, -1, -1, 2, 1],
+             [T, -1, -1, -1, 0, 0]]  # slots 16..19: detach(exp(x_i)) * x_i
+    rows = np.array(rows, dtype=np.float64)
+    roots = np.arange(16, 20)
+    out, new = _prog.cut_dead(rows, roots)
+    assert PA.has_arrays(out) and (out[:, 0] == _prog.DETACH).sum() == 8
+    ins = [((8,), np.dtype(np.float64))]
+    outs = [((4,), np.dtype(np.float64))]
+    x = np.array([0.5, 1.0, 1000.0, -2.0, 0.0, 0.0, 0.0, 0.0])
+    got = _Code(out, new[np.arange(8)], new[roots], ins, outs, "single", []).run_fresh(
+        x, np.ones(4), True)
+    xt = torch.tensor(x[:4], requires_grad=True)
+    want, = torch.autograd.grad((torch.exp(xt).detach() * xt).sum(), xt)
+    np.testing.assert_array_equal(got[2][:4], want.numpy())  # exp(1000) = inf, not NaN
+    uncut = _Code(rows, np.arange(8), roots, ins, outs, "single", []).run_fresh(
+        x, np.ones(4), True)
+    assert np.isnan(uncut[2][2])  # (what the cut keeps out)
