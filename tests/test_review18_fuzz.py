@@ -1,10 +1,11 @@
 """The differential harness's programs (every public function) traced at their inputs and
-replayed at inputs with inf, NaN, 800 (exp overflows), -0.0 and ties on every path: one sample (past the tier-up), hvp, the gradient program, the program's
-entry on the eager tape (its VJP, and under create_graph its VJP program), a batch and the
-parallel target in blocks; against torch wherever torch's result is finite (or infinite:
-the same infinity). Where torch is NaN nothing is compared (replay, which never runs the
-rules of elements without an adjoint, may give a number there). Default tier: a few seeds;
-``-m slow``: hundreds."""
+replayed at inputs with inf, NaN, 800 (exp overflows), -0.0 and ties on every path: one
+sample (past the tier-up), hvp, the gradient program, the program's entry on the eager tape
+(its VJP, and under create_graph its VJP program), a batch and the parallel target in
+blocks; against torch wherever torch's result is finite (or infinite: the same infinity).
+Where torch is NaN nothing is compared (replay, which never runs the rules of elements
+without an adjoint, may give a number there). Default tier: a few seeds; ``-m slow``:
+hundreds."""
 import collections
 import warnings
 
