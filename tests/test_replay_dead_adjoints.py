@@ -298,3 +298,19 @@ def test_a_cut_inside_a_span_an_instruction_reads_goes_before_the_span(cover, mo
     uncut = _Code(rows, np.arange(8), roots, ins, outs, "single", []).run_fresh(
         x, np.ones(4), True)
     assert np.isnan(uncut[2][2])  # (what the cut keeps out)
+
+
+def test_the_cuda_target_runs_cut_array_instructions():
+    pytest.importorskip("numba_cuda", reason="the CUDA target needs pip install 'tapegrad[cuda]'")
+    from harness import replay_forms as RF
+    X = np.stack([np.where(X20_INF > 100.0, np.inf, X20), X20])  # (the simulator: inf)
+    for case in ("detach_times", "compared"):
+        f = CASES[case]
+        with RF.array_instructions(4):
+            P = tg.trace(lambda x: f(tg, x), X20, target="cuda")
+        assert P._code.arrays  # the instructions' expansion, with the cut's detach rows
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            grads = P.value_and_grad(X)[1]
+        for i in range(2):
+            np.testing.assert_allclose(grads[i], torch_vg(f, X[i])[1])
