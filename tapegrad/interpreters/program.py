@@ -661,9 +661,12 @@ def _insert_detaches(rows, at, nslots, kind, nval, geo, terms, cut):
     p = place[order]
     ends = np.cumsum(count[order])
     cum = np.concatenate([[0], ends])
-    # new slot of old slot s: s + the slots inserted at or before it
-    new = np.arange(nslots, dtype=np.int64) + cum[np.searchsorted(p, np.arange(nslots),
-                                                                  side="right")]
+    # new slot of old slot s: s + the slots inserted at or before it (a cumulative sum: a
+    # search per slot took 1 s of gmm's gradient program, 17 million slots)
+    new = np.zeros(nslots, dtype=np.int64)
+    np.add.at(new, p, count[order])
+    np.cumsum(new, out=new)
+    new += np.arange(nslots, dtype=np.int64)
     start = np.empty(len(keys), dtype=np.int64)
     start[order] = p + cum[:-1]
     # the rows: each detach's before its reader's
@@ -777,7 +780,9 @@ def prune_live(rows, roots):
     out, cut = cut_dead(pruned, new[roots])
     if cut is None:
         return pruned, new
-    return out, np.where(new >= 0, cut[np.maximum(new, 0)], -1)
+    kept = new >= 0
+    new[kept] = cut[new[kept]]  # (in place: gmm's gradient program has 17 million slots)
+    return out, new
 
 
 def _cuts_py(rows, diff, safe, live, cut):
