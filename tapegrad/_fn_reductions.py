@@ -258,3 +258,49 @@ def _softmax_fn(op):
 
 softmax = _softmax_fn(_O["softmax"])
 log_softmax = _softmax_fn(_O["log_softmax"])
+
+
+def _arg_extreme(npfn, name):
+    """``argmax``/``argmin``: the index (int64) of the first largest/smallest element, over
+    everything or along ``dim``; NaN counts as the extreme (the first NaN), as torch's."""
+    def fn(input, dim=None, keepdim=False):
+        x = _t(input)
+        if dim is not None and (not isinstance(dim, (int, np.integer))
+                                or isinstance(dim, bool)):
+            raise TypeError(f"{name}(): argument 'dim' must be int, not {type(dim).__name__}")
+        if not isinstance(keepdim, (bool, np.bool_)):
+            raise TypeError(f"{name}(): argument 'keepdim' must be bool, not "
+                            f"{type(keepdim).__name__}")
+        kind = x.dtype.np.kind
+        if kind in "bc":
+            raise RuntimeError(f"{name}(): does not support {'bool' if kind == 'b' else 'complex'}"
+                               f" input (convert it first: input.to(tapegrad.int64), or "
+                               f"input.real)")
+        a = np.asarray(x._d)
+        if dim is None:
+            if a.size == 0:
+                raise IndexError(f"{name}(): Expected reduction dim to be specified for "
+                                 f"input.numel() == 0.")
+            r = np.asarray(npfn(a.reshape(-1)), dtype=np.int64)
+            if keepdim:
+                r = r.reshape((1,) * a.ndim)
+        else:
+            d = _dim(dim, a.ndim)
+            if a.ndim == 0:  # torch takes dim 0 or -1 of a 0-d tensor: its one element
+                r = np.asarray(0, dtype=np.int64)
+            elif a.shape[d] == 0:
+                raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero "
+                                 f"size.")
+            else:
+                r = np.asarray(npfn(a, axis=d, keepdims=bool(keepdim)), dtype=np.int64)
+        r = _plain(r)
+        tr = STATE.trace
+        return r if tr is None else tr.untraceable(r, f"{name}() of a traced tensor", x)
+    fn.__name__ = name
+    fn.__doc__ = (f"Indices of the {'largest' if name == 'argmax' else 'smallest'} elements "
+                  f"(the first, NaN first), over all elements or along ``dim``.")
+    return fn
+
+
+argmax = _arg_extreme(np.argmax, "argmax")
+argmin = _arg_extreme(np.argmin, "argmin")

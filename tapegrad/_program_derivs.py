@@ -49,6 +49,11 @@ def _build_hvp_value(code):
     f = int(code.out_slots[0])
     n1 = _prog.prune(rows, np.array([dot], dtype=np.int64))[1]
     p2, n2 = _prog.prune(rows, np.array([dot, f], dtype=np.int64))
+    # (cut as the Hessian-vector program is: the value's rows are dead to the product's
+    # reverse sweep, which ran the rules of rows only they read at 0 * inf, ``cut_dead``)
+    p2, cut = _prog.cut_dead(p2, n2[[dot]])
+    if cut is not None:
+        n2 = np.where(n2 >= 0, cut[np.maximum(n2, 0)], -1)
     ins = np.concatenate([code.in_slots, vs])
     w = _Code(p2, n2[ins], n2[[dot, f]], h.inputs, [((), np.dtype(np.float64))] * 2,
               "tuple", h.sites)

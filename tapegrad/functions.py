@@ -16,8 +16,8 @@ import numpy as np
 from . import _generated_eager as _eager
 from ._fn_elementwise import _binary_fn, clamp, clamp_max, clamp_min, clone, pow, softplus, where
 from ._fn_linalg import diag, dot, ger, inner, matmul, outer
-from ._fn_reductions import (amax, amin, log_softmax, logsumexp, max, mean, min, norm, prod,
-                             softmax, sum)
+from ._fn_reductions import (amax, amin, argmax, argmin, log_softmax, logsumexp, max, mean,
+                             min, norm, prod, softmax, sum)
 from ._fn_shapes import (_inplace, _rebind, _shape_arg, broadcast_to, cat, flatten, getitem,
                          permute, reshape, setitem, squeeze, stack, swapaxes, swapdims, t,
                          transpose, unsqueeze)
@@ -166,15 +166,6 @@ def _predicate(npfn, traced):
     return f
 
 
-def _arg(npfn, name):
-    def f(self, dim=None, keepdim=False):
-        r = _plain(np.asarray(npfn(np.asarray(self._d), axis=dim, keepdims=keepdim),
-                              dtype=np.int64))
-        tr = STATE.trace
-        return r if tr is None else tr.untraceable(r, f"{name}() of a traced tensor", self)
-    return f
-
-
 # all: no element is 0; any: some element is not (NaN counts as true, as in NumPy)
 Tensor.any = _predicate(lambda a, dim=None, keepdim=False: np.any(a, axis=dim,
                                                                   keepdims=keepdim),
@@ -184,8 +175,8 @@ Tensor.all = _predicate(lambda a, dim=None, keepdim=False: np.all(a, axis=dim,
                         lambda s, dim=None, keepdim=False: (s == 0).sum(dim, keepdim) == 0)
 Tensor.isnan = _predicate(np.isnan, lambda s: s != s)
 Tensor.isfinite = _predicate(np.isfinite, lambda s: (s - s) == 0)
-Tensor.argmax = _arg(np.argmax, "argmax")
-Tensor.argmin = _arg(np.argmin, "argmin")
+Tensor.argmax = argmax
+Tensor.argmin = argmin
 
 
 def _method(fn):
@@ -371,8 +362,8 @@ Tensor.fmod = fmod
 
 
 #: public but outside ``__all__`` (as in torch's top-level namespace, these are not ops)
-_EXTRAS = ("argsort", "equal", "index_add", "mm", "sort", "cross", "einsum", "empty",
-           "repeat_interleave", "floor_divide", "remainder", "fmod")
+_EXTRAS = ("argmax", "argmin", "argsort", "equal", "index_add", "mm", "sort", "cross",
+           "einsum", "empty", "repeat_interleave", "floor_divide", "remainder", "fmod")
 __all__ = list(_LISTED)
 
 

@@ -164,21 +164,87 @@ def test_programs_without_such_rows_are_left_as_they_are():
     assert (Q._code.arows[:, 0] == _prog.DETACH).sum() == 6
 
 
-@pytest.mark.xfail(strict=True, reason="array instructions are not cut yet (cut_dead takes "
-                   "scalar rows): the hvp program of kmeans runs the rule of a distance "
-                   "row read only by the min's ties at 0 * inf")
-def test_hvp_of_an_array_program_at_inf():
+def _kmeans_at_inf(min_run=4):
     from harness import replay_forms as RF
     from test_replay_arrays_bsums import K, D, N, kmeans
     rng = np.random.default_rng(8)
     x, v = rng.normal(size=K * D + D * N), rng.normal(size=K * D + D * N)
     x[K * D + 7] = np.inf
-    with RF.array_instructions(4):
-        P = tg.trace(lambda x: kmeans(tg, x), x)
+    with RF.array_instructions(min_run):
+        P = tg.trace(lambda x: kmeans(tg, x), np.where(np.isinf(x), 1.0, x))
+    return kmeans, P, x, v
+
+
+@pytest.mark.parametrize("min_run", [4, 16])
+def test_hvp_of_an_array_program_at_inf(min_run):
+    # the distances x * x of kmeans' Hessian-vector program are read only by the min's
+    # ties there: a dead instruction, cut from its operands whole (``_cut_arrays``)
+    kmeans, P, x, v = _kmeans_at_inf(min_run)
+    from tapegrad._program_code import _hvp_of
+    assert _hvp_of(P._code).arrays  # cut as instructions: the array plan is kept
     xt = torch.tensor(x, requires_grad=True)
     g, = torch.autograd.grad(kmeans(torch, xt), xt, create_graph=True)
     hv, = torch.autograd.grad((g * torch.tensor(v)).sum(), xt)
     np.testing.assert_allclose(P.hvp((x,), (v,))[1], hv.numpy(), rtol=1e-10, atol=1e-12)
+    X, V = np.stack([x, -x, x]), np.stack([v, v, -v])  # a batch (the expansion's rows)
+    got = P.hvp((X,), (V,))[1]
+    for i in range(3):
+        xt = torch.tensor(X[i], requires_grad=True)
+        g, = torch.autograd.grad(kmeans(torch, xt), xt, create_graph=True)
+        hv, = torch.autograd.grad((g * torch.tensor(V[i])).sum(), xt)
+        np.testing.assert_allclose(got[i], hv.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_gradient_program_of_an_array_program_at_inf():
+    kmeans, P, x, _ = _kmeans_at_inf()
+    G = P.grad_program()
+    assert G._code.arrays  # cut as instructions: the array plan is kept
+    want = torch_vg(kmeans, x)[1]
+    np.testing.assert_allclose(G(x), want, rtol=1e-12)
+    np.testing.assert_allclose(P.grad(x), want, rtol=1e-12)
+    X = np.stack([x, np.where(np.isinf(x), -np.inf, x)])
+    got = G(X)  # a batch: the expansion of the cut instructions
+    for i in range(2):
+        np.testing.assert_allclose(got[i], torch_vg(kmeans, X[i])[1], rtol=1e-12)
+    # a program of it on the eager tape, under create_graph: its VJP program
+    xt = tg.tensor(x, requires_grad=True)
+    g, = tg.autograd.grad(P(xt), xt, create_graph=True)
+    np.testing.assert_allclose(g.detach().numpy(), want, rtol=1e-12)
+
+
+X20 = np.linspace(-1.0, 1.0, 20)  # runs of 16 or more: array instructions
+X20_INF = np.where(np.arange(20) == 3, 1000.0, X20)
+
+
+@pytest.mark.parametrize("min_run", [4, 16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_array_programs_match_torch(case, min_run):
+    # the same rows as array instructions: a dead instruction is cut whole
+    from harness import replay_forms as RF
+    f = CASES[case]
+    with RF.array_instructions(min_run):
+        P = tg.trace(lambda x: f(tg, x), X20)
+        Q = tg.trace(lambda x: f(tg, x), X20, target="parallel")
+    assert P._code.arrays
+    want_v, want_g = torch_vg(f, X20_INF)
+    v, g = P.value_and_grad(X20_INF)
+    np.testing.assert_allclose(v, want_v)
+    np.testing.assert_allclose(g, want_g)
+    if case != "sign_times":  # (derivative programs fold sign's 0 * g: 1 where torch NaN)
+        np.testing.assert_allclose(P.grad_program()(X20_INF), want_g)
+    X = np.stack([X20_INF, X20, -X20_INF])
+    for R in (P, Q):
+        got = R.grad(X)
+        for i in range(3):
+            np.testing.assert_allclose(got[i], torch_vg(f, X[i])[1])
+    xt = tg.tensor(X20_INF, requires_grad=True)
+    for create_graph in (False, True)[:1 if case == "sign_times" else 2]:
+        # its program entry's VJP, and its VJP program
+        g, = tg.autograd.grad(P(xt), xt, create_graph=create_graph)
+        np.testing.assert_allclose(g.detach().numpy(), want_g)
+    if case in ("compared", "shifted_compared"):  # (the others are linear: torch raises)
+        u = np.linspace(0.5, -0.5, 20)
+        np.testing.assert_allclose(P.hvp((X20_INF,), (u,))[1], torch_hvp(f, X20_INF, u))
 
 
 def test_the_cuda_target_matches_torch():
@@ -199,3 +265,52 @@ def test_the_cuda_target_matches_torch():
         warnings.simplefilter("ignore", RuntimeWarning)
         hv = Q.hvp((x0[None],), (u[None],))[1][0]
     np.testing.assert_allclose(hv, torch_hvp(g, x0, u))
+
+
+@pytest.mark.parametrize("cover", [0.0, 1.0])
+def test_a_cut_inside_a_span_an_instruction_reads_goes_before_the_span(cover, monkeypatch):
+    # exp(x_i) rows (dead: read only by the detach after each) sit between the detach rows
+    # that one instruction reads with stride 2: the detach rows the cut inserts go before
+    # the span, which shifts whole (inserted inside it, the instruction would read them)
+    from tapegrad._program_code import _Code
+    from tapegrad.interpreters import program_arrays as PA
+    from tapegrad.ops import BY_NAME
+    monkeypatch.setattr(PA, "MIN_COVER", cover)  # 0: the array interpreter; 1: expanded
+    A, T, code = PA.ARR, PA.TAIL, lambda n: BY_NAME[n].code
+    rows = [[A, -1, -1, -1, 0, 0], [T, -1, -1, -1, 8, _prog.LEAF], [T, -1, -1, -1, 0, 0],
+            [T, -1, -1, -1, 0, 0]]
+    for i in range(4):  # slot 8 + 2i: exp(x_i); 9 + 2i: its detach
+        rows += [[code("exp"), i, -1, -1, 0, 0], [_prog.DETACH, 8 + 2 * i, -1, -1, 0, 0]]
+    rows += [[A, 9, 0, -1, 0, 0], [T, -1, -1, -1, 4, code("mul")], [T, -1, -1, -1, 2, 1],
+             [T, -1, -1, -1, 0, 0]]  # slots 16..19: detach(exp(x_i)) * x_i
+    rows = np.array(rows, dtype=np.float64)
+    roots = np.arange(16, 20)
+    out, new = _prog.cut_dead(rows, roots)
+    assert PA.has_arrays(out) and (out[:, 0] == _prog.DETACH).sum() == 8
+    ins = [((8,), np.dtype(np.float64))]
+    outs = [((4,), np.dtype(np.float64))]
+    x = np.array([0.5, 1.0, 1000.0, -2.0, 0.0, 0.0, 0.0, 0.0])
+    got = _Code(out, new[np.arange(8)], new[roots], ins, outs, "single", []).run_fresh(
+        x, np.ones(4), True)
+    xt = torch.tensor(x[:4], requires_grad=True)
+    want, = torch.autograd.grad((torch.exp(xt).detach() * xt).sum(), xt)
+    np.testing.assert_array_equal(got[2][:4], want.numpy())  # exp(1000) = inf, not NaN
+    uncut = _Code(rows, np.arange(8), roots, ins, outs, "single", []).run_fresh(
+        x, np.ones(4), True)
+    assert np.isnan(uncut[2][2])  # (what the cut keeps out)
+
+
+def test_the_cuda_target_runs_cut_array_instructions():
+    pytest.importorskip("numba_cuda", reason="the CUDA target needs pip install 'tapegrad[cuda]'")
+    from harness import replay_forms as RF
+    X = np.stack([np.where(X20_INF > 100.0, np.inf, X20), X20])  # (the simulator: inf)
+    for case in ("detach_times", "compared"):
+        f = CASES[case]
+        with RF.array_instructions(4):
+            P = tg.trace(lambda x: f(tg, x), X20, target="cuda")
+        assert P._code.arrays  # the instructions' expansion, with the cut's detach rows
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            grads = P.value_and_grad(X)[1]
+        for i in range(2):
+            np.testing.assert_allclose(grads[i], torch_vg(f, X[i])[1])

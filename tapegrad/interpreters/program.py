@@ -478,11 +478,22 @@ def cut_dead(rows, roots, upto=None):
     rows). Rows from ``upto`` on are not run backward (a one-sample sweep stops at its last
     output): left as they are. Returns (rows, new slot of each old slot), or (``rows``
     itself, None) when nothing is cut (the usual case: only comparisons, detach, pick
-    weights and guards read values without a derivative). Scalar rows only: array
-    instructions are returned as they are."""
+    weights and guards read values without a derivative). Array instructions are cut
+    whole (``_cut_arrays``); where that cannot be (a cut in an instruction some of whose
+    values are live), the program's expansion is cut instead."""
     n = rows.shape[0]
-    if n == 0 or _arr.has_arrays(rows):
+    if n == 0:
         return rows, None
+    if _arr.has_arrays(rows):
+        if upto is None:
+            got = _cut_arrays(rows, roots)
+            if got is not None:
+                return got
+        # (the scalar rows, slot for slot: a cut there is a cut of the same slots)
+        rows = _arr.expand(rows)
+        n = rows.shape[0]
+        out, new = cut_dead(rows, roots, upto)
+        return (out, new) if new is not None else (rows, np.arange(n, dtype=np.int64))
     upto = n if upto is None else int(upto)
     diff, safe = _diff_operands()
     codes = rows[:upto, 0].astype(np.int64)
@@ -522,6 +533,244 @@ def cut_dead(rows, roots, upto=None):
     return out, new
 
 
+def _cut_arrays(rows, roots):
+    """``cut_dead`` of a program with array instructions. Liveness is per instruction, as
+    torch's is per op: an instruction with a live value is live whole (its rule runs for
+    every element, as torch's whole op's does: 0 * inf there is torch's NaN too), so every
+    slot it reads is live; a dead one (no live value: read only by comparisons, detach,
+    guards) reads each operand it is cut from through a detach instruction over the slots
+    that operand reads (its stride then 1; a reduction's grid through one over the span it
+    reads, its strides kept), placed just before it. Returns (rows, new slot of each old
+    slot), (``rows``, None) when nothing is cut, or None where a detach's slots would fall
+    inside a span another instruction reads evenly spaced (the caller cuts the expansion
+    then)."""
+    at, nslots = _arr.row_slots(rows)
+    nr = rows.shape[0]
+    heads = _arr.heads_of(rows)
+    kind = np.zeros(nr, dtype=np.int64)  # 0 a scalar row, 1 elementwise, 2 reduction, -1
+    red = rows[heads, 0] == _arr.RED
+    kind[heads] = np.where(red, 2, 1)
+    for j in range(1, _arr.META + 1):
+        kind[heads + j] = -1
+    size = np.ones(nr, dtype=np.int64)
+    size[heads] = _arr._sizes(rows, heads)
+    nval = np.ones(nr, dtype=np.int64)
+    nval[heads] = rows[heads + 1, 4].astype(np.int64)
+    # by row: each operand's (first slot or -1, stride per value, stride per term)
+    geo = np.zeros((nr, 3, 3), dtype=np.int64)
+    geo[:, :, 0] = rows[:, 1:4]
+    geo[heads, 0, 1] = rows[heads + 2, 4]
+    geo[heads, 1, 1] = rows[heads + 2, 5]
+    geo[heads, 2, 1] = np.where(red, 0, rows[heads + 3, 4])
+    geo[heads, 2, 0] = np.where(red, -1, geo[heads, 2, 0])
+    geo[heads, 0, 2] = np.where(red, rows[heads, 5], 0)
+    geo[heads, 1, 2] = np.where(red, rows[heads + 3, 4], 0)
+    terms = np.ones(nr, dtype=np.int64)
+    terms[heads] = np.where(red, rows[heads, 4], 1).astype(np.int64)
+    diff, safe = _diff_operands()
+    code = rows[:, 0].astype(np.int64)
+    code[heads] = rows[heads + 1, 5].astype(np.int64)
+    code[kind < 0] = 0
+    d, sf = diff[code], safe[code]
+    # a reduction's terms: mul's operands (a sum of products), or the step's either operand
+    # (the chain's running value on one side, a term on the other)
+    rh = heads[red & (code[heads] != _arr.MUL)]
+    d[rh, 0] = diff[code[rh], 0] | diff[code[rh], 1]
+    sf[rh, 0] = safe[code[rh], 0] & safe[code[rh], 1]
+    d[rh, 1:] = False
+    live = np.zeros(nslots, dtype=np.bool_)
+    live[at[(kind == 0) & (code == LEAF)]] = True
+    for h in heads[(~red) & (code[heads] == LEAF)].tolist():
+        live[at[h]:at[h] + nval[h]] = True
+    roots = np.asarray(roots, dtype=np.int64)
+    live[roots] = True
+    cut = np.zeros((nr, 3), dtype=np.bool_)
+    _array_cuts(rows, at, kind, size, nval, geo, terms, d, sf, live, cut)
+    if not cut.any():
+        return rows, None
+    return _insert_detaches(rows, at, nslots, kind, nval, geo, terms, cut)
+
+
+#: where an elementwise instruction keeps operand a's, b's and c's stride: (row after its
+#: first, column)
+_STRIDE_AT = ((2, 4), (2, 5), (3, 4))
+
+
+def _insert_detaches(rows, at, nslots, kind, nval, geo, terms, cut):
+    """The rows of ``_cut_arrays`` with the cut operands read through detach rows: one per
+    operand read (the same slots read twice share theirs), just before its first reader,
+    or before an earlier row where that is inside a span of slots an instruction reads."""
+    specs = {}  # (first slot, stride, count) -> index; its first reader's row
+    uses = []   # (row, operand, spec, the operand's new first slot from the detach's)
+    for r, j in zip(*[x.tolist() for x in np.nonzero(cut)]):
+        s0, per, per_t = (int(x) for x in geo[r, j])
+        if kind[r] == 0:
+            key, off = (int(rows[r, 1 + j]), 0, 1), 0
+        elif kind[r] == 1:
+            key, off = (s0, per, int(nval[r])) if per else (s0, 0, 1), 0
+        else:  # the span of a reduction's grid, its strides kept
+            m, L = int(nval[r]), int(terms[r])
+            lo = s0 + min(0, (m - 1) * per) + min(0, (L - 1) * per_t)
+            hi = s0 + max(0, (m - 1) * per) + max(0, (L - 1) * per_t)
+            key, off = (lo, 1 if hi > lo else 0, hi - lo + 1), s0 - lo
+        if key not in specs:
+            specs[key] = (len(specs), r)
+        uses.append((r, j, specs[key][0], off))
+    keys = sorted(specs, key=lambda k: specs[k][0])
+    reader = np.array([specs[k][1] for k in keys], dtype=np.int64)
+    count = np.array([k[2] for k in keys], dtype=np.int64)
+    src_hi = np.array([max(k[0], k[0] + (k[2] - 1) * k[1]) for k in keys], dtype=np.int64)
+    # every span read evenly spaced must shift as a whole: nothing inserted inside it (at a
+    # slot in (lo, hi]); the detaches' own sources too
+    spans = [(min(k[0], k[0] + (k[2] - 1) * k[1]), max(k[0], k[0] + (k[2] - 1) * k[1]))
+             for k in keys]
+    for r in np.nonzero(kind > 0)[0].tolist():
+        for j in range(3):
+            s0, per, per_t = (int(x) for x in geo[r, j])
+            if s0 < 0:
+                continue
+            m, L = int(nval[r]), int(terms[r])
+            spans.append((s0 + min(0, (m - 1) * per) + min(0, (L - 1) * per_t),
+                          s0 + max(0, (m - 1) * per) + max(0, (L - 1) * per_t)))
+    lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
+    wide = hi > lo
+    lo, hi = lo[wide] + 1, hi[wide]  # the slots nothing may be inserted at
+    o = np.argsort(lo, kind="stable")
+    lo, hi = lo[o], np.maximum.accumulate(hi[o]) if len(o) else hi
+    # merged: an interval starts where no earlier one reaches
+    starts = np.ones(len(lo), dtype=np.bool_)
+    starts[1:] = lo[1:] > hi[:-1] + 1
+    idx = np.nonzero(starts)[0]
+    f_lo = lo[idx]
+    f_hi = np.maximum.reduceat(hi, idx) if len(idx) else hi
+    row_start = at[kind >= 0]  # the slots a detach can go before (a row's first)
+    rows_at = np.nonzero(kind >= 0)[0]
+    place = np.empty(len(keys), dtype=np.int64)  # the slot each detach goes before
+    for q_i in range(len(keys)):
+        q = int(at[reader[q_i]])  # just before its first reader, or earlier
+        while True:
+            i = int(np.searchsorted(f_lo, q, side="right")) - 1
+            if i < 0 or q > f_hi[i]:
+                break
+            j = int(np.searchsorted(row_start, f_lo[i], side="left")) - 1
+            q = int(row_start[j]) if j >= 0 else -1  # the row before the span's
+        if q <= src_hi[q_i]:
+            return None
+        place[q_i] = q
+    order = np.argsort(place, kind="stable")
+    p = place[order]
+    ends = np.cumsum(count[order])
+    cum = np.concatenate([[0], ends])
+    # new slot of old slot s: s + the slots inserted at or before it (a cumulative sum: a
+    # search per slot took 1 s of gmm's gradient program, 17 million slots)
+    new = np.zeros(nslots, dtype=np.int64)
+    np.add.at(new, p, count[order])
+    np.cumsum(new, out=new)
+    new += np.arange(nslots, dtype=np.int64)
+    start = np.empty(len(keys), dtype=np.int64)
+    start[order] = p + cum[:-1]
+    # the rows: each detach's before its reader's
+    blocks = []
+    for q, (s0, per, m) in enumerate(keys):
+        src = float(new[s0])
+        if m == 1:
+            b = np.array([[DETACH, src, -1, -1, 0.0, 0.0]])
+        else:
+            b = np.array([[_arr.ARR, src, -1, -1, 0.0, 0.0],
+                          [_arr.TAIL, -1, -1, -1, m, DETACH],
+                          [_arr.TAIL, -1, -1, -1, per, 0.0],
+                          [_arr.TAIL, -1, -1, -1, 0.0, 0.0]])
+        blocks.append(b)
+    out = rows.copy()
+    o = out[:, 1:4]
+    used = (o >= 0) & (kind >= 0)[:, None]
+    o[used] = new[o[used].astype(np.int64)]
+    for r, j, q, off in uses:
+        out[r, 1 + j] = start[q] + off
+        if kind[r] == 1 and geo[r, j, 1] != 0:  # (the detach's slots are contiguous)
+            out[r + _STRIDE_AT[j][0], _STRIDE_AT[j][1]] = 1.0
+    parts, prev = [], 0
+    for q in order.tolist():
+        r = int(rows_at[np.searchsorted(row_start, place[q])])
+        parts.append(out[prev:r])
+        parts.append(blocks[q])
+        prev = r
+    parts.append(out[prev:])
+    return np.concatenate(parts), new
+
+
+@njit_cached(nogil=True)
+def _array_cuts(rows, at, kind, size, nval, geo, terms, d, sf, live, cut):
+    """``_cuts`` over rows and instructions (``kind``: 0 a scalar row, 1 elementwise, 2 a
+    reduction, whose values are its chains' outputs, its last ``nval`` slots; -1 the rows
+    after an instruction's first); ``d``, ``sf``: by row and operand, whether it has a
+    derivative and whether its rule passes zeros at a zero adjoint. An instruction with a
+    live value is live whole; a dead one is cut from an operand whole."""
+    nr = rows.shape[0]
+    for r in range(nr - 1, -1, -1):
+        if kind[r] < 0:
+            continue
+        k = at[r]
+        if kind[r] == 0:
+            if live[k]:
+                for j in range(3):
+                    s = int(rows[r, 1 + j])
+                    if s >= 0 and d[r, j]:
+                        live[s] = True
+            continue
+        m = nval[r]
+        base = k + size[r] - m
+        any_live = False
+        for i in range(m):
+            any_live = any_live or live[base + i]
+        if not any_live:
+            continue
+        # live whole, as torch's op is in the graph whole: its rule runs for every element
+        # (0 * inf there gives torch's NaN too), so every slot it reads is live
+        for i in range(m):
+            live[base + i] = True
+            for j in range(3):
+                s0 = geo[r, j, 0]
+                if s0 >= 0 and d[r, j]:
+                    for t in range(terms[r]):
+                        live[s0 + i * geo[r, j, 1] + t * geo[r, j, 2]] = True
+    bad = np.zeros(live.shape[0], dtype=np.bool_)  # dead adjoints that may hold NaN
+    for r in range(nr - 1, -1, -1):
+        if kind[r] < 0:
+            continue
+        k = at[r]
+        if kind[r] == 0:
+            if not live[k]:
+                for j in range(3):
+                    s = int(rows[r, 1 + j])
+                    if s >= 0 and d[r, j] and (bad[k] or not sf[r, j]):
+                        if live[s]:
+                            cut[r, j] = True
+                        else:
+                            bad[s] = True
+            continue
+        m = nval[r]
+        base = k + size[r] - m
+        if live[base]:  # (live whole)
+            continue
+        for j in range(3):
+            s0 = geo[r, j, 0]
+            if s0 < 0 or not d[r, j]:
+                continue
+            need = False
+            for i in range(m):
+                if bad[base + i] or not sf[r, j]:
+                    for t in range(terms[r]):
+                        need = need or live[s0 + i * geo[r, j, 1] + t * geo[r, j, 2]]
+            if need:
+                cut[r, j] = True
+                continue
+            for i in range(m):
+                if bad[base + i] or not sf[r, j]:
+                    for t in range(terms[r]):
+                        bad[s0 + i * geo[r, j, 1] + t * geo[r, j, 2]] = True
+
+
 def prune_live(rows, roots):
     """``prune`` then ``cut_dead``: (rows, new slot of each old slot, -1 when dropped)."""
     pruned, new = prune(rows, roots)
@@ -531,7 +780,9 @@ def prune_live(rows, roots):
     out, cut = cut_dead(pruned, new[roots])
     if cut is None:
         return pruned, new
-    return out, np.where(new >= 0, cut[np.maximum(new, 0)], -1)
+    kept = new >= 0
+    new[kept] = cut[new[kept]]  # (in place: gmm's gradient program has 17 million slots)
+    return out, new
 
 
 def _cuts_py(rows, diff, safe, live, cut):

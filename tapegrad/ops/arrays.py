@@ -541,6 +541,10 @@ register("amin", A, np=_extreme_np(np.min), torch="min", vjp=_extreme_vjp,
 def _norm_np(a, aux):
     p, dims, keepdim = aux[2], aux[0], aux[1]
     x = np.abs(a)
+    if p != 0 and (a.size if dims is None else np.prod([a.shape[d] for d in dims])) == 1:
+        # one element: its absolute value, as torch's, where x * x overflows at 1e200 (inf)
+        # or underflows at 1e-310 (0)
+        return np.sum(x, axis=dims, keepdims=keepdim)
     if p == 2:
         return np.sqrt(np.sum(x * x, axis=dims, keepdims=keepdim))
     if p == np.inf:
@@ -564,7 +568,8 @@ def _norm_vjp(F, g, v, out, aux):
     # torch does not give), same values and derivatives
     zero = F.raw(ok) == 0.0
     if p == 2:
-        return (F.where(zero, F.zeros_like(a), a * (gk / F.where(zero, 1.0, ok))),)
+        # (torch's order, grad * (x / norm): at a subnormal x, 1 / norm overflows)
+        return (F.where(zero, F.zeros_like(a), gk * (a / F.where(zero, 1.0, ok))),)
     if p == 1:
         return (F.sign(a) * gk,)
     if p == 0:  # a count: torch's gradient is undefined (None, zeros when materialized)

@@ -162,6 +162,8 @@ def _lower_softmax(L, ins, aux, value, log):
 def _lower_norm(L, ins, aux, value):
     A = ins[0]
     dims, keepdim, p = aux
+    if p != 0 and (np.size(A) if dims is None else np.prod([np.shape(A)[d] for d in dims])) == 1:
+        p = 1  # one element: its absolute value, as the eager norm (``arrays._norm_np``)
     if p == 2:
         s = reduce(L, "add", L.op("mul", A, A), dims, keepdim, 0.0)
         zero = L.op("eq", s, L.const(0.0))
