@@ -49,8 +49,8 @@ def _counted(monkeypatch):
     counts = []
     real, real_compiled = K.run_chunks, K.run_compiled
     monkeypatch.setattr(K, "run_chunks", lambda fn, m: counts.append(m) or real(fn, m))
-    monkeypatch.setattr(K, "run_compiled", lambda kind, m, *a: counts.append(m) or
-                        real_compiled(kind, m, *a))
+    monkeypatch.setattr(K, "run_compiled", lambda m, *a: counts.append(m) or
+                        real_compiled(m, *a))
     return counts
 
 
@@ -238,7 +238,7 @@ def test_a_forked_child_runs_threaded_passes():
     import multiprocessing
     tg.set_num_threads(2)
     rng = np.random.default_rng(11)
-    x, y = rng.normal(size=(9, 7, 2001)), rng.normal(size=(9, 7, 1))
+    x, y = rng.normal(size=(9, 8, 2001)), rng.normal(size=(9, 8, 1))
     want = K.rows_op(K.SUB, x, y)
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
@@ -275,7 +275,7 @@ def test_run_chunks_nested_runs_inline():
 # passes; JOB_EDGE for the compiled ones), one less is not; odd sizes, either operand
 # broadcast, the split on the outer axis or the rows'
 EDGE = K.PAR_MIN
-JOB_EDGE = 2 * K.JOB_MIN_CHUNK
+JOB_EDGE = K.JOB_SPLIT_MIN
 
 
 @pytest.mark.parametrize("xs, ys, split", [
@@ -300,7 +300,7 @@ def test_rows_op_threads_bits(monkeypatch, xs, ys, split):
 @pytest.mark.parametrize("shape, split", [((25, 10, 1000), True), ((3, 7, 9999), True),
                                           ((2, 1, JOB_EDGE // 2), True),
                                           ((2, 3, JOB_EDGE // 6 - 1), False),
-                                          ((10, 8, 1000), True),  # (kmeans' passes)
+                                          ((10, 8, 1000), False),  # (kmeans' passes)
                                           ((JOB_EDGE // 64, 64), False)])  # (2 dims: one row)
 def test_sum_middle_threads_bits(monkeypatch, shape, split):
     counts = _counted(monkeypatch)
@@ -505,18 +505,14 @@ def test_passes_run_alone_for_a_while_after_the_threads_did_not_pay(monkeypatch)
     judge = _threads._judge
     monkeypatch.setattr(_threads, "_judge", lambda t0, cpu, own, m:
                         judge(t0, max(cpu, 1e-9), max(own, 1), m))
-    posted = []
-    real = _threads.Pool.post
-    monkeypatch.setattr(_threads.Pool, "post", lambda self, *a, **k: posted.append(1) or
-                        real(self, *a, **k))
     rng = np.random.default_rng(12)
-    x, y = rng.normal(size=(9, 7, 2001)), rng.normal(size=(9, 7, 1))
+    x, y = rng.normal(size=(9, 8, 2001)), rng.normal(size=(9, 8, 1))
     want = x - y
 
-    def run():
-        posted.clear()
+    def run():  # whether the pass went to the threads
+        n = _threads.counts["passes_split"]
         assert _same_bits(K.rows_op(K.SUB, x, y), want)
-        return bool(posted)
+        return _threads.counts["passes_split"] > n
     ran = [run() for _ in range(8)]  # threads, alone, threads, alone x 2, threads, alone x 2
     assert ran == [True, False, True, False, False, True, False, False], ran
     assert _threads._backoff == [2, 4]
