@@ -99,7 +99,13 @@ class _Worker:
         ctl = pool.ctl
         turns = spin_turns()
         while True:
-            i = A.serve(ctl, index, turns, self.room)
+            # roused (``ROUSE_S`` after an intra-op pass, ``rouse``): spin that long in
+            # compiled code, not ``SPIN_US`` and back here for the GIL, which the caller
+            # holds between its passes (a worker waiting for it came after the caller had
+            # taken every chunk: on a busy machine, always)
+            r = pool.roused - _clock()
+            i = A.serve(ctl, index, turns if r < 1e-6 * SPIN_US else
+                        int(turns * r / (1e-6 * SPIN_US)), self.room)
             if i == -2:  # a batch's block needs more room than this thread has
                 self.room = np.empty(2 * int(ctl[A.PARAMS + A.B_ROOM_HALF]))
                 continue
@@ -539,8 +545,7 @@ def run_compiled(m, caller, *args):
         if own < m:
             counts["passes_shared"] += 1
         _judge(t0, cpu, own, m)
-        if own < m:  # (the workers came: keep them for the next pass)
-            pool.roused = _clock() + ROUSE_S
+        pool.roused = _clock() + ROUSE_S  # (the workers spin for the next pass)
     finally:
         pool.busy.release()
     return True
