@@ -16,7 +16,10 @@ import numpy as np
 # chunks without it, gmm's 250,000-number pass took 49 us on one thread and 28 on two with
 # a free core, but the whole evaluations were not measured on an idle machine yet (at a
 # load of 4 to 5 on 2 cores no core is free and two threads lose; docs/gradbench.md)
-_num = [1]
+#: the default thread count, the one place to change it (``set_num_threads`` sets it for
+#: a process; ``bench/threads_eager.py`` says whether 2 pays on a machine)
+DEFAULT_THREADS = 1
+_num = [DEFAULT_THREADS]
 
 
 def set_num_threads(n):

@@ -284,7 +284,8 @@ JOB_EDGE = K.JOB_SPLIT_MIN
     ((1, 2, JOB_EDGE // 2), (1, 2, 1), True), ((1, 2, JOB_EDGE // 2 - 1), (1, 2, 1), False),
     ((2, 1, JOB_EDGE // 2), (2, 3, 1), True), ((JOB_EDGE // 64, 64), (JOB_EDGE // 64, 1), True),
     ((JOB_EDGE // 64 - 1, 64), (JOB_EDGE // 64 - 1, 1), False),
-    ((1, 1, 3 * JOB_EDGE), (2, 1, 1), True), ((1, 3, 77777), (1, 1, 1), True)])
+    ((1, 1, 3 * JOB_EDGE), (2, 1, 1), True), ((1, 3, 77777), (1, 1, 1), True),
+    ((1, 8, 1000), (10, 8, 1), False), ((10, 1, 1000), (10, 8, 1000), False)])  # (kmeans')
 def test_rows_op_threads_bits(monkeypatch, xs, ys, split):
     counts = _counted(monkeypatch)
     rng = np.random.default_rng(sum(xs))
@@ -552,3 +553,55 @@ def test_a_worker_leaving_its_spin_while_a_job_is_coming_spins_again():
         pool.coming = False  # (as finish does)
     assert _wait_until(lambda: w.sleeping)
     assert pool.coming is False
+
+
+def test_a_roused_worker_takes_the_next_pass_without_a_post(monkeypatch):
+    # after a split pass the worker spins (ROUSE_S) in compiled code: the next pass is
+    # described, posted and run by the caller's one compiled call (no Pool.post), and a
+    # worker that took chunks of it gave the same bits as one thread
+    tg.set_num_threads(2)
+    monkeypatch.setattr(_threads, "ROUSE_S", 0.2)
+    rng = np.random.default_rng(13)
+    x, y = _specials(rng, (9, 8, 2001)), _specials(rng, (9, 8, 1))
+    with np.errstate(all="ignore"):
+        want = x - y
+        assert _same_bits(K.rows_op(K.SUB, x, y), want)  # (starts or wakes the worker)
+        w = _threads._pool.workers[0]
+        assert _wait_until(lambda: not w.sleeping)
+        posts = []
+        real = _threads.Pool.post
+        monkeypatch.setattr(_threads.Pool, "post", lambda self, *a, **k: posts.append(1) or
+                            real(self, *a, **k))
+        n = _threads.counts["passes_split"]
+        got = [K.rows_op(K.SUB, x, y) for _ in range(5)]
+        sums = [K.sum_middle(x, 1, False) for _ in range(5)]
+        want_sum = np.sum(x, 1)
+    assert all(_same_bits(g, want) for g in got)
+    assert all(_same_bits(s, want_sum) for s in sums)
+    assert _threads.counts["passes_split"] == n + 10
+    assert len(posts) < 10  # (a worker taken off its core past ROUSE_S sleeps: posted)
+    assert 0 < _threads.last_pass[0] and 0 <= _threads.last_pass[1] <= _threads.last_pass[0]
+
+
+def test_an_interrupt_before_the_compiled_call_leaves_no_job(monkeypatch):
+    # a KeyboardInterrupt raised before the caller's compiled call ran (a signal handler's):
+    # no chunk of a job never described is taken, the pass raises, the next one runs
+    tg.set_num_threads(2)
+    rng = np.random.default_rng(14)
+    x, y = rng.normal(size=(9, 8, 2001)), rng.normal(size=(9, 8, 1))
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        _threads.run_compiled(4, interrupted, x, y)
+    assert not _threads._pool.busy.locked()
+    assert _same_bits(K.rows_op(K.SUB, x, y), x - y)
+
+
+def test_the_default_is_one_constant():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "from tapegrad import _threads as t; "
+                          "t.DEFAULT_THREADS == t.get_num_threads() == 1 or exit(1)"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
