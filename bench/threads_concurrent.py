@@ -68,6 +68,7 @@ def main():
                 ws = list(pool.workers) if th > 1 else []
                 w0, ch0 = sum(T._cpu_ns(w) for w in ws), sum(w.chunks for w in ws)
                 T.last_pass[:] = [0, -1]  # (a compiled pass split: its chunks, the caller's)
+                T._backoff[:] = [0, 0]  # (each pass tried on the threads: what a split costs)
                 c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
                 f()
                 wall, cpu = time.perf_counter_ns() - t0, time.thread_time_ns() - c0

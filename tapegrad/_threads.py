@@ -28,9 +28,9 @@ def set_num_threads(n):
 
     Large passes are split into contiguous chunks, each computed as on one thread: the
     result is the same, bit for bit, whatever the number of threads. The compiled
-    broadcast passes and sums over a middle axis (gmm's and kmeans' ``(k, d, n)`` work)
-    over 32,768 numbers or more are split into up to 4 chunks a thread, which worker
-    threads run without Python's lock; NumPy's passes (products, sums over the last axis,
+    broadcast passes and sums over a middle axis (gmm's ``(k, d, n)`` work) over 131,072
+    numbers or more (below, kmeans' 80,000, two threads lost) are split into up to 4
+    chunks a thread, which worker threads run without Python's lock; NumPy's passes (products, sums over the last axis,
     large additions) over 131,072 numbers or more into one chunk a thread. The calling
     thread takes chunks too, and takes them all when the workers are late (a busy
     machine); after a pass the workers did not speed up, passes run on the calling thread
