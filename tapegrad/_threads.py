@@ -30,11 +30,11 @@ def set_num_threads(n):
     result is the same, bit for bit, whatever the number of threads. The compiled
     broadcast passes and sums over a middle axis (gmm's ``(k, d, n)`` work) over 131,072
     numbers or more (below, kmeans' 80,000, two threads lost) are split into up to 4
-    chunks a thread, which worker threads run without Python's lock; NumPy's passes (products, sums over the last axis,
-    large additions) over 131,072 numbers or more into one chunk a thread. The calling
-    thread takes chunks too, and takes them all when the workers are late (a busy
-    machine); after a pass the workers did not speed up, passes run on the calling thread
-    alone for a while.
+    chunks a thread, which worker threads run without Python's lock; NumPy's passes
+    (products, sums over the last axis, large additions) over 131,072 numbers or more
+    into one chunk a thread. The calling thread takes chunks too, and takes them all when
+    the workers are late (a busy machine); after a pass the workers did not speed up,
+    passes run on the calling thread alone for a while.
 
     Parameters
     ----------
@@ -106,7 +106,9 @@ class _Worker:
             # compiled code, not ``SPIN_US`` and back here for the GIL, which the caller
             # holds between its passes (a worker waiting for it came after the caller had
             # taken every chunk: on a busy machine, always)
-            r = pool.roused - _clock()
+            # (at most ROUSE_S a call: a worker a test took out of the pool's list leaves
+            # its spin soon)
+            r = min(pool.roused - _clock(), ROUSE_S)
             i = A.serve(ctl, index, turns if r < 1e-6 * SPIN_US else
                         int(turns * r / (1e-6 * SPIN_US)), self.room)
             if i == -2:  # a batch's block needs more room than this thread has
@@ -518,7 +520,8 @@ def run_compiled(m, caller, *args):
         times = _times
         if not times[K.T_TURNS]:
             from .interpreters import replay_cpu
-            times[K.T_TURNS], times[K.T_CLOCK] = spin_turns(), replay_cpu.CLOCK
+            times[K.T_CLOCK], times[K.T_RUN] = replay_cpu.CLOCK, _run_chunk_at()
+            times[K.T_TURNS] = spin_turns()
         n = min(_num[0], m)
         workers = pool.workers
         ctl = pool.ctl
@@ -528,7 +531,6 @@ def run_compiled(m, caller, *args):
             posted = True
         else:  # (the workers spin: nothing to start or wake, ``caller`` posts the job)
             word, posted = pool.next_word(m, 0), False
-        ctl[_RUN_CHUNK] = _run_chunk_at()
         cpu = -1 if times[K.T_CLOCK] else _cpu_time()
         times[K.T_OWN] = -1
         try:

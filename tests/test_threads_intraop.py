@@ -560,7 +560,8 @@ def test_a_roused_worker_takes_the_next_pass_without_a_post(monkeypatch):
     # described, posted and run by the caller's one compiled call (no Pool.post), and a
     # worker that took chunks of it gave the same bits as one thread
     tg.set_num_threads(2)
-    monkeypatch.setattr(_threads, "ROUSE_S", 0.2)
+    monkeypatch.setattr(_threads, "ROUSE_S", 0.05)
+    monkeypatch.setattr(_threads._pool, "roused", 0.0)  # (restored after: no spin left over)
     rng = np.random.default_rng(13)
     x, y = _specials(rng, (9, 8, 2001)), _specials(rng, (9, 8, 1))
     with np.errstate(all="ignore"):

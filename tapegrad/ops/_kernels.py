@@ -16,8 +16,9 @@ from numba import carray
 from .. import _notice
 from .._jit import njit_cached
 from .._threads import chunks_for, run_chunks, run_compiled
-from ..interpreters._atomic import (CLOCK_THREAD_CPUTIME_ID, _clock_ns, compare_swap,
-                                    f64_pointer, fetch_add, load_acquire, store_release)
+from ..interpreters._atomic import (CLOCK_THREAD_CPUTIME_ID, RUN_CHUNK, _clock_ns,
+                                    compare_swap, f64_pointer, fetch_add, load_acquire,
+                                    store_release)
 
 _F64 = np.dtype(np.float64)
 #: below this many result elements the call costs more than NumPy's slow loop
@@ -456,11 +457,12 @@ def describe_sum_middle(ctl, a, out):  # pragma: no cover (compiled)
 
 
 #: ``share``'s ``times``: the timespec it reads into (0, 1); set once by ``_threads``: the
-#: turns of its wait for the workers' chunks and ``clock_gettime``'s address (0: not read);
+#: turns of its wait for the workers' chunks, ``clock_gettime``'s address (0: not read) and
+#: ``_run_chunk``'s, which the workers call (``T_RUN``, copied into the job);
 #: then what it measured: the CPU ns of the caller's chunks (-1: not read) and the workers'
 #: chunks done when it stopped waiting, and the chunks it ran (-1 until it ran them: a
 #: KeyboardInterrupt before the call leaves the job to the caller's ``except``)
-T_TURNS, T_CLOCK, T_CPU, T_DONE, T_OWN = 2, 3, 4, 5, 6
+T_TURNS, T_CLOCK, T_CPU, T_DONE, T_OWN, T_RUN = 2, 3, 4, 5, 6, 7
 
 
 @njit_cached(nogil=True)
@@ -473,6 +475,7 @@ def share(ctl, word, allowed, times):  # pragma: no cover (compiled)
     done). Returns the chunks it ran."""
     ctl[DONE] = 0
     ctl[ALLOWED] = allowed
+    ctl[RUN_CHUNK] = times[T_RUN]
     store_release(ctl, CLAIM, word)
     clock = times[T_CLOCK]
     t0 = _clock_ns(clock, CLOCK_THREAD_CPUTIME_ID, times) if clock != 0 else 0
