@@ -1,8 +1,11 @@
 """Whether tapegrad's intra-op threads pay on whole evaluations: gmm's gradient and kmeans'
 Newton direction, eager (the benchmark suite's GradBench cases), on tapegrad with
 ``set_num_threads(1)``, with ``set_num_threads(2)`` and on torch with its default threads,
-called in turn in one process (each round runs the three in a rotating order), with the
-median wall time of each and torch's time over tapegrad's (above 1: tapegrad faster).
+called in turn in one process (each round runs the three in a rotating order, each as a
+burst of ``--burst`` calls back to back, the first not timed, as in a loop; between bursts
+a pause lets tapegrad's workers, which spin ``ROUSE_S`` after a split pass, go to sleep
+before torch or the other thread count runs), with the median wall time of each and
+torch's time over tapegrad's (above 1: tapegrad faster).
 For the two-thread calls it counts tapegrad's split passes (``_threads.run_compiled``),
 those a worker took a chunk of, those run alone in a back-off, and the calls whose
 threads both stayed on their cores throughout (the calling thread's and the workers' CPU
@@ -11,7 +14,7 @@ their median: on an idle machine nearly every call should count. Run it on an id
 machine to decide the default (``tapegrad._threads.DEFAULT_THREADS``). From the repository
 root::
 
-    python bench/threads_eager.py [--reps 200] [gmm] [kmeans]
+    python bench/threads_eager.py [--reps 200] [--burst 5] [gmm] [kmeans]
 """
 import argparse
 import os
@@ -41,6 +44,7 @@ def _runs(name):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=200, help="calls of each, in turn")
+    p.add_argument("--burst", type=int, default=5, help="calls back to back (first untimed)")
     p.add_argument("only", nargs="*", help="gmm, kmeans (default both)")
     args = p.parse_args()
     import torch
@@ -60,32 +64,39 @@ def main():
         both = []  # two-thread calls whose threads all stayed on their cores
         c0 = dict(T.counts)
         order = ["1", "2", "torch"]
-        for r in range(args.reps):
+        timed = 0
+        for r in range(-(-args.reps // max(1, args.burst - 1))):
             for who in order[r % 3:] + order[:r % 3]:
+                time.sleep(T.ROUSE_S + 0.003)  # (the workers asleep: nothing spins now)
                 if who == "torch":
-                    t0 = time.perf_counter_ns()
                     theirs()
-                    walls[who].append(time.perf_counter_ns() - t0)
+                    for _ in range(args.burst - 1):
+                        t0 = time.perf_counter_ns()
+                        theirs()
+                        walls[who].append(time.perf_counter_ns() - t0)
                     continue
                 tg.set_num_threads(int(who))
-                ws = list(T._pool.workers[:int(who) - 1])
-                w0 = [T._cpu_ns(w) for w in ws]
-                cpu0, t0 = time.thread_time_ns(), time.perf_counter_ns()
                 ours()
-                wall = time.perf_counter_ns() - t0
-                walls[who].append(wall)
-                cpu = time.thread_time_ns() - cpu0
-                if who == "2" and cpu >= 0.9 * wall and ws and all(
-                        T._cpu_ns(w) - a >= 0.9 * wall for w, a in zip(ws, w0)):
-                    both.append(wall)
+                for _ in range(args.burst - 1):
+                    ws = list(T._pool.workers[:int(who) - 1])
+                    w0 = [T._cpu_ns(w) for w in ws]
+                    cpu0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+                    ours()
+                    wall = time.perf_counter_ns() - t0
+                    walls[who].append(wall)
+                    cpu = time.thread_time_ns() - cpu0
+                    timed += who == "2"
+                    if who == "2" and cpu >= 0.9 * wall and ws and all(
+                            T._cpu_ns(w) - a >= 0.9 * wall for w, a in zip(ws, w0)):
+                        both.append(wall)
         tg.set_num_threads(before)
         med = {k: statistics.median(v) / 1e3 for k, v in walls.items()}
         d = {k: T.counts[k] - c0[k] for k in ("passes_split", "passes_shared", "passes_alone")}
+        per = max(1, timed)  # (the counts include each burst's untimed first call)
         print(f"{name} {CASES[name]}: tapegrad 1 thread {med['1']:8.1f} us, 2 threads "
               f"{med['2']:8.1f} us, torch {med['torch']:8.1f} us; torch / tapegrad: "
               f"{med['torch'] / med['1']:.3f}x on 1 thread, {med['torch'] / med['2']:.3f}x on "
               f"2; 2 threads / 1: {med['2'] / med['1']:.3f}")
-        per = args.reps
         print(f"  2 threads, per call: {d['passes_split'] / per:.1f} passes split, "
               f"{d['passes_shared'] / per:.1f} of them with a worker's chunk, "
               f"{d['passes_alone'] / per:.1f} run alone (back-off); calls with both threads "
