@@ -8,9 +8,11 @@ worker spins between chunks, so it counts CPU time whenever it is on its core; a
 taken off its core, or a caller that was, is left out, and so is a two-thread call where
 the worker ran no chunk). The ratio of the medians says what
 the split saves where the cores are there; the share of the calls kept says how often
-they were. From the repository root::
+they were. ``--sizes`` measures instead the compiled passes of kmeans' shape (10, 8, n)
+over a range of sizes, the split threshold (``_kernels.JOB_SPLIT_MIN``) lifted: where two
+threads start to pay, the crossover the threshold is set from. From the repository root::
 
-    python bench/threads_concurrent.py [--reps 300] [case substrings ...]
+    python bench/threads_concurrent.py [--reps 300] [--sizes] [case substrings ...]
 """
 import argparse
 import os
@@ -25,25 +27,35 @@ import tapegrad as tg  # noqa: E402
 from tapegrad import _threads as T  # noqa: E402
 from tapegrad.ops import _kernels as K  # noqa: E402
 
+import numpy as np  # noqa: E402
 import threads_passes  # noqa: E402
+
+
+def _size_cases():
+    """rows_op and sum_middle on kmeans' layout (10, 8, n), 40,000 to 320,000 numbers."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for n in (500, 1000, 1300, 1700, 2000, 3000, 4000):
+        P, C = rng.normal(size=(1, 8, n)), rng.normal(size=(10, 8, 1))
+        x = rng.normal(size=(10, 8, n))
+        out[f"P - C {80 * n:7d}"] = lambda P=P, C=C: K.rows_op(K.SUB, P, C)
+        out[f"sum d {80 * n:7d}"] = lambda x=x: K.sum_middle(x, 1, False)
+    return out
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=300, help="calls per thread count")
+    p.add_argument("--sizes", action="store_true", help="the crossover: passes by size")
     p.add_argument("only", nargs="*", help="cases whose name holds one of these")
     args = p.parse_args()
-    own = [0]
-    real = K.help_out
-
-    def help_out(ctl):  # the caller's chunks of a compiled pass (the workers ran the rest)
-        own[0] = real(ctl)
-        return own[0]
-    K.help_out = help_out
-    pool, before = T._pool, tg.get_num_threads()
+    pool, before, split_min = T._pool, tg.get_num_threads(), K.JOB_SPLIT_MIN
+    if args.sizes:
+        K.JOB_SPLIT_MIN = 0
     print(f"{args.reps} calls per thread count, in turn; medians of the calls whose threads "
           "stayed on their cores (kept/all)")
-    for name, f in threads_passes._cases().items():
+    cases = _size_cases() if args.sizes else threads_passes._cases()
+    for name, f in cases.items():
         if args.only and not any(o in name for o in args.only):
             continue
         for th in (1, 2):
@@ -55,7 +67,8 @@ def main():
                 tg.set_num_threads(th)
                 ws = list(pool.workers) if th > 1 else []
                 w0, ch0 = sum(T._cpu_ns(w) for w in ws), sum(w.chunks for w in ws)
-                own[0] = -1
+                T.last_pass[:] = [0, -1]  # (a compiled pass split: its chunks, the caller's)
+                T._backoff[:] = [0, 0]  # (each pass tried on the threads: what a split costs)
                 c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
                 f()
                 wall, cpu = time.perf_counter_ns() - t0, time.thread_time_ns() - c0
@@ -64,8 +77,8 @@ def main():
                     continue
                 # and, on two threads, the worker ran a chunk (a compiled pass: the caller
                 # ran fewer than all; a NumPy pass: the worker's count of Python chunks moved)
-                m = int(pool.ctl[K.CLAIM] >> K.IDX_BITS & K.IDX_MASK)
-                if th > 1 and not (0 <= own[0] < m or sum(w.chunks for w in ws) > ch0):
+                m, own = T.last_pass
+                if th > 1 and not (0 <= own < m or sum(w.chunks for w in ws) > ch0):
                     continue
                 kept[th].append((wall, cpu, wcpu))
         m = {th: statistics.median([k[0] for k in kept[th]]) if kept[th] else float("nan")
@@ -75,7 +88,7 @@ def main():
         print(f"{name:28s} 1T {m[1] / 1e3:8.1f} us ({len(kept[1])}/{args.reps})  2T "
               f"{m[2] / 1e3:8.1f} us ({len(kept[2])}/{args.reps}; CPU caller {c2 / 1e3:.1f}, "
               f"worker {w2 / 1e3:.1f})  2T / 1T {m[2] / m[1]:.2f}", flush=True)
-    K.help_out = real
+    K.JOB_SPLIT_MIN = split_min
     tg.set_num_threads(before)
 
 

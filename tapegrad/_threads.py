@@ -16,7 +16,10 @@ import numpy as np
 # chunks without it, gmm's 250,000-number pass took 49 us on one thread and 28 on two with
 # a free core, but the whole evaluations were not measured on an idle machine yet (at a
 # load of 4 to 5 on 2 cores no core is free and two threads lose; docs/gradbench.md)
-_num = [1]
+#: the default thread count, the one place to change it (``set_num_threads`` sets it for
+#: a process; ``bench/threads_eager.py`` says whether 2 pays on a machine)
+DEFAULT_THREADS = 1
+_num = [DEFAULT_THREADS]
 
 
 def set_num_threads(n):
@@ -25,13 +28,13 @@ def set_num_threads(n):
 
     Large passes are split into contiguous chunks, each computed as on one thread: the
     result is the same, bit for bit, whatever the number of threads. The compiled
-    broadcast passes and sums over a middle axis (gmm's and kmeans' ``(k, d, n)`` work)
-    over 32,768 numbers or more are split into up to 4 chunks a thread, which worker
-    threads run without Python's lock; NumPy's passes (products, sums over the last axis,
-    large additions) over 131,072 numbers or more into one chunk a thread. The calling
-    thread takes chunks too, and takes them all when the workers are late (a busy
-    machine); after a pass the workers did not speed up, passes run on the calling thread
-    alone for a while.
+    broadcast passes and sums over a middle axis (gmm's ``(k, d, n)`` work) over 131,072
+    numbers or more (below, kmeans' 80,000, two threads lost) are split into up to 4
+    chunks a thread, which worker threads run without Python's lock; NumPy's passes
+    (products, sums over the last axis, large additions) over 131,072 numbers or more
+    into one chunk a thread. The calling thread takes chunks too, and takes them all when
+    the workers are late (a busy machine); after a pass the workers did not speed up,
+    passes run on the calling thread alone for a while.
 
     Parameters
     ----------
@@ -99,7 +102,15 @@ class _Worker:
         ctl = pool.ctl
         turns = spin_turns()
         while True:
-            i = A.serve(ctl, index, turns, self.room)
+            # roused (``ROUSE_S`` after an intra-op pass, ``rouse``): spin that long in
+            # compiled code, not ``SPIN_US`` and back here for the GIL, which the caller
+            # holds between its passes (a worker waiting for it came after the caller had
+            # taken every chunk: on a busy machine, always)
+            # (at most ROUSE_S a call: a worker a test took out of the pool's list leaves
+            # its spin soon)
+            r = min(pool.roused - _clock(), ROUSE_S)
+            i = A.serve(ctl, index, turns if r < 1e-6 * SPIN_US else
+                        int(turns * r / (1e-6 * SPIN_US)), self.room)
             if i == -2:  # a batch's block needs more room than this thread has
                 self.room = np.empty(2 * int(ctl[A.PARAMS + A.B_ROOM_HALF]))
                 continue
@@ -248,10 +259,13 @@ _pools: list = []
 #: the workers that took a block and their summed lags in ns (``Pool.lag``: the mean
 #: wake-up); and the ns the caller waited at the end of its blocks for the workers' (the
 #: threads' imbalance: ``_atomic.run_caller``'s ``T_WAIT``, over its first spin). ``stats``
-#: adds the workers' own counts and the pool's state.
+#: adds the workers' own counts and the pool's state. ``passes_split``: compiled intra-op
+#: passes handed to the workers (``run_compiled``), ``passes_shared``: those a worker took a
+#: chunk of.
 counts = dict.fromkeys(("batches_threads", "batches_paused", "batches_busy", "chunks_caller",
                         "chunks_workers", "batches_missed", "pauses", "woken", "roused",
-                        "passes_alone", "lag_workers", "lag_ns", "wait_ns"), 0)
+                        "passes_alone", "lag_workers", "lag_ns", "wait_ns", "passes_split",
+                        "passes_shared"), 0)
 
 
 def _load():
@@ -473,34 +487,70 @@ def run_chunks(fn, m):
         pool.busy.release()
 
 
-def run_compiled(kind, m, describe, *args):
-    """A compiled job (``_kernels.JOB_ROWS``, ``JOB_SUM_MIDDLE``) of ``m`` chunks, its
-    parameters written into the job by ``describe(ctl, *args)`` (compiled: the addresses
-    and shapes of ``args``, C-contiguous arrays this call keeps alive): the calling thread
-    and the workers take chunks in turn, the workers without Python's lock. Another call
-    already on the workers, or one in a back-off (``run_chunks``), runs every chunk on its
-    own thread. Returns False (nothing run) without the JIT (``NUMBA_DISABLE_JIT``): the
-    caller runs the pass itself."""
-    if not jit_on():
+#: how long the workers keep spinning after a pass split over them (``Pool.rouse``'s
+#: ``roused``): the next passes of an evaluation come after 20 to 200 us of Python, the next
+#: evaluation of a loop after a millisecond or two; a worker asleep by then starts a pass
+#: tens of us late (its wake-up), after the caller took its chunks
+ROUSE_S = 0.002
+#: ``_kernels.share``'s measurements (``_kernels.T_*``): one array, under the pool's ``busy``
+#: lock only (its turns and clock set on first use)
+_times = np.zeros(8, dtype=np.int64)
+#: the last pass split over the workers: its chunks and the caller's share of them (for the
+#: probes: ``bench/threads_concurrent.py``)
+last_pass = [0, 0]
+
+
+def run_compiled(m, caller, *args):
+    """A compiled job (``_kernels.rows_caller``, ``sum_caller``) of ``m`` chunks:
+    ``caller(ctl, *args, word, allowed, times)`` describes it (the addresses and shapes of
+    ``args``, C-contiguous arrays this call keeps alive), stores its claim word and runs
+    the calling thread's chunks, all in one compiled call, while the workers take the
+    others without Python's lock; after it, the workers spin ``ROUSE_S`` for the next
+    pass. Returns False (nothing run) where the pass runs on the calling thread in one
+    piece: without the JIT (``NUMBA_DISABLE_JIT``), in a back-off (``run_chunks``), or
+    with another call already on the workers."""
+    if not jit_on() or _alone():
+        return False
+    pool = _pool
+    if not pool.busy.acquire(False):
         return False
     K = _k()
-    pool = _pool
-    if _alone() or not pool.busy.acquire(False):
-        ctl = np.zeros(64, dtype=np.int64)
-        describe(ctl, *args)
-        ctl[K.KIND] = kind
-        ctl[K.CLAIM] = m << K.IDX_BITS
-        K.help_out(ctl)
-        return True
     try:
-        t0, cpu = _clock(), _cpu_time()
-        describe(pool.ctl, *args)
-        pool.ctl[_RUN_CHUNK] = _run_chunk_at()
-        pool.post(kind, m, min(_num[0], m))
-        own = K.help_out(pool.ctl)
-        cpu = _cpu_time() - cpu
-        pool.finish(m, own)
+        t0 = _clock()
+        times = _times
+        if not times[K.T_TURNS]:
+            from .interpreters import replay_cpu
+            times[K.T_CLOCK], times[K.T_RUN] = replay_cpu.CLOCK, _run_chunk_at()
+            times[K.T_TURNS] = spin_turns()
+        n = min(_num[0], m)
+        workers = pool.workers
+        ctl = pool.ctl
+        if len(workers) < n - 1 or True in [w.sleeping for w in workers[:n - 1]]:
+            # (a worker to start or wake: the job's word is stored by ``caller``)
+            word, _ = pool.post(K.JOB_ROWS, m, n, always_later=True)
+            posted = True
+        else:  # (the workers spin: nothing to start or wake, ``caller`` posts the job)
+            word, posted = pool.next_word(m, 0), False
+        cpu = -1 if times[K.T_CLOCK] else _cpu_time()
+        times[K.T_OWN] = -1
+        try:
+            own = caller(ctl, *args, word, n - 1, times)
+        except BaseException:  # (a KeyboardInterrupt: before or after the call)
+            own = int(times[K.T_OWN])
+            if own < 0:  # never ran: the job is not described, so none may take it
+                K.publish(ctl, word | m)
+                own = m
+            pool.finish(m, own + K.take_rest(ctl))
+            raise
+        if posted or times[K.T_DONE] < m - own:
+            pool.finish(m, own)
+        cpu = times[K.T_CPU] * 1e-9 if cpu == -1 else _cpu_time() - cpu
+        last_pass[0], last_pass[1] = m, own
+        counts["passes_split"] += 1
+        if own < m:
+            counts["passes_shared"] += 1
         _judge(t0, cpu, own, m)
+        pool.roused = _clock() + ROUSE_S  # (the workers spin for the next pass)
     finally:
         pool.busy.release()
     return True

@@ -49,8 +49,8 @@ def _counted(monkeypatch):
     counts = []
     real, real_compiled = K.run_chunks, K.run_compiled
     monkeypatch.setattr(K, "run_chunks", lambda fn, m: counts.append(m) or real(fn, m))
-    monkeypatch.setattr(K, "run_compiled", lambda kind, m, *a: counts.append(m) or
-                        real_compiled(kind, m, *a))
+    monkeypatch.setattr(K, "run_compiled", lambda m, *a: counts.append(m) or
+                        real_compiled(m, *a))
     return counts
 
 
@@ -238,7 +238,7 @@ def test_a_forked_child_runs_threaded_passes():
     import multiprocessing
     tg.set_num_threads(2)
     rng = np.random.default_rng(11)
-    x, y = rng.normal(size=(9, 7, 2001)), rng.normal(size=(9, 7, 1))
+    x, y = rng.normal(size=(9, 8, 2001)), rng.normal(size=(9, 8, 1))
     want = K.rows_op(K.SUB, x, y)
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
@@ -275,7 +275,7 @@ def test_run_chunks_nested_runs_inline():
 # passes; JOB_EDGE for the compiled ones), one less is not; odd sizes, either operand
 # broadcast, the split on the outer axis or the rows'
 EDGE = K.PAR_MIN
-JOB_EDGE = 2 * K.JOB_MIN_CHUNK
+JOB_EDGE = K.JOB_SPLIT_MIN
 
 
 @pytest.mark.parametrize("xs, ys, split", [
@@ -284,7 +284,8 @@ JOB_EDGE = 2 * K.JOB_MIN_CHUNK
     ((1, 2, JOB_EDGE // 2), (1, 2, 1), True), ((1, 2, JOB_EDGE // 2 - 1), (1, 2, 1), False),
     ((2, 1, JOB_EDGE // 2), (2, 3, 1), True), ((JOB_EDGE // 64, 64), (JOB_EDGE // 64, 1), True),
     ((JOB_EDGE // 64 - 1, 64), (JOB_EDGE // 64 - 1, 1), False),
-    ((1, 1, 3 * JOB_EDGE), (2, 1, 1), True), ((1, 3, 77777), (1, 1, 1), True)])
+    ((1, 1, 3 * JOB_EDGE), (2, 1, 1), True), ((1, 3, 77777), (1, 1, 1), True),
+    ((1, 8, 1000), (10, 8, 1), False), ((10, 1, 1000), (10, 8, 1000), False)])  # (kmeans')
 def test_rows_op_threads_bits(monkeypatch, xs, ys, split):
     counts = _counted(monkeypatch)
     rng = np.random.default_rng(sum(xs))
@@ -300,7 +301,7 @@ def test_rows_op_threads_bits(monkeypatch, xs, ys, split):
 @pytest.mark.parametrize("shape, split", [((25, 10, 1000), True), ((3, 7, 9999), True),
                                           ((2, 1, JOB_EDGE // 2), True),
                                           ((2, 3, JOB_EDGE // 6 - 1), False),
-                                          ((10, 8, 1000), True),  # (kmeans' passes)
+                                          ((10, 8, 1000), False),  # (kmeans' passes)
                                           ((JOB_EDGE // 64, 64), False)])  # (2 dims: one row)
 def test_sum_middle_threads_bits(monkeypatch, shape, split):
     counts = _counted(monkeypatch)
@@ -505,18 +506,14 @@ def test_passes_run_alone_for_a_while_after_the_threads_did_not_pay(monkeypatch)
     judge = _threads._judge
     monkeypatch.setattr(_threads, "_judge", lambda t0, cpu, own, m:
                         judge(t0, max(cpu, 1e-9), max(own, 1), m))
-    posted = []
-    real = _threads.Pool.post
-    monkeypatch.setattr(_threads.Pool, "post", lambda self, *a, **k: posted.append(1) or
-                        real(self, *a, **k))
     rng = np.random.default_rng(12)
-    x, y = rng.normal(size=(9, 7, 2001)), rng.normal(size=(9, 7, 1))
+    x, y = rng.normal(size=(9, 8, 2001)), rng.normal(size=(9, 8, 1))
     want = x - y
 
-    def run():
-        posted.clear()
+    def run():  # whether the pass went to the threads
+        n = _threads.counts["passes_split"]
         assert _same_bits(K.rows_op(K.SUB, x, y), want)
-        return bool(posted)
+        return _threads.counts["passes_split"] > n
     ran = [run() for _ in range(8)]  # threads, alone, threads, alone x 2, threads, alone x 2
     assert ran == [True, False, True, False, False, True, False, False], ran
     assert _threads._backoff == [2, 4]
@@ -556,3 +553,56 @@ def test_a_worker_leaving_its_spin_while_a_job_is_coming_spins_again():
         pool.coming = False  # (as finish does)
     assert _wait_until(lambda: w.sleeping)
     assert pool.coming is False
+
+
+def test_a_roused_worker_takes_the_next_pass_without_a_post(monkeypatch):
+    # after a split pass the worker spins (ROUSE_S) in compiled code: the next pass is
+    # described, posted and run by the caller's one compiled call (no Pool.post), and a
+    # worker that took chunks of it gave the same bits as one thread
+    tg.set_num_threads(2)
+    monkeypatch.setattr(_threads, "ROUSE_S", 0.05)
+    monkeypatch.setattr(_threads._pool, "roused", 0.0)  # (restored after: no spin left over)
+    rng = np.random.default_rng(13)
+    x, y = _specials(rng, (9, 8, 2001)), _specials(rng, (9, 8, 1))
+    with np.errstate(all="ignore"):
+        want = x - y
+        assert _same_bits(K.rows_op(K.SUB, x, y), want)  # (starts or wakes the worker)
+        w = _threads._pool.workers[0]
+        assert _wait_until(lambda: not w.sleeping)
+        posts = []
+        real = _threads.Pool.post
+        monkeypatch.setattr(_threads.Pool, "post", lambda self, *a, **k: posts.append(1) or
+                            real(self, *a, **k))
+        n = _threads.counts["passes_split"]
+        got = [K.rows_op(K.SUB, x, y) for _ in range(5)]
+        sums = [K.sum_middle(x, 1, False) for _ in range(5)]
+        want_sum = np.sum(x, 1)
+    assert all(_same_bits(g, want) for g in got)
+    assert all(_same_bits(s, want_sum) for s in sums)
+    assert _threads.counts["passes_split"] == n + 10
+    assert len(posts) < 10  # (a worker taken off its core past ROUSE_S sleeps: posted)
+    assert 0 < _threads.last_pass[0] and 0 <= _threads.last_pass[1] <= _threads.last_pass[0]
+
+
+def test_an_interrupt_before_the_compiled_call_leaves_no_job(monkeypatch):
+    # a KeyboardInterrupt raised before the caller's compiled call ran (a signal handler's):
+    # no chunk of a job never described is taken, the pass raises, the next one runs
+    tg.set_num_threads(2)
+    rng = np.random.default_rng(14)
+    x, y = rng.normal(size=(9, 8, 2001)), rng.normal(size=(9, 8, 1))
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        _threads.run_compiled(4, interrupted, x, y)
+    assert not _threads._pool.busy.locked()
+    assert _same_bits(K.rows_op(K.SUB, x, y), x - y)
+
+
+def test_the_default_is_one_constant():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "from tapegrad import _threads as t; "
+                          "t.DEFAULT_THREADS == t.get_num_threads() == 1 or exit(1)"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

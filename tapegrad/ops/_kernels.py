@@ -16,7 +16,8 @@ from numba import carray
 from .. import _notice
 from .._jit import njit_cached
 from .._threads import chunks_for, run_chunks, run_compiled
-from ..interpreters._atomic import (compare_swap, f64_pointer, fetch_add, load_acquire,
+from ..interpreters._atomic import (CLOCK_THREAD_CPUTIME_ID, RUN_CHUNK, _clock_ns,
+                                    compare_swap, f64_pointer, fetch_add, load_acquire,
                                     store_release)
 
 _F64 = np.dtype(np.float64)
@@ -36,6 +37,11 @@ PAR_MIN = 2 * MIN_CHUNK
 #: the caller posts them when they spin (see ``bench/threads_passes.py``)
 JOB_MIN_CHUNK = 16384
 JOB_PER_THREAD = 4
+#: the smallest compiled pass (numbers in its result, or summed) split over threads: below,
+#: the hand-over's fixed cost (a few us) and the worker's late start eat what the second
+#: thread saves (kmeans' 80,000-number passes took 1.08 to 1.17x their one-thread time on
+#: two threads, measured where both ran at once; ``bench/threads_concurrent.py``)
+JOB_SPLIT_MIN = 131072
 
 
 def _bounds(n, m):
@@ -198,8 +204,9 @@ def rows_op(op, x, y):
     x3, y3 = _readonly(x3), _readonly(y3)
     # threads split the outer axis (gmm's and kmeans' k components), else the rows
     axis = 0 if out.shape[0] > 1 else 1
-    m = min(chunks_for(out.size, JOB_MIN_CHUNK, JOB_PER_THREAD), out.shape[axis])
-    if m == 1 or not run_compiled(JOB_ROWS, m, describe_rows, x3, y3, op, axis, out):
+    m = 1 if out.size < JOB_SPLIT_MIN else \
+        min(chunks_for(out.size, JOB_MIN_CHUNK, JOB_PER_THREAD), out.shape[axis])
+    if m == 1 or not run_compiled(m, rows_caller, x3, y3, op, axis, out):
         _rows_op(x3, y3, op, out)
     return out.reshape(shape)
 
@@ -240,8 +247,9 @@ def sum_middle(a, axis, keepdims):
     if "kernels" in _notice.PENDING:
         _notice.announce("kernels")
     # each output row summed by one thread, in the same order
-    m = min(chunks_for(a.size, JOB_MIN_CHUNK, JOB_PER_THREAD), a3.shape[0])
-    if m == 1 or not run_compiled(JOB_SUM_MIDDLE, m, describe_sum_middle, a3, out):
+    m = 1 if a.size < JOB_SPLIT_MIN else \
+        min(chunks_for(a.size, JOB_MIN_CHUNK, JOB_PER_THREAD), a3.shape[0])
+    if m == 1 or not run_compiled(m, sum_caller, a3, out):
         _sum_middle(a3, out)
     shape = a.shape[:-2] + ((1,) if keepdims else ()) + (n,)
     return out.reshape(shape)
@@ -446,6 +454,62 @@ def describe_sum_middle(ctl, a, out):  # pragma: no cover (compiled)
     ctl[PARAMS] = a.ctypes.data
     ctl[PARAMS + 1], ctl[PARAMS + 2], ctl[PARAMS + 3] = a.shape
     ctl[PARAMS + 4] = out.ctypes.data
+
+
+#: ``share``'s ``times``: the timespec it reads into (0, 1); set once by ``_threads``: the
+#: turns of its wait for the workers' chunks, ``clock_gettime``'s address (0: not read) and
+#: ``_run_chunk``'s, which the workers call (``T_RUN``, copied into the job);
+#: then what it measured: the CPU ns of the caller's chunks (-1: not read) and the workers'
+#: chunks done when it stopped waiting, and the chunks it ran (-1 until it ran them: a
+#: KeyboardInterrupt before the call leaves the job to the caller's ``except``)
+T_TURNS, T_CLOCK, T_CPU, T_DONE, T_OWN, T_RUN = 2, 3, 4, 5, 6, 7
+
+
+@njit_cached(nogil=True)
+def share(ctl, word, allowed, times):  # pragma: no cover (compiled)
+    """The calling thread's share of the job just described in ``ctl``, in the same
+    compiled call (no Python between the description, the claim word and the caller's
+    first chunk, par18's ``_atomic.run_caller`` for intra-op passes): ``allowed``
+    workers, none done yet, the claim word ``word`` stored, the chunks this thread claims
+    run, then up to ``T_TURNS`` reads for the workers' chunks to end (``T_DONE``: those
+    done). Returns the chunks it ran."""
+    ctl[DONE] = 0
+    ctl[ALLOWED] = allowed
+    ctl[RUN_CHUNK] = times[T_RUN]
+    store_release(ctl, CLAIM, word)
+    clock = times[T_CLOCK]
+    t0 = _clock_ns(clock, CLOCK_THREAD_CPUTIME_ID, times) if clock != 0 else 0
+    own = help_out(ctl)
+    times[T_OWN] = own
+    times[T_CPU] = _clock_ns(clock, CLOCK_THREAD_CPUTIME_ID, times) - t0 if clock != 0 \
+        else -1
+    left = ((word >> IDX_BITS) & IDX_MASK) - (word & IDX_MASK) - own
+    finished = load_acquire(ctl, DONE)
+    if finished < left:
+        for _ in range(times[T_TURNS]):
+            finished = load_acquire(ctl, DONE)
+            if finished >= left:
+                break
+    times[T_DONE] = finished
+    return own
+
+
+@njit_cached(nogil=True)
+def rows_caller(ctl, x, y, op, axis, out, word, allowed, times):  # pragma: no cover
+    """``_rows_op(x, y, op, out)`` split on ``axis``: described and ``share``d in one
+    call."""
+    describe_rows(ctl, x, y, op, axis, out)
+    ctl[KIND] = JOB_ROWS
+    return share(ctl, word, allowed, times)
+
+
+@njit_cached(nogil=True)
+def sum_caller(ctl, a, out, word, allowed, times):  # pragma: no cover (compiled)
+    """``_sum_middle(a, out)`` split on the first axis: described and ``share``d in one
+    call."""
+    describe_sum_middle(ctl, a, out)
+    ctl[KIND] = JOB_SUM_MIDDLE
+    return share(ctl, word, allowed, times)
 
 
 @njit_cached(nogil=True)
