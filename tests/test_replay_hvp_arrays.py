@@ -176,28 +176,83 @@ def test_square_rule_broadcast_operand():
     np.testing.assert_allclose(hv, th, rtol=1e-12, atol=1e-12)
 
 
+def squares_program(k=4, d=64, n=300, seed=0):
+    """Squared distances summed over 64 coordinates (sums of 64 terms, ``diff * diff``
+    read again after them: the sums' reverse adds to their terms' adjoints), every value
+    live: the distances' square, and the squares' own squares."""
+    rng = np.random.default_rng(seed)
+    PT0 = rng.normal(size=(d, n))
+    C0 = PT0[:, :k].T.copy() + 0.01
+    Pt = tg.tensor(PT0)
+
+    def f(C):
+        diff = Pt[None, :, :] - C[:, :, None]
+        sq = diff * diff
+        return tg.sum(tg.sum(sq, 1) ** 2) + tg.sum(sq * sq)
+
+    return tg.trace(f, C0), PT0, C0
+
+
 def test_long_sums_reverse_compiled_same_bits(monkeypatch):
-    """The Hessian-vector program's 80 sums of 1,000 gradients (a run of sums in blocks of
-    128, adding to their terms' adjoints) reverse in the compiled loop
-    (``_rgrp_compiled``), not NumPy's broadcast add: the same bits."""
+    """A Hessian-vector program's run of 4 sums of 300 x 64 gradients (adding to their
+    terms' adjoints) reverses in the compiled loop (``_rgrp_compiled``), not NumPy's
+    broadcast add: the same bits. (kmeans' distance sums, which this test read before,
+    are dead to its product since ``cut_dead`` cut arrays: they run no reverse at all,
+    ``test_kmeans_dead_distances_run_no_reverse``.)"""
     from tapegrad._program_derivs import _hvp_run
-    P, PT0, C0 = kmeans_program(10, 8, 1000)
+    P, PT0, C0 = squares_program()
     v = np.random.default_rng(5).normal(size=C0.shape)
     val, hv = P.hvp((C0,), (v,))
-    run = _hvp_run(P._code).run
-    back = dict(zip(run.__code__.co_freevars, run.__closure__))["back"].cell_contents
-    firsts = dict(zip(run.__code__.co_freevars, run.__closure__))["rg_firsts"].cell_contents
+    back = closure(_hvp_run(P._code), "back")
+    firsts = closure(_hvp_run(P._code), "rg_firsts")
     assert not [b for b in back if type(b[3]) is tuple and b[3][0] is A.RGRP
                 and b[0] not in firsts and b[3][2][3] >= A.RGRP_LOOP_L]
     with monkeypatch.context() as m:
         m.setattr(A, "RGRP_LOOP_L", 1 << 40)
-        P2, _, _ = kmeans_program(10, 8, 1000)
+        P2, _, _ = squares_program()
         val2, hv2 = P2.hvp((C0,), (v,))
-        run2 = _hvp_run(P2._code).run
-        back2 = dict(zip(run2.__code__.co_freevars, run2.__closure__))["back"].cell_contents
-        assert [b for b in back2 if type(b[3]) is tuple and b[3][0] is A.RGRP]
+        back2 = closure(_hvp_run(P2._code), "back")
+        firsts2 = closure(_hvp_run(P2._code), "rg_firsts")
+        assert [b for b in back2 if type(b[3]) is tuple and b[3][0] is A.RGRP
+                and b[0] not in firsts2 and b[3][2][3] >= 64]
     assert hv.tobytes() == hv2.tobytes()
     assert np.float64(val).tobytes() == np.float64(val2).tobytes()
+    C = torch.tensor(C0, requires_grad=True)
+    diff = torch.tensor(PT0)[None, :, :] - C[:, :, None]
+    sq = diff * diff
+    g, = torch.autograd.grad((sq.sum(1) ** 2).sum() + (sq * sq).sum(), C, create_graph=True)
+    h, = torch.autograd.grad(g, C, grad_outputs=torch.tensor(v))
+    np.testing.assert_allclose(hv, h.numpy(), rtol=1e-9)
+
+
+def test_kmeans_dead_distances_run_no_reverse():
+    """kmeans' squared distances (80,000 elements) and their sums are read only by the
+    min's comparisons and picks: dead to the Hessian-vector product (``cut_dead``). They
+    run no reverse step (flagged, as ``mark_inactive`` flags what reaches no input): at
+    an inf centroid coordinate their rules gave 0 * inf = NaN to the live differences;
+    torch's numbers."""
+    from tapegrad._program_derivs import _hvp_run
+    P, PT0, C0 = kmeans_program(10, 8, 1000)
+    v = np.random.default_rng(7).normal(size=C0.shape)
+    C1 = C0.copy()
+    C1[2, 3] = np.inf
+    val, hv = P.hvp((C1,), (v,))
+    g, h = torch_hvp(PT0, C1, v)
+    assert not np.isnan(h).any()
+    np.testing.assert_allclose(hv, h, rtol=1e-12)
+    np.testing.assert_allclose(P.grad(C1), g, rtol=1e-12)
+    code = _hvp_run(P._code)
+    r = code.arows
+    heads = A.heads_of(r)
+    big = [h0 for h0 in heads.tolist() if r[h0, 0] != A.RED and A.info(r, h0)[0] == 80_000]
+    names = sorted(OPS[A.info(r, h0)[1]].name for h0 in big)
+    assert "mul" in names  # (diff * diff)
+    for h0 in big:
+        if OPS[A.info(r, h0)[1]].name != "mulc":  # (the live one: the Hessian's terms)
+            assert r[h0 + A.META, 5] == 1.0
+    sums = [h0 for h0 in heads.tolist() if r[h0, 0] == A.RED and A.info(r, h0)[2][4] == 8]
+    assert len(sums) == 10 and all(r[h0 + A.META, 5] == 1.0 for h0 in sums)
+    assert not [b for b in closure(code, "back") if type(b[3]) is tuple and b[3][0] is A.RGRP]
 
 
 def closure(code, name):
