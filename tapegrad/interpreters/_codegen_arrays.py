@@ -64,11 +64,13 @@ def _array_reverse(op):
 #: the ops an array instruction runs as a loop of its own: those of the benchmarks' array
 #: programs (lse, gmm: the sums, products, shifts and max trees, the exp-log pairs, max's
 #: tie masks; neg: the rule of a sub's right operand, 80 instructions of kmeans' Hessian-
-#: vector program). The others loop over ``value`` and ``grads``, one call per element (2 to 3
-#: times slower), because each own loop costs about 0.1 s of cold compile on 2 cores (the
-#: 25 of before: 11 s for the first array gradient)
+#: vector program; logical_not, logical_or: the min's tie masks, 19 of 1,000 in each of its
+#: programs, 2 to 3 times slower in the shared loop). The others loop over ``value`` and
+#: ``grads``, one call per element (2 to 3 times slower), because each own loop costs about
+#: 0.1 s of cold compile on 2 cores (the 25 of before: 11 s for the first array gradient)
 LOOPED = frozenset(("add", "sub", "mul", "exp", "log", "mulc", "maximum", "select", "pick",
-                    "eq", "ne", "detach", "eq_nan", "neg", "pick_where"))
+                    "eq", "ne", "detach", "eq_nan", "neg", "pick_where", "logical_not",
+                    "logical_or"))
 
 
 def _value_source(ops):

@@ -389,6 +389,15 @@ def forward(rows, x, v, r, nr, k):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (1.0 if a != b else 0.0)
+            elif op == 81:  # logical_or
+                for i in range(m):
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
+            elif op == 83:  # logical_not
+                for i in range(m):
+                    a = v[np.uint64(ia + i * sa)]
+                    v[np.uint64(k + i)] = (1.0 if a == 0.0 else 0.0)
             elif op == 84:  # detach
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
