@@ -1,16 +1,19 @@
 """kmeans' replayed ``dir`` (its gradient and Hessian-vector programs) at the speed of its
 steps: the min's tie masks (``logical_not``, ``logical_or``) run loops of their own
-(``_codegen_arrays.LOOPED``). The same bits as the shared loop and the scalar expansion,
+(``_codegen_arrays.LOOPED``); a mul adds no gradients to an operand whose gradient reaches
+no input (``_codegen_arrays._MULSKIP``). The same bits as the shared loop and the scalar expansion,
 and torch's numbers, through ties, NaN, inf and -0.0."""
 
 import numpy as np
 import pytest
 
 from tapegrad.interpreters import _codegen_arrays
+from tapegrad.interpreters import program_arrays as PA
 from tapegrad.ops import BY_NAME
 
 from test_replay_arrays_bsums import K, D, N, _special, heads, kmeans, trace
 from test_replay_arrays_large import SCALAR
+from test_replay_hvp_arrays import kmeans_program, torch_hvp
 
 torch = pytest.importorskip("torch")
 
@@ -53,3 +56,50 @@ def test_tie_masks_bit_for_bit(case):
         return
     np.testing.assert_allclose(a[1], g.detach().numpy(), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(H, hv.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def _skipping_muls(rows):
+    """The heads of the mul instructions whose reverse adds one operand's gradients only
+    (the other's ``sk`` bit, both strided and apart: ``_codegen_arrays._MULSKIP``)."""
+    out = []
+    for h in PA.heads_of(rows).tolist():
+        if rows[h, 0] == PA.RED or PA.info(rows, h)[1] != PA.MUL:
+            continue
+        flag = rows[h + PA.META, 5]
+        sk = int(-flag) if flag < 0 else 0
+        n, _, st = PA.info(rows, h)
+        ia, ib = int(rows[h, 1]), int(rows[h, 2])
+        if sk & 3 in (1, 2) and st[0] > 0 and st[1] > 0 and (
+                ia + (n - 1) * st[0] < ib or ib + (n - 1) * st[1] < ia):
+            out.append(h)
+    return out
+
+
+@pytest.mark.parametrize("k,d,n", [(4, 3, 50), (10, 8, 1000)])
+def test_mul_with_a_skipped_operand_same_bits(k, d, n):
+    """kmeans' Hessian-vector program's ``g * diff`` (``g`` reaches no input) adds only
+    ``diff``'s gradients: the same bits as the loop that adds both (its skip marks cleared:
+    the other operand's adds then land in adjoints never read)."""
+    from tapegrad._program_derivs import _hvp_run
+    assert "lop = -4" in _codegen_arrays.generate_arrays()
+    P, PT0, C0 = kmeans_program(k, d, n)
+    v = np.random.default_rng(5).normal(size=C0.shape)
+    val, hv = P.hvp((C0,), (v,))
+    code = _hvp_run(P._code)
+    rows = code.frows
+    hs = _skipping_muls(rows)
+    assert len(hs) >= k * d, len(hs)
+    work, flat, _ = code.buffers()
+    flat[...] = np.random.default_rng(6).normal(size=flat.shape)
+    w2 = work.copy()
+    res = np.empty(code.res_size[True])
+    assert code.run(rows, work, res) == 0
+    off = rows.copy()
+    off[np.array(hs) + PA.META, 5] = -0.0  # (no operand skipped: the loop adds both)
+    assert not _skipping_muls(off)
+    res2 = np.empty_like(res)
+    assert PA.entry(off, w2)(off, w2, res2) == 0
+    assert res.tobytes() == res2.tobytes()
+    # and torch's numbers
+    _, th = torch_hvp(PT0, C0, v)
+    np.testing.assert_allclose(hv, th, rtol=1e-12, atol=1e-12)

@@ -731,6 +731,10 @@ def reverse(rows, v, adj, r, k, lo):
                 lop = -2
             if lop == MUL and ia == ib and sa == sb and sa != 0:
                 lop = -3
+            if (lop == MUL and ((sk & 3) == 1 or (sk & 3) == 2) and sa != 0 and sb != 0
+                    and (max(ia, ia + (m - 1) * sa) < min(ib, ib + (m - 1) * sb)
+                         or max(ib, ib + (m - 1) * sb) < min(ia, ia + (m - 1) * sa))):
+                lop = -4
             if lop == -2:
                 fb = 1.0 if op == ADD else -1.0
                 rb = adj[np.uint64(ib)]
@@ -747,6 +751,12 @@ def reverse(rows, v, adj, r, k, lo):
                     a = v[j]
                     t = adj[j] + (g * a)
                     adj[j] = t + (g * a)
+            elif lop == -4:
+                jx, sx, jy, sy = (ib, sb, ia, sa) if sk & 1 else (ia, sa, ib, sb)
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    y = v[np.uint64(jy + i * sy)]
+                    adj[np.uint64(jx + i * sx)] += g * y
             elif lop == 3:  # neg
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
