@@ -1,13 +1,16 @@
 """kmeans' replayed ``dir`` (its gradient and Hessian-vector programs) at the speed of its
 steps: the min's tie masks (``logical_not``, ``logical_or``) run loops of their own
 (``_codegen_arrays.LOOPED``); a mul adds no gradients to an operand whose gradient reaches
-no input (``_codegen_arrays._MULSKIP``). The same bits as the shared loop and the scalar expansion,
+no input (``_codegen_arrays._MULSKIP``); the adjoints of constant rows are not zeroed
+(``program_arrays._live``). The same bits as the shared loop and the scalar expansion,
 and torch's numbers, through ties, NaN, inf and -0.0."""
 
 import numpy as np
 import pytest
 
+import tapegrad as tg
 from tapegrad.interpreters import _codegen_arrays
+from tapegrad.interpreters import replay_cpu as _cpu
 from tapegrad.interpreters import program_arrays as PA
 from tapegrad.ops import BY_NAME
 
@@ -103,3 +106,65 @@ def test_mul_with_a_skipped_operand_same_bits(k, d, n):
     # and torch's numbers
     _, th = torch_hvp(PT0, C0, v)
     np.testing.assert_allclose(hv, th, rtol=1e-12, atol=1e-12)
+
+
+def _run_nan_adjoints(code, x):
+    """``code``'s value and gradient at flat input ``x``, its adjoints NaN before the
+    sweep wherever it does not zero them (a slot it reads unzeroed turns the result NaN)."""
+    work, flat, _ = code.buffers()
+    m, p, nx = int(work[0]), int(work[1]), int(work[2])
+    o = _cpu.HEADER + 2 * m + p
+    n = (work.shape[0] - o - nx) // 2
+    work[o + nx + n:] = np.nan
+    flat[...] = x
+    res = np.empty(code.res_size[True])
+    assert code.run(code.frows, work, res) == 0
+    code._free.append((work, flat, _))
+    return res
+
+
+def _const_slots(rows):
+    """The slots of the runs of ``CONST_RUN`` or more constant rows."""
+    at = PA.row_slots(rows)[0]
+    d = np.diff(np.concatenate(([0], (rows[:, 0] == PA.CONST).astype(np.int8), [0])))
+    return np.concatenate([at[a:b] for a, b in zip(np.nonzero(d == 1)[0], np.nonzero(d == -1)[0])
+                           if b - a >= PA.CONST_RUN])
+
+
+@pytest.mark.parametrize("which", ["kmeans_grad", "kmeans_hvp", "mul_const"])
+def test_constants_adjoints_not_zeroed_same_bits(which, monkeypatch):
+    """A run of constant rows' adjoints (kmeans' points) are not zeroed before the reverse
+    sweep (``program_arrays._live``): added to, never read. The same bits as zeroing them,
+    with every other adjoint NaN before the sweep."""
+    from tapegrad._program_derivs import _hvp_run
+
+    def build():
+        if which == "mul_const":  # (the product's rule adds ``g * x`` to K's adjoints)
+            K0 = np.linspace(-3.0, 3.0, 6000)  # (over 2,000 a slice: ``_live``)
+            K0[[5, 17, 33]] = [-0.0, np.inf, 1e300]
+            K = tg.tensor(K0)
+            x0 = np.linspace(0.5, 1.5, 6000)
+            P = tg.trace(lambda x: (x * K + x).sum(), x0)
+            return P._code, x0
+        P, _, C0 = kmeans_program(10, 8, 1000)
+        if which == "kmeans_grad":
+            return P._code, C0.ravel()
+        v = np.random.default_rng(7).normal(size=C0.size)
+        return _hvp_run(P._code), np.concatenate((C0.ravel(), v))
+
+    code, x = build()
+    res = _run_nan_adjoints(code, x)
+    live = dict(zip(code.run.__code__.co_freevars, code.run.__closure__))["live"]
+    live = live.cell_contents
+    cs = _const_slots(code.frows)
+    assert cs.size >= 200 and live is not None
+    zeroed = np.zeros(int(cs.max()) + 1, bool)
+    for sl in live:
+        zeroed[sl.start:min(sl.stop, zeroed.size)] = True
+    assert not zeroed[cs].any()
+    with monkeypatch.context() as mp:
+        mp.setattr(PA, "LIVE_CONSTS", True)
+        code2, _ = build()
+        res2 = _run_nan_adjoints(code2, x)
+    assert not np.isnan(res).any()
+    assert res.tobytes() == res2.tobytes()
