@@ -78,6 +78,42 @@ def _skipping_muls(rows):
     return out
 
 
+def _same_bits_skips_off(code):
+    """The heads of ``code``'s muls that skip an operand; its value and gradient at a
+    random input the same bits with their skip marks cleared (the loop then adds both
+    operands' gradients, the other's to adjoints never read)."""
+    work, flat, _ = code.buffers()  # (its entry built: ``frows`` set)
+    rows = code.frows
+    hs = _skipping_muls(rows)
+    flat[...] = np.random.default_rng(6).normal(size=flat.shape)
+    w2 = work.copy()
+    res = np.empty(code.res_size[True])
+    assert code.run(rows, work, res) == 0
+    off = rows.copy()
+    off[np.array(hs, dtype=np.int64) + PA.META, 5] = -0.0
+    assert not _skipping_muls(off)
+    res2 = np.empty_like(res)
+    assert PA.entry(off, w2)(off, w2, res2) == 0
+    assert res.tobytes() == res2.tobytes()
+    return hs
+
+
+def test_mul_skipping_a_strided_operand_same_bits():
+    """The loop for operands of any stride (``_MULSKIP_REVERSE``'s second): ``x[::2]``
+    times a detached value, whose gradient reaches no input; torch's numbers."""
+    x0 = np.random.default_rng(8).normal(size=400)
+    x0[[3, 8]] = [-0.0, np.inf]
+
+    def f(M, x):
+        return (x[::2] * (x[1::2] * 3.0).detach()).sum() + (x * x).sum()
+    P = trace(f, x0, 4)
+    hs = _same_bits_skips_off(P._code)
+    assert [PA.info(P._code.frows, h)[2][:2] for h in hs] == [(2, 1)]
+    xt = torch.tensor(x0, requires_grad=True)
+    g, = torch.autograd.grad(f(torch, xt), xt)
+    np.testing.assert_allclose(P.grad(x0), g.numpy(), rtol=1e-13)
+
+
 @pytest.mark.parametrize("k,d,n", [(4, 3, 50), (10, 8, 1000)])
 def test_mul_with_a_skipped_operand_same_bits(k, d, n):
     """kmeans' Hessian-vector program's ``g * diff`` (``g`` reaches no input) adds only
@@ -88,21 +124,7 @@ def test_mul_with_a_skipped_operand_same_bits(k, d, n):
     P, PT0, C0 = kmeans_program(k, d, n)
     v = np.random.default_rng(5).normal(size=C0.shape)
     val, hv = P.hvp((C0,), (v,))
-    code = _hvp_run(P._code)
-    rows = code.frows
-    hs = _skipping_muls(rows)
-    assert len(hs) >= k * d, len(hs)
-    work, flat, _ = code.buffers()
-    flat[...] = np.random.default_rng(6).normal(size=flat.shape)
-    w2 = work.copy()
-    res = np.empty(code.res_size[True])
-    assert code.run(rows, work, res) == 0
-    off = rows.copy()
-    off[np.array(hs) + PA.META, 5] = -0.0  # (no operand skipped: the loop adds both)
-    assert not _skipping_muls(off)
-    res2 = np.empty_like(res)
-    assert PA.entry(off, w2)(off, w2, res2) == 0
-    assert res.tobytes() == res2.tobytes()
+    assert len(_same_bits_skips_off(_hvp_run(P._code))) >= k * d
     # and torch's numbers
     _, th = torch_hvp(PT0, C0, v)
     np.testing.assert_allclose(hv, th, rtol=1e-12, atol=1e-12)

@@ -753,10 +753,16 @@ def reverse(rows, v, adj, r, k, lo):
                     adj[j] = t + (g * a)
             elif lop == -4:
                 jx, sx, jy, sy = (ib, sb, ia, sa) if sk & 1 else (ia, sa, ib, sb)
-                for i in range(m - 1, -1, -1):
-                    g = adj[np.uint64(k + i)]
-                    y = v[np.uint64(jy + i * sy)]
-                    adj[np.uint64(jx + i * sx)] += g * y
+                if sx == 1 and sy == 1:
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(k + i)]
+                        y = v[np.uint64(jy + i)]
+                        adj[np.uint64(jx + i)] += g * y
+                else:
+                    for i in range(m - 1, -1, -1):
+                        g = adj[np.uint64(k + i)]
+                        y = v[np.uint64(jy + i * sy)]
+                        adj[np.uint64(jx + i * sx)] += g * y
             elif lop == 3:  # neg
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
