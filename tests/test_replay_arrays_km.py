@@ -2,8 +2,9 @@
 steps: the min's tie masks (``logical_not``, ``logical_or``) run loops of their own
 (``_codegen_arrays.LOOPED``); a mul adds no gradients to an operand whose gradient reaches
 no input (``_codegen_arrays._MULSKIP``); the adjoints of constant rows are not zeroed
-(``program_arrays._live``). The same bits as the shared loop and the scalar expansion,
-and torch's numbers, through ties, NaN, inf and -0.0."""
+(``program_arrays._live``); a mul's reverse over contiguous operands (an operand skipped,
+or ``x * x``) runs a loop LLVM vectorizes. The same bits as the shared loop and the scalar
+expansion, and torch's numbers, through ties, NaN, inf and -0.0."""
 
 import numpy as np
 import pytest
@@ -190,3 +191,22 @@ def test_constants_adjoints_not_zeroed_same_bits(which, monkeypatch):
         res2 = _run_nan_adjoints(code2, x)
     assert not np.isnan(res).any()
     assert res.tobytes() == res2.tobytes()
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_square_reverse_contiguous_and_strided_same_bits(step):
+    """``x * x``'s reverse (``_codegen_arrays._SQUARE_REVERSE``: a loop for contiguous
+    operands, one for any stride) adds ``g * x`` twice, as the expansion's rows: its bits,
+    -0.0, inf and NaN among the inputs; torch's numbers."""
+    x0 = np.random.default_rng(9).normal(size=600)
+    x0[[0, 3, 9, 12]] = [-0.0, np.inf, np.nan, 1e-300]
+
+    def f(M, x):
+        y = x[::step]
+        return (y * y * 0.5).sum() + (y * 3.0).sum()
+    P, S = trace(f, x0, 4), trace(f, x0, SCALAR)
+    a, s = P.value_and_grad(x0), S.value_and_grad(x0)
+    assert a[1].tobytes() == s[1].tobytes()
+    xt = torch.tensor(x0, requires_grad=True)
+    g, = torch.autograd.grad(f(torch, xt), xt)
+    np.testing.assert_allclose(a[1], g.numpy(), rtol=1e-15)

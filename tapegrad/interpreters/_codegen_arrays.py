@@ -149,7 +149,16 @@ _BCAST_REVERSE = '''            if lop == -2:
 _SQUARE = " " * 12 + "if lop == MUL and ia == ib and sa == sb and sa != 0:\n" \
     + " " * 16 + "lop = -3\n"
 
-_SQUARE_REVERSE = '''            elif lop == -3:
+# (contiguous slots in a loop of their own, which LLVM vectorizes: kmeans' 80,000
+# ``diff * diff`` in its Hessian-vector program, 39 -> 24 us)
+_SQUARE_REVERSE = '''            elif lop == -3 and sa == 1:
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    j = np.uint64(ia + i)
+                    a = v[j]
+                    t = adj[j] + (g * a)
+                    adj[j] = t + (g * a)
+            elif lop == -3:
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     j = np.uint64(ia + i * sa)

@@ -744,6 +744,13 @@ def reverse(rows, v, adj, r, k, lo):
                     if wa:
                         adj[np.uint64(ia + i * sa)] += g
                 adj[np.uint64(ib)] = rb
+            elif lop == -3 and sa == 1:
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    j = np.uint64(ia + i)
+                    a = v[j]
+                    t = adj[j] + (g * a)
+                    adj[j] = t + (g * a)
             elif lop == -3:
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
