@@ -169,32 +169,24 @@ _SQUARE_REVERSE = '''            elif lop == -3 and sa == 1:
 
 
 #: a mul one of whose operands takes no gradient that reaches an input (``sk``'s bit: its
-#: adjoints are never read) adds only the other's ``g * y``, where the loop above adds both
-#: (kmeans' Hessian-vector program: its 80 ``g * diff`` of 1,000, whose ``g`` reaches no
-#: input: 72 -> 36 us, and 19 us in a loop of its own for contiguous operands, which LLVM
-#: vectorizes), when the two operands' slots are apart (an operand's adds then reach no
-#: slot the other's do: the same bits). One loop for either operand (``x``: the one taking
-#: gradients, ``y`` the other); a mul whose skipped operand is broadcast runs the shared
-#: loop (``_SKIPS``)
+#: adjoints are never read) adds only the other's ``g * y``, where the loop above adds both,
+#: when both are contiguous (a loop LLVM vectorizes) and apart (an operand's adds then reach
+#: no slot the other's do: the same bits): kmeans' Hessian-vector program's 80 ``g * diff``
+#: of 1,000, whose ``g`` reaches no input, 72 -> 19 us. One loop for either operand
+#: (``x``: the one taking gradients, ``y`` the other); strided ones add both (a loop more
+#: costs cold compile time)
 _MULSKIP = " " * 12 + \
-    """if (lop == MUL and ((sk & 3) == 1 or (sk & 3) == 2) and sa != 0 and sb != 0
-                    and (max(ia, ia + (m - 1) * sa) < min(ib, ib + (m - 1) * sb)
-                         or max(ib, ib + (m - 1) * sb) < min(ia, ia + (m - 1) * sa))):
+    """if (lop == MUL and ((sk & 3) == 1 or (sk & 3) == 2) and sa == 1 and sb == 1
+                    and (ia + m <= ib or ib + m <= ia)):
                 lop = -4
 """
 
 _MULSKIP_REVERSE = '''            elif lop == -4:
-                jx, sx, jy, sy = (ib, sb, ia, sa) if sk & 1 else (ia, sa, ib, sb)
-                if sx == 1 and sy == 1:
-                    for i in range(m - 1, -1, -1):
-                        g = adj[np.uint64(k + i)]
-                        y = v[np.uint64(jy + i)]
-                        adj[np.uint64(jx + i)] += g * y
-                else:
-                    for i in range(m - 1, -1, -1):
-                        g = adj[np.uint64(k + i)]
-                        y = v[np.uint64(jy + i * sy)]
-                        adj[np.uint64(jx + i * sx)] += g * y
+                jx, jy = (ib, ia) if sk & 1 else (ia, ib)
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    y = v[np.uint64(jy + i)]
+                    adj[np.uint64(jx + i)] += g * y
 '''
 
 

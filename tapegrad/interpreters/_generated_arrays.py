@@ -731,9 +731,8 @@ def reverse(rows, v, adj, r, k, lo):
                 lop = -2
             if lop == MUL and ia == ib and sa == sb and sa != 0:
                 lop = -3
-            if (lop == MUL and ((sk & 3) == 1 or (sk & 3) == 2) and sa != 0 and sb != 0
-                    and (max(ia, ia + (m - 1) * sa) < min(ib, ib + (m - 1) * sb)
-                         or max(ib, ib + (m - 1) * sb) < min(ia, ia + (m - 1) * sa))):
+            if (lop == MUL and ((sk & 3) == 1 or (sk & 3) == 2) and sa == 1 and sb == 1
+                    and (ia + m <= ib or ib + m <= ia)):
                 lop = -4
             if lop == -2:
                 fb = 1.0 if op == ADD else -1.0
@@ -759,17 +758,11 @@ def reverse(rows, v, adj, r, k, lo):
                     t = adj[j] + (g * a)
                     adj[j] = t + (g * a)
             elif lop == -4:
-                jx, sx, jy, sy = (ib, sb, ia, sa) if sk & 1 else (ia, sa, ib, sb)
-                if sx == 1 and sy == 1:
-                    for i in range(m - 1, -1, -1):
-                        g = adj[np.uint64(k + i)]
-                        y = v[np.uint64(jy + i)]
-                        adj[np.uint64(jx + i)] += g * y
-                else:
-                    for i in range(m - 1, -1, -1):
-                        g = adj[np.uint64(k + i)]
-                        y = v[np.uint64(jy + i * sy)]
-                        adj[np.uint64(jx + i * sx)] += g * y
+                jx, jy = (ib, ia) if sk & 1 else (ia, ib)
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    y = v[np.uint64(jy + i)]
+                    adj[np.uint64(jx + i)] += g * y
             elif lop == 3:  # neg
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
