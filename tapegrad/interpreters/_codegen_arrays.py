@@ -64,11 +64,13 @@ def _array_reverse(op):
 #: the ops an array instruction runs as a loop of its own: those of the benchmarks' array
 #: programs (lse, gmm: the sums, products, shifts and max trees, the exp-log pairs, max's
 #: tie masks; neg: the rule of a sub's right operand, 80 instructions of kmeans' Hessian-
-#: vector program). The others loop over ``value`` and ``grads``, one call per element (2 to 3
-#: times slower), because each own loop costs about 0.1 s of cold compile on 2 cores (the
-#: 25 of before: 11 s for the first array gradient)
+#: vector program; logical_not, logical_or: the min's tie masks, 19 of 1,000 in each of its
+#: programs, 2 to 3 times slower in the shared loop). The others loop over ``value`` and
+#: ``grads``, one call per element (2 to 3 times slower), because each own loop costs about
+#: 0.1 s of cold compile on 2 cores (the 25 of before: 11 s for the first array gradient)
 LOOPED = frozenset(("add", "sub", "mul", "exp", "log", "mulc", "maximum", "select", "pick",
-                    "eq", "ne", "detach", "eq_nan", "neg", "pick_where"))
+                    "eq", "ne", "detach", "eq_nan", "neg", "pick_where", "logical_not",
+                    "logical_or"))
 
 
 def _value_source(ops):
@@ -147,13 +149,44 @@ _BCAST_REVERSE = '''            if lop == -2:
 _SQUARE = " " * 12 + "if lop == MUL and ia == ib and sa == sb and sa != 0:\n" \
     + " " * 16 + "lop = -3\n"
 
-_SQUARE_REVERSE = '''            elif lop == -3:
+# (contiguous slots in a loop of their own, which LLVM vectorizes: kmeans' 80,000
+# ``diff * diff`` in its Hessian-vector program, 39 -> 24 us)
+_SQUARE_REVERSE = '''            elif lop == -3 and sa == 1:
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    j = np.uint64(ia + i)
+                    a = v[j]
+                    t = adj[j] + (g * a)
+                    adj[j] = t + (g * a)
+            elif lop == -3:
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
                     j = np.uint64(ia + i * sa)
                     a = v[j]
                     t = adj[j] + (g * a)
                     adj[j] = t + (g * a)
+'''
+
+
+#: a mul one of whose operands takes no gradient that reaches an input (``sk``'s bit: its
+#: adjoints are never read) adds only the other's ``g * y``, where the loop above adds both,
+#: when both are contiguous (a loop LLVM vectorizes) and apart (an operand's adds then reach
+#: no slot the other's do: the same bits): kmeans' Hessian-vector program's 80 ``g * diff``
+#: of 1,000, whose ``g`` reaches no input, 72 -> 19 us. One loop for either operand
+#: (``x``: the one taking gradients, ``y`` the other); strided ones add both (a loop more
+#: costs cold compile time)
+_MULSKIP = " " * 12 + \
+    """if (lop == MUL and ((sk & 3) == 1 or (sk & 3) == 2) and sa == 1 and sb == 1
+                    and (ia + m <= ib or ib + m <= ia)):
+                lop = -4
+"""
+
+_MULSKIP_REVERSE = '''            elif lop == -4:
+                jx, jy = (ib, ia) if sk & 1 else (ia, ib)
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    y = v[np.uint64(jy + i)]
+                    adj[np.uint64(jx + i)] += g * y
 '''
 
 
@@ -476,8 +509,10 @@ def reverse(rows, v, adj, r, k, lo):
     src.append(_BCAST)
     _square_exprs()
     src.append(_SQUARE)
+    src.append(_MULSKIP)
     src.append(_BCAST_REVERSE)
     src.append(_SQUARE_REVERSE)
+    src.append(_MULSKIP_REVERSE)
     src += [x.replace(" op == ", " lop == ", 1) for x in
             chain([op for op in looped if rule_exprs(op)], _array_reverse, 12, first=False)]
     src.append(_GENERIC_REVERSE)

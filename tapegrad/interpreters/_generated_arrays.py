@@ -389,6 +389,15 @@ def forward(rows, x, v, r, nr, k):
                     a = v[np.uint64(ia + i * sa)]
                     b = v[np.uint64(ib + i * sb)]
                     v[np.uint64(k + i)] = (1.0 if a != b else 0.0)
+            elif op == 81:  # logical_or
+                for i in range(m):
+                    a = v[np.uint64(ia + i * sa)]
+                    b = v[np.uint64(ib + i * sb)]
+                    v[np.uint64(k + i)] = (1.0 if (a != 0.0 or b != 0.0) else 0.0)
+            elif op == 83:  # logical_not
+                for i in range(m):
+                    a = v[np.uint64(ia + i * sa)]
+                    v[np.uint64(k + i)] = (1.0 if a == 0.0 else 0.0)
             elif op == 84:  # detach
                 for i in range(m):
                     a = v[np.uint64(ia + i * sa)]
@@ -722,6 +731,9 @@ def reverse(rows, v, adj, r, k, lo):
                 lop = -2
             if lop == MUL and ia == ib and sa == sb and sa != 0:
                 lop = -3
+            if (lop == MUL and ((sk & 3) == 1 or (sk & 3) == 2) and sa == 1 and sb == 1
+                    and (ia + m <= ib or ib + m <= ia)):
+                lop = -4
             if lop == -2:
                 fb = 1.0 if op == ADD else -1.0
                 rb = adj[np.uint64(ib)]
@@ -731,6 +743,13 @@ def reverse(rows, v, adj, r, k, lo):
                     if wa:
                         adj[np.uint64(ia + i * sa)] += g
                 adj[np.uint64(ib)] = rb
+            elif lop == -3 and sa == 1:
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    j = np.uint64(ia + i)
+                    a = v[j]
+                    t = adj[j] + (g * a)
+                    adj[j] = t + (g * a)
             elif lop == -3:
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
@@ -738,6 +757,12 @@ def reverse(rows, v, adj, r, k, lo):
                     a = v[j]
                     t = adj[j] + (g * a)
                     adj[j] = t + (g * a)
+            elif lop == -4:
+                jx, jy = (ib, ia) if sk & 1 else (ia, ib)
+                for i in range(m - 1, -1, -1):
+                    g = adj[np.uint64(k + i)]
+                    y = v[np.uint64(jy + i)]
+                    adj[np.uint64(jx + i)] += g * y
             elif lop == 3:  # neg
                 for i in range(m - 1, -1, -1):
                     g = adj[np.uint64(k + i)]
