@@ -883,8 +883,15 @@ class _R:
         return self._em("rdivc", self.s, c0=float(o))
 
     def __pow__(self, o):
-        return self._em("pow", self.s, o.s) if isinstance(o, _R) else \
-            self._em("powc", self.s, c0=float(o))
+        if isinstance(o, _R):
+            return self._em("pow", self.s, o.s)
+        if float(o) == 1.0:
+            # x itself: pow(x, 1.0) is x for every double, and its rule passes g * 1.0 *
+            # x ** 0.0, g itself. Eager mode records it so that x ** 2's derivatives stay a
+            # graph as torch's do (its third is 0, not an error); a program has no such
+            # error, and the row cost Rosenbrock's derivative programs 297 rows of 1,783
+            return self
+        return self._em("powc", self.s, c0=float(o))
 
     def __rpow__(self, o):
         return self._em("rpowc", self.s, c0=float(o))
