@@ -194,7 +194,7 @@ def grads(op, a, b, c, out, g, c0, c1):
     elif op == 22:  # abs
         return float((g * ((1.0 if a > 0.0 else 0.0) - (1.0 if a < 0.0 else 0.0)))), 0.0, 0.0
     elif op == 24:  # square
-        return float(((g * 2.0) * (a ** 1.0))), 0.0, 0.0
+        return float(((g * 2.0) * a)), 0.0, 0.0
     elif op == 25:  # reciprocal
         return float(((-g) * (out * out))), 0.0, 0.0
     elif op == 26:  # addc
@@ -208,7 +208,7 @@ def grads(op, a, b, c, out, g, c0, c1):
     elif op == 30:  # rdivc
         return float(((-g) * ((c0 / a) / a))), 0.0, 0.0
     elif op == 31:  # powc
-        return float((0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))), 0.0, 0.0
+        return float((0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))), 0.0, 0.0
     elif op == 32:  # rpowc
         return float((0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))), 0.0, 0.0
     elif op == 33:  # clamp

@@ -127,7 +127,7 @@ def sweep(rows, vals, adj, need, hi, lo):
             ia = int(rows[k, 1])
             a = vals[ia]
             g = adj[k]
-            adj[ia] += ((g * 2.0) * (a ** 1.0))
+            adj[ia] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             ia = int(rows[k, 1])
             out = vals[k]
@@ -162,7 +162,7 @@ def sweep(rows, vals, adj, need, hi, lo):
             c0 = rows[k, 3]
             a = vals[ia]
             g = adj[k]
-            adj[ia] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[ia] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
             c0 = rows[k, 3]
@@ -459,7 +459,7 @@ def sweep_batched(rows, vals, adj, need, hi, lo):
             gk = adj[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += ((g * 2.0) * (a ** 1.0))
+                aa[j] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             ia = int(rows[k, 1])
             out = vals[k]
@@ -515,7 +515,7 @@ def sweep_batched(rows, vals, adj, need, hi, lo):
             gk = adj[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
             c0 = rows[k, 3]
@@ -1347,7 +1347,7 @@ def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
             for i in range(nk):
                 a = V[oa + i * sa]
                 g = A[oout + i * sout]
-                A[oa + i * sa] += ((g * 2.0) * (a ** 1.0))
+                A[oa + i * sa] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             for i in range(nk):
                 out = V[oout + i * sout]
@@ -1382,7 +1382,7 @@ def sweep_flat(rows, need, hi, lo, off, size, V, A, p0, p1):
             for i in range(nk):
                 a = V[oa + i * sa]
                 g = A[oout + i * sout]
-                A[oa + i * sa] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+                A[oa + i * sa] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 32:  # rpowc
             c0 = rows[k, 3]
             for i in range(nk):

@@ -347,7 +347,7 @@ def reverse_one(rows, V, j, A, t):
             ia = int(rows[k, 1])
             a = V[ia, j]
             g = A[k, t]
-            A[ia, t] += ((g * 2.0) * (a ** 1.0))
+            A[ia, t] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             ia = int(rows[k, 1])
             out = V[k, j]
@@ -382,7 +382,7 @@ def reverse_one(rows, V, j, A, t):
             c0 = rows[k, 4]
             a = V[ia, j]
             g = A[k, t]
-            A[ia, t] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            A[ia, t] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]

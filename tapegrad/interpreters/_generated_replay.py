@@ -168,7 +168,7 @@ def reverse(rows, v, adj):
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 2.0) * (a ** 1.0))
+            adj[np.uint64(ia)] += ((g * 2.0) * a)
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -192,7 +192,7 @@ def reverse(rows, v, adj):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -466,7 +466,7 @@ def run_fused(rows, work, res):
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 2.0) * (a ** 1.0))
+            adj[np.uint64(ia)] += ((g * 2.0) * a)
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -490,7 +490,7 @@ def run_fused(rows, work, res):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -524,7 +524,7 @@ def run_fused(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             ihb = int(rows[k0, 2])
@@ -536,7 +536,7 @@ def run_fused(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             adj[np.uint64(iha)] += (-gh)
@@ -571,7 +571,7 @@ def run_fused(rows, work, res):
             k1 = np.uint64(kk - 1)
             g2 = adj[np.uint64(k)]
             r2a = v[np.uint64(k1)]
-            g1 = adj[np.uint64(k1)] + g2 * (2.0 * r2a ** 1.0)
+            g1 = adj[np.uint64(k1)] + g2 * (2.0 * r2a)
             adj[np.uint64(k1)] = g1
             ir1a = int(rows[k1, 1])
             adj[np.uint64(ir1a)] += g1
@@ -579,7 +579,7 @@ def run_fused(rows, work, res):
             adj[np.uint64(k0)] = g0
             ir0a = int(rows[k0, 1])
             r0a = v[np.uint64(ir0a)]
-            adj[np.uint64(ir0a)] += g0 * (2.0 * r0a ** 1.0)
+            adj[np.uint64(ir0a)] += g0 * (2.0 * r0a)
             kk -= 2
         elif op == 1014:  # rsubc then powc then add
             k0 = np.uint64(kk - 2)
@@ -590,7 +590,7 @@ def run_fused(rows, work, res):
             g1 = adj[np.uint64(k1)] + g2
             adj[np.uint64(k1)] = g1
             r1a = v[np.uint64(k0)]
-            g0 = adj[np.uint64(k0)] + g1 * (2.0 * r1a ** 1.0)
+            g0 = adj[np.uint64(k0)] + g1 * (2.0 * r1a)
             adj[np.uint64(k0)] = g0
             ir0a = int(rows[k0, 1])
             adj[np.uint64(ir0a)] += -g0
@@ -806,7 +806,7 @@ def reverse_common(rows, v, adj):
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 2.0) * (a ** 1.0))
+            adj[np.uint64(ia)] += ((g * 2.0) * a)
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -830,7 +830,7 @@ def reverse_common(rows, v, adj):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1082,7 +1082,7 @@ def run_fused_common(rows, work, res):
             ia = int(rows[k, 1])
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += ((g * 2.0) * (a ** 1.0))
+            adj[np.uint64(ia)] += ((g * 2.0) * a)
         elif op == 26:  # addc
             ia = int(rows[k, 1])
             g = adj[np.uint64(k)]
@@ -1106,7 +1106,7 @@ def run_fused_common(rows, work, res):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1140,7 +1140,7 @@ def run_fused_common(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             ihb = int(rows[k0, 2])
@@ -1152,7 +1152,7 @@ def run_fused_common(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             adj[np.uint64(iha)] += (-gh)
@@ -1187,7 +1187,7 @@ def run_fused_common(rows, work, res):
             k1 = np.uint64(kk - 1)
             g2 = adj[np.uint64(k)]
             r2a = v[np.uint64(k1)]
-            g1 = adj[np.uint64(k1)] + g2 * (2.0 * r2a ** 1.0)
+            g1 = adj[np.uint64(k1)] + g2 * (2.0 * r2a)
             adj[np.uint64(k1)] = g1
             ir1a = int(rows[k1, 1])
             adj[np.uint64(ir1a)] += g1
@@ -1195,7 +1195,7 @@ def run_fused_common(rows, work, res):
             adj[np.uint64(k0)] = g0
             ir0a = int(rows[k0, 1])
             r0a = v[np.uint64(ir0a)]
-            adj[np.uint64(ir0a)] += g0 * (2.0 * r0a ** 1.0)
+            adj[np.uint64(ir0a)] += g0 * (2.0 * r0a)
             kk -= 2
         elif op == 1014:  # rsubc then powc then add
             k0 = np.uint64(kk - 2)
@@ -1206,7 +1206,7 @@ def run_fused_common(rows, work, res):
             g1 = adj[np.uint64(k1)] + g2
             adj[np.uint64(k1)] = g1
             r1a = v[np.uint64(k0)]
-            g0 = adj[np.uint64(k0)] + g1 * (2.0 * r1a ** 1.0)
+            g0 = adj[np.uint64(k0)] + g1 * (2.0 * r1a)
             adj[np.uint64(k0)] = g0
             ir0a = int(rows[k0, 1])
             adj[np.uint64(ir0a)] += -g0
@@ -1450,7 +1450,7 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += ((g * 2.0) * (a ** 1.0))
+                aa[j] += ((g * 2.0) * a)
         elif op == 25:  # reciprocal
             ia = int(rows[k, 1])
             out = v[k]
@@ -1506,7 +1506,7 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -1892,12 +1892,12 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (2.0 == 0.5) else ((g * 2.0) * (a ** (2.0 - 1.0)))))))
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (2.0 == 0.5) else ((g * 2.0) * (a ** (2.0 - 1.0)))))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 27:  # mulc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
@@ -1909,7 +1909,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             for j in range(u):
                 a = Vw[oa + j]
                 g = Aw[ok + j]
-                Aw[oa + j] += ((g * 2.0) * (a ** 1.0))
+                Aw[oa + j] += ((g * 2.0) * a)
         elif op == 38:  # div
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
@@ -2201,12 +2201,12 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (2.0 == 0.5) else ((g * 2.0) * (a ** (2.0 - 1.0)))))))
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (2.0 == 0.5) else ((g * 2.0) * (a ** (2.0 - 1.0)))))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * (a ** 1.0))) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
         elif op == 27:  # mulc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
@@ -2218,7 +2218,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 a = Vw[oa + j]
                 g = Aw[ok + j]
-                Aw[oa + j] += ((g * 2.0) * (a ** 1.0))
+                Aw[oa + j] += ((g * 2.0) * a)
         elif op == 38:  # div
             oa = np.uint64(int(rows[k, 1])) * u
             ob = np.uint64(int(rows[k, 2])) * u
@@ -2289,7 +2289,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 g = Aok[j]
                 hv = Vok0[j]
-                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (2.0 == 0.5) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))))
+                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (2.0 == 0.5) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))))
                 Aok0[j] = gh
                 Aoha[j] += gh
                 Aohb[j] += (-gh)
@@ -2304,7 +2304,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 g = Aok[j]
                 hv = Vok0[j]
-                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * (hv ** 1.0))) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (2.0 == 0.5) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))))
+                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (2.0 == 0.5) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))))
                 Aok0[j] = gh
                 Aoha[j] += (-gh)
         elif op == 1005:  # mulc then add
