@@ -930,6 +930,11 @@ def test_replay_leg_arrays_found_by_the_slow_tier():
     # them for inactive reductions before checking it held reductions only, reading a
     # head past the rows' end (IndexError)
     run_legs([44074], ["arrays"])
+    # seed 44098: prune_arrays marked the last slot needed through an absent operand's span
+    # (-1, -1), so a dropped last instruction's slot was numbered past the kept ones and the
+    # dead-adjoint cut's renumbering indexed past its end (IndexError)
+    run_legs([44098], ["arrays"])
+
 
 
 @pytest.mark.slow

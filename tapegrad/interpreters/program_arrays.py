@@ -446,6 +446,10 @@ def _needed(rows, at, nslots, roots, guard, leaf, size, span, kept):
             for i in range(m):
                 need[k + i] = True
             for c in range(3):
+                # (an absent operand's span is (-1, -1): its range(-1, 0) marked need[-1],
+                # the last slot, which then numbered one slot past the kept ones)
+                if span[r, c, 0] < 0:
+                    continue
                 for t in range(span[r, c, 0], span[r, c, 1] + 1):
                     need[t] = True
             continue
