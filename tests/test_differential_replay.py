@@ -936,7 +936,6 @@ def test_replay_leg_arrays_found_by_the_slow_tier():
     run_legs([44098], ["arrays"])
 
 
-
 @pytest.mark.slow
 def test_replay_leg_arrays_slow():
     stats = run_legs(range(44_000, 44_500), ["arrays"])
