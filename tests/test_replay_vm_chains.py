@@ -1,26 +1,14 @@
 """Three-row superinstructions of the one-sample entry (``fuse.CHAINS``): the rows' own
 numbers to the bit (non-finite ones too) and torch's, formed only where their checks hold."""
-import contextlib
-
 import numpy as np
 import pytest
 
 import tapegrad as tg
 from tapegrad.interpreters import fuse, replay_cpu
 from tapegrad.ops import BY_NAME
+from test_replay_call_vm import fusion  # (superinstructions on or off at a first call)
 
 torch = pytest.importorskip("torch")
-
-
-@contextlib.contextmanager
-def fusion(on):
-    """Programs whose first call runs in here get superinstructions (however few), or not."""
-    saved = fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER
-    fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER = on, 0.0, 0
-    try:
-        yield
-    finally:
-        fuse.ENABLED, fuse.MIN_PAIRED, fuse.TIER = saved
 
 
 #: a function of x[i], x[i + 1] per chain of ``fuse.CHAINS`` (and the commutative last row
