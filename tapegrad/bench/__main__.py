@@ -75,7 +75,8 @@ def all_case_names() -> list[str]:
     names[at:at] = [MEMORY_CASE, MEMORY_RSS_CASE]
     at = names.index("replay_pendulum_euler_10k") + 1
     names[at:at] = TRACE_CASES
-    return names + CUDA_CASES + [IMPORT_WARM_CASE, IMPORT_COLD_CASE]
+    return names + CUDA_CASES + [IMPORT_WARM_CASE, IMPORT_COLD_CASE] + list(
+        cases.REPLAY_COLD_CASES)
 
 
 GLOB_CHARS = frozenset("*?[")
@@ -435,6 +436,27 @@ def run_import_case(cold: bool, settings: Settings) -> Row:
     return row
 
 
+def run_replay_cold_case(name: str) -> Row:
+    target_s, batch, target = cases.REPLAY_COLD_CASES[name]
+    row = Row(name, "startup", "s", f"<= {target_s:g} s")
+    what = "one input" if batch is None else f"{batch} inputs, target={target!r}"
+    progress(f"running {name} (1 fresh process, empty NUMBA_CACHE_DIR: trace + first "
+             f"value_and_grad, {what}) ...")
+    try:
+        r = cases.replay_cold_first_call(name)
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        row.error = f"{type(exc).__name__}: {exc}"
+        row.passed = False
+        return row
+    row.tapegrad = r["first_call_cpu_s"]  # (the wall time grows with the machine's load)
+    row.extra.update(r)
+    row.passed = row.tapegrad <= target_s
+    progress(f"  tapegrad: {format_value(row.tapegrad, 's')} of CPU, "
+             f"{format_value(r['first_call_s'], 's')} of wall time (import not counted)")
+    return row
+
+
 # --------------------------------------------------------------------------
 # reporting
 
@@ -544,6 +566,11 @@ def render_notes(rows: list[Row], with_torch: bool) -> list[str]:
             jax = r.extra.get("jax")
             line += f"; jax jit compile: {jax}" if jax else "; peer = jax jit compile time"
             notes.append(line)
+        elif r.case in cases.REPLAY_COLD_CASES and r.tapegrad is not None:
+            notes.append(f"{r.case}: trace + first call {format_value(r.tapegrad, 's')} of "
+                         f"CPU ({format_value(r.extra['first_call_s'], 's')} of wall time) "
+                         f"with an empty Numba cache (import "
+                         f"{format_value(r.extra['import_s'], 's')} before it, not counted)")
         elif r.kind == "startup" and r.tapegrad is not None:
             notes.append(
                 f"{r.case}: import {format_value(r.extra['import_s'], 's')} + first grad "
@@ -681,6 +708,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_import_case(False, settings))
         elif name == IMPORT_COLD_CASE:
             rows.append(run_import_case(True, settings))
+        elif name in cases.REPLAY_COLD_CASES:
+            rows.append(run_replay_cold_case(name))
     elapsed = time.perf_counter() - started
 
     env = environment(settings, with_torch)

@@ -33,7 +33,8 @@ from .cuda_cases import CUDA_BATCHES, CUDA_N, cuda_status, cuda_throughput  # no
 from .memory import (MEMORY_TARGET_RATIO, rss_bytes_per_op, rss_probe,  # noqa: F401
                      tapegrad_tracemalloc_bytes_per_op)
 from .startup import (IMPORT_COLD_TARGET_S, IMPORT_WARM_TARGET_S,  # noqa: F401
-                      first_grad_in_fresh_process, import_to_first_grad)
+                      REPLAY_COLD_CASES, first_grad_in_fresh_process, import_to_first_grad,
+                      replay_cold_first_call)
 
 
 # --------------------------------------------------------------------------
