@@ -446,3 +446,30 @@ def test_matmul_rows_terms_summed_together_give_the_expansions_bits(d):
              and rows[h + 1, 5] == PA.MUL]
     assert heads and all(PA.info(rows, h)[2][:2] == (0, 1) for h in heads)
     assert_as_scalar_rows_and_torch(P, f, x0)
+
+
+def test_a_constant_matrix_with_repeated_values_is_a_reduction_operand():
+    """llsq's shape: ``s - P @ x`` with a constant ``P`` whose values repeat (a column of
+    ones, powers of a symmetric ``t``). Its elements were rows shared by value, so ``P``'s
+    slots were not evenly spaced, the matmul was scalar rows and the program (with the
+    constant rows counted as uncovered slots) ran its 48,000-row expansion, twice eager's
+    time; now the constant gets a row per element and the matmul is one instruction."""
+    n, m = 64, 5
+    t = np.linspace(-1.0, 1.0, n)
+    P = np.vander(t, m, increasing=True)  # ones, t, t^2 ...: repeated values
+    s = np.sign(t)
+
+    def f(M, x):
+        r = M.tensor(s, dtype=M.float64) - M.matmul(M.tensor(P, dtype=M.float64), x)
+        return M.sum(r * r) / 2
+    x0 = np.random.default_rng(5).normal(size=m)
+    prog = tg.trace(lambda x: f(tg, x), x0)
+    assert prog._code.arrays
+    assert ("mul", n, m) in reductions(prog._code), reductions(prog._code)
+    assert_as_scalar_rows_and_torch(prog, f, x0)
+    x1 = np.random.default_rng(6).normal(size=m)
+    xe = tg.tensor(x1, requires_grad=True)
+    ge, = tg.autograd.grad(f(tg, xe), xe)
+    np.testing.assert_allclose(prog.grad(x1), ge.numpy(), rtol=1e-13, atol=1e-14)
+    y, g, hv = torch_derivs(f, x1, x0)
+    np.testing.assert_allclose(prog.hvp((x1,), (x0,))[1], hv, rtol=1e-12, atol=1e-13)

@@ -426,14 +426,14 @@ def _gradbench_reference(name: str, function: str):
 
 GRADBENCH_CASES = [  # (eval, function, description, replay too)
     ("gmm", "jacobian", "GMM log posterior gradient, d=10, k=25, n=1000", True),
-    ("lse", "gradient", "LogSumExp gradient from primitives, n=10,000", False),
+    ("lse", "gradient", "LogSumExp gradient from primitives, n=10,000", True),
     ("kmeans", "dir", "k-means Newton direction (gradient / Hessian diagonal), n=1000, k=10, "
      "d=8", False),
     ("lstm", "jacobian", "ADBench LSTM gradient, 2 layers, b=14, 256 characters", True),
     ("ba", "jacobian", "bundle adjustment sparse Jacobian, n=21, m=100, p=1000", True),
     ("det", "gradient", "determinant by minors (scalar ops), 7 x 7", True),
     ("ode", "gradient", "Runge-Kutta ODE gradient, n=100, s=100", True),
-    ("llsq", "gradient", "least-squares objective gradient, n=1024, m=16", False),
+    ("llsq", "gradient", "least-squares objective gradient, n=1024, m=16", True),
 ]
 
 

@@ -209,6 +209,12 @@ class Builder:
             return s
         arr = np.asarray(value, dtype=np.float64)
         flat = arr.reshape(-1)
+        if flat.size >= self.min_run:
+            # a row per element, in order: slots evenly spaced, as an array instruction's
+            # operand must be (a matmul with a constant matrix is then one reduction
+            # instruction: shared rows would leave its terms scattered)
+            return np.asarray([self.row(CONST, c0=v) for v in flat.tolist()],
+                              dtype=np.int64).reshape(arr.shape)
         out = np.empty(flat.shape, dtype=np.int64)
         for i, v in enumerate(flat.tolist()):
             out[i] = self.const(v)

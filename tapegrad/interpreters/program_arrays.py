@@ -349,10 +349,12 @@ def has_arrays(rows):
 
 
 def coverage(rows):
-    """The share of the program's slots that its array instructions compute."""
+    """The share of the program's computed slots that its array instructions compute
+    (constant rows are values written, not computed: a constant matrix of a matmul made
+    llsq's program two thirds instructions)."""
     heads = heads_of(rows)
-    total = row_slots(rows)[1]
-    return float(_sizes(rows, heads).sum()) / total if total else 0.0
+    total = row_slots(rows)[1] - int(np.count_nonzero(rows[:, 0] == CONST))
+    return float(_sizes(rows, heads).sum()) / total if total > 0 else 0.0
 
 
 def info(rows, r):
