@@ -5,6 +5,7 @@ Eager fast paths: the 0-d float64 case of each operator and elementwise function
 import numpy as np
 
 from .ops import BY_NAME
+from .ops.elementwise import POWC_SPECIAL
 from .tape import STATE, current_tape
 from .tensor import Tensor, _addc_name, _plain, _record, binary_fallback, quiet, unary_fallback
 
@@ -736,7 +737,7 @@ def __pow__(self, other):
                         vals = tape.vals
                         k = len(vals)
                     vals.append(v)
-                    tape.code += (31, k - a, 0, e, 0.0)
+                    tape.code += ((94 if e in POWC_SPECIAL else 31), k - a, 0, e, 0.0)
                     t = Tensor()
                     t._d = v
                     t._rg = True
@@ -765,7 +766,7 @@ def __pow__(self, other):
         v = quiet(_POW.np, d, other)
         if self._rg and STATE.grad_enabled:
             e = other if oc is _float else _INT_FLOAT[other]
-            t = _record(287, self, None, e, 0.0, v)
+            t = _record((350 if e in POWC_SPECIAL else 287), self, None, e, 0.0, v)
             return t
         return _plain(v)
     return binary_fallback(_POW, self, other)

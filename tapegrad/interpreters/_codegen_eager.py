@@ -20,6 +20,7 @@ Eager fast paths: the 0-d float64 case of each operator and elementwise function
 import numpy as np
 
 from .ops import BY_NAME
+from .ops.elementwise import POWC_SPECIAL
 from .tape import STATE, current_tape
 from .tensor import Tensor, _addc_name, _plain, _record, binary_fallback, quiet, unary_fallback
 
@@ -123,11 +124,20 @@ def _addc_hint(n, cname, body, right):
     return f"{head}\n{pad}if {cond}:\n{pad}    _addc_name(t, _{n.upper()}, {c})\n{last}"
 
 
+def _const_code(cname, flag=0):
+    """Source of the opcode recorded for ``x op e`` (the constant form ``cname``, ``e`` the
+    number): ``x ** e`` is ``powc_special`` for the exponents torch computes otherwise."""
+    if cname == "powc":
+        return (f"({BY_NAME_CODE('powc_special') | flag} if e in POWC_SPECIAL else "
+                f"{BY_NAME_CODE('powc') | flag})")
+    return str(BY_NAME_CODE(cname) | flag)
+
+
 def _binary_methods(op):
     (rname, rsign), (lname, lsign) = op.const
     rs = "-" if rsign < 0 else ""
     ls = "-" if lsign < 0 else ""
-    rc, lc = BY_NAME_CODE(rname), BY_NAME_CODE(lname)
+    rc, lc = _const_code(rname), BY_NAME_CODE(lname)
     n = op.name
     src = f"\n\ndef __{n}__(self, other):\n"
     src += "    d = self._d\n    if d.__class__ is _float:\n        oc = other.__class__\n"
@@ -185,7 +195,7 @@ def _array_const(op, cname, negated, right):
     n = op.name
     args = "d, other" if right else "other, d"
     neg = "(-e if oc is _float else _NEG_INT_FLOAT[other])"
-    body = f"t = _record({BY_NAME_CODE(cname) | ARRAY}, self, None, {neg if negated else 'e'}, " \
+    body = f"t = _record({_const_code(cname, ARRAY)}, self, None, {neg if negated else 'e'}, " \
         "0.0, v)\nreturn t"
     return f"""if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \\
         and d.ndim and STATE.trace is None:
