@@ -720,7 +720,12 @@ def __pow__(self, other):
                 return t
         elif oc is _float or oc is _int:
             e = other if oc is _float else _INT_FLOAT[other]
-            v = d * d if e == 2.0 else _py_powc(d, e, 0.0)
+            if e == 2.0:
+                v = d * d
+                code = 31
+            else:
+                v = _py_powc(d, e, 0.0)
+                code = (94 if e in POWC_SPECIAL else 31)
             if self._rg:
                 tape = STATE.tape()
                 if tape is not False:
@@ -737,7 +742,7 @@ def __pow__(self, other):
                         vals = tape.vals
                         k = len(vals)
                     vals.append(v)
-                    tape.code += ((94 if e in POWC_SPECIAL else 31), k - a, 0, e, 0.0)
+                    tape.code += (code, k - a, 0, e, 0.0)
                     t = Tensor()
                     t._d = v
                     t._rg = True

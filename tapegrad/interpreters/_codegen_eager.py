@@ -104,8 +104,10 @@ def _ind(text, n):
 def _fwd(op, x, y, number=False):
     if op.name in _INLINE:
         return _INLINE[op.name].format(x=x, y=y)
-    if op.name == "pow" and x == "d" and number:  # x ** c: powc's forward, torch's
-        return f"v = {x} * {x} if {y} == 2.0 else _py_powc({x}, {y}, 0.0)"
+    if op.name == "pow" and x == "d" and number:  # x ** c: powc's forward, torch's, and
+        # the op it records (``code``: powc_special for the exponents torch computes otherwise)
+        return (f"if {y} == 2.0:\n    v = {x} * {x}\n    code = {BY_NAME_CODE('powc')}\n"
+                f"else:\n    v = _py_powc({x}, {y}, 0.0)\n    code = {_const_code('powc')}")
     if op.name == "pow" and x == "d":  # x ** 2, the common case: pow(x, 2) is exactly x * x
         return f"v = {x} * {x} if {y} == 2.0 else _py_pow({x}, {y})"
     return f"v = _py_{op.name}({x}, {y})"
@@ -137,7 +139,7 @@ def _binary_methods(op):
     (rname, rsign), (lname, lsign) = op.const
     rs = "-" if rsign < 0 else ""
     ls = "-" if lsign < 0 else ""
-    rc, lc = _const_code(rname), BY_NAME_CODE(lname)
+    rc, lc = ("code" if rname == "powc" else BY_NAME_CODE(rname)), BY_NAME_CODE(lname)
     n = op.name
     src = f"\n\ndef __{n}__(self, other):\n"
     src += "    d = self._d\n    if d.__class__ is _float:\n        oc = other.__class__\n"
