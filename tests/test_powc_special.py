@@ -4,6 +4,8 @@ so that powc's compiled branches keep only the square and pow: every path record
 (an exponent recorded as powc would run pow, and lose torch's values and -0.0 signs), and
 gives torch's numbers, the same bits on every path. The exponents 4, -1 and 2.5 reach
 them in their derivatives (4 x ** 3, -(x ** -2), 2.5 x ** 1.5)."""
+import json
+
 import numpy as np
 import pytest
 
@@ -175,3 +177,29 @@ def test_pow_of_a_0d_tensor_and_a_number_is_torch_s():
                 assert np.signbit(float(got)) == np.signbit(want) or want != want
             assert tg.pow(x, c)._tape.code[5 * tg.pow(x, c)._slot] == \
                 (POWC_S if c in POWC_SPECIAL else POWC)
+
+
+def test_a_file_from_before_powc_special_loads_its_exponents_as_powc_special(tmp_path):
+    """A program file whose rows say powc for these exponents (written before the op was
+    made) runs them as powc_special: torch's values, not pow's."""
+    P = tg.trace(lambda x: (x[0] ** 3 + x[1] ** 0.5) * x[2] ** -0.5 + x[2] ** 2.5,
+                 np.array([0.5, 1.0, 2.0]))
+    path = tmp_path / "p.npz"
+    P.save(path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    # as an older writer wrote it: powc rows, and no powc_special among the op names
+    meta = json.loads(arrays["meta"].tobytes().decode())
+    assert meta["ops"].pop() == "powc_special"
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    rows = arrays["rows0"]
+    assert (rows[:, 0] == POWC_S).sum() == 3
+    rows[rows[:, 0] == POWC_S, 0] = POWC
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    L = tg.load(path)
+    assert (L._code.rows[:, 0] == POWC_S).sum() == 3
+    _no_powc_special_exponent(L._code.rows)
+    for x in (np.array([0.7, -0.0, 3.1]), np.array([-inf, 4.0, -0.0]), np.array([1.3, 0.2, 0.9])):
+        assert _bits(L(x)) == _bits(P(x))
+        assert _bits(L.value_and_grad(x)[1]) == _bits(P.value_and_grad(x)[1])
