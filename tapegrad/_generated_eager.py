@@ -5,6 +5,7 @@ Eager fast paths: the 0-d float64 case of each operator and elementwise function
 import numpy as np
 
 from .ops import BY_NAME
+from .ops.elementwise import POWC_SPECIAL
 from .tape import STATE, current_tape
 from .tensor import Tensor, _addc_name, _plain, _record, binary_fallback, quiet, unary_fallback
 
@@ -719,7 +720,12 @@ def __pow__(self, other):
                 return t
         elif oc is _float or oc is _int:
             e = other if oc is _float else _INT_FLOAT[other]
-            v = d * d if e == 2.0 else _py_powc(d, e, 0.0)
+            if e == 2.0:
+                v = d * d
+                code = 31
+            else:
+                v = _py_powc(d, e, 0.0)
+                code = (94 if e in POWC_SPECIAL else 31)
             if self._rg:
                 tape = STATE.tape()
                 if tape is not False:
@@ -736,7 +742,7 @@ def __pow__(self, other):
                         vals = tape.vals
                         k = len(vals)
                     vals.append(v)
-                    tape.code += (31, k - a, 0, e, 0.0)
+                    tape.code += (code, k - a, 0, e, 0.0)
                     t = Tensor()
                     t._d = v
                     t._rg = True
@@ -765,7 +771,7 @@ def __pow__(self, other):
         v = quiet(_POW.np, d, other)
         if self._rg and STATE.grad_enabled:
             e = other if oc is _float else _INT_FLOAT[other]
-            t = _record(287, self, None, e, 0.0, v)
+            t = _record((350 if e in POWC_SPECIAL else 287), self, None, e, 0.0, v)
             return t
         return _plain(v)
     return binary_fallback(_POW, self, other)

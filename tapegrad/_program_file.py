@@ -252,6 +252,11 @@ def _rows(f, i, rows, ins, outs, vm, names):
         raise ValueError(f"{f.path} uses ops this tapegrad does not have "
                          f"({', '.join(map(_short, missing))}): it comes from an incompatible "
                          f"version (tapegrad {_short(f.version)})")
+    # x ** c of powc_special's exponents, written as powc by a tapegrad before that op: its
+    # rows now (powc's compiled branches would run pow, not torch's arms)
+    from .ops.elementwise import POWC_SPECIAL
+    codes[(codes == BY_NAME["powc"].code) & np.isin(rows[:, 4], sorted(POWC_SPECIAL))] = \
+        BY_NAME["powc_special"].code
     nargs = _op_tables()[codes]
     if (nargs < 0).any():
         k = _first(nargs < 0)

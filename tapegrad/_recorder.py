@@ -8,6 +8,7 @@ import numpy as np
 from ._dtypes import _F64, _cat, _pybool, _pyfloat, _pyint, promote_types
 from ._tensor_class import Tensor, _hint, _norm_value, _plain
 from .ops import ARRAY, BY_NAME, UNARY_C, const_ops
+from .ops.elementwise import POWC_SPECIAL
 from .ops._kernels import ADD, MUL, SUB, rows_op
 from .tape import STATE, current_tape
 
@@ -159,6 +160,13 @@ _CONST_OPS = const_ops()
 _NUMBER = (_pyfloat, _pyint, _pybool)
 _CAST = BY_NAME["cast"]
 _ADDC = BY_NAME["addc"]
+_POW, _POWC, _POWC_SPECIAL = BY_NAME["pow"], BY_NAME["powc"], BY_NAME["powc_special"]
+
+
+def _const_op(cop, c):
+    """The constant form ``cop`` of a binary op recorded for constant ``c``: ``x ** c`` is
+    ``powc_special`` for the exponents torch computes otherwise (``ops.elementwise``)."""
+    return _POWC_SPECIAL if cop is _POWC and c in POWC_SPECIAL else cop
 
 
 def _addc_name(r, op, c):
@@ -261,7 +269,8 @@ def binary(op, x, y):
     elif xc is Tensor and yc in _NUM_FAST:
         xd = x._d
         if xd.__class__ is _pyfloat:
-            v = op.py(xd, _pyfloat(y))
+            # (x ** c: torch's pow(x, c), powc's forward, as the operator's)
+            v = op.py(xd, _pyfloat(y)) if op is not _POW else _POWC.py(xd, _pyfloat(y), 0.0)
             if x._rg and STATE.grad_enabled:
                 forms = _CONST_OPS.get(op.name)
                 if forms is not None:
@@ -269,7 +278,7 @@ def binary(op, x, y):
                     if cop is _ADDC:
                         return _addc_name(_record(cop.code, x, None, sgn * y, 0.0, v), op,
                                           sgn * y)
-                    return _record(cop.code, x, None, sgn * y, 0.0, v)
+                    return _record(_const_op(cop, y).code, x, None, sgn * y, 0.0, v)
                 return _record(op.code, x, _plain(_pyfloat(y)), 0.0, 0.0, v)
             return _plain(v)
     elif yc is Tensor and xc in _NUM_FAST:
@@ -337,6 +346,7 @@ def _record_binary(op, x, y, v):
     scalar = v.__class__ is _pyfloat
     if not yr and forms is not None and y.__class__ in _NUMBER:
         cop, sgn = forms[0]
+        cop = _const_op(cop, y)
         code = cop.code if scalar and x._d.__class__ is _pyfloat else cop.code | ARRAY
         r = _record(code, x, None, sgn * _pyfloat(y), 0.0, v)
         return _addc_name(r, op, sgn * _pyfloat(y)) if cop is _ADDC else r

@@ -26,20 +26,21 @@ def sums(M, x):
 
 def aliased(M, x):
     """Heads read by other rows too, tails whose other operand is the head's operand,
-    squares as mul heads, powc exponents 3, 0.5 and -0.0, sub and add of one row twice
-    (their reverse's two sliced operands are one row)."""
+    squares as mul heads, powc exponents 4, 2.5 and -0.0 (3 and 0.5 are powc_special's,
+    a rare op: no pairs, and the general form), sub and add of one row twice (their
+    reverse's two sliced operands are one row)."""
     f = 0.0
     for i in range(x.shape[0] - 1):
         a, b = x[i], x[i + 1]
         t = b - a
-        f = f + t ** 3.0 + t * 0.25                  # sub -> powc(3), t read again
+        f = f + t ** 4.0 + t * 0.25                  # sub -> powc(4), t read again
         f = f + a + a * 3.0                          # mulc -> add of the same a
         f = f + (a * a + a)                          # mul(a, a) -> add of a
         u = a * 3.0
         f = f + u                                    # mulc -> add, u read again
         w = a * b
         f = f + w + u * w                            # mul -> add, w read again
-        f = f + (9.0 - a) ** 0.5                      # rsubc -> powc(0.5)
+        f = f + (9.0 - a) ** 2.5                      # rsubc -> powc(2.5)
         f = f + (b - a) ** -0.0
         f = f + (a - a) ** 2 + (b + b)               # one row as both operands: same slices
     return f
@@ -51,7 +52,7 @@ def traced(f, n=7):
 
 def samples(B, n=7, seed=0):
     X = np.random.default_rng(seed).normal(size=(B, n))
-    X[0] = 0.0  # t = 0: powc(0, 3), (0)^-0.0, 0 * 0.25
+    X[0] = 0.0  # t = 0: powc(0, 4), (0)^-0.0, 0 * 0.25
     X[1, 2] = -0.0
     return X
 

@@ -117,7 +117,8 @@ def check(fn, arrays, requires=None, tol=F64, seed=0, chain=False):
 _TORCH_NODE = {"square": "PowBackward0", "pow": "PowBackward1", "clamp": "ClampBackward1",
                "clamp_min_t": "ClampMinBackward1", "clamp_max_t": "ClampMaxBackward1",
                "mulc": "MulBackward0", "rsubc": "RsubBackward1", "divc": "DivBackward0",
-               "rdivc": "MulBackward0", "powc": "PowBackward0", "rpowc": "PowBackward2"}
+               "rdivc": "MulBackward0", "powc": "PowBackward0", "powc_special": "PowBackward0",
+               "rpowc": "PowBackward2"}
 
 
 def _grad_fn_name(op_name):
@@ -226,14 +227,21 @@ OP_TABLE = {
     ], [NONZERO]),
     "powc": Elementwise(UNARY_C, [
         ("x ** 2.0", lambda m, x: x ** 2.0),
-        ("x ** 3 (int)", lambda m, x: x ** 3),
-        ("x ** 0.5", lambda m, x: abs(x) ** 0.5),
         ("x ** -1.5", lambda m, x: abs(x) ** -1.5),
         ("x ** 0", lambda m, x: x ** 0),
         ("x ** 1", lambda m, x: x ** 1),
-        ("x ** -2", lambda m, x: x ** -2),
+        ("x ** 4 (int)", lambda m, x: x ** 4),
         ("pow(x, 2.5)", lambda m, x: m.pow(abs(x), 2.5)),
+        ("x.pow(-1.0)", lambda m, x: x.pow(-1.0)),
+    ], [NONZERO]),
+    "powc_special": Elementwise(UNARY_C, [
+        ("x ** 3 (int)", lambda m, x: x ** 3),
+        ("x ** 0.5", lambda m, x: abs(x) ** 0.5),
+        ("x ** -0.5", lambda m, x: abs(x) ** -0.5),
+        ("x ** -2", lambda m, x: x ** -2),
+        ("x ** 1.5", lambda m, x: abs(x) ** 1.5),
         ("x.pow(3.0)", lambda m, x: x.pow(3.0)),
+        ("pow(x, 0.5)", lambda m, x: m.pow(abs(x), 0.5)),
     ], [NONZERO]),
     "rpowc": Elementwise(UNARY_C, [
         ("2.0 ** x", lambda m, x: 2.0 ** x),

@@ -32,7 +32,7 @@ def fusion(on):
 #: head as their first operand, which fuse swaps), written for tapegrad or torch (``M``)
 PAIR_FNS = {
     ("sub", "powc", 0): lambda M, a, b: (a - b) ** 2,
-    ("rsubc", "powc", 0): lambda M, a, b: (1.0 - a) ** 3,
+    ("rsubc", "powc", 0): lambda M, a, b: (1.0 - a) ** 4,  # (3: powc_special, no pair)
     ("mulc", "add", 1): lambda M, a, b: b + 100.0 * a,
     ("mul", "add", 1): lambda M, a, b: b + a * b,  # the tail's other operand is the head's
 }

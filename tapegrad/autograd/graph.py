@@ -123,8 +123,9 @@ def leaf_hooks(t, kind, create=False):
 # -- names ----------------------------------------------------------------------------------
 
 _FIXED = {"mulc": "MulBackward0", "rsubc": "RsubBackward1", "divc": "DivBackward0",
-          "rdivc": "MulBackward0", "powc": "PowBackward0", "rpowc": "PowBackward2",
-          "pow": "PowBackward1", "square": "PowBackward0", "cast": "ToCopyBackward0",
+          "rdivc": "MulBackward0", "powc": "PowBackward0", "powc_special": "PowBackward0",
+          "rpowc": "PowBackward2", "pow": "PowBackward1", "square": "PowBackward0",
+          "cast": "ToCopyBackward0",
           "norm": "LinalgVectorNormBackward0", "clamp": "ClampBackward1",
           "clamp_min_t": "ClampMinBackward1", "clamp_max_t": "ClampMaxBackward1",
           "reshape": "ViewBackward0", "outer": "MulBackward0", "setitem": "CopySlices",

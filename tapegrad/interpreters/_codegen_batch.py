@@ -195,8 +195,9 @@ def _loops(head, inner, exprs):
     """``head``, then the loop over the block's samples of ``inner``: one more for each
     value ``exprs`` test a constant operand for (``_SPECIAL``), specialized to it."""
     # not zero: c0 == 0.0 holds at -0.0 too, whose sign the literal would lose; only
-    # powc's square (the common exponent): a loop per exponent torch computes otherwise
-    # (3, -2, 0.5, -0.5) cost the first batched call's compile more than it saves
+    # powc's square (the common exponent; those torch computes otherwise, 3, -2, 0.5, -0.5,
+    # are powc_special's, in the shared loop: a loop per exponent cost the first batched
+    # call's compile more than it saves)
     found = sorted({m.groups() for e in exprs for m in _SPECIAL.finditer(e)
                     if float(m.group(2)) == 2.0})
     loop = ["for j in range(u):"] + ["    " + x for x in inner]

@@ -217,6 +217,10 @@ def _record_source():
     src.append(f"CONST_FORMS = np.array({forms!r}, dtype=np.int64)\n")
     src.append(f"RIGHT_SIGN = np.array({signs!r}, dtype=np.float64)\n")
     src.append(f"ADD = {BY_NAME['add'].code}\n")
+    from ..ops.elementwise import POWC_SPECIAL
+    src.append("#: x ** c recorded as powc_special for these exponents (ops.elementwise)\n")
+    src.append(f"POWC = {BY_NAME['powc'].code}\nPOWC_SPECIAL = {BY_NAME['powc_special'].code}\n")
+    src.append(f"POWC_EXPONENTS = np.array({sorted(POWC_SPECIAL)!r}, dtype=np.float64)\n")
     src.append(f"REGISTERS = {max(r for _, r, _ in progs.values())}\n")
     src.append("#: entries the recording sweep emits per swept entry, at most\n")
     src.append(f"MAX_EMIT = {max(e for _, _, e in progs.values())}\n")

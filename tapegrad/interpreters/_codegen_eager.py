@@ -20,6 +20,7 @@ Eager fast paths: the 0-d float64 case of each operator and elementwise function
 import numpy as np
 
 from .ops import BY_NAME
+from .ops.elementwise import POWC_SPECIAL
 from .tape import STATE, current_tape
 from .tensor import Tensor, _addc_name, _plain, _record, binary_fallback, quiet, unary_fallback
 
@@ -103,8 +104,10 @@ def _ind(text, n):
 def _fwd(op, x, y, number=False):
     if op.name in _INLINE:
         return _INLINE[op.name].format(x=x, y=y)
-    if op.name == "pow" and x == "d" and number:  # x ** c: powc's forward, torch's
-        return f"v = {x} * {x} if {y} == 2.0 else _py_powc({x}, {y}, 0.0)"
+    if op.name == "pow" and x == "d" and number:  # x ** c: powc's forward, torch's, and
+        # the op it records (``code``: powc_special for the exponents torch computes otherwise)
+        return (f"if {y} == 2.0:\n    v = {x} * {x}\n    code = {BY_NAME_CODE('powc')}\n"
+                f"else:\n    v = _py_powc({x}, {y}, 0.0)\n    code = {_const_code('powc')}")
     if op.name == "pow" and x == "d":  # x ** 2, the common case: pow(x, 2) is exactly x * x
         return f"v = {x} * {x} if {y} == 2.0 else _py_pow({x}, {y})"
     return f"v = _py_{op.name}({x}, {y})"
@@ -123,11 +126,20 @@ def _addc_hint(n, cname, body, right):
     return f"{head}\n{pad}if {cond}:\n{pad}    _addc_name(t, _{n.upper()}, {c})\n{last}"
 
 
+def _const_code(cname, flag=0):
+    """Source of the opcode recorded for ``x op e`` (the constant form ``cname``, ``e`` the
+    number): ``x ** e`` is ``powc_special`` for the exponents torch computes otherwise."""
+    if cname == "powc":
+        return (f"({BY_NAME_CODE('powc_special') | flag} if e in POWC_SPECIAL else "
+                f"{BY_NAME_CODE('powc') | flag})")
+    return str(BY_NAME_CODE(cname) | flag)
+
+
 def _binary_methods(op):
     (rname, rsign), (lname, lsign) = op.const
     rs = "-" if rsign < 0 else ""
     ls = "-" if lsign < 0 else ""
-    rc, lc = BY_NAME_CODE(rname), BY_NAME_CODE(lname)
+    rc, lc = ("code" if rname == "powc" else BY_NAME_CODE(rname)), BY_NAME_CODE(lname)
     n = op.name
     src = f"\n\ndef __{n}__(self, other):\n"
     src += "    d = self._d\n    if d.__class__ is _float:\n        oc = other.__class__\n"
@@ -185,7 +197,7 @@ def _array_const(op, cname, negated, right):
     n = op.name
     args = "d, other" if right else "other, d"
     neg = "(-e if oc is _float else _NEG_INT_FLOAT[other])"
-    body = f"t = _record({BY_NAME_CODE(cname) | ARRAY}, self, None, {neg if negated else 'e'}, " \
+    body = f"t = _record({_const_code(cname, ARRAY)}, self, None, {neg if negated else 'e'}, " \
         "0.0, v)\nreturn t"
     return f"""if d.__class__ is _ndarray and (oc is _float or oc is _int) and d.dtype is _f64 \\
         and d.ndim and STATE.trace is None:

@@ -22,7 +22,7 @@ MAX = 41
 MIN = 42
 
 #: by opcode: the inputs its rule gives gradients to (bits a, b, c)
-GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1], dtype=np.int64)
+GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1, 1], dtype=np.int64)
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -85,7 +85,7 @@ def value(op, a, b, c, c0, c1):
     elif op == 30:  # rdivc
         return float((c0 / a))
     elif op == 31:  # powc
-        return float((a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0))))))
+        return float((a * a if c0 == 2.0 else a ** c0))
     elif op == 32:  # rpowc
         return float((c0 ** a))
     elif op == 33:  # clamp
@@ -146,6 +146,8 @@ def value(op, a, b, c, c0, c1):
         return float((1.0 if (a == b or (a != a and b != b)) else 0.0))
     elif op == 93:  # pick_where
         return float((-0.0))
+    elif op == 94:  # powc_special
+        return float((a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
     return 0.0
 
 
@@ -208,7 +210,7 @@ def grads(op, a, b, c, out, g, c0, c1):
     elif op == 30:  # rdivc
         return float(((-g) * ((c0 / a) / a))), 0.0, 0.0
     elif op == 31:  # powc
-        return float((0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))), 0.0, 0.0
+        return float((0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))), 0.0, 0.0
     elif op == 32:  # rpowc
         return float((0.0 if ((a >= 0.0) and (c0 == 0.0)) else ((g * out) * math.log(c0)))), 0.0, 0.0
     elif op == 33:  # clamp
@@ -245,6 +247,8 @@ def grads(op, a, b, c, out, g, c0, c1):
         return float(np.float64(np.float32(g))), 0.0, 0.0
     elif op == 93:  # pick_where
         return float((g if (b != 0.0) else 0.0)), 0.0, 0.0
+    elif op == 94:  # powc_special
+        return float((((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))), 0.0, 0.0
     return 0.0, 0.0, 0.0
 
 

@@ -119,7 +119,7 @@ def forward_one(rows, X, V, j):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = V[int(rows[k, 1]), j]
-            V[k, j] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
+            V[k, j] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 32:  # rpowc
             c0 = rows[k, 4]
             a = V[int(rows[k, 1]), j]
@@ -235,6 +235,10 @@ def forward_one(rows, X, V, j):
             V[k, j] = (1.0 if (a == b or (a != a and b != b)) else 0.0)
         elif op == 93:  # pick_where
             V[k, j] = (-0.0)
+        elif op == 94:  # powc_special
+            c0 = rows[k, 4]
+            a = V[int(rows[k, 1]), j]
+            V[k, j] = (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0))))
     return 0
 
 
@@ -382,7 +386,7 @@ def reverse_one(rows, V, j, A, t):
             c0 = rows[k, 4]
             a = V[ia, j]
             g = A[k, t]
-            A[ia, t] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            A[ia, t] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -509,4 +513,10 @@ def reverse_one(rows, V, j, A, t):
             b = V[ib, j]
             g = A[k, t]
             A[ia, t] += (g if (b != 0.0) else 0.0)
+        elif op == 94:  # powc_special
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            a = V[ia, j]
+            g = A[k, t]
+            A[ia, t] += (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))
     return 0

@@ -15,11 +15,11 @@ GUARD = 87
 
 #: by opcode: whether its batch branch is the shared loop (``forward_value``,
 #: ``reverse_value``), and the inputs its rule gives gradients to (bits a, b, c)
-SHARED = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1], dtype=np.bool_)
-GRADS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1], dtype=np.int64)
+SHARED = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1], dtype=np.bool_)
+GRADS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1, 1], dtype=np.int64)
 
 #: by opcode: whether the entries of common ops (``*_common``: no shared switch) run it
-COMMON = np.array([1, 1, 0, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0], dtype=np.bool_)
+COMMON = np.array([1, 1, 0, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0], dtype=np.bool_)
 
 #: ``work``'s header (``_codegen_replay.HEADER`` says its layout)
 HEADER = 3
@@ -94,7 +94,7 @@ def forward(rows, x, v):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
+            v[k] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -192,7 +192,7 @@ def reverse(rows, v, adj):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -319,7 +319,7 @@ def run_fused(rows, work, res):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
+            v[k] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -343,7 +343,7 @@ def run_fused(rows, work, res):
             v[k] = hv
             k1 = np.uint64(kk + 1)
             tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else (hv * hv * hv if tc0 == 3.0 else (math.sqrt(hv) if tc0 == 0.5 else (1.0 / math.sqrt(hv) if tc0 == -0.5 else (1.0 / (hv * hv) if tc0 == -2.0 else hv ** tc0)))))
+            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
             kk += 1
         elif op == 1002:  # rsubc then powc
             hc0 = rows[k, 4]
@@ -352,7 +352,7 @@ def run_fused(rows, work, res):
             v[k] = hv
             k1 = np.uint64(kk + 1)
             tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else (hv * hv * hv if tc0 == 3.0 else (math.sqrt(hv) if tc0 == 0.5 else (1.0 / math.sqrt(hv) if tc0 == -0.5 else (1.0 / (hv * hv) if tc0 == -2.0 else hv ** tc0)))))
+            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
             kk += 1
         elif op == 1004:  # mulc then add
             hc0 = rows[k, 4]
@@ -490,7 +490,7 @@ def run_fused(rows, work, res):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -524,7 +524,7 @@ def run_fused(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             ihb = int(rows[k0, 2])
@@ -536,7 +536,7 @@ def run_fused(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             adj[np.uint64(iha)] += (-gh)
@@ -738,7 +738,7 @@ def forward_common(rows, x, v):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
+            v[k] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -830,7 +830,7 @@ def reverse_common(rows, v, adj):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -941,7 +941,7 @@ def run_fused_common(rows, work, res):
         elif op == 31:  # powc
             c0 = rows[k, 4]
             a = v[np.uint64(int(rows[k, 1]))]
-            v[k] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
+            v[k] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 35:  # add
             a = v[np.uint64(int(rows[k, 1]))]
             b = v[np.uint64(int(rows[k, 2]))]
@@ -965,7 +965,7 @@ def run_fused_common(rows, work, res):
             v[k] = hv
             k1 = np.uint64(kk + 1)
             tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else (hv * hv * hv if tc0 == 3.0 else (math.sqrt(hv) if tc0 == 0.5 else (1.0 / math.sqrt(hv) if tc0 == -0.5 else (1.0 / (hv * hv) if tc0 == -2.0 else hv ** tc0)))))
+            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
             kk += 1
         elif op == 1002:  # rsubc then powc
             hc0 = rows[k, 4]
@@ -974,7 +974,7 @@ def run_fused_common(rows, work, res):
             v[k] = hv
             k1 = np.uint64(kk + 1)
             tc0 = rows[k1, 4]
-            v[k1] = (hv * hv if tc0 == 2.0 else (hv * hv * hv if tc0 == 3.0 else (math.sqrt(hv) if tc0 == 0.5 else (1.0 / math.sqrt(hv) if tc0 == -0.5 else (1.0 / (hv * hv) if tc0 == -2.0 else hv ** tc0)))))
+            v[k1] = (hv * hv if tc0 == 2.0 else hv ** tc0)
             kk += 1
         elif op == 1004:  # mulc then add
             hc0 = rows[k, 4]
@@ -1106,7 +1106,7 @@ def run_fused_common(rows, work, res):
             c0 = rows[k, 4]
             a = v[np.uint64(ia)]
             g = adj[np.uint64(k)]
-            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+            adj[np.uint64(ia)] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 35:  # add
             ia = int(rows[k, 1])
             ib = int(rows[k, 2])
@@ -1140,7 +1140,7 @@ def run_fused_common(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             ihb = int(rows[k0, 2])
@@ -1152,7 +1152,7 @@ def run_fused_common(rows, work, res):
             g = adj[np.uint64(k)]
             hv = v[np.uint64(k0)]
             tc0 = rows[k, 4]
-            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (tc0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (tc0 == 0.5) else ((g * tc0) * (hv ** (tc0 - 1.0)))))))
+            gh = adj[np.uint64(k0)] + (0.0 if (tc0 == 0.0) else ((g * (2.0 * hv)) if (tc0 == 2.0) else ((g * tc0) * (hv ** (tc0 - 1.0)))))
             adj[np.uint64(k0)] = gh
             iha = int(rows[k0, 1])
             adj[np.uint64(iha)] += (-gh)
@@ -1506,7 +1506,7 @@ def reverse_multi(rows, v, A):
             gk = A[k]
             for j in range(nb):
                 g = gk[j]
-                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+                aa[j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 32:  # rpowc
             ia = int(rows[k, 1])
             c0 = rows[k, 4]
@@ -1698,6 +1698,15 @@ def reverse_multi(rows, v, A):
             for j in range(nb):
                 g = gk[j]
                 aa[j] += (g if (b != 0.0) else 0.0)
+        elif op == 94:  # powc_special
+            ia = int(rows[k, 1])
+            c0 = rows[k, 4]
+            a = v[ia]
+            aa = A[ia]
+            gk = A[k]
+            for j in range(nb):
+                g = gk[j]
+                aa[j] += (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))
     return 0
 
 
@@ -1750,11 +1759,11 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
             if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if 2.0 == 2.0 else (a * a * a if 2.0 == 3.0 else (math.sqrt(a) if 2.0 == 0.5 else (1.0 / math.sqrt(a) if 2.0 == -0.5 else (1.0 / (a * a) if 2.0 == -2.0 else a ** 2.0)))))
+                    Vw[ok + j] = (a * a if 2.0 == 2.0 else a ** 2.0)
             else:
                 for j in range(u):
                     a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
+                    Vw[ok + j] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 27:  # mulc
             c0 = rows[k, 4]
             oa = np.uint64(int(rows[k, 1])) * u
@@ -1892,12 +1901,12 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (2.0 == 0.5) else ((g * 2.0) * (a ** (2.0 - 1.0)))))))
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 27:  # mulc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
@@ -2038,11 +2047,11 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             if c0 == 2.0:
                 for j in range(u):
                     a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if 2.0 == 2.0 else (a * a * a if 2.0 == 3.0 else (math.sqrt(a) if 2.0 == 0.5 else (1.0 / math.sqrt(a) if 2.0 == -0.5 else (1.0 / (a * a) if 2.0 == -2.0 else a ** 2.0)))))
+                    Vw[ok + j] = (a * a if 2.0 == 2.0 else a ** 2.0)
             else:
                 for j in range(u):
                     a = Vw[oa + j]
-                    Vw[ok + j] = (a * a if c0 == 2.0 else (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
+                    Vw[ok + j] = (a * a if c0 == 2.0 else a ** c0)
         elif op == 27:  # mulc
             c0 = rows[k, 4]
             oa = np.uint64(int(rows[k, 1])) * u
@@ -2117,7 +2126,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 hb = Vw[ohb + j]
                 hv = (ha - hb)
                 Vw[ok + j] = hv
-                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else (hv * hv * hv if 2.0 == 3.0 else (math.sqrt(hv) if 2.0 == 0.5 else (1.0 / math.sqrt(hv) if 2.0 == -0.5 else (1.0 / (hv * hv) if 2.0 == -2.0 else hv ** 2.0)))))
+                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
         elif op == 1002:  # rsubc then powc
             ok1 = ok + u
             hc0 = rows[k, 4]
@@ -2127,7 +2136,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 ha = Vw[oha + j]
                 hv = (hc0 - ha)
                 Vw[ok + j] = hv
-                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else (hv * hv * hv if 2.0 == 3.0 else (math.sqrt(hv) if 2.0 == 0.5 else (1.0 / math.sqrt(hv) if 2.0 == -0.5 else (1.0 / (hv * hv) if 2.0 == -2.0 else hv ** 2.0)))))
+                Vw[ok1 + j] = (hv * hv if 2.0 == 2.0 else hv ** 2.0)
         elif op == 1004:  # mulc then add
             ok1 = ok + u
             hc0 = rows[k, 4]
@@ -2201,12 +2210,12 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (2.0 == 0.5) else ((g * 2.0) * (a ** (2.0 - 1.0)))))))
+                    Aw[oa + j] += (0.0 if (2.0 == 0.0) else ((g * (2.0 * a)) if (2.0 == 2.0) else ((g * 2.0) * (a ** (2.0 - 1.0)))))
             else:
                 for j in range(u):
                     a = Vw[oa + j]
                     g = Aw[ok + j]
-                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))))
+                    Aw[oa + j] += (0.0 if (c0 == 0.0) else ((g * (2.0 * a)) if (c0 == 2.0) else ((g * c0) * (a ** (c0 - 1.0)))))
         elif op == 27:  # mulc
             oa = np.uint64(int(rows[k, 1])) * u
             c0 = rows[k, 4]
@@ -2289,7 +2298,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 g = Aok[j]
                 hv = Vok0[j]
-                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (2.0 == 0.5) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))))
+                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
                 Aok0[j] = gh
                 Aoha[j] += gh
                 Aohb[j] += (-gh)
@@ -2304,7 +2313,7 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
             for j in range(u):
                 g = Aok[j]
                 hv = Vok0[j]
-                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else (((g * 1.5) * math.sqrt(hv)) if (2.0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(hv))) if (2.0 == 0.5) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))))
+                gh = Aok0[j] + (0.0 if (2.0 == 0.0) else ((g * (2.0 * hv)) if (2.0 == 2.0) else ((g * 2.0) * (hv ** (2.0 - 1.0)))))
                 Aok0[j] = gh
                 Aoha[j] += (-gh)
         elif op == 1005:  # mulc then add
@@ -2413,6 +2422,8 @@ def forward_value(op, a, b, c, c0, c1):
         return float((1.0 if (a == b or (a != a and b != b)) else 0.0))
     elif op == 93:  # pick_where
         return float((-0.0))
+    elif op == 94:  # powc_special
+        return float((a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
     return 0.0
 
 
@@ -2476,4 +2487,6 @@ def reverse_value(op, a, b, c, out, g, c0, c1):
         return float(np.float64(np.float32(g))), 0.0, 0.0
     elif op == 93:  # pick_where
         return float((g if (b != 0.0) else 0.0)), 0.0, 0.0
+    elif op == 94:  # powc_special
+        return float((((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))), 0.0, 0.0
     return 0.0, 0.0, 0.0

@@ -21,6 +21,7 @@ import numpy as np
 from .._jit import njit_cached
 from ..ops import (ARRAY, ARRAY_OP, BINARY, BY_NAME, COMPARE, OPS, UNARY, UNARY_C,
                    call_rule, lowering, rule_inputs)
+from ..ops.elementwise import powc_op
 from . import program_arrays as _arr
 
 NCOL = 6
@@ -97,6 +98,8 @@ class Builder:
 
     def op(self, name, *ins, c0=0.0, c1=0.0):
         """Rows of op ``name`` over (broadcast) slot arrays ``ins``."""
+        if name == "powc":  # (the rare exponents' op of their own: ops.elementwise)
+            name = powc_op(c0)
         code = _CODE[name]
         if all(i.__class__ is int for i in ins):
             ins = ins + (-1,) * (3 - len(ins))

@@ -8,8 +8,8 @@ import numpy as np
 
 from .._jit import njit_cached
 from ._generated_cpu import (ACC, ADD, AND, BIN, CMP, CONST_FORMS, END, JMP, JMPF, MOV, NUM, OR,
-                             RECORD_AT, RECORD_CODE, RECORD_NUMS, REGISTERS, RIGHT_SIGN, UN,
-                             value)
+                             POWC, POWC_EXPONENTS, POWC_SPECIAL, RECORD_AT, RECORD_CODE,
+                             RECORD_NUMS, REGISTERS, RIGHT_SIGN, UN, value)
 
 
 @njit_cached(nogil=True)
@@ -28,6 +28,15 @@ def _put(orow, ocode, oval, m, base, op, sa, sb, c0, c1, v):
     return m + 1
 
 
+@njit_cached(nogil=True)
+def _special(c):
+    """Whether ``x ** c`` is recorded as ``powc_special`` (``POWC_EXPONENTS``)."""
+    for e in POWC_EXPONENTS:
+        if c == e:
+            return True
+    return False
+
+
 @njit_cached(error_model="numpy", nogil=True)
 def _binary(op, sx, vx, sy, vy, orow, ocode, oval, m, base):
     """``x <op> y`` as the tensor operators record it: folded when both are constants, a
@@ -38,6 +47,8 @@ def _binary(op, sx, vx, sy, vy, orow, ocode, oval, m, base):
     if sy < 0:
         f = CONST_FORMS[op, 0]
         c = vy * RIGHT_SIGN[op]
+        if f == POWC and _special(c):  # (the rare exponents' op: ops.elementwise)
+            f = POWC_SPECIAL
         v = value(f, vx, 0.0, c, 0.0)
         return _put(orow, ocode, oval, m, base, f, sx, -1, c, 0.0, v), base + m, v
     if sx < 0:

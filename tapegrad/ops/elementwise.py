@@ -234,7 +234,20 @@ register("rdivc", C, py=_safe(lambda a, c0, c1: c0 / a, lambda a, c0, c1: _div_e
 # torch's pow(x, c) for the exponents it computes otherwise: x * x (pow(x, 2.0) is off by an
 # ulp on about 0.1% of inputs, and costs 7 ns a row in the compiled sweeps where x * x costs
 # 1.5), x * x * x, 1 / (x * x), and sqrt / rsqrt, whose -0.0 gives -0.0 / -inf where pow
-# gives 0.0 / inf (and nan at -inf)
+# gives 0.0 / inf (and nan at -inf); and its derivative's sqrt and rsqrt (of pow(x, 1.5) and
+# pow(x, 0.5)). The rare ones (``POWC_SPECIAL``) are an op of their own, ``powc_special``,
+# picked where a row is recorded (``powc_op``): powc's compiled branches keep only the
+# square and pow, as the interpreters' hot loops need (their arms in powc's branch slowed
+# every row of the compiled sweeps, Rosenbrock's Hessian-vector product 9.7 -> 17 us)
+
+#: the exponents recorded as ``powc_special`` (its forward's or its rule's own arms)
+POWC_SPECIAL = frozenset((3.0, 0.5, -0.5, -2.0, 1.5))
+
+
+def powc_op(c0):
+    """The op name of ``x ** c0`` (a number ``c0``): ``powc_special`` for the exponents
+    ``POWC_SPECIAL``, ``powc`` for the others."""
+    return "powc_special" if c0 in POWC_SPECIAL else "powc"
 
 
 def _py_powc(a, c0):
@@ -266,22 +279,31 @@ def _np_powc(a, c0):
 
 
 def _powc_vjp(F, g, a, out, c0, c1):
-    # torch's c * pow(x, c - 1), its forward's special cases included (sqrt, rsqrt: the sign
-    # of -0.0's result); x ** 1 and x ** 0 are recorded, so the derivatives of x ** 2 go on
-    # as torch's do: 2 * x ** 1, then 2 * x ** 0 (still a graph), then zeros
+    # torch's c * pow(x, c - 1); x ** 1 and x ** 0 are recorded, so the derivatives of x ** 2
+    # go on as torch's do: 2 * x ** 1, then 2 * x ** 0 (still a graph), then zeros
     return (F.cond(c0 == 0.0, lambda: F.zeros_like(g), lambda: F.cond(
-        c0 == 2.0, lambda: g * (2.0 * a ** 1.0), lambda: F.cond(
-            c0 == 1.5, lambda: g * 1.5 * F.sqrt(a), lambda: F.cond(
-                c0 == 0.5, lambda: g * 0.5 * F.rsqrt(a),
-                lambda: g * c0 * a ** (c0 - 1.0))))),)
+        c0 == 2.0, lambda: g * (2.0 * a ** 1.0), lambda: g * c0 * a ** (c0 - 1.0))),)
 
 
-register("powc", C, py=lambda a, c0, c1: a * a if c0 == 2.0 else _py_powc(a, c0),
+def _powc_special_vjp(F, g, a, out, c0, c1):
+    # powc's, with its forward's special cases for pow(x, c - 1) (sqrt, rsqrt: the sign of
+    # -0.0's result); never 0 or 2
+    return (F.cond(c0 == 1.5, lambda: g * 1.5 * F.sqrt(a), lambda: F.cond(
+        c0 == 0.5, lambda: g * 0.5 * F.rsqrt(a), lambda: g * c0 * a ** (c0 - 1.0))),)
+
+
+# (the forwards on Python floats and NumPy arrays take any exponent, torch's: the eager
+# paths compute the value before they pick the op)
+register("powc", C, py=lambda a, c0, c1: _py_powc(a, c0),
          np=lambda a, c0, c1: _np_powc(a, c0),
-         nb="({a} * {a} if {c0} == 2.0 else ({a} * {a} * {a} if {c0} == 3.0 else "
-            "(math.sqrt({a}) if {c0} == 0.5 else (1.0 / math.sqrt({a}) if {c0} == -0.5 else "
-            "(1.0 / ({a} * {a}) if {c0} == -2.0 else {a} ** {c0})))))", torch="pow",
-         vjp=_powc_vjp)
+         nb="({a} * {a} if {c0} == 2.0 else {a} ** {c0})", torch="pow", vjp=_powc_vjp,
+         via="`x ** c` (`c` a number but those of `powc_special`)")
+register("powc_special", C, py=lambda a, c0, c1: _py_powc(a, c0),
+         np=lambda a, c0, c1: _np_powc(a, c0),
+         nb="({a} * {a} * {a} if {c0} == 3.0 else (math.sqrt({a}) if {c0} == 0.5 else "
+            "(1.0 / math.sqrt({a}) if {c0} == -0.5 else (1.0 / ({a} * {a}) if {c0} == -2.0 "
+            "else {a} ** {c0}))))", torch="pow", vjp=_powc_special_vjp,
+         via="`x ** c` for `c` 3, 0.5, -0.5, -2 and 1.5 (torch computes these otherwise)")
 register("rpowc", C, py=lambda a, c0, c1: _py_pow(c0, a), np=lambda a, c0, c1: np.power(c0, a),
          nb="({c0} ** {a})",
          vjp=lambda F, g, a, out, c0, c1: (
