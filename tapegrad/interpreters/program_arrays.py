@@ -564,7 +564,7 @@ def entry(rows, work):
             k is RED for *_, k in back):  # (the sums' rules of ``_rgrp_compiled``)
         rrv = red_reverse.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work),
                                    numba.int64, numba.int64, numba.int64))
-    plan = _sqs_plan(rows, plan, sqs)
+    plan = _sqs_inactive(rows, _sqs_plan(rows, plan, sqs), out)
     # the values begin where the inputs are when the first instruction is a large leaf
     # instruction copying them, in order, into the first slots: those slots are the
     # inputs themselves, and the copy is left out (0.26 ms of lse's 640,000 elements)
@@ -1515,6 +1515,81 @@ def _sqs_plan(rows, plan, sqs):
         plan[fi] = plan[fi][:4] + (step,)
         plan[fi - 1:fi] = [(p[0], m0, p[2], int(at[m0]), None)] if p[0] < m0 else []
     return plan
+
+
+def _sqs_inactive(rows, plan, out):
+    """The forward plan with each run of squares summed that passes no gradient (its sums
+    and squares flagged inactive, ``mark_inactive``: no reverse step runs them; kmeans'
+    Hessian-vector program's distances, which only its min's tie masks read) one forward
+    step (``_sum_squares``' forward: each output its squares added in order, the
+    expansion's bits), the squares not stored; where the squared slots are a ``detach``
+    instruction's copy (``cut_dead``'s, of kmeans' 80,000 differences) that nothing else
+    reads, the step reads the detach's operand and the copy is left out. Only where the
+    squares are read by nothing but the sums and are no output, each square's two operands
+    one slot, the sums' terms exactly the squares' slots."""
+    if not FUSE_SQUARES:
+        return plan
+    at = row_slots(rows)[0]
+    heads = heads_of(rows)
+    outs = np.asarray(out)
+    dt = BY_NAME["detach"]
+    sqs = {}
+    for i, (r0, r1, _, _, op) in enumerate(plan):
+        if type(op) is not tuple or op[0] is not RGRP or i == 0 or rows[r0 + META, 5] != 1.0:
+            continue
+        _, (t0, ts), shape, (o0, os_) = op
+        P = _grid(t0, ts, shape)
+        plo, phi = int(P.min()), int(P.max()) + 1
+        if P.size != phi - plo or not np.array_equal(np.sort(P.ravel()), np.arange(plo, phi)):
+            continue
+        hs, h = [], r0 - META - 1
+        while h >= 0 and rows[h, 0] == ARR and int(at[h]) >= plo:
+            hs.append(h)
+            h -= META + 1
+        if not hs:
+            continue
+        hs = np.array(hs[::-1])
+        n, code, st = info(rows, int(hs[0]))
+        if code != MUL or st[0] != st[1] or st[0] <= 0 \
+                or not all(info(rows, int(e)) == (n, code, st) for e in hs) \
+                or (rows[hs, 1] != rows[hs, 2]).any() or (rows[hs, 3] >= 0).any() \
+                or (rows[hs + META, 5] != 1.0).any() \
+                or not (at[hs] == plo + n * np.arange(len(hs))).all() \
+                or int(at[hs[0]]) != plo or plo + n * len(hs) != phi \
+                or ((outs >= plo) & (outs < phi)).any() \
+                or _read_after(rows, r1, plo, phi, heads):
+            continue
+        q = P - plo
+        X = rows[hs, 1].astype(np.int64)[q // n] + (q % n) * st[0]
+        xg = _affine_grid(X)
+        if xg is None:
+            continue
+        sqs[r0] = (SQS, int(hs[0]), (o0, os_), xg, shape, [])
+    plan = _sqs_plan(rows, plan, sqs)
+    # the squared slots a detach's copy that only the squares read: read at its operand
+    for j, (r0, _, _, _, op) in enumerate(plan):
+        if type(op) is not tuple or op[0] is not SQS or r0 not in sqs:
+            continue
+        m0 = op[1]
+        X = _grid(op[3][0], op[3][1], op[4])
+        xlo, xhi = int(X.min()), int(X.max()) + 1
+        for d, step in enumerate(plan[:j]):
+            if step is None:
+                continue
+            d0, d1, dk0, dk1, dop = step
+            if d1 != d0 + META + 1 or rows[d0, 0] != ARR or not dk0 <= xlo < xhi <= dk1:
+                continue
+            dn, dcode, dst = info(rows, d0)
+            if dcode != dt.code or dst[0] != 1 or dop not in (None, dt) \
+                    or ((outs >= dk0) & (outs < dk1)).any() \
+                    or _read_after(rows[:m0], d1, dk0, dk1, heads[heads < m0]) \
+                    or _read_after(rows, r0, dk0, dk1, heads):
+                break
+            shift = int(rows[d0, 1]) - dk0
+            plan[j] = plan[j][:4] + (op[:3] + ((op[3][0] + shift, op[3][1]),) + op[4:],)
+            plan[d] = None
+            break
+    return [p_ for p_ in plan if p_ is not None]
 
 
 @njit_cached(nogil=True)
