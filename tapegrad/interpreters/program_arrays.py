@@ -25,6 +25,8 @@ partial sums.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numba
 import numpy as np
 
@@ -466,6 +468,9 @@ def _needed(rows, at, nslots, roots, guard, leaf, size, span, kept):
 
 # --- running: one sample ------------------------------------------------------------------
 
+#: (the one-sample run's context where no NumPy step runs: none entered)
+_LOUD = contextlib.nullcontext()
+
 # generated from this format; GRAD_BITS: by opcode, the inputs its rule gives gradients to
 from ._generated_arrays import (  # noqa: E402, F401
     GRAD_BITS, forward, red_forward, red_reverse, red_reverse_mm, reverse)
@@ -573,46 +578,50 @@ def entry(rows, work):
             and plan[0][3] == nx:
         plan, base = plan[1:], o
     plan = _const_fills(rows, plan)
+    quiet = any(op is not None and op is not RED for *_, op in plan) or any(
+        kind is not None and kind is not RED for *_, kind in back)
 
     def run(rows, work, res):
-        v = work[base:base + n]
-        x = work[o:o + nx]
-        status = 0
-        masks = {}
-        for r0, r1, k0, k1, op in plan:
-            if op is None:
-                status = int(fw(rows, x, v, r0, r1, k0))
-                if status:
-                    break
-            elif op is RED:
-                rfw(rows, v, r0, r1, k0)
-            elif op is NPRED:
-                with np.errstate(all="ignore"):
-                    _np_red_forward(rows, r0, k0, v)
-            elif type(op) is tuple and op[0] is NPRED:  # (of a detach's operand)
-                _np_red_forward(rows, r0, k0, v, op[1])
-            elif type(op) is tuple and op[0] is FILL:
-                v[op[1]:op[2]] = -0.0
-            elif type(op) is tuple and op[0] is CONSTS:
-                v[k0:k1] = op[1]
-            elif type(op) is tuple and op[0] is TIES:
-                _ties_forward(op, v, masks)
-            elif type(op) is tuple and op[0] is XRED:
-                if not _xred_forward(op, v):
-                    for q0, q1, j0, _, qop in op[-1]:  # the tree's own steps
-                        if qop is None:
-                            status = int(fw(rows, x, v, q0, q1, j0))
-                        elif qop is RED:
-                            rfw(rows, v, q0, q1, j0)
-                        elif qop is NPRED or type(qop) is tuple:
-                            _np_red_forward(rows, q0, j0, v,
-                                            qop[1] if type(qop) is tuple else 0)
-                        else:  # (the detach that only the tree reads)
-                            _np_forward(qop, rows, q0, j0, v, x)
+        # (quiet, as the compiled loops: a log of 0 is -inf, not a warning; one errstate
+        # a run where a NumPy step runs, 2 us each, not one a step: 10 of them in
+        # kmeans' Hessian-vector program)
+        with np.errstate(all="ignore") if quiet else _LOUD:
+            v = work[base:base + n]
+            x = work[o:o + nx]
+            status = 0
+            masks = {}
+            for r0, r1, k0, k1, op in plan:
+                if op is None:
+                    status = int(fw(rows, x, v, r0, r1, k0))
                     if status:
                         break
-            elif type(op) is tuple:
-                with np.errstate(all="ignore"):
+                elif op is RED:
+                    rfw(rows, v, r0, r1, k0)
+                elif op is NPRED:
+                    _np_red_forward(rows, r0, k0, v)
+                elif type(op) is tuple and op[0] is NPRED:  # (of a detach's operand)
+                    _np_red_forward(rows, r0, k0, v, op[1])
+                elif type(op) is tuple and op[0] is FILL:
+                    v[op[1]:op[2]] = -0.0
+                elif type(op) is tuple and op[0] is CONSTS:
+                    v[k0:k1] = op[1]
+                elif type(op) is tuple and op[0] is TIES:
+                    _ties_forward(op, v, masks)
+                elif type(op) is tuple and op[0] is XRED:
+                    if not _xred_forward(op, v):
+                        for q0, q1, j0, _, qop in op[-1]:  # the tree's own steps
+                            if qop is None:
+                                status = int(fw(rows, x, v, q0, q1, j0))
+                            elif qop is RED:
+                                rfw(rows, v, q0, q1, j0)
+                            elif qop is NPRED or type(qop) is tuple:
+                                _np_red_forward(rows, q0, j0, v,
+                                                qop[1] if type(qop) is tuple else 0)
+                            else:  # (the detach that only the tree reads)
+                                _np_forward(qop, rows, q0, j0, v, x)
+                        if status:
+                            break
+                elif type(op) is tuple:
                     if op[0] is RGRP:
                         _rgrp_forward(op, v)
                     elif op[0] is SQS:
@@ -625,42 +634,36 @@ def entry(rows, work):
                         status = int(fw(rows, x, v, r0, r1, k0))
                         if status:
                             break
-            else:
-                # (quiet, as the compiled loops: a log of 0 is -inf, not a warning)
-                with np.errstate(all="ignore"):
+                else:
                     _np_forward(op, rows, r0, k0, v, x)
-        res[:m] = v[out]
-        if res.shape[0] > m and status == 0:
-            adj = work[o + nx + n:]
-            if live is None:
-                adj[:] = 0.0
-            else:
-                for sl in live:
-                    adj[sl] = 0.0
-            if repeats:
-                np.add.at(adj, out, work[_cpu.HEADER:s])
-            else:
-                adj[out] += work[_cpu.HEADER:s]
-            for r, k, lo, kind in back:
-                if kind is None:
-                    rv(rows, v, adj, r, k, lo)
-                elif kind is RED:
-                    rrv(rows, v, adj, r, k, lo)
-                elif type(kind) is tuple and kind[0] is ASSIGN:
-                    _red_assign(rows, r, k, adj)
-                elif type(kind) is tuple and kind[0] is EXPSUBX:
-                    with np.errstate(all="ignore"):
+            res[:m] = v[out]
+            if res.shape[0] > m and status == 0:
+                adj = work[o + nx + n:]
+                if live is None:
+                    adj[:] = 0.0
+                else:
+                    for sl in live:
+                        adj[sl] = 0.0
+                if repeats:
+                    np.add.at(adj, out, work[_cpu.HEADER:s])
+                else:
+                    adj[out] += work[_cpu.HEADER:s]
+                for r, k, lo, kind in back:
+                    if kind is None:
+                        rv(rows, v, adj, r, k, lo)
+                    elif kind is RED:
+                        rrv(rows, v, adj, r, k, lo)
+                    elif type(kind) is tuple and kind[0] is ASSIGN:
+                        _red_assign(rows, r, k, adj)
+                    elif type(kind) is tuple and kind[0] is EXPSUBX:
                         _exp_shift_direct_reverse(kind, v, adj)
-                elif type(kind) is tuple and kind[0] is TIESREV:
-                    with np.errstate(all="ignore"):
+                    elif type(kind) is tuple and kind[0] is TIESREV:
                         _ties_reverse(kind, adj, masks)
-                elif type(kind) is tuple and kind[0] is EXPSUB:
-                    with np.errstate(all="ignore"):
+                    elif type(kind) is tuple and kind[0] is EXPSUB:
                         _exp_shift_reverse(kind, v, adj)
                         _np_reverse(kind[1], rows, kind[2], kind[3], v, adj,
                                     firsts.get(kind[2], ()))
-                elif type(kind) is tuple:
-                    with np.errstate(all="ignore"):
+                    elif type(kind) is tuple:
                         if kind[0] is GRP:
                             _grp_reverse(kind, v, adj, k)
                         elif kind[0] is RGRP:
@@ -669,11 +672,10 @@ def entry(rows, work):
                             _sqs(v, adj, True, *_sqs_args(kind))
                         else:
                             _mm_reverse(kind, v, adj, r in mm_firsts)
-                else:  # (an instruction's first row and slot)
-                    with np.errstate(all="ignore"):
+                    else:  # (an instruction's first row and slot)
                         _np_reverse(kind, rows, r, k, v, adj, firsts.get(r, ()))
-            res[m:] = adj[ins]
-        return status
+                res[m:] = adj[ins]
+            return status
     return run
 
 
