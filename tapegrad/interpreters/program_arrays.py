@@ -554,9 +554,10 @@ def entry(rows, work):
     back, sqs = _sqs_back(rows, back, _sum_squares(rows, back, out, rg_firsts))
     back, shifts = _exp_shift(rows, back, out, sets)
     back = _exp_shift_direct(rows, back, firsts)
+    back, tiles = _red_tiles(rows, back, out)
     live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
                  + list(mm_firsts.values()) + list(rg_firsts.values()) + shifts
-                 + [r for st in sqs.values() for r in st[-1]])
+                 + [r for st in sqs.values() for r in st[-1]] + tiles)
     if p and (ins == ins[0] + np.arange(p)).all():
         # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
         # not a gather (1 ms of lse's gradient at n = 640,000)
@@ -655,6 +656,8 @@ def entry(rows, work):
                         rrv(rows, v, adj, r, k, lo)
                     elif type(kind) is tuple and kind[0] is ASSIGN:
                         _red_assign(rows, r, k, adj)
+                    elif type(kind) is tuple and kind[0] is TILES:
+                        _red_tiles_reverse(rows, adj, kind[1], r + 1, kind[2])
                     elif type(kind) is tuple and kind[0] is EXPSUBX:
                         _exp_shift_direct_reverse(kind, v, adj)
                     elif type(kind) is tuple and kind[0] is TIESREV:
@@ -2323,6 +2326,103 @@ def _red_assign(rows, h, k, adj):
     o = k + n * (L - 2)  # (the outputs after the chains of L - 1 adds)
     a = int(rows[h, 1])
     adj[a:a + n * L].reshape(n, L)[...] = (adj[o:o + n] + 0.0)[:, None]
+
+
+#: (the reverse plan's mark of a run of sums whose terms tile a range, ``_red_tiles``)
+TILES = "tiles"
+
+
+def _red_tiles(rows, back, out):
+    """The reverse plan with the sums of each compiled step of sums (``red_reverse``:
+    reduction instructions only, no scalar row, each passing gradients) whose terms
+    together are ranges of slots outside the step, each slot one term's, read by nothing
+    else and no output, in steps of their own that write the terms' adjoints
+    (``_red_tiles_reverse``: each ``0.0 + g``, what the compiled rule's add to a zeroed
+    adjoint gives, to the bit), the step's other sums (a sum of its sums) in steps of
+    ``red_reverse`` between them, in the same order; and those ranges [start, stop), which
+    are then not zeroed (kmeans' gradient's blocked sums over its 1,000 points: 80,000
+    slots, 8 sums of 80 blocks of up to 128 terms, 1,000 slots apart)."""
+    at = row_slots(rows)[0]
+    heads = None
+    outs = np.asarray(out)
+    res, ranges = [], []
+    for step in back:
+        r, k, lo, kind = step
+        if kind is not RED or (r + 1 - lo) % (META + 1):
+            res.append(step)
+            continue
+        hs = np.arange(lo, r + 1, META + 1)
+        if (rows[hs, 0] != RED).any() or (rows[hs + 1, 5] != ADD).any() \
+                or (rows[hs + META, 5] == 1.0).any():
+            res.append(step)
+            continue
+        mine, terms = [], []
+        for h in hs.tolist():
+            n, _, (sa, _, ta, _, L) = info(rows, h)
+            g = _grid(int(rows[h, 1]), (sa, ta), (n, L)).ravel()
+            if L >= 2 and (g.max() < at[lo] or g.min() > k):  # (not a sum of the step's)
+                mine.append(h)
+                terms.append(g)
+        if not mine:
+            res.append(step)
+            continue
+        terms = np.sort(np.concatenate(terms))
+        if (np.diff(terms) == 0).any() or np.isin(outs, terms).any():
+            res.append(step)
+            continue
+        brk = np.nonzero(np.diff(terms) != 1)[0] + 1
+        starts = terms[np.concatenate([[0], brk])]
+        stops = terms[np.concatenate([brk - 1, [terms.size - 1]])] + 1
+        if heads is None:
+            heads = heads_of(rows)
+            scalar = rows[:, 0] != TAIL
+            scalar[heads[(rows[heads, 0] == ARR) | (rows[heads, 0] == RED)]] = False
+            sops = rows[scalar, 1:4].astype(np.int64).ravel()
+            sops = sops[sops >= 0]
+            _, sp, _ = spans(rows, heads)
+
+        def hit(s0, s1):  # [s0, s1] (inclusive) against the ranges
+            i = np.searchsorted(starts, s1, side="right") - 1
+            return (i >= 0) & (stops[np.maximum(i, 0)] > s0)
+        o = sp[~np.isin(heads, mine)]
+        o = o[o[..., 0] >= 0]
+        if hit(sops, sops).any() or hit(o[:, 0], o[:, 1]).any():
+            res.append(step)
+            continue
+        ranges += list(zip(starts.tolist(), stops.tolist()))
+        mine = set(mine)
+        groups = []  # (first row, last row, tiles?) of the runs of the step's sums
+        for h in hs.tolist():
+            if groups and groups[-1][2] == (h in mine):
+                groups[-1][1] = h + META
+            else:
+                groups.append([h, h + META, h in mine])
+        for g0, g1, tiles in reversed(groups):
+            h1 = g1 - META
+            last = int(at[h1]) + int(rows[h1 + 1, 4]) * (int(rows[h1, 4]) - 1) - 1
+            res.append((g1, last, g0, (TILES, g0, int(at[g0])) if tiles else RED))
+    return res, ranges
+
+
+@njit_cached(nogil=True)
+def _red_tiles_reverse(rows, adj, r, nr, k):
+    """The reverse of the sums at rows ``r .. nr - 1`` (their first slot ``k``) that write
+    their terms' adjoints (``_red_tiles``): each term's ``0.0 + g`` of its output's ``g``
+    (unsigned indices: no wraparound test, as the generated loops)."""
+    while r < nr:
+        L = int(rows[r, 4])
+        ta = int(rows[r, 5])
+        m = int(rows[r + 1, 4])
+        ia = int(rows[r, 1])
+        sa = int(rows[r + 2, 4])
+        o = k + m * (L - 2)  # (the outputs after the chains of L - 1 adds)
+        for i in range(m):
+            g = 0.0 + adj[np.uint64(o + i)]
+            b = ia + i * sa
+            for t in range(L):
+                adj[np.uint64(b + t * ta)] = g
+        k += m * (L - 1)
+        r += META + 1
 
 
 #: (the reverse plan's mark of a sum of exps of a shift, ``_exp_shift``)
