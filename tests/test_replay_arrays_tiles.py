@@ -76,7 +76,7 @@ def test_kmeans_hvp_tiles_same_bits(case, monkeypatch):
     got = P.grad_and_hvp((C0,), (v,))
     code = _hvp_run(P._code)
     # (zero points: constants that split the instructions, the sums no longer tiles)
-    assert _tiled(code) >= (1 if case == "zero" else 3)
+    assert _tiled(code) >= (0 if case == "zero" else 2)
     with monkeypatch.context() as m:
         m.setattr(PA, "_red_tiles", lambda rows, back, out: (back, []))
         P2 = make()

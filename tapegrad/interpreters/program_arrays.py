@@ -2330,6 +2330,10 @@ def _red_assign(rows, h, k, adj):
 
 #: (the reverse plan's mark of a run of sums whose terms tile a range, ``_red_tiles``)
 TILES = "tiles"
+#: the fewest terms whose adjoints ``_red_tiles`` writes: fewer are zeroed at no cost to
+#: speak of (a slice's zeroing costs what 2,000 slots' do), and a step split in three
+#: costs the driver 1 to 2 us
+TILES_MIN = 2000
 
 
 def _red_tiles(rows, back, out):
@@ -2363,7 +2367,7 @@ def _red_tiles(rows, back, out):
             if L >= 2 and (g.max() < at[lo] or g.min() > k):  # (not a sum of the step's)
                 mine.append(h)
                 terms.append(g)
-        if not mine:
+        if not mine or sum(t.size for t in terms) < TILES_MIN:
             res.append(step)
             continue
         terms = np.sort(np.concatenate(terms))
