@@ -177,8 +177,7 @@ def test_constants_adjoints_not_zeroed_same_bits(which, monkeypatch):
 
     code, x = build()
     res = _run_nan_adjoints(code, x)
-    live = dict(zip(code.run.__code__.co_freevars, code.run.__closure__))["live"]
-    live = live.cell_contents
+    live = PA.zeroed(code.run)
     cs = _const_slots(code.frows)
     assert cs.size >= 200 and live is not None
     zeroed = np.zeros(int(cs.max()) + 1, bool)
