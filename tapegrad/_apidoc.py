@@ -31,6 +31,7 @@ lists what tapegrad has and how far each op goes. What differs from torch is in
 - `tapegrad.scipy`: `objective` and `minimize` for `scipy.optimize`.
 - `Program` (from `tapegrad.trace`): `__call__`, `value_and_grad`, `grad`, `buffer` (a
   call bound once to arrays you own, see [Fast optimization loops](fast-loops.md)), `hvp`,
+  `grad_and_hvp` (value, gradient and H v of one run),
   `hessian`, `jacobian`, `vjp`, `grad_program`, `to(target)`, `save`;
   targets `"cpu"`, `"parallel"` and `"cuda"` (see [The CUDA target](cuda.md)).
 - `python -m tapegrad.bench`: the benchmarks (`--help`).

@@ -153,6 +153,11 @@ class _Code:
     value_at = None
     # (a pickle of a program made before ``_one_consts``: worked out at its first call)
     _one_consts = None
+    # the one-sample calls' seeds of the outputs where not all ones, and the layout of the
+    # gradient among the outputs: the Hessian-vector program that keeps the value and the
+    # gradient (``_program_derivs._hvp_value_code``: the gradient seeded 0.0)
+    seeds = None
+    grad_out_layout = None
 
     def __init__(self, rows, in_slots, out_slots, inputs, outputs, kind, sites):
         # ``arows``: the rows as traced, with array instructions (interpreters/
@@ -246,6 +251,8 @@ class _Code:
         if key in _notice.PENDING:  # a cold cache compiles for seconds: say so, once
             _notice.announce(key)
         work = _cpu.new_work(self.nslots, self.out_slots, self.in_slots, self.n_in)
+        if self.seeds is not None:
+            work[_cpu.HEADER:_cpu.HEADER + len(self.out_slots)] = self.seeds
         if self.run is None:  # (array instructions: their interpreter, on ``arows``)
             if self.arrays:
                 self.frows = self.arows

@@ -17,7 +17,8 @@ def _hvp_value_code(code):
     a second output (built once; None where it cannot, then ``hvp`` runs the value apart):
     the Hessian-vector program's rows (``_hvp_code``'s, in their order) with the rows that
     only the value reads left in, so that one run gives both (kmeans' ``dir``: a forward
-    of the cost, 0.2 ms, saved). Its results: (H.v's dot, value, gradient in (x, v)). The
+    of the cost, 0.2 ms, saved). Its results: (H.v's dot, value, the gradient, gradient
+    in (x, v)): the gradient's slots are outputs too (seeded 0.0), for ``grad_and_hvp``. The
     value's instructions are flagged as ``mark_inactive`` flags those that pass no
     gradient (the reverse sweep skips them), and its scalar rows read only the value's
     slots, so the value's seed (1.0) reaches only the value's adjoints, which the
@@ -47,18 +48,26 @@ def _build_hvp_value(code):
     dot = int(np.asarray(reduce(L2, "add", prods, None, False, 0.0)))
     rows = L2.rows()
     f = int(code.out_slots[0])
+    g = np.array([int(s) for s in grads], dtype=np.int64)
     n1 = _prog.prune(rows, np.array([dot], dtype=np.int64))[1]
     p2, n2 = _prog.prune(rows, np.array([dot, f], dtype=np.int64))
+    if (n1[g] < 0).any():  # (a gradient the product does not read: not kept as an output)
+        return None
     # (cut as the Hessian-vector program is: the value's rows are dead to the product's
     # reverse sweep, which ran the rules of rows only they read at 0 * inf, ``cut_dead``)
     p2, cut = _prog.cut_dead(p2, n2[[dot]])
     if cut is not None:
         n2 = np.where(n2 >= 0, cut[np.maximum(n2, 0)], -1)
     ins = np.concatenate([code.in_slots, vs])
-    w = _Code(p2, n2[ins], n2[[dot, f]], h.inputs, [((), np.dtype(np.float64))] * 2,
-              "tuple", h.sites)
+    w = _Code(p2, n2[ins], n2[np.concatenate([[dot, f], g])], h.inputs,
+              [((), np.dtype(np.float64))] * 2 + list(code.inputs), "tuple", h.sites)
     if not w.arrays:
         return None
+    # the gradient's slots are outputs too, seeded 0.0 (``grad_and_hvp`` reads them): the
+    # product's reverse sweep adds to their adjoints what it added before (0.0 + 0.0 is
+    # the zeroed adjoint's 0.0), so H v keeps its bits
+    w.seeds = np.array([1.0, 1.0] + [0.0] * len(g))
+    w.grad_out_layout = tuple((sh, o + 2, k, r) for sh, o, k, r in code.in_layout)
     r = w.arows
     at, ns = _arr.row_slots(r)
     only = np.zeros(ns, dtype=np.bool_)  # the slots that only the value reads
@@ -269,7 +278,7 @@ class _Derivatives:
             r = self._run_one(xs + vs, True, _hvp_run)
             if r is not None:
                 code, hres, x, as_tensor = r
-                if len(code.out_slots) == 2:  # (``_hvp_value_code``: the value kept)
+                if code.seeds is not None:  # (``_hvp_value_code``: the value kept)
                     base = self._variants[0]
                     return (_wrap_one(hres[1:2], base.out_layout, as_tensor, base.single_out),
                             _wrap_one(hres, code.grad_layout[:nin], as_tensor, nin == 1))
@@ -294,3 +303,32 @@ class _Derivatives:
         return value, self._wrap(part, code.inputs[:nin], batch, as_tensor,
                                  "single" if nin == 1 else "tuple")
 
+
+    def grad_and_hvp(self, xs, v):
+        """(value, gradient, Hessian-vector product) at ``xs`` with ``v`` (shaped like the
+        inputs; tuples for several inputs): ``value_and_grad`` and ``hvp`` in one call, from
+        one run of the Hessian-vector program where it keeps the value and the gradient
+        (one sample of an array program on the CPU: the forward and the gradient that the
+        product computes anyway, not run again); the two calls otherwise.
+
+        Examples
+        --------
+        >>> import numpy as np, tapegrad
+        >>> prog = tapegrad.trace(lambda x: (x * x * x).sum(), np.ones(2))
+        >>> value, g, hv = prog.grad_and_hvp(np.array([1.0, 2.0]), np.ones(2))
+        >>> float(value), g, hv
+        (9.0, array([ 3., 12.]), array([ 6., 12.]))
+        """
+        xs = tuple(xs) if isinstance(xs, (tuple, list)) else (xs,)
+        vs = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+        nin = len(self._code.inputs)
+        if len(xs) == len(vs) == nin and len(self._code.out_slots) == 1:
+            r = self._run_one(xs + vs, True, _hvp_run)
+            if r is not None and r[0].seeds is not None:
+                code, res, _, as_tensor = r
+                base = self._variants[0]  # (every variant's layout of the value)
+                return (_wrap_one(res[1:2], base.out_layout, as_tensor, base.single_out),
+                        _wrap_one(res, code.grad_out_layout, as_tensor, nin == 1),
+                        _wrap_one(res, code.grad_layout[:nin], as_tensor, nin == 1))
+        value, g = self.value_and_grad(*xs)
+        return (value, g) + (self.hvp(xs, vs)[1],)

@@ -275,8 +275,7 @@ def test_adjoints_left_unzeroed_are_written_every_call(small, monkeypatch):
     P = trace(gmm, x0)
     P.value_and_grad(x0)
     run = P._code.run
-    cells = dict(zip(run.__code__.co_freevars, (c.cell_contents for c in run.__closure__)))
-    live = cells["live"]
+    live = PA.zeroed(run)
     assert live is not None and fused(P) == (1, 1)
     plan, _ = steps(P)
     ranges = [r for s in plan if type(s[4]) is tuple and s[4][0] is PA.SQS for r in s[4][-1]]

@@ -177,8 +177,7 @@ def test_constants_adjoints_not_zeroed_same_bits(which, monkeypatch):
 
     code, x = build()
     res = _run_nan_adjoints(code, x)
-    live = dict(zip(code.run.__code__.co_freevars, code.run.__closure__))["live"]
-    live = live.cell_contents
+    live = PA.zeroed(code.run)
     cs = _const_slots(code.frows)
     assert cs.size >= 200 and live is not None
     zeroed = np.zeros(int(cs.max()) + 1, bool)
@@ -210,3 +209,55 @@ def test_square_reverse_contiguous_and_strided_same_bits(step):
     xt = torch.tensor(x0, requires_grad=True)
     g, = torch.autograd.grad(f(torch, xt), xt)
     np.testing.assert_allclose(a[1], g.numpy(), rtol=1e-15)
+
+
+def _kmeans_at(case, k=10, d=8, n=1000):
+    """kmeans' program at GradBench's size (its sums over the coordinates run as one
+    step), its points and centroids with ``case``'s special values."""
+    rng = np.random.default_rng(31)
+    PT0 = rng.normal(size=(d, n))
+    C0 = PT0[:, :k].T.copy() + 0.01
+    if case == "tie":  # (centroids 0 and 1 the same: every point's min a tie)
+        C0[1] = C0[0]
+    elif case == "nan":
+        PT0[2, 7] = np.nan
+    elif case == "inf":
+        PT0[3, 11] = np.inf
+    elif case == "zero":
+        C0[2] = -0.0
+        PT0[:, 5] = 0.0
+    Pt = tg.tensor(PT0)
+    from test_replay_hvp_arrays import kmeans as cost
+    return (lambda: tg.trace(lambda C: cost(tg, C, Pt), C0)), PT0, C0
+
+
+@pytest.mark.parametrize("case", ["plain", "tie", "nan", "inf", "zero"])
+def test_inactive_squares_summed_one_step_same_bits(case, monkeypatch):
+    """The Hessian-vector program's squared distances, which only the min's tie masks read
+    (flagged inactive), are one forward step reading the differences themselves
+    (``program_arrays._sqs_inactive``), not ``cut_dead``'s copy of them, the squares and
+    their sums: the same bits as those steps, value, gradient and H v; torch's numbers."""
+    from tapegrad._program_derivs import _hvp_run
+    from test_replay_hvp_value import bits
+    make, PT0, C0 = _kmeans_at(case)
+    v = np.random.default_rng(5).normal(size=C0.shape)
+    v[0, :3] = [-0.0, 0.0, np.inf if case == "inf" else 1.0]
+    P = make()
+    got = P.grad_and_hvp((C0,), (v,))
+    code = _hvp_run(P._code)
+    plan = dict(zip(code.run.__code__.co_freevars, code.run.__closure__))["plan"]
+    kinds = [s[4][0] if type(s[4]) is tuple else s[4] for s in plan.cell_contents]
+    assert PA.SQS in kinds and BY_NAME["detach"] not in kinds, kinds
+    with monkeypatch.context() as m:
+        m.setattr(PA, "_sqs_inactive", lambda rows, plan, out: plan)
+        P2 = make()
+        want = P2.grad_and_hvp((C0,), (v,))
+        plan2 = dict(zip(_hvp_run(P2._code).run.__code__.co_freevars,
+                         _hvp_run(P2._code).run.__closure__))["plan"].cell_contents
+        assert BY_NAME["detach"] in [s[4] for s in plan2]
+    for a, b in zip(got, want):
+        assert bits(a) == bits(b)
+    if case in ("plain", "zero"):
+        g, h = torch_hvp(PT0, C0, v)
+        np.testing.assert_allclose(got[1], g, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got[2], h, rtol=1e-12, atol=1e-12)

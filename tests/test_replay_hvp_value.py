@@ -156,3 +156,97 @@ def test_a_value_row_that_reads_the_products_slots_is_declined(monkeypatch):
     value, hv = P.hvp((x,), (v,))
     before = old_hvp(P, (x,), (v,), monkeypatch)
     assert bits(value) == bits(before[0]) == bits(P(x)) and bits(hv) == bits(before[1])
+
+
+# --- grad_and_hvp: (value, gradient, H v) from that one run ----------------------------------
+
+def refuse_other_runs(P, m):
+    """Any forward run of the program, or its gradient, fails the test."""
+    no_forward(P, m)
+
+    def refuse(*a, **k):
+        raise AssertionError("grad_and_hvp ran the gradient apart")
+    m.setattr(P, "value_and_grad", refuse)
+
+
+@pytest.mark.parametrize("case", ["plain", "zero_v", "inf"])
+def test_kmeans_grad_and_hvp_one_run(case, monkeypatch):
+    """The value, the gradient and H v of one run of the Hessian-vector program: the
+    value's and H v's bits as ``hvp`` gives them (the gradient's outputs, seeded 0.0, add
+    nothing to H v: -0.0 in ``v`` too), the gradient's those of the gradient program, and
+    torch's numbers."""
+    P, PT0, C0 = kmeans_program(k=5, d=3, n=300, seed=4)
+    v = np.random.default_rng(2).normal(size=C0.shape)
+    if case == "zero_v":
+        v[::2] = -0.0
+        v[1::3] = 0.0
+    C = C0.copy()
+    if case == "inf":
+        C[1, 2] = np.inf
+    before = old_hvp(P, (C,), (v,), monkeypatch)
+    with monkeypatch.context() as m:
+        refuse_other_runs(P, m)
+        value, g, hv = P.grad_and_hvp((C,), (v,))
+    assert g.shape == hv.shape == C.shape
+    assert type(value) is type(before[0]) and bits(value) == bits(before[0]) == bits(P(C))
+    assert bits(hv) == bits(P.hvp((C,), (v,))[1]) == bits(before[1])
+    assert bits(g) == bits(P.grad_program()(C))
+    np.testing.assert_allclose(g, P.grad(C), rtol=1e-13, atol=1e-13)
+    if case == "inf":
+        return
+    Ct = torch.tensor(C, requires_grad=True)
+    y = kmeans(torch, Ct, torch.tensor(PT0))
+    gt, = torch.autograd.grad(y, Ct, create_graph=True)
+    want, = torch.autograd.grad((gt * torch.tensor(v)).sum(), Ct)
+    np.testing.assert_allclose(g, gt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(hv, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_grad_and_hvp_two_inputs_and_tensors():
+    """Two inputs: tuples of each; Tensor inputs give Tensors; as ``value_and_grad`` and
+    ``hvp`` give them."""
+    with RF.array_instructions(4):
+        P = tg.trace(lambda x, y: (tg.exp(x) * y).sum() + (y * y * x).sum(),
+                     np.ones(40), np.ones(40))
+    assert P._code.arrays and D._hvp_value_code(P._code) is not None
+    rng = np.random.default_rng(3)
+    x, y, vx, vy = (rng.normal(size=40) for _ in range(4))
+    value, g, hv = P.grad_and_hvp((x, y), (vx, vy))
+    want = P.value_and_grad(x, y)
+    assert bits(value) == bits(want[0])
+    for a, b in zip(g, want[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-14)
+    for a, b in zip(hv, P.hvp((x, y), (vx, vy))[1]):
+        assert bits(a) == bits(b)
+    value, g, hv = P.grad_and_hvp((tg.tensor(x), tg.tensor(y)), (tg.tensor(vx), tg.tensor(vy)))
+    assert isinstance(g[0], tg.Tensor) and isinstance(hv[1], tg.Tensor)
+    np.testing.assert_allclose(g[1].numpy(), want[1][1], rtol=1e-14, atol=1e-14)
+
+
+def test_grad_and_hvp_other_paths():
+    """Where no one run keeps all three (scalar rows, a declined value, a batch, a guard's
+    other variant): ``value_and_grad`` and ``hvp``'s numbers."""
+    x0 = np.linspace(-1.0, 1.0, 10)
+    R = tg.trace(lambda x: tg.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2),
+                 x0)
+    with RF.array_instructions(4):
+        S = tg.trace(lambda x: tg.exp(x).sum() * tg.amin(x), np.linspace(0.0, 1.0, 16))
+
+    def f(x):
+        y = tg.exp(x) * 2.0
+        if y.sum() > 40.0:
+            return (y * y).sum()
+        return (y * x).sum()
+    with RF.array_instructions(4):
+        G = tg.trace(f, np.zeros(32), retrace=True)
+    X = np.stack([x0, x0 * 0.5])
+    cases = [(R, x0, np.ones(10)), (S, np.linspace(-1.0, 2.0, 16), np.linspace(1.0, 0.5, 16)),
+             (R, X, np.ones_like(X)), (G, np.full(32, 0.01), np.ones(32)),
+             (G, np.linspace(-2.0, -1.0, 32), np.ones(32))]
+    for P, x, v in cases:
+        value, g, hv = P.grad_and_hvp(x, v)
+        want = P.value_and_grad(x)
+        assert bits(value) == bits(want[0])
+        np.testing.assert_allclose(g, want[1], rtol=1e-14, atol=1e-14)
+        assert bits(hv) == bits(P.hvp((x,), (v,))[1])
+    assert len(G._variants) == 2

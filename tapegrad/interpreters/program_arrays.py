@@ -25,6 +25,8 @@ partial sums.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numba
 import numpy as np
 
@@ -468,6 +470,9 @@ def _needed(rows, at, nslots, roots, guard, leaf, size, span, kept):
 
 # --- running: one sample ------------------------------------------------------------------
 
+#: (the one-sample run's context where no NumPy step runs: none entered)
+_LOUD = contextlib.nullcontext()
+
 # generated from this format; GRAD_BITS: by opcode, the inputs its rule gives gradients to
 from ._generated_arrays import (  # noqa: E402, F401
     GRAD_BITS, forward, red_forward, red_reverse, red_reverse_mm, reverse)
@@ -551,9 +556,15 @@ def entry(rows, work):
     back, sqs = _sqs_back(rows, back, _sum_squares(rows, back, out, rg_firsts))
     back, shifts = _exp_shift(rows, back, out, sets)
     back = _exp_shift_direct(rows, back, firsts)
+    back, tiles = _red_tiles(rows, back, out)
     live = _live(rows, n, [sets[h] for h in sets] + [r for f in firsts.values() for r in f]
                  + list(mm_firsts.values()) + list(rg_firsts.values()) + shifts
-                 + [r for st in sqs.values() for r in st[-1]])
+                 + [r for st in sqs.values() for r in st[-1]] + tiles)
+    # (zeroed by one compiled call: NumPy's assignment of a slice took 0.5 us more each,
+    # and twice the time over 80,000 slots)
+    zs = np.array([sl.start for sl in live] if live is not None else [0], dtype=np.int64)
+    ze = np.array([sl.stop for sl in live] if live is not None else [1 << 62],
+                  dtype=np.int64)
     if p and (ins == ins[0] + np.arange(p)).all():
         # the inputs' slots in order (a leaf instruction's): their gradient is a slice,
         # not a gather (1 ms of lse's gradient at n = 640,000)
@@ -566,7 +577,7 @@ def entry(rows, work):
             k is RED for *_, k in back):  # (the sums' rules of ``_rgrp_compiled``)
         rrv = red_reverse.compile((numba.typeof(rows), numba.typeof(work), numba.typeof(work),
                                    numba.int64, numba.int64, numba.int64))
-    plan = _sqs_plan(rows, plan, sqs)
+    plan = _sqs_inactive(rows, _sqs_plan(rows, plan, sqs), out)
     # the values begin where the inputs are when the first instruction is a large leaf
     # instruction copying them, in order, into the first slots: those slots are the
     # inputs themselves, and the copy is left out (0.26 ms of lse's 640,000 elements)
@@ -575,46 +586,50 @@ def entry(rows, work):
             and plan[0][3] == nx:
         plan, base = plan[1:], o
     plan = _const_fills(rows, plan)
+    quiet = any(op is not None and op is not RED for *_, op in plan) or any(
+        kind is not None and kind is not RED for *_, kind in back)
 
     def run(rows, work, res):
-        v = work[base:base + n]
-        x = work[o:o + nx]
-        status = 0
-        masks = {}
-        for r0, r1, k0, k1, op in plan:
-            if op is None:
-                status = int(fw(rows, x, v, r0, r1, k0))
-                if status:
-                    break
-            elif op is RED:
-                rfw(rows, v, r0, r1, k0)
-            elif op is NPRED:
-                with np.errstate(all="ignore"):
-                    _np_red_forward(rows, r0, k0, v)
-            elif type(op) is tuple and op[0] is NPRED:  # (of a detach's operand)
-                _np_red_forward(rows, r0, k0, v, op[1])
-            elif type(op) is tuple and op[0] is FILL:
-                v[op[1]:op[2]] = -0.0
-            elif type(op) is tuple and op[0] is CONSTS:
-                v[k0:k1] = op[1]
-            elif type(op) is tuple and op[0] is TIES:
-                _ties_forward(op, v, masks)
-            elif type(op) is tuple and op[0] is XRED:
-                if not _xred_forward(op, v):
-                    for q0, q1, j0, _, qop in op[-1]:  # the tree's own steps
-                        if qop is None:
-                            status = int(fw(rows, x, v, q0, q1, j0))
-                        elif qop is RED:
-                            rfw(rows, v, q0, q1, j0)
-                        elif qop is NPRED or type(qop) is tuple:
-                            _np_red_forward(rows, q0, j0, v,
-                                            qop[1] if type(qop) is tuple else 0)
-                        else:  # (the detach that only the tree reads)
-                            _np_forward(qop, rows, q0, j0, v, x)
+        # (quiet, as the compiled loops: a log of 0 is -inf, not a warning; one errstate
+        # a run where a NumPy step runs, 2 us each, not one a step: 10 of them in
+        # kmeans' Hessian-vector program)
+        with np.errstate(all="ignore") if quiet else _LOUD:
+            v = work[base:base + n]
+            x = work[o:o + nx]
+            status = 0
+            masks = {}
+            for r0, r1, k0, k1, op in plan:
+                if op is None:
+                    status = int(fw(rows, x, v, r0, r1, k0))
                     if status:
                         break
-            elif type(op) is tuple:
-                with np.errstate(all="ignore"):
+                elif op is RED:
+                    rfw(rows, v, r0, r1, k0)
+                elif op is NPRED:
+                    _np_red_forward(rows, r0, k0, v)
+                elif type(op) is tuple and op[0] is NPRED:  # (of a detach's operand)
+                    _np_red_forward(rows, r0, k0, v, op[1])
+                elif type(op) is tuple and op[0] is FILL:
+                    v[op[1]:op[2]] = -0.0
+                elif type(op) is tuple and op[0] is CONSTS:
+                    v[k0:k1] = op[1]
+                elif type(op) is tuple and op[0] is TIES:
+                    _ties_forward(op, v, masks)
+                elif type(op) is tuple and op[0] is XRED:
+                    if not _xred_forward(op, v):
+                        for q0, q1, j0, _, qop in op[-1]:  # the tree's own steps
+                            if qop is None:
+                                status = int(fw(rows, x, v, q0, q1, j0))
+                            elif qop is RED:
+                                rfw(rows, v, q0, q1, j0)
+                            elif qop is NPRED or type(qop) is tuple:
+                                _np_red_forward(rows, q0, j0, v,
+                                                qop[1] if type(qop) is tuple else 0)
+                            else:  # (the detach that only the tree reads)
+                                _np_forward(qop, rows, q0, j0, v, x)
+                        if status:
+                            break
+                elif type(op) is tuple:
                     if op[0] is RGRP:
                         _rgrp_forward(op, v)
                     elif op[0] is SQS:
@@ -627,42 +642,34 @@ def entry(rows, work):
                         status = int(fw(rows, x, v, r0, r1, k0))
                         if status:
                             break
-            else:
-                # (quiet, as the compiled loops: a log of 0 is -inf, not a warning)
-                with np.errstate(all="ignore"):
+                else:
                     _np_forward(op, rows, r0, k0, v, x)
-        res[:m] = v[out]
-        if res.shape[0] > m and status == 0:
-            adj = work[o + nx + n:]
-            if live is None:
-                adj[:] = 0.0
-            else:
-                for sl in live:
-                    adj[sl] = 0.0
-            if repeats:
-                np.add.at(adj, out, work[_cpu.HEADER:s])
-            else:
-                adj[out] += work[_cpu.HEADER:s]
-            for r, k, lo, kind in back:
-                if kind is None:
-                    rv(rows, v, adj, r, k, lo)
-                elif kind is RED:
-                    rrv(rows, v, adj, r, k, lo)
-                elif type(kind) is tuple and kind[0] is ASSIGN:
-                    _red_assign(rows, r, k, adj)
-                elif type(kind) is tuple and kind[0] is EXPSUBX:
-                    with np.errstate(all="ignore"):
+            res[:m] = v[out]
+            if res.shape[0] > m and status == 0:
+                adj = work[o + nx + n:]
+                _zero(adj, zs, ze)
+                if repeats:
+                    np.add.at(adj, out, work[_cpu.HEADER:s])
+                else:
+                    adj[out] += work[_cpu.HEADER:s]
+                for r, k, lo, kind in back:
+                    if kind is None:
+                        rv(rows, v, adj, r, k, lo)
+                    elif kind is RED:
+                        rrv(rows, v, adj, r, k, lo)
+                    elif type(kind) is tuple and kind[0] is ASSIGN:
+                        _red_assign(rows, r, k, adj)
+                    elif type(kind) is tuple and kind[0] is TILES:
+                        _red_tiles_reverse(rows, adj, kind[1], r + 1, kind[2])
+                    elif type(kind) is tuple and kind[0] is EXPSUBX:
                         _exp_shift_direct_reverse(kind, v, adj)
-                elif type(kind) is tuple and kind[0] is TIESREV:
-                    with np.errstate(all="ignore"):
+                    elif type(kind) is tuple and kind[0] is TIESREV:
                         _ties_reverse(kind, adj, masks)
-                elif type(kind) is tuple and kind[0] is EXPSUB:
-                    with np.errstate(all="ignore"):
+                    elif type(kind) is tuple and kind[0] is EXPSUB:
                         _exp_shift_reverse(kind, v, adj)
                         _np_reverse(kind[1], rows, kind[2], kind[3], v, adj,
                                     firsts.get(kind[2], ()))
-                elif type(kind) is tuple:
-                    with np.errstate(all="ignore"):
+                    elif type(kind) is tuple:
                         if kind[0] is GRP:
                             _grp_reverse(kind, v, adj, k)
                         elif kind[0] is RGRP:
@@ -671,11 +678,10 @@ def entry(rows, work):
                             _sqs(v, adj, True, *_sqs_args(kind))
                         else:
                             _mm_reverse(kind, v, adj, r in mm_firsts)
-                else:  # (an instruction's first row and slot)
-                    with np.errstate(all="ignore"):
+                    else:  # (an instruction's first row and slot)
                         _np_reverse(kind, rows, r, k, v, adj, firsts.get(r, ()))
-            res[m:] = adj[ins]
-        return status
+                res[m:] = adj[ins]
+            return status
     return run
 
 
@@ -1519,6 +1525,81 @@ def _sqs_plan(rows, plan, sqs):
     return plan
 
 
+def _sqs_inactive(rows, plan, out):
+    """The forward plan with each run of squares summed that passes no gradient (its sums
+    and squares flagged inactive, ``mark_inactive``: no reverse step runs them; kmeans'
+    Hessian-vector program's distances, which only its min's tie masks read) one forward
+    step (``_sum_squares``' forward: each output its squares added in order, the
+    expansion's bits), the squares not stored; where the squared slots are a ``detach``
+    instruction's copy (``cut_dead``'s, of kmeans' 80,000 differences) that nothing else
+    reads, the step reads the detach's operand and the copy is left out. Only where the
+    squares are read by nothing but the sums and are no output, each square's two operands
+    one slot, the sums' terms exactly the squares' slots."""
+    if not FUSE_SQUARES:
+        return plan
+    at = row_slots(rows)[0]
+    heads = heads_of(rows)
+    outs = np.asarray(out)
+    dt = BY_NAME["detach"]
+    sqs = {}
+    for i, (r0, r1, _, _, op) in enumerate(plan):
+        if type(op) is not tuple or op[0] is not RGRP or i == 0 or rows[r0 + META, 5] != 1.0:
+            continue
+        _, (t0, ts), shape, (o0, os_) = op
+        P = _grid(t0, ts, shape)
+        plo, phi = int(P.min()), int(P.max()) + 1
+        if P.size != phi - plo or not np.array_equal(np.sort(P.ravel()), np.arange(plo, phi)):
+            continue
+        hs, h = [], r0 - META - 1
+        while h >= 0 and rows[h, 0] == ARR and int(at[h]) >= plo:
+            hs.append(h)
+            h -= META + 1
+        if not hs:
+            continue
+        hs = np.array(hs[::-1])
+        n, code, st = info(rows, int(hs[0]))
+        if code != MUL or st[0] != st[1] or st[0] <= 0 \
+                or not all(info(rows, int(e)) == (n, code, st) for e in hs) \
+                or (rows[hs, 1] != rows[hs, 2]).any() or (rows[hs, 3] >= 0).any() \
+                or (rows[hs + META, 5] != 1.0).any() \
+                or not (at[hs] == plo + n * np.arange(len(hs))).all() \
+                or int(at[hs[0]]) != plo or plo + n * len(hs) != phi \
+                or ((outs >= plo) & (outs < phi)).any() \
+                or _read_after(rows, r1, plo, phi, heads):
+            continue
+        q = P - plo
+        X = rows[hs, 1].astype(np.int64)[q // n] + (q % n) * st[0]
+        xg = _affine_grid(X)
+        if xg is None:
+            continue
+        sqs[r0] = (SQS, int(hs[0]), (o0, os_), xg, shape, [])
+    plan = _sqs_plan(rows, plan, sqs)
+    # the squared slots a detach's copy that only the squares read: read at its operand
+    for j, (r0, _, _, _, op) in enumerate(plan):
+        if type(op) is not tuple or op[0] is not SQS or r0 not in sqs:
+            continue
+        m0 = op[1]
+        X = _grid(op[3][0], op[3][1], op[4])
+        xlo, xhi = int(X.min()), int(X.max()) + 1
+        for d, step in enumerate(plan[:j]):
+            if step is None:
+                continue
+            d0, d1, dk0, dk1, dop = step
+            if d1 != d0 + META + 1 or rows[d0, 0] != ARR or not dk0 <= xlo < xhi <= dk1:
+                continue
+            dn, dcode, dst = info(rows, d0)
+            if dcode != dt.code or dst[0] != 1 or dop not in (None, dt) \
+                    or ((outs >= dk0) & (outs < dk1)).any() \
+                    or _read_after(rows[:m0], d1, dk0, dk1, heads[heads < m0]) \
+                    or _read_after(rows, r0, dk0, dk1, heads):
+                break
+            shift = int(rows[d0, 1]) - dk0
+            plan[j] = plan[j][:4] + (op[:3] + ((op[3][0] + shift, op[3][1]),) + op[4:],)
+            plan[d] = None
+            break
+    return [p_ for p_ in plan if p_ is not None]
+
+
 @njit_cached(nogil=True)
 def _sqs(v, adj, rev, o0, oc, og, on, x0, xc, xg, xn, xl, C, G, N, L):
     """A run of squares summed (``_sum_squares``), one function for both sweeps (one cold
@@ -2250,6 +2331,107 @@ def _red_assign(rows, h, k, adj):
     adj[a:a + n * L].reshape(n, L)[...] = (adj[o:o + n] + 0.0)[:, None]
 
 
+#: (the reverse plan's mark of a run of sums whose terms tile a range, ``_red_tiles``)
+TILES = "tiles"
+#: the fewest terms whose adjoints ``_red_tiles`` writes: fewer are zeroed at no cost to
+#: speak of (a slice's zeroing costs what 2,000 slots' do), and a step split in three
+#: costs the driver 1 to 2 us
+TILES_MIN = 2000
+
+
+def _red_tiles(rows, back, out):
+    """The reverse plan with the sums of each compiled step of sums (``red_reverse``:
+    reduction instructions only, no scalar row, each passing gradients) whose terms
+    together are ranges of slots outside the step, each slot one term's, read by nothing
+    else and no output, in steps of their own that write the terms' adjoints
+    (``_red_tiles_reverse``: each ``0.0 + g``, what the compiled rule's add to a zeroed
+    adjoint gives, to the bit), the step's other sums (a sum of its sums) in steps of
+    ``red_reverse`` between them, in the same order; and those ranges [start, stop), which
+    are then not zeroed (kmeans' gradient's blocked sums over its 1,000 points: 80,000
+    slots, 8 sums of 80 blocks of up to 128 terms, 1,000 slots apart)."""
+    at = row_slots(rows)[0]
+    heads = None
+    outs = np.asarray(out)
+    res, ranges = [], []
+    for step in back:
+        r, k, lo, kind = step
+        if kind is not RED or (r + 1 - lo) % (META + 1):
+            res.append(step)
+            continue
+        hs = np.arange(lo, r + 1, META + 1)
+        if (rows[hs, 0] != RED).any() or (rows[hs + 1, 5] != ADD).any() \
+                or (rows[hs + META, 5] == 1.0).any():
+            res.append(step)
+            continue
+        mine, terms = [], []
+        for h in hs.tolist():
+            n, _, (sa, _, ta, _, L) = info(rows, h)
+            g = _grid(int(rows[h, 1]), (sa, ta), (n, L)).ravel()
+            if L >= 2 and (g.max() < at[lo] or g.min() > k):  # (not a sum of the step's)
+                mine.append(h)
+                terms.append(g)
+        if not mine or sum(t.size for t in terms) < TILES_MIN:
+            res.append(step)
+            continue
+        terms = np.sort(np.concatenate(terms))
+        if (np.diff(terms) == 0).any() or np.isin(outs, terms).any():
+            res.append(step)
+            continue
+        brk = np.nonzero(np.diff(terms) != 1)[0] + 1
+        starts = terms[np.concatenate([[0], brk])]
+        stops = terms[np.concatenate([brk - 1, [terms.size - 1]])] + 1
+        if heads is None:
+            heads = heads_of(rows)
+            scalar = rows[:, 0] != TAIL
+            scalar[heads[(rows[heads, 0] == ARR) | (rows[heads, 0] == RED)]] = False
+            sops = rows[scalar, 1:4].astype(np.int64).ravel()
+            sops = sops[sops >= 0]
+            _, sp, _ = spans(rows, heads)
+
+        def hit(s0, s1):  # [s0, s1] (inclusive) against the ranges
+            i = np.searchsorted(starts, s1, side="right") - 1
+            return (i >= 0) & (stops[np.maximum(i, 0)] > s0)
+        o = sp[~np.isin(heads, mine)]
+        o = o[o[..., 0] >= 0]
+        if hit(sops, sops).any() or hit(o[:, 0], o[:, 1]).any():
+            res.append(step)
+            continue
+        ranges += list(zip(starts.tolist(), stops.tolist()))
+        mine = set(mine)
+        groups = []  # (first row, last row, tiles?) of the runs of the step's sums
+        for h in hs.tolist():
+            if groups and groups[-1][2] == (h in mine):
+                groups[-1][1] = h + META
+            else:
+                groups.append([h, h + META, h in mine])
+        for g0, g1, tiles in reversed(groups):
+            h1 = g1 - META
+            last = int(at[h1]) + int(rows[h1 + 1, 4]) * (int(rows[h1, 4]) - 1) - 1
+            res.append((g1, last, g0, (TILES, g0, int(at[g0])) if tiles else RED))
+    return res, ranges
+
+
+@njit_cached(nogil=True)
+def _red_tiles_reverse(rows, adj, r, nr, k):
+    """The reverse of the sums at rows ``r .. nr - 1`` (their first slot ``k``) that write
+    their terms' adjoints (``_red_tiles``): each term's ``0.0 + g`` of its output's ``g``
+    (unsigned indices: no wraparound test, as the generated loops)."""
+    while r < nr:
+        L = int(rows[r, 4])
+        ta = int(rows[r, 5])
+        m = int(rows[r + 1, 4])
+        ia = int(rows[r, 1])
+        sa = int(rows[r + 2, 4])
+        o = k + m * (L - 2)  # (the outputs after the chains of L - 1 adds)
+        for i in range(m):
+            g = 0.0 + adj[np.uint64(o + i)]
+            b = ia + i * sa
+            for t in range(L):
+                adj[np.uint64(b + t * ta)] = g
+        k += m * (L - 1)
+        r += META + 1
+
+
 #: (the reverse plan's mark of a sum of exps of a shift, ``_exp_shift``)
 EXPSUB = "expsub"
 
@@ -2431,6 +2613,24 @@ def _live(rows, nslots, assigned=()):
         sl.append(slice(prev, nslots))
     skipped = sum(b - a for a, b in skip)
     return sl if skipped > 2000 * max(len(sl), 1) else None
+
+
+def zeroed(run):
+    """The slices of the adjoints that the one-sample entry ``run`` (``entry``'s) zeroes
+    before its reverse sweep (``_live``'s), or None for all of them."""
+    cells = dict(zip(run.__code__.co_freevars, run.__closure__))
+    zs, ze = cells["zs"].cell_contents, cells["ze"].cell_contents
+    if ze[0] == 1 << 62:
+        return None
+    return [slice(int(a), int(b)) for a, b in zip(zs, ze)]
+
+
+@njit_cached(nogil=True)
+def _zero(adj, starts, stops):
+    """Zero ``adj`` over the ranges [starts, stops) (``_live``'s slices; a stop past its end
+    is its end)."""
+    for j in range(starts.shape[0]):
+        adj[starts[j]:min(stops[j], adj.shape[0])] = 0.0
 
 
 def run_fresh(rows, n, x, out_slots, seeds, in_slots, grad):

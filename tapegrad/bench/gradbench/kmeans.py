@@ -26,9 +26,9 @@ def prepare(function, input, M, trace):
             return (lambda: prog(C0)), as_float
         ones = np.ones_like(C0)
 
-        def direction_replay():
-            J = prog.grad(C0)
-            return J / prog.hvp((C0,), (ones,))[1]
+        def direction_replay():  # (the gradient and H v of one run: one forward)
+            _, J, H = prog.grad_and_hvp((C0,), (ones,))
+            return J / H
         return direction_replay, as_list
     P = T(M, PT0)
     if function == "cost":
