@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from ..ops import OPS, rule_inputs
-from ._codegen_emit import (ROW_COLS, _consts_of, _folded, _forward_expr, _inputs, _renamed,
-                             _uses, chain, chain_ops, rule_exprs)
+from ._codegen_emit import (ROW_COLS, _consts_of, _forward_expr, _inputs, _renamed, _uses, chain,
+                             rule_exprs)
 
 #: the ops whose batch branches are loops of their own, which LLVM vectorizes over the
 #: block's samples: the common ones in traced programs. The other ops share one loop that
@@ -345,87 +345,6 @@ def _pairs(forward):
     return src
 
 
-def _chain_forward(chain):
-    """A three-row superinstruction's forward branch in ``run_block`` (``fuse.CHAINS``, at
-    its first row ``k``; ``chain`` as ``_codegen_emit.render_chain`` takes it): one loop over
-    the block's samples, each row's value kept in a register for the next row and stored
-    (outputs and the reverse read it). The rows' own expressions, a fixed constant written
-    in (``_folded``), in their order: the same numbers as the rows as traced."""
-    pre, inner = [], []
-    for i, (op, fixed, link) in enumerate(chain):
-        row, ok = ("k", "ok") if i == 0 else (f"k + {i}", f"ok{i}")
-        if i > 0:
-            pre.append(f"ok{i} = ok + np.uint64({i}) * u")
-        names = {n: fixed.get(n, f"r{i}{n}") for n in _consts_of(op)}
-        names.update({n: f"r{i - 1}" if n == link else f"r{i}{n}" for n in _inputs(op)})
-        e = _folded(op.nb.format(**names))
-        pre += [f"r{i}{n} = rows[{row}, {ROW_COLS[n]}]" for n in _consts_of(op)
-                if n not in fixed and _uses(e, f"r{i}{n}")]
-        ins = [n for n in _inputs(op) if n != link and _uses(e, f"r{i}{n}")]
-        pre += [f"o{i}{n} = np.uint64(int(rows[{row}, {ROW_COLS[n]}])) * u" for n in ins]
-        inner += [f"r{i}{n} = Vw[o{i}{n} + j]" for n in ins]
-        inner += [f"r{i} = {e}", f"Vw[{ok} + j] = r{i}"]
-    return pre + ["for j in range(u):"] + ["    " + x for x in inner]
-
-
-def _chain_reverse(chain):
-    """A three-row superinstruction's reverse branch in ``run_block`` (at its last row
-    ``k``): each row's rule from the last, the adjoint of the row before completed in a
-    register (every later row has added to it already) and stored, over the block's samples
-    in one loop, rows read through slices (``_sliced``): the adjoints the rows as traced
-    add, in their order."""
-    last = len(chain) - 1
-
-    def at(i):  # (row i's row and its flat offset)
-        return ("k", "ok") if i == last else (f"k - {last - i}", f"ok{i}")
-    pre = [f"ok{i} = ok - np.uint64({last - i}) * u" for i in range(last)]
-    inner = [f"g{last} = Aw[ok + j]"]
-    for i in range(last, -1, -1):
-        op, fixed, link = chain[i]
-        row, ok = at(i)
-        exprs = rule_exprs(op)
-
-        def used(n, exprs=exprs):
-            return any(_uses(e, n) for e in exprs.values())
-        names = {n: f"r{i}{n}" for n in rule_inputs(op) + ("out", "c0", "c1")}
-        names.update(fixed)
-        names["g"] = f"g{i}"
-        ins = [n for n in rule_inputs(op) if n != link]
-        pre += [f"o{i}{n} = np.uint64(int(rows[{row}, {ROW_COLS[n]}])) * u" for n in ins
-                if n in exprs or used(n)]
-        pre += [f"r{i}{n} = rows[{row}, {ROW_COLS[n]}]" for n in ("c0", "c1")
-                if n not in fixed and used(n)]
-        if link is not None and used(link):
-            inner.append(f"r{i}{link} = Vw[{at(i - 1)[1]} + j]")
-        inner += [f"r{i}{n} = Vw[o{i}{n} + j]" for n in ins if used(n)]
-        if used("out"):
-            inner.append(f"r{i}out = Vw[{ok} + j]")
-        inner += [f"Aw[o{i}{n} + j] += {_folded(_renamed(e, names))}"
-                  for n, e in exprs.items() if n != link]
-        if link is not None:
-            e = exprs.get(link)
-            before = f"Aw[{at(i - 1)[1]} + j]"
-            inner += [f"g{i - 1} = {before}"
-                      + ("" if e is None else f" + {_folded(_renamed(e, names))}"),
-                      f"{before} = g{i - 1}"]
-    pre, inner = _sliced(pre, inner)
-    return pre + ["for j in range(u):"] + ["    " + x for x in inner]
-
-
-def _chains(forward):
-    """The ``elif`` branches of ``fuse.CHAINS`` in ``run_block``'s forward (at each chain's
-    first row's opcode; its other rows' fall through every branch) or reverse (at its
-    last row's)."""
-    from .fuse import CHAIN_BASE, CHAINS
-    src = []
-    for i, spec in enumerate(CHAINS):
-        body = (_chain_forward if forward else _chain_reverse)(chain_ops(spec))
-        src.append(" " * 8 + f"elif op == {CHAIN_BASE + 3 * i + (0 if forward else 2)}:  # "
-                   + " then ".join(name for name, _, _ in spec) + "\n")
-        src += [" " * 12 + f"{x}\n" for x in body]
-    return src
-
-
 #: the branches of the chain in this order first (then by opcode): the common ops of traced
 #: programs, so a row takes fewer tests
 COMMON_FIRST = ("mul", "powc", "mulc", "square", "div", "neg", "divc")
@@ -447,11 +366,11 @@ def _block_source(looped, suffix, shared, which):
             + chain(fwd, _flat_forward, first=False)
             # superinstructions (``fuse.batch_rows``) in the form of common ops only: the
             # rows of a rare op run as traced, and that form compiles as before
-            + ([] if shared else _pairs(True) + _chains(True))
+            + ([] if shared else _pairs(True))
             + [BLOCK_LEAVES, SHARED_FORWARD if shared else "", BLOCK_MIDDLE,
                SIGNED_REVERSE.format(**codes)]
             + chain(rev, _flat_reverse, first=False)
-            + ([] if shared else _pairs(False) + _chains(False))
+            + ([] if shared else _pairs(False))
             + [SHARED_REVERSE if shared else "", BLOCK_END])
 
 

@@ -346,23 +346,17 @@ def render_chain(chain, t, forward=False):
     return src + [f"kk -= {last}"]
 
 
-def chain_ops(spec):
-    """A chain of ``fuse.CHAINS`` as its emitters take it: ((op, fixed constants {name:
-    source}, the input that is the row before, or None for the first row), ...)."""
-    from ..ops import BY_NAME
-    return [(BY_NAME[name], {c: repr(float(x)) for c, x in fixed},
-             None if link is None else _inputs(BY_NAME[name])[link])
-            for name, fixed, link in spec]
-
-
 def dispatch_chains(chains, t, indent=8, forward=False):
     """``elif`` branches of the three-row superinstructions ``chains`` (``fuse.CHAINS``),
     chain i's first row's opcode ``fuse.CHAIN_BASE + 3 i``, its last row's ``+ 2``: forward
     dispatches on the first, reverse on the last."""
+    from ..ops import BY_NAME
     from .fuse import CHAIN_BASE
     src = []
     for i, spec in enumerate(chains):
-        chain = chain_ops(spec)
+        chain = [(BY_NAME[name], {c: repr(float(x)) for c, x in fixed},
+                  None if link is None else _inputs(BY_NAME[name])[link])
+                 for name, fixed, link in spec]
         code = CHAIN_BASE + 3 * i + (0 if forward else 2)
         src.append(" " * indent + f"elif op == {code}:  # "
                    + " then ".join(name for name, _, _ in spec) + "\n")

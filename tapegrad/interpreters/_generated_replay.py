@@ -2139,35 +2139,6 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 Vw[ok + j] = hv
                 ta = Vw[ota + j]
                 Vw[ok1 + j] = (ta + hv)
-        elif op == 1009:  # powc then sub then powc
-            o0a = np.uint64(int(rows[k, 1])) * u
-            ok1 = ok + np.uint64(1) * u
-            o1a = np.uint64(int(rows[k + 1, 1])) * u
-            ok2 = ok + np.uint64(2) * u
-            for j in range(u):
-                r0a = Vw[o0a + j]
-                r0 = r0a * r0a
-                Vw[ok + j] = r0
-                r1a = Vw[o1a + j]
-                r1 = r1a - r0
-                Vw[ok1 + j] = r1
-                r2 = r1 * r1
-                Vw[ok2 + j] = r2
-        elif op == 1012:  # rsubc then powc then add
-            r0c0 = rows[k, 4]
-            o0a = np.uint64(int(rows[k, 1])) * u
-            ok1 = ok + np.uint64(1) * u
-            ok2 = ok + np.uint64(2) * u
-            o2a = np.uint64(int(rows[k + 2, 1])) * u
-            for j in range(u):
-                r0a = Vw[o0a + j]
-                r0 = r0c0 - r0a
-                Vw[ok + j] = r0
-                r1 = r0 * r0
-                Vw[ok1 + j] = r1
-                r2a = Vw[o2a + j]
-                r2 = r2a + r1
-                Vw[ok2 + j] = r2
         elif op == LEAF:
             i = np.uint64(int(rows[k, 4]))
             for j in range(u):
@@ -2351,48 +2322,6 @@ def run_block_common(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0,
                 gh = Aok0[j] + g
                 Aok0[j] = gh
                 Aoha[j] += (gh * hc0)
-        elif op == 1011:  # powc then sub then powc
-            ok0 = ok - np.uint64(2) * u
-            ok1 = ok - np.uint64(1) * u
-            o1a = np.uint64(int(rows[k - 1, 1])) * u
-            o0a = np.uint64(int(rows[k - 2, 1])) * u
-            Aok = Aw[ok:ok + u]
-            Vok1 = Vw[ok1:ok1 + u]
-            Aok1 = Aw[ok1:ok1 + u]
-            Ao1a = Aw[o1a:o1a + u]
-            Aok0 = Aw[ok0:ok0 + u]
-            Vo0a = Vw[o0a:o0a + u]
-            Ao0a = Aw[o0a:o0a + u]
-            for j in range(u):
-                g2 = Aok[j]
-                r2a = Vok1[j]
-                g1 = Aok1[j] + g2 * (2.0 * r2a)
-                Aok1[j] = g1
-                Ao1a[j] += g1
-                g0 = Aok0[j] + -g1
-                Aok0[j] = g0
-                r0a = Vo0a[j]
-                Ao0a[j] += g0 * (2.0 * r0a)
-        elif op == 1014:  # rsubc then powc then add
-            ok0 = ok - np.uint64(2) * u
-            ok1 = ok - np.uint64(1) * u
-            o2a = np.uint64(int(rows[k, 1])) * u
-            o0a = np.uint64(int(rows[k - 2, 1])) * u
-            Aok = Aw[ok:ok + u]
-            Ao2a = Aw[o2a:o2a + u]
-            Aok1 = Aw[ok1:ok1 + u]
-            Vok0 = Vw[ok0:ok0 + u]
-            Aok0 = Aw[ok0:ok0 + u]
-            Ao0a = Aw[o0a:o0a + u]
-            for j in range(u):
-                g2 = Aok[j]
-                Ao2a[j] += g2
-                g1 = Aok1[j] + g2
-                Aok1[j] = g1
-                r1a = Vok0[j]
-                g0 = Aok0[j] + g1 * (2.0 * r1a)
-                Aok0[j] = g0
-                Ao0a[j] += -g0
     for i in range(in_slots.shape[0]):
         oi = np.uint64(in_slots[i]) * u
         for j in range(u):

@@ -43,8 +43,8 @@ LEAF_RUN_MIN = 2
 SQUARE = (("c0", 2.0),)
 CHAINS = ((("powc", SQUARE, None), ("sub", (), 1), ("powc", SQUARE, 0)),
           (("rsubc", (), None), ("powc", SQUARE, 0), ("add", (), 1)))
-#: the chains' opcodes: chain i's rows ``CHAIN_BASE + 3 i``, ``+ 1`` and ``+ 2`` (the
-#: one-sample ``run_fused`` and the batch's ``run_block`` of common ops know them)
+#: the chains' opcodes: chain i's rows ``CHAIN_BASE + 3 i``, ``+ 1`` and ``+ 2`` (only the
+#: one-sample ``run_fused`` knows them: ``batch_rows`` forms pairs only)
 CHAIN_BASE = LEAF_RUN + 1
 
 #: False: the one-sample entry runs the rows as traced (tests force both forms)
@@ -215,16 +215,18 @@ BATCH = True
 
 
 def batch_rows(rows, outs=None):
-    """The rows a batch's ``run_block`` (its form of common ops) runs: ``fuse``'s chains and
-    pairs (no superinstruction at or across an output's row, ``outs``: as single calls),
-    each one loop over the block's samples (the values and adjoints of the rows before the
-    last in registers: n=1000 Rosenbrock, 5,992 of its 8,992 rows in pairs, 1.29 to 1.39
-    ns a row and sample in blocks of 32 against 1.53 to 1.62 as traced; n=100 in blocks of
-    128 0.86 to 0.88 against 0.95 to 0.99, CPU time taking turns in one process), and
-    leaves as traced (a block's leaf is a loop over samples already)."""
+    """The rows a batch's ``run_block`` (its form of common ops) runs: ``fuse``'s pairs (none
+    at or across an output's row, ``outs``: as single calls), each
+    one loop over the block's samples (the head's value and adjoint in a register: n=1000
+    Rosenbrock, 5,992 of its 8,992 rows in pairs, 1.29 to 1.39 ns a row and sample in
+    blocks of 32 against 1.53 to 1.62 as traced; n=100 in blocks of 128 0.86 to 0.88
+    against 0.95 to 0.99, CPU time taking turns in one process), and leaves as traced (a
+    block's leaf is a loop over samples already)."""
     if not BATCH:
         return rows
-    out = fuse(rows, outs=outs)
+    # (the chains too, tried: 3 to 10% faster at n=100, within the noise at n=1000, for a
+    # second more of the first batch's cold compile: docs/fast-loops.md)
+    out = fuse(rows, chains=False, outs=outs)
     if out is rows:
         return rows
     runs = out[:, 0] == LEAF_RUN  # (a batch's leaf rows are loops over samples already)
