@@ -71,6 +71,25 @@ def test_prune_matches_the_compiled_original(seed, compiled, monkeypatch):
     assert out.dtype == np.float64 and new.dtype == np.int64
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_dead_cuts_in_python_match_the_compiled_sweep(seed):
+    """``_cuts_py`` (flat lists) against ``_cuts`` (compiled): the same live rows and cuts."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    rows = _random_rows(rng, n)
+    rows[:, 0] = rng.choice([P.LEAF, 24, 26, 30, 33, 35, 36, 37, 38], size=n)
+    codes = rows[:, 0].astype(np.int64)
+    diff, safe = (x[codes] for x in P._diff_operands())
+    live0 = rng.random(n) < 0.3
+    got = []
+    for fn in (P._cuts_py, P._cuts):
+        live, cut = live0.copy(), np.zeros((n, 3), dtype=np.bool_)
+        fn(rows, diff, safe, live, cut)
+        got.append((live, cut))
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+
+
 def test_prune_of_no_rows():
     out, new = P.prune(np.zeros((0, 6)), np.zeros(0, np.int64))
     assert out.shape == (0, 6) and new.shape == (0,)

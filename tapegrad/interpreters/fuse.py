@@ -68,15 +68,17 @@ TIER = 64
 
 
 def _chains(rows, op):
-    """The chains of ``CHAINS`` in ``rows`` (opcodes ``op``): (the first row of each, its
-    chain, whether its rows swap their operands (rows x 3)); of overlapping ones, each
-    from the first row not in one already."""
+    """The chains of ``CHAINS`` in ``rows`` (opcodes ``op``): the first row of each, its
+    chain's index and whether its rows swap their operands (chains x rows); of overlapping
+    ones, each from the first row not in one already. Arrays, built over all rows at once
+    (a chain at a time, n=1000 Rosenbrock's 1,998 chains took 17 ms)."""
     from ..ops import BY_NAME
     n = rows.shape[0]
-    found = []
+    size = max((len(spec) for spec in CHAINS), default=0)
+    starts, which, swaps = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], \
+        [np.zeros((0, size), dtype=bool)]
     for i, spec in enumerate(CHAINS):
-        size = len(spec)
-        m = n - size + 1
+        m = n - len(spec) + 1
         if m <= 0:
             continue
         start = np.arange(m)
@@ -99,14 +101,20 @@ def _chains(rows, op):
                 swap[:, j] = (other == before) & (mine != before) & (c != before)
                 once |= swap[:, j]
             hit &= once
-        found += [(int(k), i, swap[k]) for k in np.nonzero(hit)[0]]
-    found.sort(key=lambda f: f[0])
+        at = np.nonzero(hit)[0]
+        starts.append(at)
+        which.append(np.full(at.shape[0], i, dtype=np.int64))
+        swaps.append(swap[at])
+    K, I, SW = np.concatenate(starts), np.concatenate(which), np.concatenate(swaps)
+    order = np.argsort(K, kind="stable")  # (at one row, the first chain of CHAINS)
+    K, I, SW = K[order], I[order], SW[order]
+    sizes = [len(spec) for spec in CHAINS]
     chosen, free = [], 0
-    for k, i, swap in found:
+    for r, (k, i) in enumerate(zip(K.tolist(), I.tolist())):
         if k >= free:
-            chosen.append((k, i, swap))
-            free = k + len(CHAINS[i])
-    return chosen
+            chosen.append(r)
+            free = k + sizes[i]
+    return K[chosen], I[chosen], SW[chosen]
 
 
 def fuse(rows, chains=True, outs=None):
@@ -129,11 +137,15 @@ def fuse(rows, chains=True, outs=None):
     is_out = np.zeros(n, dtype=bool)
     if outs is not None:
         is_out[np.asarray(outs, dtype=np.int64)] = True
-    found = [f for f in (_chains(rows, op) if chains else [])
-             if not is_out[f[0]:f[0] + len(CHAINS[f[1]]) - 1].any()]
+    K, I, SW = _chains(rows if chains else rows[:0], op)
+    L = np.array([len(spec) for spec in CHAINS], dtype=np.int64)[I]
+    # (no output among a chain's rows but its last)
+    outs_before = np.concatenate(([0], np.cumsum(is_out)))
+    keep = outs_before[K + L - 1] == outs_before[K]
+    K, I, L, SW = K[keep], I[keep], L[keep], SW[keep]
     in_chain = np.zeros(n, dtype=bool)
-    for k0, i, _ in found:
-        in_chain[k0:k0 + len(CHAINS[i])] = True
+    for j in range(SW.shape[1]):
+        in_chain[K[L > j] + j] = True
     ta, tb = rows[1:, 1].astype(np.int64), rows[1:, 2].astype(np.int64)
     k = np.arange(n - 1)
     on_a, on_b = (ta == k) & (tb != k), (tb == k) & (ta != k)  # the tail reads row k once
@@ -149,7 +161,7 @@ def fuse(rows, chains=True, outs=None):
             hit |= pair & on_a
         which[hit] = i
     cand = (which >= 0) & (which < len(PAIRS))
-    if not cand.any() and not found:
+    if not cand.any() and not K.shape[0]:
         return rows
     # runs of overlapping candidates: the 1st, 3rd, ... of each
     start = cand & ~np.concatenate(([False], cand[:-1]))
@@ -159,9 +171,10 @@ def fuse(rows, chains=True, outs=None):
     if 2 * heads.shape[0] + in_chain.sum() < MIN_PAIRED * n:
         return rows
     out = rows.copy()
-    for k0, i, sw in found:
-        out[k0:k0 + 3, 0] = CHAIN_BASE + 3 * i + np.arange(3)
-        s = k0 + np.nonzero(sw)[0]
+    for j in range(SW.shape[1]):
+        at = L > j
+        out[K[at] + j, 0] = CHAIN_BASE + 3 * I[at] + j
+        s = K[SW[:, j]] + j
         out[s, 1], out[s, 2] = rows[s, 2], rows[s, 1]
     out[heads, 0] = BASE + 2 * which[chosen]
     out[heads + 1, 0] = BASE + 2 * which[chosen] + 1
@@ -201,8 +214,9 @@ BATCH_PAIRS = (("sub", "powc", 0), ("rsubc", "powc", 0), ("mulc", "add", 1))
 BATCH = True
 
 
-def batch_rows(rows):
-    """The rows a batch's ``run_block`` (its form of common ops) runs: ``fuse``'s pairs, each
+def batch_rows(rows, outs=None):
+    """The rows a batch's ``run_block`` (its form of common ops) runs: ``fuse``'s pairs (none
+    at or across an output's row, ``outs``: as single calls), each
     one loop over the block's samples (the head's value and adjoint in a register: n=1000
     Rosenbrock, 5,992 of its 8,992 rows in pairs, 1.29 to 1.39 ns a row and sample in
     blocks of 32 against 1.53 to 1.62 as traced; n=100 in blocks of 128 0.86 to 0.88
@@ -210,7 +224,9 @@ def batch_rows(rows):
     block's leaf is a loop over samples already)."""
     if not BATCH:
         return rows
-    out = fuse(rows, chains=False)
+    # (the chains too, tried: 3 to 10% faster at n=100, within the noise at n=1000, for a
+    # second more of the first batch's cold compile: docs/fast-loops.md)
+    out = fuse(rows, chains=False, outs=outs)
     if out is rows:
         return rows
     runs = out[:, 0] == LEAF_RUN  # (a batch's leaf rows are loops over samples already)

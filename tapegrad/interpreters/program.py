@@ -403,12 +403,14 @@ MARK_IN_PYTHON = 50_000
 
 
 def _mark_py(rows, need):
-    """``_mark`` in Python, on lists."""
-    operands = rows[:, 1:4].astype(np.int64).tolist()
+    """``_mark`` in Python, on flat lists (row k's operands at 3 k, 3 k + 1, 3 k + 2: a list
+    a row made 10,000 lists for the garbage collector to count and run for, a quarter of the
+    1k-step pendulum's trace)."""
+    operands = rows[:, 1:4].astype(np.int64).ravel().tolist()
     nd = need.tolist()
     for k in range(len(nd) - 1, -1, -1):
         if nd[k]:
-            for s in operands[k]:
+            for s in operands[3 * k:3 * k + 3]:
                 if s >= 0:
                     nd[s] = True
     need[:] = nd
@@ -795,24 +797,24 @@ def prune_live(rows, roots):
 
 
 def _cuts_py(rows, diff, safe, live, cut):
-    """``_cuts`` in Python, on lists."""
-    operands = rows[:, 1:4].astype(np.int64).tolist()
-    d, sf = diff.tolist(), safe.tolist()
+    """``_cuts`` in Python, on flat lists (as ``_mark_py``)."""
+    operands = rows[:, 1:4].astype(np.int64).ravel().tolist()
+    d, sf = diff.ravel().tolist(), safe.ravel().tolist()
     lv = live.tolist()
     for k in range(len(lv) - 1, -1, -1):
         if lv[k]:
-            ok, dk = operands[k], d[k]
-            for j in range(3):
-                if dk[j] and ok[j] >= 0:
-                    lv[ok[j]] = True
+            for i in range(3 * k, 3 * k + 3):
+                if d[i] and operands[i] >= 0:
+                    lv[operands[i]] = True
     bad = [False] * len(lv)  # dead adjoints that may hold NaN
     cuts = []
     for k in range(len(lv) - 1, -1, -1):
         if not lv[k]:
-            ok, dk, sk, bk = operands[k], d[k], sf[k], bad[k]
+            bk = bad[k]
             for j in range(3):
-                s = ok[j]
-                if dk[j] and s >= 0 and (bk or not sk[j]):
+                i = 3 * k + j
+                s = operands[i]
+                if d[i] and s >= 0 and (bk or not sf[i]):
                     if lv[s]:
                         cuts.append((k, j))
                     else:

@@ -261,15 +261,17 @@ _F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)
 _last_form = (None, None, None, None)  # (id, weak reference, form, rows it runs)
 
 
-def batch_of(rows):
+def batch_of(rows, out_slots=None):
     """``run_block``'s form for ``rows`` (of common ops only where ``common`` holds) and the
-    rows it runs: in that form, with the superinstructions of ``fuse.batch_rows``."""
+    rows it runs: in that form, with the superinstructions of ``fuse.batch_rows`` (none at
+    or across the row of an output of ``out_slots``: a program's rows go with its outputs,
+    and the rows are kept by their identity only)."""
     global _last_form
     key, ref, form, brows = _last_form
     if key == id(rows) and ref() is rows:
         return form, brows
     if common(rows):
-        form, brows = _COMMON_FORM[_g.run_block], batch_rows(rows)
+        form, brows = _COMMON_FORM[_g.run_block], batch_rows(rows, out_slots)
     else:
         form, brows = _g.run_block, rows
     _last_form = id(rows), weakref.ref(rows), form, brows
@@ -285,7 +287,7 @@ def run_block(rows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw
               number):
     """The generated ``run_block`` in its form for ``rows`` (``batch_of``), of the rows
     that form runs: its arguments and results."""
-    form, brows = batch_of(rows)
+    form, brows = batch_of(rows, out_slots)
     return form(brows, X, out_slots, S, in_slots, grad, status, outs, G, b0, b1, Vw, Aw,
                 signal, number)
 
@@ -481,7 +483,7 @@ def run_parallel(rows, X, out_slots, S, in_slots, grad, block):
     B = X.shape[0]
     n = min(_num_threads(), B)
     pool = _threads._pool
-    form, brows = batch_of(rows)
+    form, brows = batch_of(rows, out_slots)
     if n < 2 or form not in _compiled or not _threads.jit_on() \
             or not pool.busy.acquire(blocking=False):
         # one thread, the first batch (run_block compiles once, before threads call it),
