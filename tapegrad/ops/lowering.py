@@ -137,7 +137,14 @@ def _finite_or_zero(L, m):
 def _lower_logsumexp(L, ins, aux, value):
     A = ins[0]
     dims, keepdim = aux[0], aux[1]
-    m = _finite_or_zero(L, reduce(L, "maximum", L.op("detach", A), dims, True, 0.0))
+    # the shift: the max where finite, 0 where -inf or NaN (as eager mode and torch), and
+    # the largest double where +inf: the same inf, and the other elements' exp(x - m) stay
+    # at most 1, so their gradients g / inf * exp(x - m) are 0, as torch's g * exp(x -
+    # result) (a shift of 0 overflowed those of the large ones: inf / inf = NaN). One row
+    # per reduced row: no pass over the elements
+    big = L.const(np.finfo(np.float64).max)
+    m = _finite_or_zero(L, L.op("minimum", reduce(L, "maximum", L.op("detach", A), dims,
+                                                  True, 0.0), big))
     s = L.op("log", reduce(L, "add", L.op("exp", L.op("sub", A, m)), dims, True, 0.0))
     r = L.op("add", s, m)
     return r if keepdim else r.reshape(np.shape(value))

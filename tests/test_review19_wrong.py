@@ -1,0 +1,50 @@
+"""Wrong numbers found by the hunt of review 19, against torch: each program, on eager
+tensors and traced (value and gradient), at the rows that found it."""
+import numpy as np
+import pytest
+
+import tapegrad as tg
+
+torch = pytest.importorskip("torch")
+
+inf, nan = np.inf, np.nan
+
+
+def same(got, want):
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=0, equal_nan=True)
+
+
+def check(f, x):
+    """``f(M, x)``'s value and gradient, eager and traced, against torch's."""
+    xt = torch.tensor(x, requires_grad=True)
+    yt = f(torch, xt)
+    gt, = torch.autograd.grad(yt.sum(), xt)
+    xe = tg.tensor(x, requires_grad=True)
+    ye = f(tg, xe)
+    ge, = tg.autograd.grad(ye.sum(), xe)
+    same(ye.detach().numpy(), yt.detach().numpy())
+    same(ge.numpy(), gt.numpy())
+    P = tg.trace(lambda a: f(tg, a), np.ones_like(x))
+    same(P(x), yt.detach().numpy())
+    P = tg.trace(lambda a: f(tg, a).sum(), np.ones_like(x))
+    same(P.grad(x), gt.numpy())
+
+
+#: rows with +inf among large finite elements (their exps overflowed in the traced rows:
+#: gradient NaN where torch's exp(x - inf) is 0), -inf, all -inf, NaN, the largest double
+LSE_ROWS = [[1e160, -1e160, 5e159, inf], [1e308, -1e308, 5e307, inf], [1.0, -1.0, 0.5, inf],
+            [inf, -inf], [inf, inf], [-inf, -inf], [-inf, 2.0], [nan, 1.0], [inf, nan, -inf],
+            [np.finfo(np.float64).max, inf], [-inf], [inf], [nan], [1.0, 2.0, 3.0]]
+
+
+@pytest.mark.parametrize("row", LSE_ROWS, ids=str)
+def test_logsumexp_at_nonfinite_rows_matches_torch(row):
+    check(lambda M, a: M.logsumexp(a, 0), np.array(row))
+
+
+def test_logsumexp_rows_at_nonfinite_elements_match_torch():
+    x = np.array([[1e300, 2e300, inf], [1.0, -inf, 3.0], [-inf, -inf, -inf], [nan, 2.0, inf]])
+    check(lambda M, a: M.logsumexp(a, 1) * 3.0, x)
+    check(lambda M, a: M.logsumexp(a, (0, 1), keepdim=True), x[:2])
