@@ -48,3 +48,25 @@ def test_logsumexp_rows_at_nonfinite_elements_match_torch():
     x = np.array([[1e300, 2e300, inf], [1.0, -inf, 3.0], [-inf, -inf, -inf], [nan, 2.0, inf]])
     check(lambda M, a: M.logsumexp(a, 1) * 3.0, x)
     check(lambda M, a: M.logsumexp(a, (0, 1), keepdim=True), x[:2])
+
+
+#: a row with +inf: torch's softmax and log_softmax shift by the max itself, NaN throughout
+#: (inf - inf); shifting by 0 there gave 0 and -inf at the finite elements, eager and traced
+SOFTMAX_ROWS = [[1.0, -1.0, 0.5, inf], [inf, 1.0], [inf, inf], [inf, -inf], [-inf, -inf],
+                [-inf, 2.0], [nan, 1.0], [1e308, -1e308, 5e307], [inf], [-inf], [0.5, 2.0]]
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("row", SOFTMAX_ROWS, ids=str)
+def test_softmax_at_nonfinite_rows_matches_torch(name, row):
+    w = np.linspace(0.3, 1.7, len(row))
+    check(lambda M, a: getattr(M, name)(a, 0) * (torch.tensor(w) if M is torch else w),
+          np.array(row))
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_rows_with_an_inf_match_torch(name):
+    x = np.array([[1.0, inf, 3.0], [1.0, 2.0, 3.0], [-inf, -inf, 0.0]])
+    w = np.arange(9.0).reshape(3, 3)
+    check(lambda M, a: getattr(M, name)(a, 1) * (torch.tensor(w) if M is torch else w), x)
+    check(lambda M, a: getattr(M, name)(a, 0) * (torch.tensor(w) if M is torch else w), x.T.copy())

@@ -129,7 +129,7 @@ def _lower_matmul(L, ins, aux, value):
 
 
 def _finite_or_zero(L, m):
-    """``m`` where finite, else 0 (softmax-style shifts), branch-free."""
+    """``m`` where finite, else 0 (logsumexp's shift, as torch's), branch-free."""
     fin = L.op("eq", L.op("sub", m, m), L.const(0.0))
     return L.op("select", fin, m, L.const(0.0))
 
@@ -156,8 +156,8 @@ def _lower_softmax(L, ins, aux, value, log):
     if np.ndim(A) == 0:
         A = A.reshape(1)
         d = (0,)
-    m = _finite_or_zero(L, reduce(L, "maximum", L.op("detach", A), d, True, 0.0))
-    z = L.op("sub", A, m)
+    # shifted by the max itself, as torch and eager mode (``arrays._softmax_np``)
+    z = L.op("sub", A, reduce(L, "maximum", L.op("detach", A), d, True, 0.0))
     if log:
         r = L.op("sub", z, L.op("log", reduce(L, "add", L.op("exp", z), d, True, 0.0)))
     else:
