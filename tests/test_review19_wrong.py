@@ -70,3 +70,48 @@ def test_softmax_rows_with_an_inf_match_torch(name):
     w = np.arange(9.0).reshape(3, 3)
     check(lambda M, a: getattr(M, name)(a, 1) * (torch.tensor(w) if M is torch else w), x)
     check(lambda M, a: getattr(M, name)(a, 0) * (torch.tensor(w) if M is torch else w), x.T.copy())
+
+
+def exact(got, want):
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+#: torch's relu and clamp are max(a, lo) and min(., hi) that keep a where it equals the
+#: bound: relu(-0.0) and clamp(-0.0, min=0.0) are -0.0, and 1 / them -inf (relu gave 0.0
+#: on every path, clamp on eager arrays through np.maximum: +inf)
+ZERO_PROGRAMS = {
+    "relu": lambda M, a: 1.0 / M.relu(a),
+    "clamp_min": lambda M, a: 1.0 / M.clamp(a, min=0.0),
+    "clamp_max": lambda M, a: 1.0 / M.clamp(a, max=0.0),
+    "clamp_both": lambda M, a: 1.0 / M.clamp(a, min=0.0, max=0.0),
+    "clamp_min_neg_zero": lambda M, a: 1.0 / M.clamp(a, min=-0.0),
+    "clamp_crossed": lambda M, a: M.clamp(a, min=3.0, max=1.0),
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_PROGRAMS))
+@pytest.mark.parametrize("n", [0, 1, 20])
+def test_relu_and_clamp_keep_a_signed_zero_as_torch(name, n):
+    f = ZERO_PROGRAMS[name]
+    x = np.array([-0.0, 0.0, nan, -2.0, 2.0, inf, -inf])
+    x = x if n == 0 else np.repeat(x, n)
+    want = f(torch, torch.tensor(x)).numpy()
+    for k in range(x.size if n == 0 else 1):  # 0-d tensors, then whole arrays
+        xs = x[k] if n == 0 else x
+        w = want[k] if n == 0 else want
+        exact(f(tg, tg.tensor(xs)).numpy(), w)
+        exact(tg.trace(lambda a: f(tg, a), np.ones_like(xs) * 0.5)(xs), w)
+
+
+@pytest.mark.parametrize("name", ["relu", "clamp_min"])
+def test_relu_and_clamp_gradient_at_signed_zeros_as_torch(name):
+    f = {"relu": lambda M, a: M.relu(a), "clamp_min": lambda M, a: M.clamp(a, min=0.0)}[name]
+    x = np.array([-0.0, 0.0, nan, -2.0, 2.0])
+    xt = torch.tensor(x, requires_grad=True)
+    want, = torch.autograd.grad(f(torch, xt).sum(), xt)
+    xe = tg.tensor(x, requires_grad=True)
+    got, = tg.autograd.grad(f(tg, xe).sum(), xe)
+    exact(got.numpy(), want.numpy())
+    exact(tg.trace(lambda a: f(tg, a).sum(), np.ones(5)).grad(x), want.numpy())

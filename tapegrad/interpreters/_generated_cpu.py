@@ -1153,7 +1153,7 @@ def value(op, a, b, c0, c1):
     elif op == 19:  # sigmoid
         return (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
     elif op == 20:  # relu
-        return (0.0 if a <= 0.0 else a)
+        return (0.0 if a < 0.0 else a)
     elif op == 21:  # erf
         return math.erf(a)
     elif op == 22:  # abs

@@ -2350,7 +2350,7 @@ def forward_value(op, a, b, c, c0, c1):
     elif op == 17:  # cosh
         return float(math.cosh(a))
     elif op == 20:  # relu
-        return float((0.0 if a <= 0.0 else a))
+        return float((0.0 if a < 0.0 else a))
     elif op == 21:  # erf
         return float(math.erf(a))
     elif op == 22:  # abs

@@ -80,12 +80,12 @@ def _np_sigmoid(a):
     return 1.0 / (1.0 + np.exp(-a))
 
 
-def _py_relu(a):
-    return 0.0 if a <= 0 else a
+def _py_relu(a):  # torch's max(a, 0): a itself at 0 (-0.0 stays -0.0) and at NaN
+    return 0.0 if a < 0 else a
 
 
 def _np_relu(a):
-    return np.where(a <= 0, np.zeros_like(a), a)
+    return np.where(a < 0, np.zeros_like(a), a)
 
 
 def _py_sign(a):
@@ -112,7 +112,9 @@ def _py_clamp(a, lo, hi):
 
 
 def _np_clamp(a, lo, hi):
-    return np.minimum(np.maximum(a, lo), hi)
+    # torch's min(max(a, lo), hi): a itself where it equals a bound (-0.0 clamped at 0.0
+    # stays -0.0, as _py_clamp and the compiled rows), a NaN kept; np.maximum gave 0.0
+    return np.clip(a, lo, hi)
 
 
 def _py_maximum(a, b):
@@ -195,7 +197,7 @@ register("sigmoid", U, py=_py_sigmoid, np=_np_sigmoid,
          nb="(1.0 / (1.0 + math.exp(-{a})) if {a} >= 0.0 else "
             "math.exp({a}) / (1.0 + math.exp({a})))", torch="sigmoid",
          vjp=lambda F, g, a, out: (g * (1.0 - out) * out,), api=("sigmoid",), method=True)
-register("relu", U, py=_py_relu, np=_np_relu, nb="(0.0 if {a} <= 0.0 else {a})",
+register("relu", U, py=_py_relu, np=_np_relu, nb="(0.0 if {a} < 0.0 else {a})",
          torch="relu", vjp=lambda F, g, a, out: (F.where(a <= 0.0, F.zeros_like(g), g),),
          api=("relu",), method=True, torch_saves=("out",))
 register("erf", U, py=math.erf, np=_np_erf_fn, nb="math.erf({a})", torch="erf",
