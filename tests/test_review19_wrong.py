@@ -115,3 +115,29 @@ def test_relu_and_clamp_gradient_at_signed_zeros_as_torch(name):
     got, = tg.autograd.grad(f(tg, xe).sum(), xe)
     exact(got.numpy(), want.numpy())
     exact(tg.trace(lambda a: f(tg, a).sum(), np.ones(5)).grad(x), want.numpy())
+
+
+#: a sum starts from 0.0 in torch and NumPy: terms all -0.0 sum to 0.0; the traced rows'
+#: tree of adds (or one term alone) gave -0.0, and 1 / sum -inf where torch's is inf
+SUM_PROGRAMS = {
+    "sum": lambda M, a: 1.0 / a.sum(),
+    "sum_dim": lambda M, a: 1.0 / a.reshape(2, -1).sum(1),
+    "sum_dim0_keep": lambda M, a: 1.0 / a.reshape(2, -1).sum(0, keepdim=True),
+    "mean": lambda M, a: 1.0 / a.mean(),
+    "mean_dim": lambda M, a: 1.0 / a.reshape(2, -1).mean(1),
+}
+
+
+@pytest.mark.parametrize("name", list(SUM_PROGRAMS))
+@pytest.mark.parametrize("n", [2, 6, 40])
+def test_a_sum_of_negative_zeros_is_zero_as_torch(name, n):
+    f = SUM_PROGRAMS[name]
+    x = np.full(n, -0.0)
+    want = f(torch, torch.tensor(x)).numpy()
+    exact(f(tg, tg.tensor(x)).numpy(), want)
+    exact(tg.trace(lambda a: f(tg, a), np.ones(n))(x), want)
+    y = np.linspace(-1.0, 2.0, n)  # and the same gradient elsewhere
+    yt = torch.tensor(y, requires_grad=True)
+    g, = torch.autograd.grad(f(torch, yt).sum(), yt)
+    np.testing.assert_allclose(tg.trace(lambda a: f(tg, a).sum(), np.ones(n)).grad(y),
+                               g.numpy(), rtol=1e-13)

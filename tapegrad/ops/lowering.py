@@ -313,13 +313,20 @@ def lower_getitem(L, ins, aux, value):
     return np.asarray(ins[0])[aux[0]]
 
 
+def _sum(L, A, dims, keepdim):
+    """A sum from 0.0, as torch's and NumPy's: terms all -0.0 sum to 0.0 (the tree of adds,
+    and one term alone, gave -0.0: 1 / sum was -inf)."""
+    r = reduce(L, "add", A, dims, keepdim, 0.0)
+    return L.op("addc", r, c0=0.0) if np.size(r) else r
+
+
 def lower_sum(L, ins, aux, value):
-    return reduce(L, "add", ins[0], aux[0], aux[1], 0.0)
+    return _sum(L, ins[0], aux[0], aux[1])
 
 
 def lower_mean(L, ins, aux, value):
     n = float(np.size(ins[0]) // max(np.size(value), 1)) if np.size(value) else 0.0
-    return L.op("divc", reduce(L, "add", ins[0], aux[0], aux[1], 0.0), c0=n)
+    return L.op("divc", _sum(L, ins[0], aux[0], aux[1]), c0=n)
 
 
 def lower_prod(L, ins, aux, value):
