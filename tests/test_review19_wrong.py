@@ -141,3 +141,35 @@ def test_a_sum_of_negative_zeros_is_zero_as_torch(name, n):
     g, = torch.autograd.grad(f(torch, yt).sum(), yt)
     np.testing.assert_allclose(tg.trace(lambda a: f(tg, a).sum(), np.ones(n)).grad(y),
                                g.numpy(), rtol=1e-13)
+
+
+@pytest.mark.parametrize("bound", ["min", "max"])
+@pytest.mark.parametrize("n", [0, 1, 20])
+def test_clamp_at_a_nan_tensor_bound_is_nan_as_torch(bound, n):
+    # torch's bound tensor goes through max/min, which propagate its NaN; the rows kept a
+    a = np.array([0.0, -1.0, 2.0, inf, nan, 1.0])
+    b = np.array([nan, nan, nan, nan, nan, 0.5])
+    if n:
+        a, b = np.repeat(a, n), np.repeat(b, n)
+    w = np.linspace(0.5, 1.5, a.size)
+
+    def f(M, x, y):
+        return M.clamp(x, **{bound: y})
+    at, bt = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    yt = f(torch, at, bt)
+    want = (yt.detach().numpy(),) + torch.autograd.grad((yt * torch.tensor(w)).sum(), (at, bt))
+    want = [v if isinstance(v, np.ndarray) else v.numpy() for v in want]
+    if n == 0:  # 0-d tensors, one by one
+        for i in range(a.size):
+            x, y = tg.tensor(a[i], requires_grad=True), tg.tensor(b[i], requires_grad=True)
+            v = f(tg, x, y)
+            gx, gy = tg.autograd.grad(v * w[i], (x, y))
+            same([v.detach().numpy(), gx.numpy(), gy.numpy()], [u[i] for u in want])
+        return
+    x, y = tg.tensor(a, requires_grad=True), tg.tensor(b, requires_grad=True)
+    v = f(tg, x, y)
+    gx, gy = tg.autograd.grad((v * w).sum(), (x, y))
+    same([v.detach().numpy(), gx.numpy(), gy.numpy()], want)
+    P = tg.trace(lambda x, y: (f(tg, x, y) * w).sum(), np.ones(a.size), np.zeros(a.size))
+    same(tg.trace(lambda x, y: f(tg, x, y), np.ones(a.size), np.zeros(a.size))(a, b), want[0])
+    same(P.grad(a, b), want[1:])

@@ -1199,9 +1199,9 @@ def value(op, a, b, c0, c1):
     elif op == 42:  # minimum
         return (a if (a < b or a != a) else b)
     elif op == 43:  # clamp_min_t
-        return (b if a < b else a)
+        return (b if (a < b or b != b) else a)
     elif op == 44:  # clamp_max_t
-        return (b if a > b else a)
+        return (b if (a > b or b != b) else a)
     elif op == 45:  # clone
         return a
     return math.nan

@@ -169,11 +169,11 @@ def forward_one(rows, X, V, j):
         elif op == 43:  # clamp_min_t
             a = V[int(rows[k, 1]), j]
             b = V[int(rows[k, 2]), j]
-            V[k, j] = (b if a < b else a)
+            V[k, j] = (b if (a < b or b != b) else a)
         elif op == 44:  # clamp_max_t
             a = V[int(rows[k, 1]), j]
             b = V[int(rows[k, 2]), j]
-            V[k, j] = (b if a > b else a)
+            V[k, j] = (b if (a > b or b != b) else a)
         elif op == 45:  # clone
             a = V[int(rows[k, 1]), j]
             V[k, j] = a

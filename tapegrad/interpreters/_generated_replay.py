@@ -2376,9 +2376,9 @@ def forward_value(op, a, b, c, c0, c1):
     elif op == 42:  # minimum
         return float((a if (a < b or a != a) else b))
     elif op == 43:  # clamp_min_t
-        return float((b if a < b else a))
+        return float((b if (a < b or b != b) else a))
     elif op == 44:  # clamp_max_t
-        return float((b if a > b else a))
+        return float((b if (a > b or b != b) else a))
     elif op == 45:  # clone
         return float(a)
     elif op == 74:  # lt

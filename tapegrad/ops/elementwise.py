@@ -352,13 +352,16 @@ register("maximum", B, py=_py_maximum, np=np.maximum,
 register("minimum", B, py=_py_minimum, np=np.minimum,
          nb="({a} if ({a} < {b} or {a} != {a}) else {b})", torch="minimum", vjp=_min_vjp,
          api=("minimum",), method=True)
-register("clamp_min_t", B, py=lambda a, b: b if a < b else a,
-         np=lambda a, b: np.where(a < b, b, a), nb="({b} if {a} < {b} else {a})",
+# a NaN bound gives NaN, as torch's (the bound's max/min propagates it)
+register("clamp_min_t", B, py=lambda a, b: b if (a < b or b != b) else a,
+         np=lambda a, b: np.where((a < b) | (b != b), b, a),
+         nb="({b} if ({a} < {b} or {b} != {b}) else {a})",
          vjp=lambda F, g, a, b, out: (F.where(a >= b, g, F.zeros_like(g)),
                                       F.where(a < b, g, F.zeros_like(g))),
          api=("clamp_min",), method=True, via="`torch.clamp(x, min=t)`, `t` a tensor")
-register("clamp_max_t", B, py=lambda a, b: b if a > b else a,
-         np=lambda a, b: np.where(a > b, b, a), nb="({b} if {a} > {b} else {a})",
+register("clamp_max_t", B, py=lambda a, b: b if (a > b or b != b) else a,
+         np=lambda a, b: np.where((a > b) | (b != b), b, a),
+         nb="({b} if ({a} > {b} or {b} != {b}) else {a})",
          vjp=lambda F, g, a, b, out: (F.where(a <= b, g, F.zeros_like(g)),
                                       F.where(a > b, g, F.zeros_like(g))),
          api=("clamp_max",), method=True, via="`torch.clamp(x, max=t)`, `t` a tensor")
