@@ -173,3 +173,32 @@ def test_clamp_at_a_nan_tensor_bound_is_nan_as_torch(bound, n):
     P = tg.trace(lambda x, y: (f(tg, x, y) * w).sum(), np.ones(a.size), np.zeros(a.size))
     same(tg.trace(lambda x, y: f(tg, x, y), np.ones(a.size), np.zeros(a.size))(a, b), want[0])
     same(P.grad(a, b), want[1:])
+
+
+@pytest.mark.parametrize("n", [0, 6])
+def test_clamp_between_equal_tensor_bounds_gives_min_no_gradient_as_torch(n):
+    # torch's min takes a gradient only where min < max; clamp(x, min=t, max=t) below t
+    # gave it to t (the composed clamp_min then clamp_max)
+    X = [0.0, 3.0, 1.0, 0.5, 0.0, nan]
+    LO, HI = [1.0, 1.0, 1.0, 0.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    w = np.arange(1.0, 7.0)
+
+    def f(M, x, lo, hi):
+        return M.clamp(x, min=lo, max=hi)
+    args = [torch.tensor(v, requires_grad=True) for v in (X, LO, HI)]
+    yt = f(torch, *args)
+    want = [yt.detach().numpy()] + [g.numpy() for g in torch.autograd.grad(
+        (yt * torch.tensor(w)).sum(), args)]
+    if n == 0:
+        for i in range(6):
+            a = [tg.tensor(v[i], requires_grad=True) for v in (X, LO, HI)]
+            y = f(tg, *a)
+            same([y.detach().numpy()] + [g.numpy() for g in tg.autograd.grad(y * w[i], a)],
+                 [u[i] for u in want])
+        return
+    a = [tg.tensor(v, requires_grad=True) for v in (X, LO, HI)]
+    y = f(tg, *a)
+    same([y.detach().numpy()] + [g.numpy() for g in tg.autograd.grad((y * w).sum(), a)], want)
+    P = tg.trace(lambda x, lo, hi: (f(tg, x, lo, hi) * w).sum(), np.full(6, 0.3), np.zeros(6),
+                 np.ones(6))
+    same(P.grad(*map(np.array, (X, LO, HI))), want[1:])
