@@ -82,6 +82,14 @@ def clamp(input, min=None, max=None):
                     raise RuntimeError(f"clamp: bound of shape {list(np.shape(b._d))} does "
                                        f"not broadcast to {list(x.shape)}") from None
         out = x
+        if lo is not None and hi is not None and isinstance(lo, Tensor) and lo.requires_grad \
+                and (STATE.trace is not None or np.any(
+                    (np.asarray(x._d) < np.asarray(lo._d)) & (lo == hi)._d)):
+            # torch's min gets its gradient only where min < max: an input below min ==
+            # max gives it to nobody (the composed clamps gave it to min; crossed or NaN
+            # bounds they give none either). Only where that happens (recorded always in
+            # a trace, which replays at other values)
+            lo = where(lo < hi, lo, lo.detach())
         if lo is not None:
             out = binary(_O["clamp_min_t"], out, lo)
         if hi is not None:

@@ -152,10 +152,6 @@ def test_replay_at_special_inputs_matches_torch_slow(block):
     run_seeds(range(100 + 100 * block, 200 + 100 * block))
 
 
-@pytest.mark.xfail(strict=True, reason="logsumexp's lowering (ops/lowering.py) shifts by 0 "
-                   "where the max is inf, so exp of the other large elements overflows and "
-                   "their softmax weights are inf / inf = NaN; torch's rule, exp(x - result), "
-                   "gives them 0 (fix: shift by the largest finite element)")
 def test_logsumexp_with_an_inf_and_large_elements_matches_torch():
     def f(M, x):
         return M.logsumexp(x * x[3], 0)

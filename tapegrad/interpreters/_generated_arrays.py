@@ -63,7 +63,7 @@ def value(op, a, b, c, c0, c1):
     elif op == 19:  # sigmoid
         return float((1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a))))
     elif op == 20:  # relu
-        return float((0.0 if a <= 0.0 else a))
+        return float((0.0 if a < 0.0 else a))
     elif op == 21:  # erf
         return float(math.erf(a))
     elif op == 22:  # abs
@@ -109,9 +109,9 @@ def value(op, a, b, c, c0, c1):
     elif op == 42:  # minimum
         return float((a if (a < b or a != a) else b))
     elif op == 43:  # clamp_min_t
-        return float((b if a < b else a))
+        return float((b if (a < b or b != b) else a))
     elif op == 44:  # clamp_max_t
-        return float((b if a > b else a))
+        return float((b if (a > b or b != b) else a))
     elif op == 45:  # clone
         return float(a)
     elif op == 74:  # lt

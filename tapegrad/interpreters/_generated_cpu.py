@@ -1180,7 +1180,7 @@ def value(op, a, b, c0, c1):
     elif op == 19:  # sigmoid
         return (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
     elif op == 20:  # relu
-        return (0.0 if a <= 0.0 else a)
+        return (0.0 if a < 0.0 else a)
     elif op == 21:  # erf
         return math.erf(a)
     elif op == 22:  # abs
@@ -1226,9 +1226,9 @@ def value(op, a, b, c0, c1):
     elif op == 42:  # minimum
         return (a if (a < b or a != a) else b)
     elif op == 43:  # clamp_min_t
-        return (b if a < b else a)
+        return (b if (a < b or b != b) else a)
     elif op == 44:  # clamp_max_t
-        return (b if a > b else a)
+        return (b if (a > b or b != b) else a)
     elif op == 45:  # clone
         return a
     elif op == 94:  # powc_special

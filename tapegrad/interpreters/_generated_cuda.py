@@ -80,7 +80,7 @@ def forward_one(rows, X, V, j):
             V[k, j] = (1.0 / (1.0 + math.exp(-a)) if a >= 0.0 else math.exp(a) / (1.0 + math.exp(a)))
         elif op == 20:  # relu
             a = V[int(rows[k, 1]), j]
-            V[k, j] = (0.0 if a <= 0.0 else a)
+            V[k, j] = (0.0 if a < 0.0 else a)
         elif op == 21:  # erf
             a = V[int(rows[k, 1]), j]
             V[k, j] = math.erf(a)
@@ -169,11 +169,11 @@ def forward_one(rows, X, V, j):
         elif op == 43:  # clamp_min_t
             a = V[int(rows[k, 1]), j]
             b = V[int(rows[k, 2]), j]
-            V[k, j] = (b if a < b else a)
+            V[k, j] = (b if (a < b or b != b) else a)
         elif op == 44:  # clamp_max_t
             a = V[int(rows[k, 1]), j]
             b = V[int(rows[k, 2]), j]
-            V[k, j] = (b if a > b else a)
+            V[k, j] = (b if (a > b or b != b) else a)
         elif op == 45:  # clone
             a = V[int(rows[k, 1]), j]
             V[k, j] = a

@@ -606,15 +606,16 @@ register("logsumexp", A, np=_lse_np, torch="logsumexp",
 
 def _softmax_np(a, aux):
     d = aux[0]
+    # shifted by the max itself, as torch: a row with +inf is NaN throughout (inf - inf),
+    # not 0 at its finite elements; a row of -inf or with a NaN is NaN either way
     m = np.max(a, axis=d, keepdims=True, initial=-np.inf)  # initial: an empty input
-    e = np.exp(a - np.where(np.isfinite(m), m, 0.0))
+    e = np.exp(a - m)
     return e / np.sum(e, axis=d, keepdims=True)
 
 
 def _log_softmax_np(a, aux):
     d = aux[0]
-    m = np.max(a, axis=d, keepdims=True, initial=-np.inf)
-    z = a - np.where(np.isfinite(m), m, 0.0)
+    z = a - np.max(a, axis=d, keepdims=True, initial=-np.inf)  # (as softmax's shift)
     return z - np.log(np.sum(np.exp(z), axis=d, keepdims=True))
 
 

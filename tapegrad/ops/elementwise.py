@@ -80,12 +80,12 @@ def _np_sigmoid(a):
     return 1.0 / (1.0 + np.exp(-a))
 
 
-def _py_relu(a):
-    return 0.0 if a <= 0 else a
+def _py_relu(a):  # torch's max(a, 0): a itself at 0 (-0.0 stays -0.0) and at NaN
+    return 0.0 if a < 0 else a
 
 
 def _np_relu(a):
-    return np.where(a <= 0, np.zeros_like(a), a)
+    return np.where(a < 0, np.zeros_like(a), a)
 
 
 def _py_sign(a):
@@ -112,7 +112,9 @@ def _py_clamp(a, lo, hi):
 
 
 def _np_clamp(a, lo, hi):
-    return np.minimum(np.maximum(a, lo), hi)
+    # torch's min(max(a, lo), hi): a itself where it equals a bound (-0.0 clamped at 0.0
+    # stays -0.0, as _py_clamp and the compiled rows), a NaN kept; np.maximum gave 0.0
+    return np.clip(a, lo, hi)
 
 
 def _py_maximum(a, b):
@@ -195,7 +197,7 @@ register("sigmoid", U, py=_py_sigmoid, np=_np_sigmoid,
          nb="(1.0 / (1.0 + math.exp(-{a})) if {a} >= 0.0 else "
             "math.exp({a}) / (1.0 + math.exp({a})))", torch="sigmoid",
          vjp=lambda F, g, a, out: (g * (1.0 - out) * out,), api=("sigmoid",), method=True)
-register("relu", U, py=_py_relu, np=_np_relu, nb="(0.0 if {a} <= 0.0 else {a})",
+register("relu", U, py=_py_relu, np=_np_relu, nb="(0.0 if {a} < 0.0 else {a})",
          torch="relu", vjp=lambda F, g, a, out: (F.where(a <= 0.0, F.zeros_like(g), g),),
          api=("relu",), method=True, torch_saves=("out",))
 register("erf", U, py=math.erf, np=_np_erf_fn, nb="math.erf({a})", torch="erf",
@@ -372,13 +374,16 @@ register("maximum", B, py=_py_maximum, np=np.maximum,
 register("minimum", B, py=_py_minimum, np=np.minimum,
          nb="({a} if ({a} < {b} or {a} != {a}) else {b})", torch="minimum", vjp=_min_vjp,
          api=("minimum",), method=True)
-register("clamp_min_t", B, py=lambda a, b: b if a < b else a,
-         np=lambda a, b: np.where(a < b, b, a), nb="({b} if {a} < {b} else {a})",
+# a NaN bound gives NaN, as torch's (the bound's max/min propagates it)
+register("clamp_min_t", B, py=lambda a, b: b if (a < b or b != b) else a,
+         np=lambda a, b: np.where((a < b) | (b != b), b, a),
+         nb="({b} if ({a} < {b} or {b} != {b}) else {a})",
          vjp=lambda F, g, a, b, out: (F.where(a >= b, g, F.zeros_like(g)),
                                       F.where(a < b, g, F.zeros_like(g))),
          api=("clamp_min",), method=True, via="`torch.clamp(x, min=t)`, `t` a tensor")
-register("clamp_max_t", B, py=lambda a, b: b if a > b else a,
-         np=lambda a, b: np.where(a > b, b, a), nb="({b} if {a} > {b} else {a})",
+register("clamp_max_t", B, py=lambda a, b: b if (a > b or b != b) else a,
+         np=lambda a, b: np.where((a > b) | (b != b), b, a),
+         nb="({b} if ({a} > {b} or {b} != {b}) else {a})",
          vjp=lambda F, g, a, b, out: (F.where(a <= b, g, F.zeros_like(g)),
                                       F.where(a > b, g, F.zeros_like(g))),
          api=("clamp_max",), method=True, via="`torch.clamp(x, max=t)`, `t` a tensor")

@@ -129,7 +129,7 @@ def _lower_matmul(L, ins, aux, value):
 
 
 def _finite_or_zero(L, m):
-    """``m`` where finite, else 0 (softmax-style shifts), branch-free."""
+    """``m`` where finite, else 0 (logsumexp's shift, as torch's), branch-free."""
     fin = L.op("eq", L.op("sub", m, m), L.const(0.0))
     return L.op("select", fin, m, L.const(0.0))
 
@@ -137,7 +137,14 @@ def _finite_or_zero(L, m):
 def _lower_logsumexp(L, ins, aux, value):
     A = ins[0]
     dims, keepdim = aux[0], aux[1]
-    m = _finite_or_zero(L, reduce(L, "maximum", L.op("detach", A), dims, True, 0.0))
+    # the shift: the max where finite, 0 where -inf or NaN (as eager mode and torch), and
+    # the largest double where +inf: the same inf, and the other elements' exp(x - m) stay
+    # at most 1, so their gradients g / inf * exp(x - m) are 0, as torch's g * exp(x -
+    # result) (a shift of 0 overflowed those of the large ones: inf / inf = NaN). One row
+    # per reduced row: no pass over the elements
+    big = L.const(np.finfo(np.float64).max)
+    m = _finite_or_zero(L, L.op("minimum", reduce(L, "maximum", L.op("detach", A), dims,
+                                                  True, 0.0), big))
     s = L.op("log", reduce(L, "add", L.op("exp", L.op("sub", A, m)), dims, True, 0.0))
     r = L.op("add", s, m)
     return r if keepdim else r.reshape(np.shape(value))
@@ -149,8 +156,8 @@ def _lower_softmax(L, ins, aux, value, log):
     if np.ndim(A) == 0:
         A = A.reshape(1)
         d = (0,)
-    m = _finite_or_zero(L, reduce(L, "maximum", L.op("detach", A), d, True, 0.0))
-    z = L.op("sub", A, m)
+    # shifted by the max itself, as torch and eager mode (``arrays._softmax_np``)
+    z = L.op("sub", A, reduce(L, "maximum", L.op("detach", A), d, True, 0.0))
     if log:
         r = L.op("sub", z, L.op("log", reduce(L, "add", L.op("exp", z), d, True, 0.0)))
     else:
@@ -306,13 +313,20 @@ def lower_getitem(L, ins, aux, value):
     return np.asarray(ins[0])[aux[0]]
 
 
+def _sum(L, A, dims, keepdim):
+    """A sum from 0.0, as torch's and NumPy's: terms all -0.0 sum to 0.0 (the tree of adds,
+    and one term alone, gave -0.0: 1 / sum was -inf)."""
+    r = reduce(L, "add", A, dims, keepdim, 0.0)
+    return L.op("addc", r, c0=0.0) if np.size(r) else r
+
+
 def lower_sum(L, ins, aux, value):
-    return reduce(L, "add", ins[0], aux[0], aux[1], 0.0)
+    return _sum(L, ins[0], aux[0], aux[1])
 
 
 def lower_mean(L, ins, aux, value):
     n = float(np.size(ins[0]) // max(np.size(value), 1)) if np.size(value) else 0.0
-    return L.op("divc", reduce(L, "add", ins[0], aux[0], aux[1], 0.0), c0=n)
+    return L.op("divc", _sum(L, ins[0], aux[0], aux[1]), c0=n)
 
 
 def lower_prod(L, ins, aux, value):
