@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from .._fma import fma
 from .._jit import njit_cached
 
 LEAF = 0
@@ -22,7 +23,7 @@ MAX = 41
 MIN = 42
 
 #: by opcode: the inputs its rule gives gradients to (bits a, b, c)
-GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1], dtype=np.int64)
+GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1, 7, 0], dtype=np.int64)
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -146,6 +147,8 @@ def value(op, a, b, c, c0, c1):
         return float((1.0 if (a == b or (a != a and b != b)) else 0.0))
     elif op == 93:  # pick_where
         return float((-0.0))
+    elif op == 94:  # fms
+        return float(fma(a, b, -c))
     return 0.0
 
 
@@ -245,6 +248,8 @@ def grads(op, a, b, c, out, g, c0, c1):
         return float(np.float64(np.float32(g))), 0.0, 0.0
     elif op == 93:  # pick_where
         return float((g if (b != 0.0) else 0.0)), 0.0, 0.0
+    elif op == 94:  # fms
+        return float((g * b)), float((g * a)), float((-g))
     return 0.0, 0.0, 0.0
 
 

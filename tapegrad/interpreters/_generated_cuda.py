@@ -5,11 +5,19 @@ numba.cuda device functions interpreting traced programs (see ``replay_cuda.py``
 import math
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 LEAF = 0
 CONST = 1
 GUARD = 87
+
+
+if config.ENABLE_CUDASIM:  # the simulator's cuda.fma is a * b + c, rounded twice
+    from .._fma import fma
+else:
+    @cuda.jit(device=True)
+    def fma(a, b, c):
+        return cuda.fma(a, b, c)
 
 
 @cuda.jit(device=True)
@@ -235,6 +243,11 @@ def forward_one(rows, X, V, j):
             V[k, j] = (1.0 if (a == b or (a != a and b != b)) else 0.0)
         elif op == 93:  # pick_where
             V[k, j] = (-0.0)
+        elif op == 94:  # fms
+            a = V[int(rows[k, 1]), j]
+            b = V[int(rows[k, 2]), j]
+            c = V[int(rows[k, 3]), j]
+            V[k, j] = fma(a, b, -c)
     return 0
 
 
@@ -509,4 +522,14 @@ def reverse_one(rows, V, j, A, t):
             b = V[ib, j]
             g = A[k, t]
             A[ia, t] += (g if (b != 0.0) else 0.0)
+        elif op == 94:  # fms
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            a = V[ia, j]
+            b = V[ib, j]
+            g = A[k, t]
+            A[ia, t] += (g * b)
+            A[ib, t] += (g * a)
+            A[ic, t] += (-g)
     return 0

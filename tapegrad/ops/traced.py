@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._fma import fms_np, fms_py
 from ._registry import COMPARE, REPLAY, register
 
 
@@ -78,6 +79,12 @@ register("round_f32", REPLAY, arity=1, saves=False, py=lambda a: float(np.float3
          vjp=lambda F, g, a, b, c, out: (F.round_f32(g),),
          doc="a rounded to float32 (a traced cast to float32); its gradient is rounded too, "
              "as eager mode's (and torch's) cast rule")
+# torch's cross rounds each component once less than its formula: fma(a_p, b_q, -(a_q *
+# b_p)), the product a_q * b_p rounded (a mul row), the rest fused (cross's lowering)
+register("fms", REPLAY, arity=3, py=fms_py, np=fms_np, nb="fma({a}, {b}, -{c})",
+         vjp=lambda F, g, a, b, c, out: (g * b, g * a, -g),
+         doc="a * b - c rounded once (fused multiply-subtract)",
+         via="`torch.cross`, `torch.linalg.cross` (traced programs)")
 
 # array instructions of traced programs (interpreters/program_arrays.py): the first row of
 # an elementwise op over a range of slots, and the rows that hold the rest of its values
