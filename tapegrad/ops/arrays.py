@@ -711,7 +711,7 @@ register("cross", A, np=_cross_np, torch="cross",
                                         (lambda: F.cross(g, v[0], aux))),
          batch=_plain_batch(_cross_aux), lower=lw.lower_cross,
          torch_saves={"a": ("b",), "b": ("a",)},
-         via="`torch.cross`, `torch.linalg.cross`, `Tensor.cross`")
+         via="`torch.linalg.cross`, `Tensor.cross`")
 
 def sum_axes(have, want, keep=0):
     """The axes a gradient of shape ``have`` is summed over to shape ``want`` (NumPy
