@@ -713,6 +713,7 @@ register("cross", A, np=_cross_np, torch="cross",
          torch_saves={"a": ("b",), "b": ("a",)},
          via="`torch.linalg.cross`, `Tensor.cross`")
 
+
 def sum_axes(have, want, keep=0):
     """The axes a gradient of shape ``have`` is summed over to shape ``want`` (NumPy
     broadcasting in reverse: the extra leading axes and the axes ``want`` has as 1), the

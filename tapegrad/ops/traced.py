@@ -6,7 +6,8 @@ comparison's value is the truth value 1.0 or 0.0 and it has no gradient. The rep
 let array ops lower to scalar rows with eager mode's gradient conventions (``select`` is a
 branch-free ``where``; ``pick`` adds nothing to a value (it is ``-0.0``, IEEE addition's
 identity) but passes ``g * w`` to its input, which gives tied maxima their even split;
-``round_f32`` is a cast to float32, which replay, computing in float64, must round).
+``round_f32`` is a cast to float32, which replay, computing in float64, must round;
+``fms`` is ``a * b - c`` rounded once, as torch's cross kernel rounds its components).
 """
 from __future__ import annotations
 
