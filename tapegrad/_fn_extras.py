@@ -14,7 +14,7 @@ from ._fn_reductions import _float_input, sum  # sum: tapegrad's, over dims (ein
 from ._fn_shapes import broadcast_to, getitem, permute, reshape
 from .ops import BY_NAME as _O
 from .tape import STATE, all_or_nothing
-from .tensor import (Tensor, _dim, _hint, _plain, _to_dtype, array_op, is_grad_enabled,
+from .tensor import (Tensor, _dim, _hint, _plain, _to_dtype, array_op, is_grad_enabled, quiet,
                      tensor)
 
 # --- functions GradBench's pytorch tool uses: built from the differentiable ops above, so
@@ -102,9 +102,9 @@ def _cross(input, other, dim):
                            f"{input.shape[dim - len(shape) + input.ndim] if input.ndim else 0}"
                            f" and {other.shape[dim - len(shape) + other.ndim] if other.ndim else 0}")  # noqa: E501
     input, other = broadcast_to(input, shape), broadcast_to(other, shape)
-    lead = (slice(None),) * dim
-    i, j = lead + (np.array([1, 2, 0]),), lead + (np.array([2, 0, 1]),)
-    return getitem(input, i) * getitem(other, j) - getitem(input, j) * getitem(other, i)
+    # one op (ops/arrays.py), rounded as torch's kernel: fma(a_p, b_q, -(a_q * b_p))
+    v = quiet(_O["cross"].np, np.asarray(input._d), np.asarray(other._d), (dim,))
+    return array_op(_O["cross"], [input, other], v, (dim,))
 
 
 @all_or_nothing

@@ -264,6 +264,18 @@ def test_is_grads_batched_through_a_cuda_program(torch):
     close(h.numpy(), ht.numpy())
 
 
+def test_cross_rounds_as_torchs_kernel(torch):
+    # torch's fma(a_p, b_q, -(a_q * b_p)): the fms rows use cuda.fma (the simulator's is
+    # a * b + c rounded twice: tapegrad's CPU fma there), on nearly parallel vectors
+    rng = np.random.default_rng(19)
+    a = rng.normal(size=(3, 4, 3))
+    b = a * 1.3 + rng.normal(size=(3, 4, 3)) * 1e-7
+    gpu = tg.trace(lambda x, y: tg.linalg.cross(x, y), a[0], b[0], target="cuda")
+    v = gpu(a, b)
+    v = v.copy_to_host() if hasattr(v, "copy_to_host") else v
+    np.testing.assert_array_equal(
+        v, torch.linalg.cross(torch.tensor(a), torch.tensor(b)).numpy())
+
 def test_missing_package_and_missing_gpu_say_what_to_do(monkeypatch):
     import importlib.util
 

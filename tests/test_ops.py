@@ -312,6 +312,7 @@ OP_TABLE = {
     "log_softmax": Covered("test_softmax"),
     "matmul": Covered("test_matmul", "test_dot"),
     "outer": Covered("test_outer"),
+    "cross": Covered("test_cross"),
 }
 
 #: internal helper ops, covered through the public API that records them
@@ -768,6 +769,16 @@ def test_outer():
     check(lambda m, x, y: x.outer(y), [a, b], [True, False])
     check(lambda m, x, y: m.outer(x, y), [a, b], [False, True])
     check(lambda m, x, y: m.outer(x, y), [a.astype(np.float32), b.astype(np.float32)], tol=F32)
+
+
+def test_cross():  # (bit for bit: tests/test_cross.py)
+    rng = np.random.default_rng(13)
+    a, b = REAL(rng, (4, 3)), REAL(rng, (4, 3))
+    check(lambda m, x, y: m.linalg.cross(x, y), [a, b], chain=True)
+    check(lambda m, x, y: m.cross(x, y, dim=0), [a.T.copy(), b.T.copy()], [True, False])
+    check(lambda m, x, y: x.cross(y, 1), [a[:1], b], [False, True])
+    check(lambda m, x, y: m.linalg.cross(x, y), [a.astype(np.float32), b.astype(np.float32)],
+          tol=F32)
 
 
 # ---------------------------------------------------------------------------------------

@@ -243,6 +243,7 @@ def test_every_traced_only_op_appears_in_a_replayed_program():
         lambda x: tg.where((x > 0).logical_not(), x, x.exp()).sum() + x.max()
         + x.detach().sum() * x.sum() + x.amax(0),  # (max()'s pick_where, amax's pick)
         lambda x: (x.to(tg.float32).to(tg.float64) * x).sum(),
+        lambda x: (tg.linalg.cross(x[:3], x[2:]) * x[1:4]).sum(),  # (fms)
     ]
     seen = set()
     x = np.array([0.5, -0.3, 0.25, 0.9, 0.9])

@@ -129,7 +129,8 @@ _FIXED = {"mulc": "MulBackward0", "rsubc": "RsubBackward1", "divc": "DivBackward
           "norm": "LinalgVectorNormBackward0", "clamp": "ClampBackward1",
           "clamp_min_t": "ClampMinBackward1", "clamp_max_t": "ClampMaxBackward1",
           "reshape": "ViewBackward0", "outer": "MulBackward0", "setitem": "CopySlices",
-          "sum_to": "SumBackward1", "index_scatter": "IndexPutBackward0"}
+          "sum_to": "SumBackward1", "index_scatter": "IndexPutBackward0",
+          "cross": "LinalgCrossBackward0"}
 _DIMS = ("sum", "mean", "prod")
 
 

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from .._fma import fma
 from .._jit import njit_cached
 
 LEAF = {leaf}

@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from .._fma import fma
 from .._jit import njit_cached
 from ._bound import bound_in, bound_out
 
@@ -338,11 +339,19 @@ numba.cuda device functions interpreting traced programs (see ``replay_cuda.py``
 import math
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 LEAF = {leaf}
 CONST = {const}
 GUARD = {guard}
+
+
+if config.ENABLE_CUDASIM:  # the simulator's cuda.fma is a * b + c, rounded twice
+    from .._fma import fma
+else:
+    @cuda.jit(device=True)
+    def fma(a, b, c):
+        return cuda.fma(a, b, c)
 
 
 @cuda.jit(device=True)

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from .._fma import fma
 from .._jit import njit_cached
 
 LEAF = 0
@@ -22,7 +23,7 @@ MAX = 41
 MIN = 42
 
 #: by opcode: the inputs its rule gives gradients to (bits a, b, c)
-GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1, 1], dtype=np.int64)
+GRAD_BITS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 1, 0, 0, 0, 0, 1, 1, 7, 0], dtype=np.int64)
 
 
 @njit_cached(error_model="numpy", nogil=True)
@@ -148,6 +149,8 @@ def value(op, a, b, c, c0, c1):
         return float((-0.0))
     elif op == 94:  # powc_special
         return float((a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0)))))
+    elif op == 95:  # fms
+        return float(fma(a, b, -c))
     return 0.0
 
 
@@ -249,6 +252,8 @@ def grads(op, a, b, c, out, g, c0, c1):
         return float((g if (b != 0.0) else 0.0)), 0.0, 0.0
     elif op == 94:  # powc_special
         return float((((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))), 0.0, 0.0
+    elif op == 95:  # fms
+        return float((g * b)), float((g * a)), float((-g))
     return 0.0, 0.0, 0.0
 
 

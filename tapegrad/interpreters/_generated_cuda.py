@@ -5,11 +5,19 @@ numba.cuda device functions interpreting traced programs (see ``replay_cuda.py``
 import math
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 LEAF = 0
 CONST = 1
 GUARD = 87
+
+
+if config.ENABLE_CUDASIM:  # the simulator's cuda.fma is a * b + c, rounded twice
+    from .._fma import fma
+else:
+    @cuda.jit(device=True)
+    def fma(a, b, c):
+        return cuda.fma(a, b, c)
 
 
 @cuda.jit(device=True)
@@ -239,6 +247,11 @@ def forward_one(rows, X, V, j):
             c0 = rows[k, 4]
             a = V[int(rows[k, 1]), j]
             V[k, j] = (a * a * a if c0 == 3.0 else (math.sqrt(a) if c0 == 0.5 else (1.0 / math.sqrt(a) if c0 == -0.5 else (1.0 / (a * a) if c0 == -2.0 else a ** c0))))
+        elif op == 95:  # fms
+            a = V[int(rows[k, 1]), j]
+            b = V[int(rows[k, 2]), j]
+            c = V[int(rows[k, 3]), j]
+            V[k, j] = fma(a, b, -c)
     return 0
 
 
@@ -519,4 +532,14 @@ def reverse_one(rows, V, j, A, t):
             a = V[ia, j]
             g = A[k, t]
             A[ia, t] += (((g * 1.5) * math.sqrt(a)) if (c0 == 1.5) else (((g * 0.5) * (1.0 / math.sqrt(a))) if (c0 == 0.5) else ((g * c0) * (a ** (c0 - 1.0)))))
+        elif op == 95:  # fms
+            ia = int(rows[k, 1])
+            ib = int(rows[k, 2])
+            ic = int(rows[k, 3])
+            a = V[ia, j]
+            b = V[ib, j]
+            g = A[k, t]
+            A[ia, t] += (g * b)
+            A[ib, t] += (g * a)
+            A[ic, t] += (-g)
     return 0

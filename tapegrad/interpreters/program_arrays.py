@@ -839,6 +839,8 @@ def _np_apply(op, out, a, b, c, c0, c1):
         np.copyto(out, b, where=a != 0.0)
     elif op.name == "pick" or op.name == "pick_where":
         out.fill(-0.0)
+    elif op.name == "fms":
+        out[...] = op.np(a, b, c)
     elif op.name == "detach":
         out[...] = a
     elif op.name == "eq_nan" and isinstance(b, float) and b == b:

@@ -59,7 +59,7 @@ OPCODES = (
     "function_out", "program", "lt", "le", "gt", "ge", "eq", "ne", "logical_and",
     "logical_or", "logical_xor", "logical_not", "detach", "select", "pick", "guard",
     "round_f32", "array_ew", "array_tail", "array_red", "eq_nan", "pick_where",
-    "powc_special",
+    "powc_special", "fms", "cross",
 )
 
 _VALUES, _OUT = frozenset(("a", "b", "out")), frozenset(("out",))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._fma import fms_np
 from . import lowering as lw
 from ._extreme import picked
 from ._kernels import PAR_MIN as _PAR_MIN, matmul as _matmul, scatter_add as _scatter_add, \
@@ -682,6 +683,36 @@ register("outer", A, np=lambda a, b, aux: np.multiply.outer(a, b), torch="outer"
                                         (lambda: F.matmul(v[0], g, None))),
          batch=_outer_batch, lower=lw.lower_outer, api=("outer",), method=True,
          torch_saves={"a": ("b",), "b": ("a",)})
+
+
+#: cross's components as (p, q): component i is a_p * b_q - a_q * b_p
+CROSS_P, CROSS_Q = np.array([1, 2, 0]), np.array([2, 0, 1])
+
+
+def _cross_np(a, b, aux):
+    """torch's cross along dim ``aux[0]`` (inputs of one shape): each component
+    ``fma(a_p, b_q, -(a_q * b_p))``, as torch's CPU kernel rounds it (``_fma``)."""
+    d = aux[0]
+    a, b = np.asarray(a), np.asarray(b)
+    ap, aq = np.take(a, CROSS_P, axis=d), np.take(a, CROSS_Q, axis=d)
+    bp, bq = np.take(b, CROSS_P, axis=d), np.take(b, CROSS_Q, axis=d)
+    t = aq * bp
+    if t.dtype.kind != "f":  # integers: exact either way
+        return ap * bq - t
+    return fms_np(ap, bq, t).astype(t.dtype, copy=False)
+
+
+def _cross_aux(aux, values, B):
+    return (aux[0] + 1,)
+
+
+# torch's rule: cross(other, g) and cross(g, input), crosses again (rounded as torch's)
+register("cross", A, np=_cross_np, torch="cross",
+         vjp=lambda F, g, v, out, aux: ((lambda: F.cross(v[1], g, aux)),
+                                        (lambda: F.cross(g, v[0], aux))),
+         batch=_plain_batch(_cross_aux), lower=lw.lower_cross,
+         torch_saves={"a": ("b",), "b": ("a",)},
+         via="`torch.linalg.cross`, `Tensor.cross`")
 
 
 def sum_axes(have, want, keep=0):

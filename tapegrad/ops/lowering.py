@@ -349,6 +349,14 @@ def lower_log_softmax(L, ins, aux, value):
     return _lower_softmax(L, ins, aux, value, True)
 
 
+def lower_cross(L, ins, aux, value):
+    # torch's rounding: a_q * b_p a mul row, then fma(a_p, b_q, -that) a row of fms
+    from .arrays import CROSS_P, CROSS_Q  # (arrays imports this module while it loads)
+    A, B, d = np.asarray(ins[0]), np.asarray(ins[1]), aux[0]
+    t = L.op("mul", np.take(A, CROSS_Q, axis=d), np.take(B, CROSS_P, axis=d))
+    return L.op("fms", np.take(A, CROSS_P, axis=d), np.take(B, CROSS_Q, axis=d), t)
+
+
 def lower_outer(L, ins, aux, value):
     return L.op("mul", np.asarray(ins[0])[:, None], np.asarray(ins[1])[None, :])
 

@@ -6,12 +6,14 @@ comparison's value is the truth value 1.0 or 0.0 and it has no gradient. The rep
 let array ops lower to scalar rows with eager mode's gradient conventions (``select`` is a
 branch-free ``where``; ``pick`` adds nothing to a value (it is ``-0.0``, IEEE addition's
 identity) but passes ``g * w`` to its input, which gives tied maxima their even split;
-``round_f32`` is a cast to float32, which replay, computing in float64, must round).
+``round_f32`` is a cast to float32, which replay, computing in float64, must round;
+``fms`` is ``a * b - c`` rounded once, as torch's cross kernel rounds its components).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .._fma import fms_np, fms_py
 from ._registry import COMPARE, REPLAY, register
 
 
@@ -78,6 +80,12 @@ register("round_f32", REPLAY, arity=1, saves=False, py=lambda a: float(np.float3
          vjp=lambda F, g, a, b, c, out: (F.round_f32(g),),
          doc="a rounded to float32 (a traced cast to float32); its gradient is rounded too, "
              "as eager mode's (and torch's) cast rule")
+# torch's cross rounds each component once less than its formula: fma(a_p, b_q, -(a_q *
+# b_p)), the product a_q * b_p rounded (a mul row), the rest fused (cross's lowering)
+register("fms", REPLAY, arity=3, py=fms_py, np=fms_np, nb="fma({a}, {b}, -{c})",
+         vjp=lambda F, g, a, b, c, out: (g * b, g * a, -g),
+         doc="a * b - c rounded once (fused multiply-subtract)",
+         via="`torch.cross`, `torch.linalg.cross` (traced programs)")
 
 # array instructions of traced programs (interpreters/program_arrays.py): the first row of
 # an elementwise op over a range of slots, and the rows that hold the rest of its values
