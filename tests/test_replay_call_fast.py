@@ -9,7 +9,7 @@ import pytest
 
 import tapegrad as tg
 from tapegrad import replay
-from tapegrad.interpreters import replay_cpu
+from tapegrad.interpreters import fuse, replay_cpu
 from tapegrad.interpreters import _generated_replay as G
 
 torch = pytest.importorskip("torch")
@@ -196,7 +196,8 @@ def test_programs_with_any_result_shape_pickle_and_replay():
 def test_the_entry_called_past_numbas_dispatch_is_run_into_for_the_programs_arrays(prog):
     numba = pytest.importorskip("numba")
     xs = three(8)
-    value, grads = prog.value_and_grad(*xs)
+    for _ in range(fuse.TIER + 2):  # past the tier-up, whichever tests ran on the module's
+        value, grads = prog.value_and_grad(*xs)  # program before (xdist splits modules)
     code = prog._code
     work, flat, _ = code._free[0]
     res = np.empty(code.res_size[True])
