@@ -428,7 +428,7 @@ GRADBENCH_CASES = [  # (eval, function, description, replay too)
     ("gmm", "jacobian", "GMM log posterior gradient, d=10, k=25, n=1000", True),
     ("lse", "gradient", "LogSumExp gradient from primitives, n=10,000", True),
     ("kmeans", "dir", "k-means Newton direction (gradient / Hessian diagonal), n=1000, k=10, "
-     "d=8", False),
+     "d=8", True),
     ("lstm", "jacobian", "ADBench LSTM gradient, 2 layers, b=14, 256 characters", True),
     ("ba", "jacobian", "bundle adjustment sparse Jacobian, n=21, m=100, p=1000", True),
     ("det", "gradient", "determinant by minors (scalar ops), 7 x 7", True),
