@@ -1421,6 +1421,30 @@ def _reads_any(rows, r, starts, stops, heads):
     return bool(hit(sp[..., 0][on], sp[..., 1][on]).any())
 
 
+def _square_run(rows, at, r0, plo, phi, inactive):
+    """The instructions right before row ``r0`` that square slots ``plo .. phi`` in one run:
+    ``x * x`` elementwise instructions of one length and stride, each squaring one operand
+    range (no third operand), their inactive flags all ``inactive``, their outputs
+    contiguous from ``plo`` and covering exactly ``plo .. phi``. (heads, length, strides)
+    or None."""
+    hs, h = [], r0 - META - 1
+    while h >= 0 and rows[h, 0] == ARR and int(at[h]) >= plo:
+        hs.append(h)
+        h -= META + 1
+    if not hs:
+        return None
+    hs = np.array(hs[::-1])
+    n, code, st = info(rows, int(hs[0]))
+    if code != MUL or st[0] != st[1] or st[0] <= 0 \
+            or not all(info(rows, int(e)) == (n, code, st) for e in hs) \
+            or (rows[hs, 1] != rows[hs, 2]).any() or (rows[hs, 3] >= 0).any() \
+            or (rows[hs + META, 5] != inactive).any() \
+            or not (at[hs] == plo + n * np.arange(len(hs))).all() \
+            or int(at[hs[0]]) != plo or plo + n * len(hs) != phi:
+        return None
+    return hs, n, st
+
+
 def _sum_squares(rows, back, out, rg_firsts):
     """{first row of the sums: (SQS, the squares' first row, the outputs' (first slot,
     strides), the squared operand's, the shape (C, g, n, L))} of the runs of sums
@@ -1444,21 +1468,10 @@ def _sum_squares(rows, back, out, rg_firsts):
             continue
         plo, phi = rg_firsts[r0]
         _, (t0, ts), shape, (o0, os_) = kind
-        hs, h = [], r0 - META - 1
-        while h >= 0 and rows[h, 0] == ARR and int(at[h]) >= plo:
-            hs.append(h)
-            h -= META + 1
-        if not hs:
+        found = _square_run(rows, at, r0, plo, phi, 0.0)
+        if found is None:
             continue
-        hs = np.array(hs[::-1])
-        n, code, st = info(rows, int(hs[0]))
-        if OPS[code].name != "mul" or st[0] != st[1] or st[0] <= 0 \
-                or not all(info(rows, int(e)) == (n, code, st) for e in hs) \
-                or (rows[hs, 1] != rows[hs, 2]).any() or (rows[hs, 3] >= 0).any() \
-                or (rows[hs + META, 5] != 0.0).any() \
-                or not (at[hs] == plo + n * np.arange(len(hs))).all() \
-                or int(at[hs[0]]) != plo or plo + n * len(hs) != phi:
-            continue
+        hs, n, st = found
         P = _grid(t0, ts, shape)
         if not np.array_equal(np.sort(P.ravel()), np.arange(plo, phi)):
             continue
@@ -1552,23 +1565,11 @@ def _sqs_inactive(rows, plan, out):
         plo, phi = int(P.min()), int(P.max()) + 1
         if P.size != phi - plo or not np.array_equal(np.sort(P.ravel()), np.arange(plo, phi)):
             continue
-        hs, h = [], r0 - META - 1
-        while h >= 0 and rows[h, 0] == ARR and int(at[h]) >= plo:
-            hs.append(h)
-            h -= META + 1
-        if not hs:
-            continue
-        hs = np.array(hs[::-1])
-        n, code, st = info(rows, int(hs[0]))
-        if code != MUL or st[0] != st[1] or st[0] <= 0 \
-                or not all(info(rows, int(e)) == (n, code, st) for e in hs) \
-                or (rows[hs, 1] != rows[hs, 2]).any() or (rows[hs, 3] >= 0).any() \
-                or (rows[hs + META, 5] != 1.0).any() \
-                or not (at[hs] == plo + n * np.arange(len(hs))).all() \
-                or int(at[hs[0]]) != plo or plo + n * len(hs) != phi \
-                or ((outs >= plo) & (outs < phi)).any() \
+        found = _square_run(rows, at, r0, plo, phi, 1.0)
+        if found is None or ((outs >= plo) & (outs < phi)).any() \
                 or _read_after(rows, r1, plo, phi, heads):
             continue
+        hs, n, st = found
         q = P - plo
         X = rows[hs, 1].astype(np.int64)[q // n] + (q % n) * st[0]
         xg = _affine_grid(X)
