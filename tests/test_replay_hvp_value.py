@@ -102,14 +102,17 @@ def test_lse_hvp_value_same_bits(n, monkeypatch):
     assert bits(hv) == bits(before[1])
 
 
+def branchy(x):
+    """A program with a guard: two variants once traced at both sides of it."""
+    y = tg.exp(x) * 2.0
+    if y.sum() > 40.0:
+        return (y * y).sum()
+    return (y * x).sum()
+
+
 def test_guard_variants_take_the_value_from_their_own_run(monkeypatch):
-    def f(x):
-        y = tg.exp(x) * 2.0
-        if y.sum() > 40.0:
-            return (y * y).sum()
-        return (y * x).sum()
     with RF.array_instructions(4):
-        P = tg.trace(f, np.zeros(32), retrace=True)
+        P = tg.trace(branchy, np.zeros(32), retrace=True)
     assert P._code.arrays
     v = np.linspace(-1.0, 1.0, 32)
     xs = [np.full(32, 0.01), np.linspace(-2.0, -1.0, 32)]  # the second: a re-trace
@@ -121,7 +124,7 @@ def test_guard_variants_take_the_value_from_their_own_run(monkeypatch):
         assert bits(value) == bits(before[0]) == bits(P(x))
         assert bits(hv) == bits(before[1])
         xt = torch.tensor(x, requires_grad=True)
-        y = f(tg.tensor(x))
+        y = branchy(tg.tensor(x))
         want = torch.autograd.functional.hvp(
             lambda t: ((torch.exp(t) * 2.0) ** 2).sum() if (
                 torch.exp(t) * 2.0).sum() > 40.0 else (torch.exp(t) * 2.0 * t).sum(),
@@ -232,13 +235,8 @@ def test_grad_and_hvp_other_paths():
     with RF.array_instructions(4):
         S = tg.trace(lambda x: tg.exp(x).sum() * tg.amin(x), np.linspace(0.0, 1.0, 16))
 
-    def f(x):
-        y = tg.exp(x) * 2.0
-        if y.sum() > 40.0:
-            return (y * y).sum()
-        return (y * x).sum()
     with RF.array_instructions(4):
-        G = tg.trace(f, np.zeros(32), retrace=True)
+        G = tg.trace(branchy, np.zeros(32), retrace=True)
     X = np.stack([x0, x0 * 0.5])
     cases = [(R, x0, np.ones(10)), (S, np.linspace(-1.0, 2.0, 16), np.linspace(1.0, 0.5, 16)),
              (R, X, np.ones_like(X)), (G, np.full(32, 0.01), np.ones(32)),
