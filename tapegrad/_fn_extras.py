@@ -83,6 +83,9 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
 
 def _cross(input, other, dim):
     input, other = _t(input), _t(other, "other")
+    if input.dtype != other.dtype:  # (torch promotes nothing here either)
+        raise RuntimeError(f"linalg.cross: inputs must have the same dtype, got "
+                           f"{input.dtype} and {other.dtype}; cast one with .to(dtype)")
     if input.ndim != other.ndim:
         raise RuntimeError(f"linalg.cross: inputs must have the same number of dimensions "
                            f"(got {input.ndim} and {other.ndim}); unsqueeze the smaller one")

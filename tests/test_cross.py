@@ -123,3 +123,48 @@ def test_surface_program_of_seed_46084_passes_every_leg():
     import test_differential_replay as T
     T.run_legs([46084], ["replay", "batched", "higher", "entry", "arrays", "fused"],
                gen=T.surface_program)
+
+
+def test_broadcast_operands_give_torchs_values_and_derivatives():
+    """(1, 3) against (6, 3), and (5, 1, 3) against (4, 3)... of the same ndim: values to the
+    bit; the broadcast operand's gradient sums over the broadcast axis (NumPy's order, torch's
+    may differ by an ulp), first and second order."""
+    rng = np.random.default_rng(9)
+    for sa, sb in (((1, 3), (6, 3)), ((5, 1, 3), (1, 4, 3))):
+        a, b = rng.standard_normal(sa), rng.standard_normal(sb)
+        shape = np.broadcast_shapes(sa, sb)
+        g, w = rng.standard_normal(shape), rng.standard_normal(shape)
+        res = []
+        for M in (tg, torch):
+            x, y = M.tensor(a, requires_grad=True), M.tensor(b, requires_grad=True)
+            o = M.linalg.cross(x, y)
+            gx, gy = M.autograd.grad(o, (x, y), M.tensor(g), create_graph=True)
+            s = (gx * gx).sum() + (gy * M.tensor(b)).sum() + (o * M.tensor(w)).sum()
+            hx, hy = M.autograd.grad(s, (x, y))
+            res.append([t.detach().numpy() for t in (o, gx, gy, hx, hy)])
+        np.testing.assert_array_equal(res[0][0], res[1][0])
+        for u, v in zip(res[0][1:], res[1][1:]):
+            assert u.shape == v.shape
+            np.testing.assert_allclose(u, v, rtol=1e-13, atol=1e-14)
+
+
+def test_bad_inputs_raise_torchs_error_type_and_record_nothing():
+    """Mixed dtypes (torch promotes nothing), other ndims, no length 3 along dim: a
+    RuntimeError as torch's, and the tape as it was."""
+    def recorded():
+        tape = tg.tape.current_tape()
+        return 0 if tape is None else len(tape.vals)
+    y = tg.tensor(np.ones((2, 3)), requires_grad=True) * 2.0
+    for make in (lambda t: t.float(), lambda t: t[None], lambda t: t[:, :2]):
+        with pytest.raises(RuntimeError):
+            torch.linalg.cross(torch.ones(2, 3, dtype=torch.float64),
+                               make(torch.ones(2, 3, dtype=torch.float64)))
+        other = make(tg.tensor(np.ones((2, 3)), requires_grad=True))
+        n = recorded()
+        with pytest.raises(RuntimeError, match="linalg.cross"):
+            tg.linalg.cross(y, other)
+        with pytest.raises(RuntimeError):
+            tg.cross(y, other, dim=-1)
+        assert recorded() == n
+    with pytest.raises(RuntimeError, match="no dimension of size 3"):
+        tg.cross(tg.ones(2, 4), tg.ones(2, 4))
